@@ -1,0 +1,1 @@
+"""The ``evenserve`` command line."""

@@ -1,0 +1,1 @@
+"""Core types, clocks, profiles and typed config. Imports nothing else of evenserve."""

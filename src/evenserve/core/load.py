@@ -1,0 +1,44 @@
+"""The worker's load report: the JSON body of ``GET /v2/evenserve/load``.
+
+Cheap to produce and to parse; the gateway polls it every 100 ms (by default) and turns it
+into a LoadSample stamped with the gateway's own receive time (clocks of two processes are not
+comparable, so the worker's ``timestamp_s`` is informational: wall-clock seconds).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evenserve.core.types import LoadSample
+
+
+class LoadReport(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    timestamp_s: float = Field(description="worker wall-clock time (time.time())")
+    device: str = Field(description="device this worker owns, e.g. cpu, cuda:0, emulated:a10")
+    queue_depth: int = Field(ge=0, description="requests waiting, all models")
+    in_flight: int = Field(ge=0, description="requests inside running batches")
+    queued_by_model: dict[str, int] = Field(default_factory=dict)
+    in_flight_by_model: dict[str, int] = Field(default_factory=dict)
+    utilization: float = Field(ge=0, le=1, description="busy fraction over utilization_window_s")
+    utilization_window_s: float = Field(gt=0)
+    memory_used_bytes: float | None = Field(default=None, ge=0)
+    memory_total_bytes: float | None = Field(default=None, ge=0)
+    busy_remaining_s: float = Field(default=0.0, ge=0)
+    ready: bool = True
+
+    def to_sample(self, received_at_s: float) -> LoadSample:
+        return LoadSample(
+            timestamp_s=received_at_s,
+            queue_depth=float(self.queue_depth),
+            in_flight=float(self.in_flight),
+            utilization=self.utilization,
+            memory_used_bytes=self.memory_used_bytes,
+            memory_total_bytes=self.memory_total_bytes,
+            queued_by_model={m: float(q) for m, q in self.queued_by_model.items()},
+            busy_remaining_s=self.busy_remaining_s,
+        )
+
+
+LOAD_PATH = "/v2/evenserve/load"

@@ -1,0 +1,216 @@
+"""Latency and memory profiles per (model, device), with provenance.
+
+A profile is a list of measured points ``batch -> (ms per batch, MB of working memory)`` plus
+the resident weights. Between points it interpolates linearly; above the largest measured
+batch it extrapolates along the last segment (batch time grows about linearly once the device
+is saturated); below the smallest it uses the smallest point (a batch never gets cheaper than
+the fixed cost). Every profile states its device, runtime, precision, sequence length and
+source, because ms-per-batch means nothing without them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from evenserve.core.errors import ProfileError
+
+MB = 1024.0 * 1024.0
+
+
+class ProfilePoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    batch: int = Field(ge=1)
+    latency_ms: float = Field(gt=0)
+    memory_mb: float | None = Field(default=None, ge=0)
+
+
+class ProfileFile(BaseModel):
+    """The YAML schema of one profile (``profiles/<set>/<model>.yaml``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    device: str
+    runtime: str
+    precision: str
+    sequence_length: int | None = None
+    input_shape: str | None = None
+    source: str
+    memory_source: str | None = None
+    notes: str | None = None
+    weights_mb: float = Field(default=0.0, ge=0)
+    points: list[ProfilePoint] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _sorted_unique(self) -> ProfileFile:
+        batches = [p.batch for p in self.points]
+        if len(set(batches)) != len(batches):
+            raise ValueError("points: batch sizes must be unique")
+        self.points.sort(key=lambda p: p.batch)
+        return self
+
+
+@dataclass(frozen=True)
+class LatencyProfile:
+    """Interpolating view of a profile; cheap to query in hot loops."""
+
+    model: str
+    device: str
+    runtime: str
+    precision: str
+    source: str
+    batches: tuple[int, ...]
+    latency_ms: tuple[float, ...]
+    memory_mb: tuple[float, ...]
+    weights_mb: float
+    sequence_length: int | None = None
+
+    @classmethod
+    def from_points(
+        cls,
+        model: str,
+        points: Mapping[int, float],
+        *,
+        memory_mb: Mapping[int, float] | None = None,
+        weights_mb: float = 0.0,
+        device: str = "test",
+        runtime: str = "test",
+        precision: str = "fp32",
+        source: str = "test",
+    ) -> LatencyProfile:
+        batches = tuple(sorted(points))
+        if not batches:
+            raise ProfileError(f"profile {model!r}: no points")
+        mem = memory_mb or {}
+        return cls(
+            model=model,
+            device=device,
+            runtime=runtime,
+            precision=precision,
+            source=source,
+            batches=batches,
+            latency_ms=tuple(float(points[b]) for b in batches),
+            memory_mb=tuple(float(mem.get(b, 0.0)) for b in batches),
+            weights_mb=weights_mb,
+        )
+
+    @classmethod
+    def from_file_model(cls, f: ProfileFile) -> LatencyProfile:
+        return cls(
+            model=f.model,
+            device=f.device,
+            runtime=f.runtime,
+            precision=f.precision,
+            source=f.source,
+            batches=tuple(p.batch for p in f.points),
+            latency_ms=tuple(p.latency_ms for p in f.points),
+            memory_mb=tuple(p.memory_mb or 0.0 for p in f.points),
+            weights_mb=f.weights_mb,
+            sequence_length=f.sequence_length,
+        )
+
+    @property
+    def max_measured_batch(self) -> int:
+        return self.batches[-1]
+
+    def _interp(self, values: Sequence[float], batch: float) -> float:
+        xs = self.batches
+        if len(xs) == 1 or batch <= xs[0]:
+            if len(xs) == 1 and batch > xs[0]:
+                # One point: assume per-item cost stays constant beyond it.
+                return values[0] * batch / xs[0]
+            return values[0]
+        i = bisect.bisect_left(xs, batch)
+        if i < len(xs) and xs[i] == batch:
+            return values[i]
+        if i >= len(xs):
+            i = len(xs) - 1
+        x0, x1 = xs[i - 1], xs[i]
+        y0, y1 = values[i - 1], values[i]
+        return max(0.0, y0 + (y1 - y0) * (batch - x0) / (x1 - x0))
+
+    def latency_s(self, batch: int) -> float:
+        """Seconds to run one batch of ``batch`` requests."""
+        return self._interp(self.latency_ms, batch) / 1000.0
+
+    def batch_memory_bytes(self, batch: int) -> float:
+        """Working memory of one batch, in bytes (weights excluded)."""
+        return self._interp(self.memory_mb, batch) * MB
+
+    @property
+    def weights_bytes(self) -> float:
+        return self.weights_mb * MB
+
+    def per_item_s(self, batch: int) -> float:
+        return self.latency_s(batch) / max(1, batch)
+
+    def to_file_model(self) -> ProfileFile:
+        return ProfileFile(
+            model=self.model,
+            device=self.device,
+            runtime=self.runtime,
+            precision=self.precision,
+            sequence_length=self.sequence_length,
+            source=self.source,
+            weights_mb=self.weights_mb,
+            points=[
+                ProfilePoint(batch=b, latency_ms=lat, memory_mb=mem)
+                for b, lat, mem in zip(self.batches, self.latency_ms, self.memory_mb, strict=True)
+            ],
+        )
+
+
+def format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    """One line per problem, each naming the field by its dotted path."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if p != "__root__")
+        where = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
+        lines.append(f"{where}: {e['msg']}" if where else str(e["msg"]))
+    return "; ".join(lines)
+
+
+def load_profile(path: Path) -> LatencyProfile:
+    """Read one profile YAML; raise ProfileError naming the file and field on any problem."""
+    try:
+        raw: Any = yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise ProfileError(f"profile file not found: {path}") from exc
+    except yaml.YAMLError as exc:
+        raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{path}: expected a mapping at the top level")
+    try:
+        return LatencyProfile.from_file_model(ProfileFile.model_validate(raw))
+    except ValidationError as exc:
+        raise ProfileError(f"{path}: {format_validation_error(exc)}") from exc
+
+
+def load_profile_set(directory: Path) -> dict[str, LatencyProfile]:
+    """All profiles of one set (one YAML per model), keyed by model name."""
+    if not directory.is_dir():
+        raise ProfileError(f"profile set not found: {directory}")
+    out: dict[str, LatencyProfile] = {}
+    for p in sorted(directory.glob("*.yaml")):
+        prof = load_profile(p)
+        out[prof.model] = prof
+    if not out:
+        raise ProfileError(f"profile set {directory} holds no *.yaml profiles")
+    return out
+
+
+def dump_profile(profile: LatencyProfile, path: Path, **extra: Any) -> None:
+    """Write a profile YAML (extra provenance keys such as notes/input_shape allowed)."""
+    data = profile.to_file_model().model_dump(exclude_none=True)
+    data.update({k: v for k, v in extra.items() if v is not None})
+    ProfileFile.model_validate(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -1,0 +1,66 @@
+"""Raw records of one run (simulated or live), from which every report figure is computed.
+
+One schema for both sources keeps the simulator's and the live bench's figures comparable:
+the simulator fills it from its event loop, the load generator from its samples and scrapes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestLog:
+    """Column-wise per-request records; ``finish_s`` is NaN while a request is unfinished."""
+
+    model: list[str] = field(default_factory=list)
+    arrival_s: list[float] = field(default_factory=list)
+    finish_s: list[float] = field(default_factory=list)
+    device: list[str] = field(default_factory=list)
+    drop_reason: list[str | None] = field(default_factory=list)
+
+    def add(self, model: str, arrival_s: float) -> int:
+        self.model.append(model)
+        self.arrival_s.append(arrival_s)
+        self.finish_s.append(math.nan)
+        self.device.append("")
+        self.drop_reason.append(None)
+        return len(self.model) - 1
+
+    def __len__(self) -> int:
+        return len(self.model)
+
+
+@dataclass
+class DeviceTrace:
+    """What a device did: busy intervals, sampled queue depth, and exact queue figures if known."""
+
+    name: str
+    busy_start_s: list[float] = field(default_factory=list)
+    busy_end_s: list[float] = field(default_factory=list)
+    queue_t_s: list[float] = field(default_factory=list)
+    queue_depth: list[float] = field(default_factory=list)
+    batch_sizes: list[int] = field(default_factory=list)
+    #: Exact time-weighted mean and max queue depth over the measured window, when the source
+    #: saw every change (the simulator does; a live scrape only sees samples).
+    exact_mean_queue_depth: float | None = None
+    exact_max_queue_depth: float | None = None
+
+
+@dataclass
+class RunRecords:
+    scenario: str
+    arm: str
+    routing: str
+    batching: str
+    seed: int
+    warmup_s: float
+    end_s: float
+    slo_ms: dict[str, float]
+    requests: RequestLog
+    devices: list[DeviceTrace]
+    timeseries_interval_s: float = 1.0
+    #: Queue depth of a central queue (central-queue arm): exact max and mean in the window.
+    central_max_queue_depth: float | None = None
+    central_mean_queue_depth: float | None = None

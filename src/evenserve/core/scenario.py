@@ -1,0 +1,159 @@
+"""The typed scenario file: devices and placement, models and SLOs, workload, arms.
+
+Only the shape is checked here (core knows no policies); ``evenserve.sim.loader`` also checks
+policy names and profiles. Every error names the field by its dotted path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+CENTRAL_QUEUE = "central-queue"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceSpec(Strict):
+    name: str = Field(min_length=1)
+    models: list[str] = Field(min_length=1)
+    profile_set: str | None = None
+    memory_gb: float = Field(default=24.0, gt=0)
+    count: int = Field(default=1, ge=1, description="expand into NAME0..NAME{count-1}")
+
+
+class ModelSpec(Strict):
+    slo_ms: float = Field(gt=0)
+    profile: str | None = Field(default=None, description="profile name; default: model name")
+    priority: int = 10
+
+
+class Phase(Strict):
+    """A stretch of the run where open-loop rates are multiplied (e.g. a burst)."""
+
+    start_s: float = Field(ge=0)
+    end_s: float = Field(gt=0)
+    multiplier: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Phase:
+        if self.end_s <= self.start_s:
+            raise ValueError("end_s must be greater than start_s")
+        return self
+
+
+class OpenLoop(Strict):
+    type: Literal["open-loop"]
+    rates_rps: dict[str, Annotated[float, Field(ge=0)]] = Field(min_length=1)
+    phases: list[Phase] = Field(default_factory=list)
+
+
+class ClosedLoop(Strict):
+    type: Literal["closed-loop"]
+    users: int = Field(ge=1)
+    think_ms: float = Field(ge=0)
+    mix: dict[str, Annotated[float, Field(ge=0)]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _mix_positive(self) -> ClosedLoop:
+        if sum(self.mix.values()) <= 0:
+            raise ValueError("mix: weights must not all be zero")
+        return self
+
+
+class TraceWorkload(Strict):
+    type: Literal["trace"]
+    path: str
+
+
+Workload = Annotated[OpenLoop | ClosedLoop | TraceWorkload, Field(discriminator="type")]
+
+
+class ArmSpec(Strict):
+    routing: Any
+    batching: Any
+    batching_per_model: dict[str, Any] = Field(default_factory=dict)
+    max_queue_per_model: int | None = Field(default=None, ge=1)
+    description: str | None = None
+
+
+class SignalSpec(Strict):
+    interval_ms: float = Field(default=100.0, gt=0)
+    window: int = Field(default=3, ge=1)
+    utilization_window_ms: float = Field(default=1000.0, gt=0)
+
+
+class Scenario(Strict):
+    name: str
+    description: str | None = None
+    seed: int = 0
+    duration_s: float = Field(gt=0)
+    warmup_s: float = Field(default=0.0, ge=0)
+    timeseries_interval_s: float = Field(default=1.0, gt=0)
+    profile_sets: dict[str, str] = Field(min_length=1)
+    default_profile_set: str | None = None
+    signals: SignalSpec = Field(default_factory=SignalSpec)
+    devices: list[DeviceSpec] = Field(min_length=1)
+    models: dict[str, ModelSpec] = Field(min_length=1)
+    workload: Workload
+    arms: dict[str, ArmSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        if self.warmup_s >= self.duration_s:
+            raise ValueError("warmup_s must be less than duration_s")
+        if self.default_profile_set is not None and self.default_profile_set not in (
+            self.profile_sets
+        ):
+            raise ValueError(f"default_profile_set: unknown profile set {self.default_profile_set!r}")
+        placed: set[str] = set()
+        seen: set[str] = set()
+        for i, d in enumerate(self.expanded_devices()):
+            if d.name in seen:
+                raise ValueError(f"devices: device name {d.name!r} used twice")
+            seen.add(d.name)
+            for m in d.models:
+                if m not in self.models:
+                    raise ValueError(f"devices[{i}].models: unknown model {m!r}")
+                placed.add(m)
+            ps = d.profile_set or self.default_profile_set
+            if ps is None:
+                if len(self.profile_sets) != 1:
+                    raise ValueError(
+                        f"devices[{i}].profile_set: required when there are several profile sets"
+                    )
+            elif ps not in self.profile_sets:
+                raise ValueError(f"devices[{i}].profile_set: unknown profile set {ps!r}")
+        for m in self.models:
+            if m not in placed:
+                raise ValueError(f"models.{m}: not placed on any device")
+        wl = self.workload
+        names = wl.rates_rps if isinstance(wl, OpenLoop) else (
+            wl.mix if isinstance(wl, ClosedLoop) else {}
+        )
+        field = "rates_rps" if isinstance(wl, OpenLoop) else "mix"
+        for m in names:
+            if m not in self.models:
+                raise ValueError(f"workload.{field}.{m}: unknown model")
+        for arm, spec in self.arms.items():
+            for m in spec.batching_per_model:
+                if m not in self.models:
+                    raise ValueError(f"arms.{arm}.batching_per_model.{m}: unknown model")
+        return self
+
+    def expanded_devices(self) -> list[DeviceSpec]:
+        out: list[DeviceSpec] = []
+        for d in self.devices:
+            if d.count == 1:
+                out.append(d)
+            else:
+                for k in range(d.count):
+                    out.append(d.model_copy(update={"name": f"{d.name}{k}", "count": 1}))
+        return out
+
+    def profile_set_of(self, device: DeviceSpec) -> str:
+        ps = device.profile_set or self.default_profile_set
+        return ps if ps is not None else next(iter(self.profile_sets))

@@ -1,0 +1,114 @@
+"""The small value types every layer speaks: requests, backend signals, queue views, decisions.
+
+Times are seconds on the driver's clock (a real monotonic clock live, a virtual one in the
+simulator). Memory is in bytes. Utilization is a busy-time fraction in [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from evenserve.core.profile import LatencyProfile
+
+#: Priority classes by name; higher numbers are served first.
+PRIORITY_CLASSES: Mapping[str, int] = {"offline": 0, "online": 10}
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    """What a policy may know about one request."""
+
+    request_id: int
+    model: str
+    arrival_s: float
+    priority: int = 10
+    deadline_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSample:
+    """One reading of a backend's load signals (the worker's load endpoint, or the simulator).
+
+    ``queue_depth`` counts requests waiting (not yet in a running batch); ``in_flight`` counts
+    requests inside running batches; ``utilization`` is busy time over a recent window.
+    Unknown figures are ``None`` (a backend whose metrics lack them): policies must treat
+    unknown as unknown, never as idle.
+    """
+
+    timestamp_s: float
+    queue_depth: float
+    in_flight: float = 0.0
+    utilization: float | None = None
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    queued_by_model: Mapping[str, float] = field(default_factory=dict)
+    busy_remaining_s: float = 0.0
+
+    @property
+    def memory_free_bytes(self) -> float | None:
+        if self.memory_total_bytes is None or self.memory_used_bytes is None:
+            return None
+        return max(0.0, self.memory_total_bytes - self.memory_used_bytes)
+
+
+@dataclass(slots=True)
+class BackendView:
+    """A routing policy's snapshot of one backend that hosts the request's model.
+
+    ``queue_depth`` is the framework's estimate: the mean of the last few sampled queue depths
+    plus the requests this router sent since the newest sample (so bursts between two polls
+    spread out). ``signals_fresh`` is False when the newest sample is older than the staleness
+    bound: then utilization and memory are None and queue depth is only the router's own count.
+    """
+
+    name: str
+    queue_depth: float
+    in_flight: int
+    utilization: float | None
+    memory_free_bytes: float | None
+    memory_total_bytes: float | None
+    signals_fresh: bool
+    queued_by_model: Mapping[str, float]
+    busy_remaining_s: float
+    profiles: Mapping[str, LatencyProfile]
+    max_batch_size: Mapping[str, int]
+    weight: float = 1.0
+
+
+@dataclass(slots=True)
+class QueueView:
+    """A batching policy's view of one model's queue on one device, oldest request first.
+
+    ``device_idle`` says whether the device could start a batch now; ``memory_free_bytes`` is
+    the device's free memory (None when unknown).
+    """
+
+    model: str
+    requests: Sequence[RequestInfo]
+    profile: LatencyProfile | None
+    memory_free_bytes: float | None = None
+    device_idle: bool = True
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Run a batch of the ``n`` requests at the head of the queue now."""
+
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
+    """Do nothing until ``t_s`` (or until the queue changes, whichever comes first)."""
+
+    t_s: float = math.inf
+
+
+BatchDecision = Union[Dispatch, WaitUntil]

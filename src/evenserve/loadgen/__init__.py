@@ -1,0 +1,1 @@
+"""evenserve.loadgen."""

@@ -1,0 +1,47 @@
+"""fixed-window: Triton-style dynamic batching with a fixed maximum delay.
+
+Formula: Dispatch(max_batch_size) when that many wait; otherwise Dispatch(all) once the oldest
+request has waited ``max_batch_delay_ms``; otherwise wait until then.
+Params: ``max_batch_size`` (8), ``max_batch_delay_ms`` (80, the articles' setting).
+"""
+
+from __future__ import annotations
+
+import random
+
+from pydantic import Field
+
+from evenserve.core.types import BatchDecision, Dispatch, QueueView, WaitUntil
+from evenserve.policy.batching.base import BATCHING, BatchingPolicyBase
+from evenserve.policy.registry import PolicyParams
+
+
+class FixedWindowParams(PolicyParams):
+    max_batch_size: int = Field(default=8, ge=1)
+    max_batch_delay_ms: float = Field(default=80.0, ge=0)
+
+
+class FixedWindow(BatchingPolicyBase):
+    name = "fixed-window"
+
+    def __init__(self, params: FixedWindowParams) -> None:
+        self.params = params
+        self._delay_s = params.max_batch_delay_ms / 1000.0
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.params.max_batch_size
+
+    def decide(self, queue: QueueView, now_s: float) -> BatchDecision:
+        n = len(queue)
+        if n == 0:
+            return WaitUntil()
+        if n >= self.params.max_batch_size:
+            return Dispatch(self.params.max_batch_size)
+        due = queue.requests[0].arrival_s + self._delay_s
+        return Dispatch(n) if now_s >= due else WaitUntil(due)
+
+
+@BATCHING.register("fixed-window", FixedWindowParams, "dispatch when full or oldest waited delay")
+def _make(params: FixedWindowParams, rng: random.Random) -> FixedWindow:
+    return FixedWindow(params)

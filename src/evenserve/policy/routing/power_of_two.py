@@ -1,0 +1,51 @@
+"""power-of-two: sample two hosting backends at random, keep the less loaded.
+
+Formula: b1, b2 ~ uniform without replacement; pick argmin(queue_depth + in_flight), ties to
+the fewer in-flight then to b1. With one host it is that host. Signals read: queue estimate and
+the router's in-flight count. Params: ``choices`` (how many to sample, default 2).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from evenserve.core.types import BackendView, RequestInfo
+from evenserve.policy.registry import PolicyParams
+from evenserve.policy.routing.base import ROUTING
+
+
+class PowerOfTwoParams(PolicyParams):
+    choices: int = Field(default=2, ge=1)
+
+
+class PowerOfTwo:
+    name = "power-of-two"
+
+    def __init__(self, params: PowerOfTwoParams, rng: random.Random) -> None:
+        self.params = params
+        self._rng = rng
+
+    def choose(
+        self, request: RequestInfo, backends: Sequence[BackendView], now_s: float
+    ) -> BackendView:
+        n = len(backends)
+        if n == 1:
+            return backends[0]
+        k = min(self.params.choices, n)
+        picks = self._rng.sample(range(n), k)
+        best = backends[picks[0]]
+        best_key = (best.queue_depth + best.in_flight, best.in_flight)
+        for i in picks[1:]:
+            b = backends[i]
+            key = (b.queue_depth + b.in_flight, b.in_flight)
+            if key < best_key:
+                best, best_key = b, key
+        return best
+
+
+@ROUTING.register("power-of-two", PowerOfTwoParams, "best of two random choices")
+def _make(params: PowerOfTwoParams, rng: random.Random) -> PowerOfTwo:
+    return PowerOfTwo(params, rng)

@@ -1,0 +1,37 @@
+"""round-robin: each model's requests go to its hosting backends in turn.
+
+Formula: backend = hosts[k mod len(hosts)] for the k-th request of the model.
+Signals read: none. Params: none.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from evenserve.core.types import BackendView, RequestInfo
+from evenserve.policy.registry import PolicyParams
+from evenserve.policy.routing.base import ROUTING
+
+
+class RoundRobinParams(PolicyParams):
+    pass
+
+
+class RoundRobin:
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._cursor: dict[str, int] = {}
+
+    def choose(
+        self, request: RequestInfo, backends: Sequence[BackendView], now_s: float
+    ) -> BackendView:
+        k = self._cursor.get(request.model, 0)
+        self._cursor[request.model] = k + 1
+        return backends[k % len(backends)]
+
+
+@ROUTING.register("round-robin", RoundRobinParams, "each model's hosts in turn")
+def _make(params: RoundRobinParams, rng: random.Random) -> RoundRobin:
+    return RoundRobin()

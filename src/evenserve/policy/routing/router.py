@@ -1,0 +1,221 @@
+"""The routing framework: keeps each backend's signal window, counts its own sends, and asks
+the policy.
+
+Theory of operation. A driver (the live gateway or the simulator) feeds ``observe`` with a
+backend's load sample every poll interval (100 ms by default) and calls ``sent``/``done``
+around each request it forwards. The router keeps the last ``window`` samples per backend and
+maintains one mutable BackendView per backend, updated in O(1) on every event, so ``choose``
+allocates nothing but the candidate list. The view's queue depth is the mean of the sampled
+queue depths plus the requests sent since the newest sample: a burst that lands between two
+polls sees its own earlier members and spreads out instead of piling onto the backend that
+looked idlest at the last poll. A backend whose newest sample is older than ``stale_after_s``
+(checked by ``expire``) has unknown signals: utilization and memory become None and its queue
+estimate falls back to the router's own in-flight count.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from evenserve.core.profile import LatencyProfile
+from evenserve.core.types import BackendView, LoadSample, RequestInfo
+from evenserve.policy.routing.base import RoutingPolicy
+
+
+@dataclass
+class _BackendState:
+    view: BackendView
+    models: frozenset[str]
+    samples: deque[LoadSample]
+    sent_since_sample: int = 0
+    sent_by_model: dict[str, int] = field(default_factory=dict)
+    healthy: bool = True
+    last_sample_s: float | None = None
+
+
+class Router:
+    def __init__(
+        self,
+        policy: RoutingPolicy,
+        *,
+        window: int = 3,
+        stale_after_s: float | None = None,
+    ) -> None:
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        self.policy = policy
+        self.window = window
+        self.stale_after_s = stale_after_s
+        self._backends: dict[str, _BackendState] = {}
+        self._by_model: dict[str, list[BackendView]] = {}
+
+    # -- membership -------------------------------------------------------------------------
+    def add_backend(
+        self,
+        name: str,
+        models: Iterable[str],
+        *,
+        profiles: Mapping[str, LatencyProfile] | None = None,
+        max_batch_size: Mapping[str, int] | None = None,
+        weight: float = 1.0,
+    ) -> None:
+        if name in self._backends:
+            raise ValueError(f"backend {name!r} added twice")
+        view = BackendView(
+            name=name,
+            queue_depth=0.0,
+            in_flight=0,
+            utilization=None,
+            memory_free_bytes=None,
+            memory_total_bytes=None,
+            signals_fresh=False,
+            queued_by_model={},
+            busy_remaining_s=0.0,
+            profiles=dict(profiles or {}),
+            max_batch_size=dict(max_batch_size or {}),
+            weight=weight,
+        )
+        self._backends[name] = _BackendState(
+            view=view, models=frozenset(models), samples=deque(maxlen=self.window)
+        )
+        self._rebuild()
+
+    def remove_backend(self, name: str) -> None:
+        self._backends.pop(name, None)
+        self._rebuild()
+
+    def set_policy(self, policy: RoutingPolicy) -> None:
+        self.policy = policy
+
+    def set_healthy(self, name: str, healthy: bool) -> None:
+        st = self._backends[name]
+        if st.healthy != healthy:
+            st.healthy = healthy
+            self._rebuild()
+
+    def is_healthy(self, name: str) -> bool:
+        return self._backends[name].healthy
+
+    def backend_names(self) -> list[str]:
+        return list(self._backends)
+
+    def models_of(self, name: str) -> frozenset[str]:
+        return self._backends[name].models
+
+    def view(self, name: str) -> BackendView:
+        return self._backends[name].view
+
+    def candidates(self, model: str) -> Sequence[BackendView]:
+        """Healthy backends hosting ``model``, in a stable order."""
+        return self._by_model.get(model, ())
+
+    def hosts(self, model: str) -> list[str]:
+        """All backends hosting ``model``, healthy or not."""
+        return [n for n, st in self._backends.items() if model in st.models]
+
+    def _rebuild(self) -> None:
+        by_model: dict[str, list[BackendView]] = {}
+        for st in self._backends.values():
+            if not st.healthy:
+                continue
+            for m in sorted(st.models):
+                by_model.setdefault(m, []).append(st.view)
+        self._by_model = by_model
+
+    # -- signals ----------------------------------------------------------------------------
+    def observe(self, name: str, sample: LoadSample) -> None:
+        st = self._backends.get(name)
+        if st is None:
+            return
+        st.samples.append(sample)
+        st.last_sample_s = sample.timestamp_s
+        st.sent_since_sample = 0
+        st.sent_by_model = {}
+        self._refresh(st)
+
+    def _refresh(self, st: _BackendState) -> None:
+        v = st.view
+        samples = st.samples
+        n = len(samples)
+        newest = samples[-1]
+        v.signals_fresh = True
+        v.queue_depth = sum(s.queue_depth for s in samples) / n + st.sent_since_sample
+        utils = [s.utilization for s in samples if s.utilization is not None]
+        v.utilization = sum(utils) / len(utils) if utils else None
+        v.memory_total_bytes = newest.memory_total_bytes
+        frees = [f for f in (s.memory_free_bytes for s in samples) if f is not None]
+        v.memory_free_bytes = sum(frees) / len(frees) if frees else None
+        v.busy_remaining_s = newest.busy_remaining_s
+        qbm: dict[str, float] = {}
+        for s in samples:
+            for m, q in s.queued_by_model.items():
+                qbm[m] = qbm.get(m, 0.0) + q / n
+        for m, k in st.sent_by_model.items():
+            qbm[m] = qbm.get(m, 0.0) + k
+        v.queued_by_model = qbm
+
+    def expire(self, now_s: float) -> list[str]:
+        """Mark backends whose newest sample is too old as unknown; return their names."""
+        if self.stale_after_s is None:
+            return []
+        stale = []
+        for name, st in self._backends.items():
+            v = st.view
+            if v.signals_fresh and (
+                st.last_sample_s is None or now_s - st.last_sample_s > self.stale_after_s
+            ):
+                v.signals_fresh = False
+                v.utilization = None
+                v.memory_free_bytes = None
+                v.queue_depth = float(v.in_flight)
+                v.busy_remaining_s = 0.0
+                v.queued_by_model = {}
+                stale.append(name)
+        return stale
+
+    def signal_age_s(self, name: str, now_s: float) -> float | None:
+        last = self._backends[name].last_sample_s
+        return None if last is None else now_s - last
+
+    # -- decisions --------------------------------------------------------------------------
+    def choose(
+        self, request: RequestInfo, now_s: float, exclude: Iterable[str] = ()
+    ) -> BackendView | None:
+        """The policy's pick among healthy hosts of the model (None if there are none)."""
+        cands = self._by_model.get(request.model)
+        if not cands:
+            return None
+        excluded = set(exclude)
+        if excluded:
+            cands = [b for b in cands if b.name not in excluded]
+            if not cands:
+                return None
+        return self.policy.choose(request, cands, now_s)
+
+    def all_overloaded(self, model: str) -> bool:
+        """True when the policy can judge overload and every healthy host is overloaded."""
+        judge = getattr(self.policy, "overloaded", None)
+        cands = self._by_model.get(model)
+        if judge is None or not cands:
+            return False
+        return all(judge(b) for b in cands)
+
+    def sent(self, name: str, model: str) -> None:
+        st = self._backends[name]
+        v = st.view
+        v.in_flight += 1
+        v.queue_depth += 1.0
+        st.sent_since_sample += 1
+        st.sent_by_model[model] = st.sent_by_model.get(model, 0) + 1
+        qbm = v.queued_by_model
+        if isinstance(qbm, dict):
+            qbm[model] = qbm.get(model, 0.0) + 1.0
+
+    def done(self, name: str) -> None:
+        st = self._backends.get(name)
+        if st is not None and st.view.in_flight > 0:
+            st.view.in_flight -= 1
+            if not st.view.signals_fresh:
+                st.view.queue_depth = max(0.0, st.view.queue_depth - 1.0)

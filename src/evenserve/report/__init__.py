@@ -1,0 +1,1 @@
+"""Figures, tables and plots from run records (simulated or live)."""

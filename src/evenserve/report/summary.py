@@ -1,0 +1,202 @@
+"""Turn RunRecords into the run summary (the JSON shape shared by simulate, compare and bench).
+
+Definitions (all over the measured window ``[warmup_s, end_s]``):
+- throughput: requests completed in the window / window length.
+- latency percentiles: over requests that arrived in the window and completed.
+- SLO attainment: completed within the SLO / requests that arrived in the window and were
+  decided (completed, dropped, or still unfinished at the end but already older than the SLO).
+- goodput: completions in the window that met their SLO / window length.
+- device utilization: busy time inside the window / window length (busy-time, not "a kernel
+  was running"); the spread is busiest minus idlest, in percentage points.
+- queue depth: mean and max of the queue-depth samples taken every signal interval
+  (100 ms by default): what the router and a Prometheus scrape see, and what a live run can
+  measure too. The simulator also reports the exact time-weighted mean and the exact
+  instantaneous max (``exact_*``), which under a batching window include the requests a
+  window deliberately holds back.
+- requests: over the whole run; arrived = completed + dropped + in_flight.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from evenserve.core.results import DeviceTrace, RunRecords
+
+PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
+CDF_POINTS = 101
+
+
+def _r(x: float, nd: int = 4) -> float:
+    """Round for stable, readable JSON (NaN becomes None upstream)."""
+    return float(round(x, nd))
+
+
+def latency_figures(lat_ms: np.ndarray) -> dict[str, float | None]:
+    if lat_ms.size == 0:
+        return {"p50": None, "p95": None, "p99": None, "max": None, "mean": None}
+    out: dict[str, float | None] = {
+        k: _r(float(np.percentile(lat_ms, q))) for k, q in PERCENTILES.items()
+    }
+    out["max"] = _r(float(lat_ms.max()))
+    out["mean"] = _r(float(lat_ms.mean()))
+    return out
+
+
+def busy_in_window(tr: DeviceTrace, t0: float, t1: float) -> float:
+    if not tr.busy_start_s:
+        return 0.0
+    s = np.asarray(tr.busy_start_s)
+    e = np.asarray(tr.busy_end_s)
+    return float(np.clip(np.minimum(e, t1) - np.maximum(s, t0), 0.0, None).sum())
+
+
+def utilization_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list[float]:
+    edges = np.arange(t0, t1 + 1e-9, dt)
+    if edges.size < 2:
+        return []
+    if not tr.busy_start_s:
+        return [0.0] * (edges.size - 1)
+    s = np.asarray(tr.busy_start_s)
+    e = np.asarray(tr.busy_end_s)
+    out = []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        busy = np.clip(np.minimum(e, b) - np.maximum(s, a), 0.0, None).sum()
+        out.append(_r(float(busy / (b - a))))
+    return out
+
+
+def queue_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list[float]:
+    edges = np.arange(t0, t1 + 1e-9, dt)
+    if edges.size < 2:
+        return []
+    t = np.asarray(tr.queue_t_s)
+    q = np.asarray(tr.queue_depth)
+    out = []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        sel = q[(t >= a) & (t < b)]
+        out.append(_r(float(sel.mean())) if sel.size else 0.0)
+    return out
+
+
+def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
+    t0, t1 = rec.warmup_s, rec.end_s
+    window = t1 - t0
+    log = rec.requests
+    model = np.asarray(log.model, dtype=object)
+    arr = np.asarray(log.arrival_s, dtype=float)
+    fin = np.asarray(log.finish_s, dtype=float)
+    dropped = np.asarray([r is not None for r in log.drop_reason], dtype=bool)
+    done = ~np.isnan(fin)
+    lat_ms = (fin - arr) * 1000.0
+    measured = arr >= t0
+    fin_in_window = done & (fin >= t0) & (fin <= t1)
+
+    models_out: dict[str, Any] = {}
+    for m in sorted(rec.slo_ms):
+        slo = rec.slo_ms[m]
+        is_m = model == m
+        lm = lat_ms[is_m & measured & done]
+        met_window = is_m & fin_in_window & (lat_ms <= slo)
+        unfinished = is_m & measured & ~done & ~dropped
+        aged_out = unfinished & ((t1 - arr) * 1000.0 > slo)
+        decided = int((is_m & measured & done).sum() + (is_m & measured & dropped).sum()
+                      + aged_out.sum())
+        attained = int((is_m & measured & done & (lat_ms <= slo)).sum())
+        models_out[m] = {
+            "throughput_rps": _r(float((is_m & fin_in_window).sum()) / window),
+            "latency_ms": latency_figures(lm),
+            "slo_ms": slo,
+            "slo_attainment": _r(attained / decided, 6) if decided else None,
+            "goodput_rps": _r(float(met_window.sum()) / window),
+            "completed": int((is_m & done).sum()),
+            "dropped": int((is_m & dropped).sum()),
+        }
+
+    devices_out: dict[str, Any] = {}
+    utils = []
+    for tr in rec.devices:
+        u = busy_in_window(tr, t0, t1) / window
+        utils.append(u)
+        qt = np.asarray(tr.queue_t_s)
+        qd = np.asarray(tr.queue_depth)
+        sel = qd[(qt >= t0) & (qt <= t1)]
+        mean_q = float(sel.mean()) if sel.size else 0.0
+        max_q = float(sel.max()) if sel.size else 0.0
+        bs = [b for b, s in zip(tr.batch_sizes, tr.busy_start_s, strict=False) if s >= t0]
+        devices_out[tr.name] = {
+            "utilization": _r(min(1.0, max(0.0, u))),
+            "mean_queue_depth": _r(mean_q),
+            "max_queue_depth": _r(max_q),
+            "exact_mean_queue_depth": None
+            if tr.exact_mean_queue_depth is None
+            else _r(tr.exact_mean_queue_depth),
+            "exact_max_queue_depth": tr.exact_max_queue_depth,
+            "mean_batch_size": _r(sum(bs) / len(bs)) if bs else None,
+            "batches": len(bs),
+        }
+    max_q_all = max((d["max_queue_depth"] for d in devices_out.values()), default=0.0)
+    if rec.central_max_queue_depth is not None:
+        max_q_all = max(max_q_all, rec.central_max_queue_depth)
+
+    drop_reasons = Counter(r for r in log.drop_reason if r is not None)
+    n_arrived = len(log)
+    n_completed = int(done.sum())
+    n_dropped = int(dropped.sum())
+    all_lat = lat_ms[measured & done]
+    out: dict[str, Any] = {
+        "routing": rec.routing,
+        "batching": rec.batching,
+        "throughput_rps": _r(float(fin_in_window.sum()) / window),
+        "latency_ms": latency_figures(all_lat),
+        "models": models_out,
+        "devices": devices_out,
+        "utilization_mean": _r(float(np.mean(utils))) if utils else 0.0,
+        "utilization_spread_pts": _r((max(utils) - min(utils)) * 100.0) if utils else 0.0,
+        "max_queue_depth": _r(max_q_all),
+        "requests": {
+            "arrived": n_arrived,
+            "completed": n_completed,
+            "dropped": n_dropped,
+            "in_flight": n_arrived - n_completed - n_dropped,
+            "dropped_by_reason": dict(sorted(drop_reasons.items())),
+        },
+        "window_s": {"start": t0, "end": t1},
+    }
+    if rec.central_max_queue_depth is not None:
+        out["central_queue"] = {
+            "max_queue_depth": _r(rec.central_max_queue_depth),
+            "mean_queue_depth": _r(rec.central_mean_queue_depth or 0.0),
+        }
+    if timeseries:
+        dt = rec.timeseries_interval_s
+        out["timeseries"] = {
+            "interval_s": dt,
+            "t_s": [_r(float(x)) for x in np.arange(t0, t1 - 1e-9, dt)],
+            "utilization": {tr.name: utilization_series(tr, t0, t1, dt) for tr in rec.devices},
+            "queue_depth": {tr.name: queue_series(tr, t0, t1, dt) for tr in rec.devices},
+        }
+        out["latency_cdf_ms"] = (
+            [_r(float(x)) for x in np.percentile(all_lat, np.linspace(0, 100, CDF_POINTS))]
+            if all_lat.size
+            else []
+        )
+    return out
+
+
+def clean_json(obj: Any) -> Any:
+    """Replace NaN/inf by None so the JSON is strict."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [clean_json(v) for v in obj]
+    return obj
+
+
+def run_summary(scenario: str, seed: int, arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return clean_json({"scenario": scenario, "seed": seed, "arms": arms})

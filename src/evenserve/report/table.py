@@ -1,0 +1,131 @@
+"""Side-by-side comparison tables (rich) of arms in a run summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+REFERENCE_ARM = "central-queue"
+
+
+def _fmt(x: Any, nd: int = 1, pct: bool = False) -> str:
+    if x is None:
+        return "-"
+    if pct:
+        return f"{100.0 * float(x):.{nd}f}%"
+    return f"{float(x):.{nd}f}"
+
+
+def compare_rows(summary: dict[str, Any], baseline: str = "baseline") -> list[dict[str, Any]]:
+    """One row per arm with the figures of the articles' before/after table and ratios."""
+    arms = summary["arms"]
+    base = arms.get(baseline)
+    ref = arms.get(REFERENCE_ARM)
+    rows = []
+    for name, a in arms.items():
+        p99 = a["latency_ms"]["p99"]
+        row: dict[str, Any] = {
+            "arm": name,
+            "routing": a["routing"],
+            "batching": a["batching"],
+            "throughput_rps": a["throughput_rps"],
+            "p50_ms": a["latency_ms"]["p50"],
+            "p99_ms": p99,
+            "utilization_mean": a.get("utilization_mean"),
+            "utilization_spread_pts": a["utilization_spread_pts"],
+            "max_queue_depth": a["max_queue_depth"],
+            "slo_attainment": {m: v["slo_attainment"] for m, v in a["models"].items()},
+            "devices": {d: v["utilization"] for d, v in a["devices"].items()},
+        }
+        if base is not None and base["throughput_rps"]:
+            row["throughput_vs_baseline"] = round(a["throughput_rps"] / base["throughput_rps"], 3)
+        if base is not None and p99 is not None and base["latency_ms"]["p99"]:
+            row["p99_vs_baseline"] = round(p99 / base["latency_ms"]["p99"], 3)
+        if ref is not None and p99 is not None and ref["latency_ms"]["p99"]:
+            row["p99_vs_central_queue"] = round(p99 / ref["latency_ms"]["p99"], 3)
+        rows.append(row)
+    return rows
+
+
+def compare_table(summary: dict[str, Any], title: str | None = None) -> Table:
+    rows = compare_rows(summary)
+    arms = summary["arms"]
+    t = Table(title=title or f"{summary['scenario']} (seed {summary['seed']})")
+    t.add_column("figure", style="bold")
+    for r in rows:
+        t.add_column(r["arm"], justify="right")
+
+    def add(label: str, values: list[str]) -> None:
+        t.add_row(label, *values)
+
+    add("routing", [r["routing"] for r in rows])
+    add("batching", [r["batching"] for r in rows])
+    devices = list(next(iter(arms.values()))["devices"])
+    for d in devices:
+        add(f"util {d}", [_fmt(r["devices"].get(d), 1, pct=True) for r in rows])
+    add("util mean", [_fmt(r["utilization_mean"], 1, pct=True) for r in rows])
+    add("spread (pts)", [_fmt(r["utilization_spread_pts"]) for r in rows])
+    add("P50 ms", [_fmt(r["p50_ms"], 2) for r in rows])
+    add("P99 ms", [_fmt(r["p99_ms"], 2) for r in rows])
+    add("throughput rps", [_fmt(r["throughput_rps"]) for r in rows])
+    add("max queue depth", [_fmt(r["max_queue_depth"], 0) for r in rows])
+    models = list(next(iter(arms.values()))["models"])
+    for m in models:
+        add(f"SLO met {m}", [_fmt(r["slo_attainment"].get(m), 2, pct=True) for r in rows])
+    if any("throughput_vs_baseline" in r for r in rows):
+        add("throughput / baseline", [_fmt(r.get("throughput_vs_baseline"), 3) for r in rows])
+        add("P99 / baseline", [_fmt(r.get("p99_vs_baseline"), 3) for r in rows])
+    if any("p99_vs_central_queue" in r for r in rows):
+        add("P99 / central-queue", [_fmt(r.get("p99_vs_central_queue"), 3) for r in rows])
+    return t
+
+
+def arm_table(name: str, arm: dict[str, Any]) -> Table:
+    """Per-model and per-device detail of one arm."""
+    t = Table(title=f"arm {name}: {arm['routing']} + {arm['batching']}")
+    t.add_column("model")
+    for col in ("rps", "P50 ms", "P95 ms", "P99 ms", "max ms", "SLO ms", "SLO met", "goodput"):
+        t.add_column(col, justify="right")
+    for m, v in arm["models"].items():
+        lat = v["latency_ms"]
+        t.add_row(
+            m,
+            _fmt(v["throughput_rps"]),
+            _fmt(lat["p50"], 2),
+            _fmt(lat["p95"], 2),
+            _fmt(lat["p99"], 2),
+            _fmt(lat["max"], 2),
+            _fmt(v["slo_ms"], 0),
+            _fmt(v["slo_attainment"], 2, pct=True),
+            _fmt(v["goodput_rps"]),
+        )
+    lat = arm["latency_ms"]
+    t.add_row(
+        "all",
+        _fmt(arm["throughput_rps"]),
+        _fmt(lat["p50"], 2),
+        _fmt(lat["p95"], 2),
+        _fmt(lat["p99"], 2),
+        _fmt(lat["max"], 2),
+        "",
+        "",
+        "",
+        style="bold",
+    )
+    return t
+
+
+def device_table(arm: dict[str, Any]) -> Table:
+    t = Table(title="devices")
+    for col in ("device", "utilization", "mean queue", "max queue", "mean batch"):
+        t.add_column(col, justify="right")
+    for d, v in arm["devices"].items():
+        t.add_row(
+            d,
+            _fmt(v["utilization"], 1, pct=True),
+            _fmt(v["mean_queue_depth"], 2),
+            _fmt(v["max_queue_depth"], 0),
+            _fmt(v.get("mean_batch_size"), 2),
+        )
+    return t

@@ -1,0 +1,482 @@
+"""A simulated cluster: devices with per-model queues, driven by the shared policy objects.
+
+Theory of operation. Everything happens on one EventLoop with a virtual clock.
+- Arrivals come from the workload (Poisson per model, closed-loop users, or a trace). In push
+  mode the Router (the same class the live gateway uses) picks a device; the request joins that
+  device's queue for its model. In ``central-queue`` mode the request joins one shared queue per
+  model and any idle device that hosts the model may take it (work-conserving late binding).
+- A device runs one batch at a time. Whenever it is idle and something changed (an arrival, a
+  batch finished, a policy's wake-up time came), it asks each hosted model's batching policy;
+  among the models that say Dispatch it runs the one whose oldest request is oldest. If none
+  does, it schedules a wake-up at the earliest WaitUntil.
+- Every ``signals.interval_ms`` the devices are sampled (queue depth, in-flight, busy fraction
+  over ``utilization_window_ms``, memory) and the samples are fed to the Router, exactly as the
+  gateway's poller does.
+- A batch's duration is the device profile's latency for its size; it occupies the profile's
+  working memory while it runs, on top of the resident weights of every hosted model.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from evenserve.core.profile import LatencyProfile
+from evenserve.core.results import DeviceTrace, RequestLog, RunRecords
+from evenserve.core.scenario import CENTRAL_QUEUE, ClosedLoop, OpenLoop, TraceWorkload
+from evenserve.core.types import LoadSample, QueueView, RequestInfo
+from evenserve.policy.batching import BATCHING, BatchingPolicy
+from evenserve.policy.batching.device import next_batch
+from evenserve.policy.registry import spec_label
+from evenserve.policy.routing import ROUTING, Router
+from evenserve.sim.engine import EventLoop
+from evenserve.sim.loader import LoadedScenario
+from evenserve.sim.workload import PoissonProcess, TraceEntry, read_trace
+
+
+@dataclass(slots=True)
+class SimRequest(RequestInfo):
+    idx: int = -1
+    user: int = -1
+
+
+class ModelQueue:
+    """One model's FIFO queue with its batching policy and exact depth accounting."""
+
+    __slots__ = ("area", "items", "last_change_s", "max_depth", "model", "policy", "warmup_s")
+
+    def __init__(self, model: str, policy: BatchingPolicy, warmup_s: float) -> None:
+        self.model = model
+        self.policy = policy
+        self.items: deque[SimRequest] = deque()
+        self.area = 0.0
+        self.last_change_s = 0.0
+        self.max_depth = 0
+        self.warmup_s = warmup_s
+
+
+class SimDevice:
+    __slots__ = (
+        "area",
+        "batch",
+        "batch_mem_bytes",
+        "batch_model",
+        "busy",
+        "busy_acc_s",
+        "busy_since_s",
+        "busy_until_s",
+        "idle_since_s",
+        "last_change_s",
+        "max_depth",
+        "memory_total_bytes",
+        "models",
+        "name",
+        "next_wake_s",
+        "profiles",
+        "q_len",
+        "queues",
+        "trace",
+        "util_hist",
+        "weights_bytes",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        profiles: dict[str, LatencyProfile],
+        queues: dict[str, ModelQueue],
+        memory_total_bytes: float,
+        util_hist_len: int,
+    ) -> None:
+        self.name = name
+        self.models = tuple(sorted(profiles))
+        self.profiles = profiles
+        self.queues = queues
+        self.memory_total_bytes = memory_total_bytes
+        self.weights_bytes = sum(p.weights_bytes for p in profiles.values())
+        self.busy = False
+        self.busy_since_s = 0.0
+        self.busy_until_s = 0.0
+        self.busy_acc_s = 0.0
+        self.idle_since_s = 0.0
+        self.batch: list[SimRequest] = []
+        self.batch_model = ""
+        self.batch_mem_bytes = 0.0
+        self.next_wake_s = math.inf
+        self.q_len = 0
+        self.area = 0.0
+        self.last_change_s = 0.0
+        self.max_depth = 0
+        self.trace = DeviceTrace(name=name)
+        self.util_hist: deque[tuple[float, float]] = deque(maxlen=util_hist_len)
+
+    def busy_cum_s(self, now_s: float) -> float:
+        return self.busy_acc_s + (now_s - self.busy_since_s if self.busy else 0.0)
+
+    def memory_used_bytes(self) -> float:
+        return self.weights_bytes + self.batch_mem_bytes
+
+
+class Simulation:
+    """One arm of one scenario, run once with one seed."""
+
+    def __init__(self, loaded: LoadedScenario, arm: str, seed: int | None = None) -> None:
+        sc = loaded.scenario
+        if arm not in sc.arms:
+            raise KeyError(f"unknown arm {arm!r} (arms: {', '.join(sc.arms)})")
+        self.loaded = loaded
+        self.sc = sc
+        self.arm_name = arm
+        self.arm = sc.arms[arm]
+        self.seed = sc.seed if seed is None else seed
+        self.loop = EventLoop()
+        self.log = RequestLog()
+        self.warmup_s = sc.warmup_s
+        self.end_s = sc.duration_s
+        self.central = self.arm.routing == CENTRAL_QUEUE
+        self.max_queue = self.arm.max_queue_per_model
+        policy_rng = random.Random(f"{self.seed}:policy")
+        self.workload_rng = random.Random(f"{self.seed}:workload")
+
+        sig = sc.signals
+        self.signal_interval_s = sig.interval_ms / 1000.0
+        hist_len = max(2, int(round(sig.utilization_window_ms / sig.interval_ms)) + 1)
+
+        def make_policy(model: str) -> BatchingPolicy:
+            spec = self.arm.batching_per_model.get(model, self.arm.batching)
+            return BATCHING.build(spec, policy_rng)
+
+        self.central_queues: dict[str, ModelQueue] = {}
+        if self.central:
+            for m in sc.models:
+                self.central_queues[m] = ModelQueue(m, make_policy(m), self.warmup_s)
+
+        self.devices: list[SimDevice] = []
+        self.hosts: dict[str, list[SimDevice]] = {m: [] for m in sc.models}
+        for spec in sc.expanded_devices():
+            profiles = loaded.profiles_for(spec)
+            if self.central:
+                queues = {m: self.central_queues[m] for m in profiles}
+            else:
+                queues = {m: ModelQueue(m, make_policy(m), self.warmup_s) for m in profiles}
+            dev = SimDevice(spec.name, profiles, queues, spec.memory_gb * 1024.0**3, hist_len)
+            self.devices.append(dev)
+            for m in profiles:
+                self.hosts[m].append(dev)
+        self.by_name = {d.name: d for d in self.devices}
+
+        self.router: Router | None = None
+        if not self.central:
+            self.router = Router(
+                ROUTING.build(self.arm.routing, policy_rng), window=sig.window
+            )
+            for d in self.devices:
+                self.router.add_backend(
+                    d.name,
+                    d.models,
+                    profiles=d.profiles,
+                    max_batch_size={m: d.queues[m].policy.max_batch_size for m in d.models},
+                )
+        self._slo = {m: spec.slo_ms for m, spec in sc.models.items()}
+        self._priority = {m: spec.priority for m, spec in sc.models.items()}
+        self._closed: ClosedLoop | None = None
+        self._mix_models: list[str] = []
+        self._mix_cum: list[float] = []
+        self._think_s = 0.0
+        self._next_id = 0
+
+    # -- workload ---------------------------------------------------------------------------
+    def _new_request(self, model: str, user: int = -1, deadline_ms: float | None = None,
+                     priority: int | None = None) -> SimRequest:
+        now = self.loop.now
+        idx = self.log.add(model, now)
+        self._next_id += 1
+        return SimRequest(
+            request_id=self._next_id,
+            model=model,
+            arrival_s=now,
+            priority=self._priority[model] if priority is None else priority,
+            deadline_s=None if deadline_ms is None else now + deadline_ms / 1000.0,
+            idx=idx,
+            user=user,
+        )
+
+    def _start_open_loop(self, wl: OpenLoop) -> None:
+        for m in sorted(wl.rates_rps):
+            rate = wl.rates_rps[m]
+            if rate <= 0:
+                continue
+            proc = PoissonProcess(rate, wl.phases, random.Random(f"{self.seed}:arrivals:{m}"))
+            t = proc.next_after(0.0)
+            if t < self.end_s:
+                self.loop.at(t, self._open_arrival, (m, proc))
+
+    def _open_arrival(self, arg: tuple[str, PoissonProcess]) -> None:
+        m, proc = arg
+        self._arrive(self._new_request(m))
+        t = proc.next_after(self.loop.now)
+        if t < self.end_s:
+            self.loop.at(t, self._open_arrival, arg)
+
+    def _start_closed_loop(self, wl: ClosedLoop) -> None:
+        self._closed = wl
+        total = sum(wl.mix.values())
+        acc = 0.0
+        for m in sorted(wl.mix):
+            if wl.mix[m] > 0:
+                acc += wl.mix[m] / total
+                self._mix_models.append(m)
+                self._mix_cum.append(acc)
+        self._mix_cum[-1] = 1.0
+        self._think_s = wl.think_ms / 1000.0
+        for u in range(wl.users):
+            self._schedule_user(u)
+
+    def _schedule_user(self, user: int) -> None:
+        rng = self.workload_rng
+        think = rng.expovariate(1.0 / self._think_s) if self._think_s > 0 else 0.0
+        t = self.loop.now + think
+        if t < self.end_s:
+            self.loop.at(t, self._user_arrival, user)
+
+    def _user_arrival(self, user: int) -> None:
+        x = self.workload_rng.random()
+        models, cum = self._mix_models, self._mix_cum
+        i = 0
+        while cum[i] < x:
+            i += 1
+        self._arrive(self._new_request(models[i], user=user))
+
+    def _start_trace(self, wl: TraceWorkload) -> None:
+        entries = read_trace(self.loaded.resolve(wl.path), list(self.sc.models))
+        it = iter([e for e in entries if e.t_s < self.end_s])
+        self._trace_next(it)
+
+    def _trace_next(self, it: object) -> None:
+        assert hasattr(it, "__next__")
+        e: TraceEntry | None = next(it, None)  # type: ignore[call-overload]
+        if e is not None:
+            self.loop.at(e.t_s, self._trace_arrival, (e, it))
+
+    def _trace_arrival(self, arg: tuple[TraceEntry, object]) -> None:
+        e, it = arg
+        self._arrive(self._new_request(e.model, deadline_ms=e.deadline_ms, priority=e.priority))
+        self._trace_next(it)
+
+    # -- requests and devices ---------------------------------------------------------------
+    def _drop(self, r: SimRequest, reason: str) -> None:
+        self.log.drop_reason[r.idx] = reason
+        if r.user >= 0:
+            self._schedule_user(r.user)
+
+    def _arrive(self, r: SimRequest) -> None:
+        now = self.loop.now
+        m = r.model
+        if self.central:
+            q = self.central_queues[m]
+            if self.max_queue is not None and len(q.items) >= self.max_queue:
+                self._drop(r, "queue-full")
+                return
+            self._q_change(q, now, +1)
+            q.items.append(r)
+            q.policy.on_arrival(now)
+            idle = [d for d in self.hosts[m] if not d.busy]
+            idle.sort(key=lambda d: d.idle_since_s)
+            for d in idle:
+                if not q.items:
+                    break
+                self._try_start(d)
+            return
+        router = self.router
+        assert router is not None
+        view = router.choose(r, now)
+        if view is None:
+            self._drop(r, "no-backend")
+            return
+        dev = self.by_name[view.name]
+        q = dev.queues[m]
+        if self.max_queue is not None and len(q.items) >= self.max_queue:
+            self._drop(r, "queue-full")
+            return
+        router.sent(dev.name, m)
+        self._dev_change(dev, now, +1)
+        q.items.append(r)
+        q.policy.on_arrival(now)
+        if not dev.busy:
+            self._try_start(dev)
+
+    def _q_change(self, q: ModelQueue, now: float, delta: int) -> None:
+        if now > q.warmup_s:
+            q.area += len(q.items) * (now - max(q.last_change_s, q.warmup_s))
+        q.last_change_s = now
+        depth = len(q.items) + delta
+        if now >= q.warmup_s and depth > q.max_depth:
+            q.max_depth = depth
+
+    def _dev_change(self, d: SimDevice, now: float, delta: int) -> None:
+        w = self.warmup_s
+        if now > w:
+            d.area += d.q_len * (now - max(d.last_change_s, w))
+        d.last_change_s = now
+        d.q_len += delta
+        if now >= w and d.q_len > d.max_depth:
+            d.max_depth = d.q_len
+
+    def _try_start(self, d: SimDevice) -> None:
+        if d.busy:
+            return
+        now = self.loop.now
+        free = d.memory_total_bytes - d.memory_used_bytes()
+        queues = d.queues
+        profiles = d.profiles
+        nb = next_batch(
+            (
+                (QueueView(m, queues[m].items, profiles[m], free, True), queues[m].policy)
+                for m in d.models
+                if queues[m].items
+            ),
+            now,
+        )
+        if nb.model is None:
+            wake = nb.wake_s
+            if wake < math.inf and (wake < d.next_wake_s or d.next_wake_s <= now):
+                d.next_wake_s = wake
+                self.loop.at(wake, self._wake, d)
+            return
+        best_q = queues[nb.model]
+        best_n = nb.n
+        n = min(best_n, len(best_q.items))
+        if self.central:
+            self._q_change(best_q, now, -n)
+        else:
+            self._dev_change(d, now, -n)
+        items = best_q.items
+        batch = [items.popleft() for _ in range(n)]
+        best_q.policy.on_dispatch(n, now)
+        prof = d.profiles[best_q.model]
+        dur = prof.latency_s(n)
+        d.busy = True
+        d.busy_since_s = now
+        d.busy_until_s = now + dur
+        d.batch = batch
+        d.batch_model = best_q.model
+        d.batch_mem_bytes = prof.batch_memory_bytes(n)
+        tr = d.trace
+        tr.busy_start_s.append(now)
+        tr.busy_end_s.append(now + dur)
+        tr.batch_sizes.append(n)
+        self.loop.at(now + dur, self._finish, d)
+
+    def _wake(self, d: SimDevice) -> None:
+        if d.next_wake_s <= self.loop.now:
+            d.next_wake_s = math.inf
+        self._try_start(d)
+
+    def _finish(self, d: SimDevice) -> None:
+        now = self.loop.now
+        d.busy = False
+        d.busy_acc_s += now - d.busy_since_s
+        d.idle_since_s = now
+        d.batch_mem_bytes = 0.0
+        log_finish = self.log.finish_s
+        log_dev = self.log.device
+        router = self.router
+        name = d.name
+        for r in d.batch:
+            log_finish[r.idx] = now
+            log_dev[r.idx] = name
+            if router is not None:
+                router.done(name)
+            if r.user >= 0:
+                self._schedule_user(r.user)
+        d.batch = []
+        self._try_start(d)
+        if self.central and not d.busy:
+            return
+
+    # -- signals ----------------------------------------------------------------------------
+    def _sample(self, _: object) -> None:
+        now = self.loop.now
+        router = self.router
+        for d in self.devices:
+            cum = d.busy_cum_s(now)
+            d.util_hist.append((now, cum))
+            t0, c0 = d.util_hist[0]
+            util = (cum - c0) / (now - t0) if now > t0 else (1.0 if d.busy else 0.0)
+            depth = float(d.q_len)
+            d.trace.queue_t_s.append(now)
+            d.trace.queue_depth.append(depth)
+            if router is not None:
+                router.observe(
+                    d.name,
+                    LoadSample(
+                        timestamp_s=now,
+                        queue_depth=depth,
+                        in_flight=float(len(d.batch)),
+                        utilization=min(1.0, max(0.0, util)),
+                        memory_used_bytes=d.memory_used_bytes(),
+                        memory_total_bytes=d.memory_total_bytes,
+                        queued_by_model={m: float(len(d.queues[m].items)) for m in d.models},
+                        busy_remaining_s=max(0.0, d.busy_until_s - now) if d.busy else 0.0,
+                    ),
+                )
+        nxt = now + self.signal_interval_s
+        if nxt <= self.end_s:
+            self.loop.at(nxt, self._sample, None)
+
+    # -- run --------------------------------------------------------------------------------
+    def run(self) -> RunRecords:
+        self.loop.at(0.0, self._sample, None)
+        wl = self.sc.workload
+        if isinstance(wl, OpenLoop):
+            self._start_open_loop(wl)
+        elif isinstance(wl, ClosedLoop):
+            self._start_closed_loop(wl)
+        else:
+            self._start_trace(wl)
+        self.loop.run(self.end_s)
+        end = self.end_s
+        w = self.warmup_s
+        window = end - w
+        for d in self.devices:
+            self._dev_change(d, end, 0)
+            d.trace.exact_mean_queue_depth = d.area / window if not self.central else 0.0
+            d.trace.exact_max_queue_depth = float(d.max_depth) if not self.central else 0.0
+        central_max = central_mean = None
+        if self.central:
+            for q in self.central_queues.values():
+                self._q_change(q, end, 0)
+            central_max = float(max(q.max_depth for q in self.central_queues.values()))
+            central_mean = sum(q.area for q in self.central_queues.values()) / window
+        arm = self.arm
+        batching = spec_label(arm.batching)
+        if arm.batching_per_model:
+            batching += "; " + "; ".join(
+                f"{m}: {spec_label(s)}" for m, s in sorted(arm.batching_per_model.items())
+            )
+        return RunRecords(
+            scenario=self.sc.name,
+            arm=self.arm_name,
+            routing=spec_label(arm.routing),
+            batching=batching,
+            seed=self.seed,
+            warmup_s=w,
+            end_s=end,
+            slo_ms=dict(self._slo),
+            requests=self.log,
+            devices=[d.trace for d in self.devices],
+            timeseries_interval_s=self.sc.timeseries_interval_s,
+            central_max_queue_depth=central_max,
+            central_mean_queue_depth=central_mean,
+        )
+
+
+def simulate(loaded: LoadedScenario, arm: str, seed: int | None = None) -> RunRecords:
+    return Simulation(loaded, arm, seed).run()
+
+
+def arm_names(loaded: LoadedScenario) -> Sequence[str]:
+    return list(loaded.scenario.arms)

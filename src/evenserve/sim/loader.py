@@ -1,0 +1,126 @@
+"""Load a scenario file: YAML -> typed Scenario, policies and profiles checked, one clear error.
+
+``--set key=value`` overrides address the YAML by dotted path (``workload.users=50``,
+``arms.optimized.batching.max_batch_delay_ms=30``); values are parsed as YAML scalars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from evenserve.core.errors import ConfigError
+from evenserve.core.profile import LatencyProfile, format_validation_error, load_profile_set
+from evenserve.core.scenario import CENTRAL_QUEUE, DeviceSpec, Scenario
+from evenserve.policy.batching import BATCHING
+from evenserve.policy.routing import ROUTING
+
+
+@dataclass
+class LoadedScenario:
+    scenario: Scenario
+    base_dir: Path
+    profile_sets: dict[str, dict[str, LatencyProfile]]
+
+    def profiles_for(self, device: DeviceSpec) -> dict[str, LatencyProfile]:
+        """Model name -> profile for the models placed on ``device``."""
+        ps = self.profile_sets[self.scenario.profile_set_of(device)]
+        out = {}
+        for m in device.models:
+            out[m] = ps[self.scenario.models[m].profile or m]
+        return out
+
+    def resolve(self, relative: str) -> Path:
+        p = Path(relative)
+        return p if p.is_absolute() else self.base_dir / p
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value")
+        key, _, value = item.partition("=")
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ConfigError(f"--set {item!r}: empty key")
+        node: Any = raw
+        for i, p in enumerate(parts[:-1]):
+            if isinstance(node, list):
+                try:
+                    node = node[int(p)]
+                except (ValueError, IndexError):
+                    raise ConfigError(f"--set {key}: no list item {p!r}") from None
+                continue
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is not a mapping")
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = {}
+                node[p] = nxt
+            elif isinstance(nxt, str):
+                # A bare policy name gains parameters: "static" -> {policy: static, ...}.
+                nxt = {"policy": nxt}
+                node[p] = nxt
+            node = nxt
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError:
+            parsed = value
+        if isinstance(node, list):
+            try:
+                node[int(parts[-1])] = parsed
+            except (ValueError, IndexError):
+                raise ConfigError(f"--set {key}: no list item {parts[-1]!r}") from None
+        else:
+            node[parts[-1]] = parsed
+    return raw
+
+
+def parse_scenario(raw: Any, base_dir: Path, source: str = "scenario") -> LoadedScenario:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    try:
+        sc = Scenario.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {format_validation_error(exc)}") from exc
+    for arm, spec in sc.arms.items():
+        if spec.routing != CENTRAL_QUEUE:
+            ROUTING.parse(spec.routing, f"{source}: arms.{arm}.routing")
+        BATCHING.parse(spec.batching, f"{source}: arms.{arm}.batching")
+        for m, b in spec.batching_per_model.items():
+            BATCHING.parse(b, f"{source}: arms.{arm}.batching_per_model.{m}")
+    sets: dict[str, dict[str, LatencyProfile]] = {}
+    for name, rel in sc.profile_sets.items():
+        p = Path(rel)
+        try:
+            sets[name] = load_profile_set(p if p.is_absolute() else base_dir / p)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: profile_sets.{name}: {exc}") from exc
+    for i, d in enumerate(sc.expanded_devices()):
+        ps_name = sc.profile_set_of(d)
+        for m in d.models:
+            prof = sc.models[m].profile or m
+            if prof not in sets[ps_name]:
+                raise ConfigError(
+                    f"{source}: models.{m}.profile: no profile {prof!r} in profile set "
+                    f"{ps_name!r} ({sc.profile_sets[ps_name]}), needed by device {d.name!r}"
+                )
+    return LoadedScenario(scenario=sc, base_dir=base_dir, profile_sets=sets)
+
+
+def load_scenario(path: Path | str, overrides: Iterable[str] = ()) -> LoadedScenario:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"scenario file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if isinstance(raw, dict):
+        raw = apply_overrides(raw, overrides)
+    return parse_scenario(raw, path.parent, str(path))
