@@ -1,0 +1,178 @@
+"""Admin API, behind a bearer token: backends with signals, health and scores; routing policy.
+
+- ``GET  /admin/backends``: every backend, its health (and why not), its current signals as the
+  router sees them, signal age, and per hosted model the policy's score (queue-aware: the
+  weighted score; least-expected-work: predicted finish seconds) and soft-overload flag.
+- ``GET  /admin/routing``: the policy in force, as a spec (``{policy: name, ...params}``).
+- ``PUT  /admin/routing``: replace it with a spec; validated like the config file (400 naming
+  the field on error); the very next routing decision uses it. This is how tuned parameters
+  are pushed to a running gateway.
+- ``GET  /admin/events``: recent ejections and readmissions with gateway-clock times.
+A missing or wrong token is refused with 401 (``WWW-Authenticate: Bearer``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from evenserve.core.clock import Clock
+from evenserve.core.types import BackendView, RequestInfo
+from evenserve.gateway.backends import BackendRegistry
+from evenserve.policy.registry import PolicySpecError, split_spec
+from evenserve.policy.routing import ROUTING
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _num(x: float | None) -> float | None:
+    if x is None or math.isnan(x) or math.isinf(x):
+        return None
+    return round(x, 6)
+
+
+class AdminAPI:
+    def __init__(
+        self, registry: BackendRegistry, clock: Clock, token: str, seed: int, routing_spec: Any
+    ) -> None:
+        self.registry = registry
+        self.clock = clock
+        self._token = token.encode()
+        self.seed = seed
+        self.routing_spec = self.normalized_spec(routing_spec)
+        self.policy_changes = 0
+
+    @staticmethod
+    def normalized_spec(spec: Any) -> dict[str, Any]:
+        name, params = ROUTING.parse(spec, "routing")
+        return {"policy": name, **params.model_dump()}
+
+    def _authorized(self, request: Request) -> bool:
+        auth = request.headers.get("authorization", "")
+        scheme, _, value = auth.partition(" ")
+        if scheme.lower() != "bearer" or not value:
+            return False
+        return secrets.compare_digest(value.strip().encode(), self._token)
+
+    def guard(self, endpoint: Endpoint) -> Endpoint:
+        async def wrapped(request: Request) -> Response:
+            if not self._authorized(request):
+                return JSONResponse(
+                    {"error": "admin API: missing or invalid bearer token"},
+                    status_code=401,
+                    headers={"www-authenticate": 'Bearer realm="evenserve-admin"'},
+                )
+            return await endpoint(request)
+
+        return wrapped
+
+    # -- views ------------------------------------------------------------------------------
+    def _scores(self, model: str) -> dict[str, dict[str, Any]]:
+        """Per healthy host of ``model``: the policy's score and overload flag, if it has them."""
+        router = self.registry.router
+        policy = router.policy
+        cands: list[BackendView] = list(router.candidates(model))
+        out: dict[str, dict[str, Any]] = {b.name: {} for b in cands}
+        if not cands:
+            return out
+        scores = getattr(policy, "scores", None)
+        finish = getattr(policy, "finish_s", None)
+        overloaded = getattr(policy, "overloaded", None)
+        if callable(scores):
+            for b, s in zip(cands, scores(cands), strict=True):
+                out[b.name]["score"] = _num(float(s))
+        elif callable(finish):
+            probe = RequestInfo(request_id=0, model=model, arrival_s=self.clock.now())
+            for b in cands:
+                out[b.name]["predicted_finish_s"] = _num(float(finish(probe, b)))
+        if callable(overloaded):
+            for b in cands:
+                out[b.name]["overloaded"] = bool(overloaded(b))
+        return out
+
+    def backends_view(self) -> dict[str, Any]:
+        router = self.registry.router
+        now = self.clock.now()
+        scores = {m: self._scores(m) for m in self.registry.models()}
+        items = []
+        for name, st in self.registry.states.items():
+            v = router.view(name)
+            items.append(
+                {
+                    "name": name,
+                    "url": st.spec.url,
+                    "models": list(st.spec.models),
+                    "signal_source": st.spec.signals.source,
+                    "healthy": st.healthy,
+                    "state": st.reason,
+                    "since_s": _num(now - st.changed_at_s),
+                    "ejections": st.ejections,
+                    "last_error": st.last_error,
+                    "signals": {
+                        "fresh": v.signals_fresh,
+                        "age_s": _num(router.signal_age_s(name, now)),
+                        "queue_depth": _num(v.queue_depth),
+                        "in_flight": v.in_flight,
+                        "utilization": _num(v.utilization),
+                        "memory_free_bytes": _num(v.memory_free_bytes),
+                        "memory_total_bytes": _num(v.memory_total_bytes),
+                        "queued_by_model": {k: _num(q) for k, q in v.queued_by_model.items()},
+                    },
+                    "scores": {m: s[name] for m, s in scores.items() if name in s},
+                }
+            )
+        return {"policy": self.routing_spec, "backends": items}
+
+    # -- endpoints --------------------------------------------------------------------------
+    async def get_backends(self, request: Request) -> Response:
+        return JSONResponse(self.backends_view())
+
+    async def get_routing(self, request: Request) -> Response:
+        return JSONResponse({**self.routing_spec, "changes": self.policy_changes})
+
+    async def put_routing(self, request: Request) -> Response:
+        try:
+            spec = json.loads(await request.body() or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return JSONResponse({"error": f"body: not valid JSON ({exc})"}, status_code=400)
+        try:
+            split_spec(spec, "routing")
+            self.registry.replace_policy(spec, self.seed)
+            self.routing_spec = self.normalized_spec(spec)
+        except PolicySpecError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        self.policy_changes += 1
+        return JSONResponse({**self.routing_spec, "changes": self.policy_changes})
+
+    async def get_events(self, request: Request) -> Response:
+        now = self.clock.now()
+        return JSONResponse(
+            {
+                "now_s": now,
+                "events": [
+                    {
+                        "t_s": e.t_s,
+                        "ago_s": _num(now - e.t_s),
+                        "backend": e.backend,
+                        "event": e.event,
+                        "reason": e.reason,
+                    }
+                    for e in self.registry.events
+                ],
+            }
+        )
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/admin/backends", self.guard(self.get_backends), methods=["GET"]),
+            Route("/admin/routing", self.guard(self.get_routing), methods=["GET"]),
+            Route("/admin/routing", self.guard(self.put_routing), methods=["PUT"]),
+            Route("/admin/events", self.guard(self.get_events), methods=["GET"]),
+        ]

@@ -1,0 +1,143 @@
+"""The gateway's backend registry: what each backend is, whether it is routable, and why not.
+
+Routing state (signal windows, in-flight counts, the healthy flag the policy sees) lives in
+the shared Router; this registry adds what only the live system has: URLs, signal sources,
+ejection reasons and a short event log (who was ejected or readmitted when, for the admin
+API and for measuring how fast a failure is noticed).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from evenserve.core.clock import Clock
+from evenserve.core.profile import LatencyProfile
+from evenserve.gateway.config import BackendSpec
+from evenserve.policy.registry import PolicySpecError
+from evenserve.policy.routing import ROUTING, Router, RoutingPolicy
+
+
+@dataclass
+class BackendState:
+    spec: BackendSpec
+    healthy: bool = False
+    reason: str = "starting"
+    changed_at_s: float = 0.0
+    ejections: int = 0
+    last_error: str | None = None
+    last_ok_s: float | None = None
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    t_s: float
+    backend: str
+    event: str  # "ejected" | "admitted"
+    reason: str
+
+
+EjectHook = Callable[[str, str], None]
+
+
+@dataclass
+class BackendRegistry:
+    router: Router
+    clock: Clock
+    states: dict[str, BackendState] = field(default_factory=dict)
+    events: deque[HealthEvent] = field(default_factory=lambda: deque(maxlen=256))
+    on_eject: EjectHook | None = None
+
+    @classmethod
+    def build(
+        cls,
+        specs: Iterable[BackendSpec],
+        policy: RoutingPolicy,
+        clock: Clock,
+        *,
+        window: int,
+        stale_after_s: float,
+        profiles: Callable[[BackendSpec], dict[str, LatencyProfile]] | None = None,
+    ) -> BackendRegistry:
+        router = Router(policy, window=window, stale_after_s=stale_after_s)
+        reg = cls(router=router, clock=clock)
+        now = clock.now()
+        for spec in specs:
+            profs = profiles(spec) if profiles is not None else {}
+            router.add_backend(
+                spec.name,
+                spec.models,
+                profiles={m: p for m, p in profs.items() if m in spec.models},
+                max_batch_size=spec.max_batch_size,
+                weight=spec.weight,
+            )
+            # Not routable until the first successful probe says it is ready.
+            router.set_healthy(spec.name, False)
+            reg.states[spec.name] = BackendState(spec=spec, changed_at_s=now)
+        return reg
+
+    # -- membership -------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return list(self.states)
+
+    def models(self) -> list[str]:
+        ms: set[str] = set()
+        for st in self.states.values():
+            ms.update(st.spec.models)
+        return sorted(ms)
+
+    def hosts_model(self, model: str) -> bool:
+        return any(model in st.spec.models for st in self.states.values())
+
+    def url(self, name: str) -> str:
+        return self.states[name].spec.url
+
+    # -- health -----------------------------------------------------------------------------
+    def eject(self, name: str, reason: str) -> bool:
+        """Take ``name`` out of routing; True if it was routable."""
+        st = self.states[name]
+        st.last_error = reason
+        if not st.healthy:
+            st.reason = reason
+            return False
+        now = self.clock.now()
+        st.healthy = False
+        st.reason = reason
+        st.changed_at_s = now
+        st.ejections += 1
+        self.router.set_healthy(name, False)
+        self.events.append(HealthEvent(now, name, "ejected", reason))
+        if self.on_eject is not None:
+            self.on_eject(name, reason)
+        return True
+
+    def admit(self, name: str) -> bool:
+        """Put ``name`` (back) into routing; True if it was not routable."""
+        st = self.states[name]
+        now = self.clock.now()
+        st.last_ok_s = now
+        if st.healthy:
+            return False
+        first = st.reason == "starting"
+        st.healthy = True
+        st.reason = "ready"
+        st.changed_at_s = now
+        self.router.set_healthy(name, True)
+        self.events.append(HealthEvent(now, name, "ready" if first else "admitted", "ready"))
+        return True
+
+    def is_healthy(self, name: str) -> bool:
+        return self.states[name].healthy
+
+    # -- policy -----------------------------------------------------------------------------
+    def replace_policy(self, spec: Any, seed: int) -> RoutingPolicy:
+        """Build and install a policy from a spec; PolicySpecError names the bad field."""
+        policy = ROUTING.build(spec, random.Random(seed), where="routing")
+        self.router.set_policy(policy)
+        return policy
+
+
+__all__ = ["BackendRegistry", "BackendState", "HealthEvent", "PolicySpecError"]

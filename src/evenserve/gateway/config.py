@@ -1,0 +1,341 @@
+"""The cluster file: one YAML read by both ``evenserve gateway --config`` and ``evenserve up``.
+
+```yaml
+gateway:                      # the front door
+  host: 127.0.0.1
+  port: 8000
+  routing: queue-aware        # a policy spec: a name or {policy: name, ...params}
+  signals: {interval_ms: 100, window: 3, stale_after_ms: 500}
+workers:                      # devices ``evenserve up`` starts one worker on each
+  repo: models                # model repository (relative to this file)
+  base_port: 8101             # device i listens on base_port + i unless it names a port
+  devices:
+    - {name: gpu0, device: "emulated:a10-trt-fp16", models: [resnet50, bert-base]}
+backends:                     # servers started elsewhere (Triton, MLServer, other workers)
+  - name: triton0
+    url: http://127.0.0.1:8000
+    models: [resnet50]
+    signals: {source: prometheus, url: http://127.0.0.1:8002/metrics, mapping: triton}
+```
+
+The gateway routes to every worker device plus every listed backend. Everything is validated
+on load; an error names the field by its dotted path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from evenserve.core.errors import ConfigError
+from evenserve.core.profile import format_validation_error
+from evenserve.policy.routing import ROUTING
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+DEFAULT_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SignalsConfig(Strict):
+    interval_ms: float = Field(default=100.0, gt=0, description="load poll period")
+    window: int = Field(default=3, ge=1, description="samples averaged per backend")
+    stale_after_ms: float = Field(
+        default=500.0, gt=0, description="older samples count as unknown, not idle"
+    )
+    timeout_ms: float = Field(default=500.0, gt=0, description="one poll's time limit")
+
+
+class HealthConfig(Strict):
+    interval_ms: float = Field(
+        default=100.0, gt=0, description="readiness poll period (all backends, ejected ones too)"
+    )
+    timeout_ms: float = Field(default=500.0, gt=0)
+
+
+class ForwardConfig(Strict):
+    connect_timeout_ms: float = Field(default=500.0, gt=0)
+    request_timeout_s: float = Field(default=60.0, gt=0, description="one backend answer")
+    max_connections: int = Field(default=512, ge=1)
+    retries: int = Field(default=1, ge=0, le=3, description="other backends to try")
+
+
+class OverloadConfig(Strict):
+    enabled: bool = Field(default=True, description="429 when every host is soft-overloaded")
+    retry_after_s: int = Field(default=1, ge=0, description="Retry-After header value")
+
+
+class AdminConfig(Strict):
+    token: str | None = Field(default=None, min_length=8, description="literal bearer token")
+    token_env: str = Field(default=DEFAULT_TOKEN_ENV, description="env var holding the token")
+
+
+class GatewaySection(Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    routing: Any = "queue-aware"
+    seed: int = 0
+    signals: SignalsConfig = Field(default_factory=SignalsConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    forward: ForwardConfig = Field(default_factory=ForwardConfig)
+    overload: OverloadConfig = Field(default_factory=OverloadConfig)
+    admin: AdminConfig = Field(default_factory=AdminConfig)
+
+
+class MetricRef(Strict):
+    """Where one signal lives in a Prometheus text: a metric, label filters, an aggregate."""
+
+    metric: str = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict, description="keep samples matching")
+    aggregate: Literal["sum", "mean", "max", "min"] = "sum"
+    scale: float = Field(default=1.0, gt=0, description="multiply (e.g. 0.01 for percent)")
+
+
+class QueueMetricRef(MetricRef):
+    by_model_label: str | None = Field(
+        default="model", description="label that names the model (for per-model queues)"
+    )
+
+
+class PrometheusMapping(Strict):
+    """Signal -> metric. ``queue_depth`` is required; the others are unknown when absent."""
+
+    queue_depth: QueueMetricRef
+    in_flight: MetricRef | None = None
+    utilization: MetricRef | None = None
+    memory_used_bytes: MetricRef | None = None
+    memory_total_bytes: MetricRef | None = None
+
+
+#: Triton Inference Server's own names (docs: user_guide/metrics.md). ``nv_gpu_utilization`` is
+#: a fraction in [0, 1]; per-GPU series are averaged (utilization) or summed (memory).
+TRITON_MAPPING: dict[str, Any] = {
+    "queue_depth": {"metric": "nv_inference_pending_request_count", "aggregate": "sum"},
+    "utilization": {"metric": "nv_gpu_utilization", "aggregate": "mean"},
+    "memory_used_bytes": {"metric": "nv_gpu_memory_used_bytes", "aggregate": "sum"},
+    "memory_total_bytes": {"metric": "nv_gpu_memory_total_bytes", "aggregate": "sum"},
+}
+PRESETS: dict[str, dict[str, Any]] = {"triton": TRITON_MAPPING}
+
+
+class BackendSignals(Strict):
+    source: Literal["evenserve", "prometheus", "none"] = "evenserve"
+    url: str | None = Field(
+        default=None, description="load endpoint or metrics URL (default: on the backend URL)"
+    )
+    mapping: PrometheusMapping | None = None
+    interval_ms: float | None = Field(default=None, gt=0, description="default: gateway's")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            return raw
+        mapping = raw.get("mapping")
+        preset_name: str | None = None
+        overrides: dict[str, Any] = {}
+        if isinstance(mapping, str):
+            preset_name = mapping
+        elif isinstance(mapping, dict) and "preset" in mapping:
+            overrides = {k: v for k, v in mapping.items() if k != "preset"}
+            preset_name = str(mapping["preset"])
+        if preset_name is not None:
+            if preset_name not in PRESETS:
+                raise ValueError(
+                    f"mapping: unknown preset {preset_name!r} (known: {', '.join(PRESETS)})"
+                )
+            raw = {**raw, "mapping": {**PRESETS[preset_name], **overrides}}
+        if raw.get("source") == "prometheus" and raw.get("mapping") is None:
+            raw = {**raw, "mapping": dict(TRITON_MAPPING)}
+        return raw
+
+    @model_validator(mode="after")
+    def _mapping_only_for_prometheus(self) -> BackendSignals:
+        if self.mapping is not None and self.source != "prometheus":
+            raise ValueError("mapping: only meaningful with source: prometheus")
+        return self
+
+
+class BackendSpec(Strict):
+    name: str = Field(min_length=1)
+    url: str = Field(min_length=1, description="base URL of the KServe v2 HTTP API")
+    models: list[str] = Field(min_length=1)
+    signals: BackendSignals = Field(default_factory=BackendSignals)
+    profiles: str | None = Field(default=None, description="profile set dir (for LEW)")
+    max_batch_size: dict[str, int] = Field(default_factory=dict)
+    weight: float = Field(default=1.0, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("letters, digits, '_', '.', '-' only")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url_ok(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError(f"expected http(s)://host:port, got {v!r}")
+        return v.rstrip("/")
+
+
+class DeviceEntry(Strict):
+    name: str = Field(min_length=1)
+    device: str = Field(min_length=1, description="cpu | cuda:N | emulated:PROFILE_SET")
+    models: list[str] | None = Field(default=None, description="default: every repo model")
+    port: int | None = Field(default=None, ge=1, le=65535)
+    extra_args: list[str] = Field(default_factory=list, description="more worker CLI args")
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("letters, digits, '_', '.', '-' only")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device_ok(cls, v: str) -> str:
+        if v == "cpu" or re.fullmatch(r"cuda:\d+", v) or re.fullmatch(r"emulated:.+", v):
+            return v
+        raise ValueError(f"expected cpu, cuda:N or emulated:PROFILE_SET, got {v!r}")
+
+
+class WorkersSection(Strict):
+    repo: str = Field(min_length=1, description="model repository (relative to the file)")
+    host: str = "127.0.0.1"
+    base_port: int = Field(default=8101, ge=1, le=65535)
+    devices: list[DeviceEntry] = Field(min_length=1)
+    ready_timeout_s: float = Field(default=120.0, gt=0)
+    drain_timeout_s: float = Field(default=15.0, gt=0)
+    restart: bool = Field(default=True, description="restart a worker that exits on its own")
+
+    def port_of(self, i: int) -> int:
+        d = self.devices[i]
+        return d.port if d.port is not None else self.base_port + i
+
+
+class ClusterConfig(Strict):
+    name: str = "cluster"
+    gateway: GatewaySection = Field(default_factory=GatewaySection)
+    workers: WorkersSection | None = None
+    backends: list[BackendSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ClusterConfig:
+        names: list[str] = [b.name for b in self.backends]
+        ports: dict[int, str] = {}
+        if self.workers is not None:
+            names += [d.name for d in self.workers.devices]
+            for i, d in enumerate(self.workers.devices):
+                p = self.workers.port_of(i)
+                if p in ports:
+                    raise ValueError(f"workers.devices.{i}.port: {p} also used by {ports[p]}")
+                ports[p] = d.name
+            if self.gateway.port in ports:
+                raise ValueError(
+                    f"gateway.port: {self.gateway.port} also used by worker "
+                    f"{ports[self.gateway.port]}"
+                )
+        seen: set[str] = set()
+        for n in names:
+            if n in seen:
+                raise ValueError(f"backend/device name {n!r} used twice")
+            seen.add(n)
+        if not names:
+            raise ValueError("no backends: give workers.devices or backends")
+        return self
+
+
+class LoadedCluster:
+    """A validated cluster file plus the directory its relative paths are resolved against."""
+
+    def __init__(self, config: ClusterConfig, base_dir: Path) -> None:
+        self.config = config
+        self.base_dir = base_dir
+
+    def resolve(self, relative: str) -> Path:
+        p = Path(relative)
+        return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+    def repo_models(self) -> list[str]:
+        """Model names in the workers' repository (one sub-directory per model)."""
+        w = self.config.workers
+        if w is None:
+            return []
+        repo = self.resolve(w.repo)
+        if not repo.is_dir():
+            raise ConfigError(f"workers.repo: not a directory: {repo}")
+        return sorted(p.name for p in repo.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def backends(self) -> list[BackendSpec]:
+        """Every backend the gateway routes to: the workers' devices, then listed backends."""
+        out: list[BackendSpec] = []
+        w = self.config.workers
+        if w is not None:
+            all_models: list[str] | None = None
+            for i, d in enumerate(w.devices):
+                models = d.models
+                if models is None:
+                    if all_models is None:
+                        all_models = self.repo_models()
+                    models = all_models
+                if not models:
+                    raise ConfigError(f"workers.devices.{i}.models: the repository has no models")
+                profiles = None
+                if d.device.startswith("emulated:"):
+                    profiles = d.device.split(":", 1)[1]
+                out.append(
+                    BackendSpec(
+                        name=d.name,
+                        url=f"http://{w.host}:{w.port_of(i)}",
+                        models=list(models),
+                        profiles=profiles,
+                    )
+                )
+        out.extend(self.config.backends)
+        return out
+
+    def profile_dir(self, name: str) -> Path | None:
+        """Where a profile set named in a device or backend lives, if it can be found."""
+        for cand in (
+            self.resolve(name),
+            (self.base_dir / ".." / "profiles" / name).resolve(),
+            Path.cwd() / "profiles" / name,
+        ):
+            if cand.is_dir():
+                return cand
+        return None
+
+    def admin_token(self) -> str | None:
+        a = self.config.gateway.admin
+        return a.token if a.token is not None else os.environ.get(a.token_env) or None
+
+
+def parse_cluster(raw: Any, base_dir: Path, where: str = "cluster") -> LoadedCluster:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    try:
+        cfg = ClusterConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{where}: {format_validation_error(exc)}") from exc
+    ROUTING.parse(cfg.gateway.routing, "gateway.routing")
+    return LoadedCluster(cfg, base_dir)
+
+
+def load_cluster(path: Path) -> LoadedCluster:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"cluster file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_cluster(raw, path.resolve().parent, str(path))

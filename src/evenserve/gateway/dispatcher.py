@@ -1,0 +1,245 @@
+"""The dispatcher: pick a backend with the routing policy, forward, retry once, answer once.
+
+Theory of operation. For one request to model m:
+1. Unknown model (no configured backend hosts it): 404, naming the known models.
+2. Soft overload: if the policy can judge overload (queue-aware) and every healthy host of m
+   is overloaded, answer 429 with Retry-After at once instead of queueing without bound.
+3. Ask the Router (the same object the simulator drives) for a backend among the healthy
+   hosts, excluding those already tried; the decision is timed into a histogram. No host
+   left: 503 naming the model and what was tried.
+4. ``Router.sent`` before forwarding and ``Router.done`` after (in ``finally``), so bursts
+   between two signal polls see each other and in-flight counts never leak.
+5. Forward the body bytes untouched (JSON or the binary tensor extension) with the headers
+   that carry meaning (content type, Inference-Header-Content-Length, content encoding).
+6. Outcomes. A response is relayed as is, with ``x-evenserve-backend`` naming the backend,
+   except that a backend's 503 (not ready, draining) or 429 (its queue is full) means it did
+   not take the work, so the request is tried once more elsewhere. A request that did not
+   reach a backend is retried once on another host: connection refused or connect timeout
+   (the backend is also ejected at once; the poller readmits it when it answers again), or a
+   connection dropped before any response (a killed worker; inference is side-effect free,
+   so a second try is safe; no ejection here, the poller decides within one period). A read
+   timeout means the backend has the request and is stuck: eject it and answer 504 without
+   a retry (the work may still finish there).
+7. If every try failed, the client gets the last backend's 429/503 as relayed, or the
+   gateway's own 503 with the reasons. Exactly one response per accepted request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from evenserve.core.clock import Clock
+from evenserve.core.types import RequestInfo
+from evenserve.gateway.backends import BackendRegistry
+from evenserve.gateway.config import GatewaySection
+from evenserve.gateway.poller import describe_error
+from evenserve.metrics.gateway import GatewayMetrics
+
+BACKEND_HEADER = "x-evenserve-backend"
+#: Request headers forwarded to the backend (lower case); others are hop-by-hop or ours.
+FORWARD_REQUEST_HEADERS = (
+    "content-type",
+    "inference-header-content-length",
+    "content-encoding",
+)
+#: Response headers relayed to the client.
+RELAY_RESPONSE_HEADERS = (
+    "content-type",
+    "inference-header-content-length",
+    "content-encoding",
+    "retry-after",
+)
+
+
+@dataclass(slots=True)
+class Answer:
+    """What the gateway sends back: exactly one per request."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str]
+    backend: str | None
+    outcome: str
+
+
+def error_answer(
+    status: int, message: str, outcome: str, extra: Mapping[str, str] | None = None
+) -> Answer:
+    headers = {"content-type": "application/json"}
+    if extra:
+        headers.update(extra)
+    return Answer(status, json.dumps({"error": message}).encode(), headers, None, outcome)
+
+
+def outcome_of(status: int) -> str:
+    if status < 400:
+        return "ok"
+    if status == 429:
+        return "backend_overloaded"
+    if status < 500:
+        return "client_error"
+    return "backend_error"
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        registry: BackendRegistry,
+        cfg: GatewaySection,
+        clock: Clock,
+        metrics: GatewayMetrics,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.registry = registry
+        self.router = registry.router
+        self.cfg = cfg
+        self.clock = clock
+        self.metrics = metrics
+        fwd = cfg.forward
+        self._own_client = client is None
+        self.client = client or httpx.AsyncClient(
+            limits=httpx.Limits(
+                max_connections=fwd.max_connections,
+                max_keepalive_connections=fwd.max_connections,
+                keepalive_expiry=4.0,  # below uvicorn's 5 s keep-alive: no reuse races
+            ),
+            timeout=httpx.Timeout(
+                fwd.request_timeout_s,
+                connect=fwd.connect_timeout_ms / 1000.0,
+                pool=fwd.request_timeout_s,
+            ),
+            trust_env=False,
+        )
+        self._ids = itertools.count(1)
+        self._decision = metrics.decision
+
+    async def aclose(self) -> None:
+        if self._own_client:
+            await self.client.aclose()
+
+    # -- the hot path -----------------------------------------------------------------------
+    async def infer(self, model: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
+        t0 = time.perf_counter()
+        ans = await self._infer(model, path, body, headers)
+        self.metrics.requests.labels(ans.backend or "none", model, ans.outcome).inc()
+        self.metrics.latency.labels(model).observe(time.perf_counter() - t0)
+        if ans.backend is not None:
+            ans.headers[BACKEND_HEADER] = ans.backend
+        return ans
+
+    async def _infer(
+        self, model: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> Answer:
+        if not self.registry.hosts_model(model):
+            return error_answer(
+                404,
+                f"unknown model {model!r} (served: {', '.join(self.registry.models())})",
+                "unknown_model",
+            )
+        ov = self.cfg.overload
+        if ov.enabled and self.router.all_overloaded(model):
+            return error_answer(
+                429,
+                f"every backend hosting {model!r} is overloaded; retry later",
+                "overloaded",
+                {"retry-after": str(ov.retry_after_s)},
+            )
+        fwd_headers = {"accept-encoding": "identity"}
+        for h in FORWARD_REQUEST_HEADERS:
+            v = headers.get(h)
+            if v is not None:
+                fwd_headers[h] = v
+        req = RequestInfo(request_id=next(self._ids), model=model, arrival_s=self.clock.now())
+        tried: list[str] = []
+        failures: list[str] = []
+        relayed: Answer | None = None
+        for attempt in range(1 + self.cfg.forward.retries):
+            d0 = time.perf_counter()
+            view = self.router.choose(req, self.clock.now(), exclude=tried)
+            self._decision.observe(time.perf_counter() - d0)
+            if view is None:
+                break
+            name = view.name
+            tried.append(name)
+            if attempt > 0:
+                self.metrics.retries.labels(model).inc()
+            self.router.sent(name, model)
+            try:
+                resp = await self.client.post(
+                    self.registry.url(name) + path, content=body, headers=fwd_headers
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                reason = describe_error(exc)
+                self.registry.eject(name, reason)
+                failures.append(f"{name}: {reason}")
+                continue
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                failures.append(f"{name}: connection lost ({type(exc).__name__})")
+                continue
+            except httpx.PoolTimeout:
+                failures.append(f"{name}: gateway connection pool exhausted")
+                continue
+            except httpx.TimeoutException:
+                self.registry.eject(name, "timeout")
+                return error_answer(
+                    504,
+                    f"backend {name} did not answer within "
+                    f"{self.cfg.forward.request_timeout_s:g} s",
+                    "timeout",
+                    {BACKEND_HEADER: name},
+                )
+            finally:
+                self.router.done(name)
+            out_headers = {h: resp.headers[h] for h in RELAY_RESPONSE_HEADERS if h in resp.headers}
+            ans = Answer(
+                resp.status_code, resp.content, out_headers, name, outcome_of(resp.status_code)
+            )
+            if resp.status_code in (429, 503):
+                relayed = ans
+                failures.append(f"{name}: answered {resp.status_code}")
+                continue
+            return ans
+        if relayed is not None:
+            return relayed
+        what = "; ".join(failures) if failures else "none is ready"
+        return error_answer(
+            503,
+            f"no backend available for model {model!r} ({what})",
+            "unavailable",
+            {"retry-after": str(self.cfg.overload.retry_after_s)},
+        )
+
+    # -- model metadata and friends ---------------------------------------------------------
+    async def passthrough(self, model: str, method: str, path: str, body: bytes) -> Answer:
+        """Forward a non-inference model request (metadata, config, stats) to a healthy host.
+
+        Not a routing decision: it does not count as work and does not move the policy.
+        """
+        if not self.registry.hosts_model(model):
+            return error_answer(404, f"unknown model {model!r}", "unknown_model")
+        failures: list[str] = []
+        for view in list(self.router.candidates(model))[: 1 + self.cfg.forward.retries]:
+            name = view.name
+            try:
+                resp = await self.client.request(
+                    method,
+                    self.registry.url(name) + path,
+                    content=body or None,
+                    headers={"accept-encoding": "identity", "content-type": "application/json"},
+                )
+            except httpx.HTTPError as exc:
+                failures.append(f"{name}: {describe_error(exc)}")
+                continue
+            out_headers = {h: resp.headers[h] for h in RELAY_RESPONSE_HEADERS if h in resp.headers}
+            out_headers[BACKEND_HEADER] = name
+            return Answer(resp.status_code, resp.content, out_headers, name, "ok")
+        what = "; ".join(failures) if failures else "none is ready"
+        return error_answer(
+            503, f"no backend available for model {model!r} ({what})", "unavailable"
+        )

@@ -1,0 +1,176 @@
+"""A tiny KServe v2 backend for gateway tests: echo inference, a controllable load endpoint.
+
+Not a mock of the gateway's collaborators: a real HTTP server on 127.0.0.1 (uvicorn on a
+pre-bound socket, in the test's event loop) that the gateway talks to over TCP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from evenserve.core.load import LOAD_PATH, LoadReport
+
+
+@dataclass
+class FakeBackend:
+    name: str
+    models: list[str]
+    delay_s: float = 0.0
+    ready: bool = True
+    reported_queue: int | None = None  # None: report the real number of waiting requests
+    infer_status: int | None = None  # answer every infer with this status (e.g. 503, 429)
+    metrics_text: str | None = None
+    received: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    seen_headers: list[dict[str, str]] = field(default_factory=list)
+
+    def app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v2/health/live", self._live),
+                Route("/v2/health/ready", self._ready),
+                Route("/v2/models/{model}", self._meta),
+                Route("/v2/models/{model}/infer", self._infer, methods=["POST"]),
+                Route(LOAD_PATH, self._load),
+                Route("/metrics", self._metrics),
+            ]
+        )
+
+    async def _live(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def _ready(self, request: Request) -> Response:
+        return Response(status_code=200 if self.ready else 503)
+
+    async def _meta(self, request: Request) -> Response:
+        m = request.path_params["model"]
+        if m not in self.models:
+            return JSONResponse({"error": f"unknown model {m}"}, status_code=404)
+        return JSONResponse(
+            {
+                "name": m,
+                "versions": ["1"],
+                "platform": "fake",
+                "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}],
+                "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 4]}],
+            }
+        )
+
+    async def _infer(self, request: Request) -> Response:
+        m = request.path_params["model"]
+        self.received += 1
+        self.seen_headers.append(dict(request.headers))
+        if self.infer_status is not None:
+            return JSONResponse(
+                {"error": f"fake {self.name} says {self.infer_status}"},
+                status_code=self.infer_status,
+                headers={"retry-after": "2"} if self.infer_status == 429 else None,
+            )
+        if m not in self.models:
+            return JSONResponse({"error": f"unknown model {m}"}, status_code=404)
+        body = await request.body()
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+        finally:
+            self.in_flight -= 1
+        if request.headers.get("inference-header-content-length") is not None:
+            # Binary extension: echo the bytes back with the same header split.
+            return Response(
+                body,
+                headers={
+                    "inference-header-content-length": request.headers[
+                        "inference-header-content-length"
+                    ],
+                    "content-type": "application/octet-stream",
+                },
+            )
+        try:
+            req = json.loads(body)
+            inputs = req["inputs"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            return JSONResponse({"error": "bad inference request"}, status_code=400)
+        outputs = [{**i, "name": "OUTPUT0"} for i in inputs]
+        return JSONResponse(
+            {"model_name": m, "model_version": "1", "outputs": outputs, "served_by": self.name}
+        )
+
+    async def _load(self, request: Request) -> Response:
+        q = self.in_flight if self.reported_queue is None else self.reported_queue
+        rep = LoadReport(
+            timestamp_s=time.time(),
+            device="fake",
+            queue_depth=q,
+            in_flight=0,
+            queued_by_model={},
+            utilization=0.1,
+            utilization_window_s=1.0,
+            memory_used_bytes=1e9,
+            memory_total_bytes=24e9,
+            ready=self.ready,
+        )
+        return Response(rep.model_dump_json(), media_type="application/json")
+
+    async def _metrics(self, request: Request) -> Response:
+        if self.metrics_text is None:
+            return Response(status_code=404)
+        return PlainTextResponse(self.metrics_text)
+
+
+def bound_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.set_inheritable(True)
+    return sock
+
+
+class Served:
+    """An ASGI app running on a loopback port inside the current event loop."""
+
+    def __init__(self, app: object, sock: socket.socket | None = None) -> None:
+        self.sock = sock or bound_socket()
+        self.port: int = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")  # type: ignore[arg-type]
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[self.sock]))
+        while not self.server.started:
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self._task is not None:
+            await self._task
+        self.sock.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(app: object) -> AsyncIterator[Served]:
+    s = Served(app)
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.stop()
