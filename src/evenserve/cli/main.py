@@ -164,6 +164,9 @@ def policies(
             console.print(f"  {n:22s} {v['summary']}" + (f"  [dim]({params})[/]" if params else ""))
 
 
+from evenserve.cli import gateway_cmd  # noqa: F401,E402
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,375 @@
+"""``evenserve up``: start one worker per device and the gateway, supervise, drain on exit.
+
+Theory of operation. Workers and the gateway are subprocesses started by command line (this
+module never imports the worker): ``python -m evenserve.cli.main worker --repo R --device D
+--port P`` and ``... gateway --config FILE``. Each runs in its own session, so a Ctrl-C at the
+terminal reaches only this process, which then stops things in order: the gateway first (it
+stops accepting and finishes what it has), then every worker with SIGTERM (each drains its
+queues), then SIGKILL for anything still alive after the drain timeout. On Linux each child
+also gets SIGTERM if this process dies without cleaning up (PR_SET_PDEATHSIG).
+- GPUs are pinned with CUDA_VISIBLE_DEVICES=N (the worker then sees its GPU as cuda:0);
+  ``emulated:`` and ``cpu`` workers get an empty CUDA_VISIBLE_DEVICES.
+- A device that hosts only some of the repository's models gets a repository of its own: a
+  temporary folder of symlinks to those model folders.
+- Startup waits until every worker answers ``/v2/health/ready``, then the gateway, then prints
+  where to send requests. A worker that exits on its own is restarted (``workers.restart``),
+  so the gateway sees it ejected and then readmitted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+import httpx
+
+from evenserve.core.errors import ConfigError, EvenserveError
+from evenserve.gateway.config import DEFAULT_TOKEN_ENV, DeviceEntry, LoadedCluster
+
+
+class LaunchError(EvenserveError):
+    """A process of the local cluster could not be started or did not become ready."""
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Proc:
+    name: str
+    cmd: list[str]
+    env: dict[str, str]
+    url: str
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    log_file: IO[bytes] | None = None
+
+    def start(self) -> None:
+        self.log_file = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
+        preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        self.popen = subprocess.Popen(
+            self.cmd,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=preexec,  # only prctl between fork and exec
+        )
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.popen is None else self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.popen is not None
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(sig)
+
+    def close_log(self) -> None:
+        if self.log_file is not None:
+            self.log_file.close()
+            self.log_file = None
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def worker_env(device: str, base: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """The device string the worker gets and its environment (GPU pinning)."""
+    env = dict(base)
+    if device.startswith("cuda:"):
+        env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+        return "cuda:0", env
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    return device, env
+
+
+@dataclass
+class Launcher:
+    cluster: LoadedCluster
+    config_path: Path
+    log_dir: Path
+    python: str = sys.executable
+    say: Callable[[str], None] = print
+    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    workers: list[Proc] = field(default_factory=list)
+    gateway: Proc | None = None
+    _stop: bool = False
+
+    # -- building commands ------------------------------------------------------------------
+    def _repo_for(self, i: int, d: DeviceEntry) -> Path:
+        w = self.cluster.config.workers
+        assert w is not None
+        repo = self.cluster.resolve(w.repo)
+        if not repo.is_dir():
+            raise ConfigError(f"workers.repo: not a directory: {repo}")
+        if d.models is None:
+            return repo
+        all_models = self.cluster.repo_models()
+        missing = [m for m in d.models if m not in all_models]
+        if missing:
+            raise ConfigError(
+                f"workers.devices.{i}.models: {', '.join(missing)} not in {repo} "
+                f"(has: {', '.join(all_models) or 'none'})"
+            )
+        if sorted(d.models) == all_models:
+            return repo
+        sub = self.log_dir / "repos" / d.name
+        sub.mkdir(parents=True, exist_ok=True)
+        for m in d.models:
+            link = sub / m
+            if not link.exists():
+                link.symlink_to(repo / m, target_is_directory=True)
+        return sub
+
+    def _device_arg(self, device: str) -> str:
+        if device.startswith("emulated:"):
+            where = self.cluster.profile_dir(device.split(":", 1)[1])
+            if where is not None:
+                return f"emulated:{where}"
+        return device
+
+    def plan(self) -> None:
+        w = self.cluster.config.workers
+        if w is None:
+            raise ConfigError("workers: `evenserve up` needs a workers section with devices")
+        base_env = dict(os.environ)
+        base_env["PYTHONUNBUFFERED"] = "1"
+        for i, d in enumerate(w.devices):
+            port = w.port_of(i)
+            dev, env = worker_env(self._device_arg(d.device), base_env)
+            cmd = [
+                self.python, "-m", "evenserve.cli.main", "worker",
+                "--repo", str(self._repo_for(i, d)),
+                "--device", dev,
+                "--port", str(port),
+                *d.extra_args,
+            ]  # fmt: skip
+            self.workers.append(
+                Proc(d.name, cmd, env, f"http://{w.host}:{port}", self.log_dir / f"{d.name}.log")
+            )
+        g = self.cluster.config.gateway
+        genv = dict(base_env)
+        genv[DEFAULT_TOKEN_ENV] = self.admin_token
+        genv[g.admin.token_env] = self.admin_token
+        gcmd = [self.python, "-m", "evenserve.cli.main", "gateway", "--config",
+                str(self.config_path.resolve())]  # fmt: skip
+        self.gateway = Proc(
+            "gateway", gcmd, genv, f"http://{g.host}:{g.port}", self.log_dir / "gateway.log"
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def _check_ports(self) -> None:
+        w = self.cluster.config.workers
+        assert w is not None
+        busy = [
+            f"{d.name} ({w.host}:{w.port_of(i)})"
+            for i, d in enumerate(w.devices)
+            if not port_free(w.host, w.port_of(i))
+        ]
+        g = self.cluster.config.gateway
+        if not port_free(g.host, g.port):
+            busy.append(f"gateway ({g.host}:{g.port})")
+        if busy:
+            raise LaunchError("ports already in use: " + ", ".join(busy))
+
+    def _tail(self, p: Proc, n: int = 15) -> str:
+        try:
+            lines = p.log_path.read_text(errors="replace").splitlines()[-n:]
+        except OSError:
+            return ""
+        return "\n".join("    " + ln for ln in lines)
+
+    def _wait_ready(self, procs: list[Proc], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(procs)
+        with httpx.Client(timeout=1.0, trust_env=False) as client:
+            while pending:
+                if self._stop:
+                    raise LaunchError("interrupted while starting")
+                for p in list(pending):
+                    if not p.alive():
+                        code = None if p.popen is None else p.popen.returncode
+                        raise LaunchError(
+                            f"{p.name} exited with code {code} while starting "
+                            f"(log {p.log_path}):\n{self._tail(p)}"
+                        )
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(p.url + "/v2/health/ready").status_code == 200:
+                            pending.remove(p)
+                if pending and time.monotonic() > deadline:
+                    names = ", ".join(p.name for p in pending)
+                    raise LaunchError(f"not ready after {timeout_s:g} s: {names}")
+                if pending:
+                    time.sleep(0.1)
+
+    def start(self) -> None:
+        """Start everything and wait until all of it is ready (LaunchError otherwise)."""
+        w = self.cluster.config.workers
+        assert w is not None and self.gateway is not None
+        self._check_ports()
+        for p in self.workers:
+            p.start()
+        self._wait_ready(self.workers, w.ready_timeout_s)
+        self.gateway.start()
+        self._wait_ready([self.gateway], 30.0)
+
+    def summary(self) -> dict[str, Any]:
+        assert self.gateway is not None
+        w = self.cluster.config.workers
+        assert w is not None
+        backends = {b.name: b for b in self.cluster.backends()}
+        return {
+            "cluster": self.cluster.config.name,
+            "gateway": {"url": self.gateway.url, "pid": self.gateway.pid},
+            "admin_token": self.admin_token,
+            "routing": self.cluster.config.gateway.routing,
+            "workers": [
+                {
+                    "name": p.name,
+                    "device": d.device,
+                    "url": p.url,
+                    "pid": p.pid,
+                    "models": backends[p.name].models,
+                }
+                for p, d in zip(self.workers, w.devices, strict=True)
+            ],
+            "logs": str(self.log_dir),
+        }
+
+    def print_summary(self) -> None:
+        s = self.summary()
+        say = self.say
+        say(f"evenserve up: cluster {s['cluster']!r} is ready")
+        for wk in s["workers"]:
+            say(
+                f"  worker  {wk['name']:<8} {wk['device']:<24} {wk['url']:<24} "
+                f"pid {wk['pid']:<7} {', '.join(wk['models'])}"
+            )
+        g = s["gateway"]
+        say(f"  gateway {g['url']}  pid {g['pid']}  routing {s['routing']}")
+        say("")
+        say(f"Send requests to {g['url']}/v2/models/<model>/infer (KServe v2 / tritonclient).")
+        say(f"Admin: curl -H 'Authorization: Bearer {s['admin_token']}' {g['url']}/admin/backends")
+        say(f"Metrics: {g['url']}/metrics   Logs: {s['logs']}")
+        say("Ctrl-C (or SIGTERM) drains and stops every process started here.")
+
+    def supervise(self, poll_s: float = 0.2) -> int:
+        """Run until asked to stop; restart workers that die. Returns the exit code."""
+        w = self.cluster.config.workers
+        assert w is not None and self.gateway is not None
+        while not self._stop:
+            if not self.gateway.alive():
+                code = self.gateway.popen.returncode if self.gateway.popen else None
+                self.say(f"gateway exited (code {code}); stopping (log {self.gateway.log_path})")
+                return 1
+            for p in self.workers:
+                if not p.alive() and not self._stop:
+                    code = p.popen.returncode if p.popen is not None else None
+                    if not w.restart:
+                        self.say(f"worker {p.name} exited (code {code}); not restarting")
+                        continue
+                    p.restarts += 1
+                    self.say(f"worker {p.name} exited (code {code}); restarting ({p.restarts})")
+                    p.close_log()
+                    p.start()
+            time.sleep(poll_s)
+        return 0
+
+    def request_stop(self, *_: Any) -> None:
+        self._stop = True
+
+    def stop(self) -> None:
+        """Drain and stop: gateway first, then workers; SIGKILL after the drain timeout."""
+        w = self.cluster.config.workers
+        drain_s = w.drain_timeout_s if w is not None else 15.0
+        self._stop = True
+        if self.gateway is not None:
+            self._terminate([self.gateway], drain_s)
+        self._terminate(self.workers, drain_s)
+
+    def _terminate(self, procs: list[Proc], timeout_s: float) -> None:
+        for p in procs:
+            p.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for p in procs:
+            if p.popen is None:
+                continue
+            try:
+                p.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say(f"{p.name} did not stop in {timeout_s:g} s; killing it")
+                p.signal(signal.SIGKILL)
+                p.popen.wait()
+            p.close_log()
+
+
+@contextlib.contextmanager
+def stop_signals(handler: Callable[[int, FrameType | None], Any]) -> Iterator[None]:
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run_up(
+    cluster: LoadedCluster,
+    config_path: Path,
+    *,
+    log_dir: Path | None = None,
+    ready_file: Path | None = None,
+    say: Callable[[str], None] = print,
+) -> int:
+    """The whole ``evenserve up``: plan, start, print, supervise, drain. Returns exit code."""
+    logs = log_dir or Path(tempfile.mkdtemp(prefix="evenserve-up-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    la = Launcher(cluster, config_path, logs, say=say)
+    la.plan()
+    with stop_signals(la.request_stop):
+        try:
+            la.start()
+        except BaseException:
+            la.stop()
+            raise
+        la.print_summary()
+        if ready_file is not None:
+            ready_file.write_text(json.dumps(la.summary(), indent=2) + "\n")
+        try:
+            code = la.supervise()
+        finally:
+            say("stopping: draining the gateway, then the workers ...")
+            la.stop()
+            say("stopped.")
+    return code

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evenserve.core.errors import ConfigError
+from evenserve.gateway.config import TRITON_MAPPING, load_cluster, parse_cluster
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def cluster(**over: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "backends": [{"name": "a", "url": "http://127.0.0.1:9001", "models": ["m"]}],
+    }
+    raw.update(over)
+    return raw
+
+
+def error_of(raw: Any) -> str:
+    with pytest.raises(ConfigError) as ei:
+        parse_cluster(raw, Path("."))
+    return str(ei.value)
+
+
+def test_defaults_are_the_articles() -> None:
+    c = parse_cluster(cluster(), Path(".")).config
+    g = c.gateway
+    assert g.routing == "queue-aware"
+    assert g.signals.interval_ms == 100 and g.signals.window == 3
+    assert g.forward.retries == 1
+    assert c.backends[0].signals.source == "evenserve"
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (cluster(gateway={"port": 70000}), "cluster: gateway.port: "),
+        (cluster(gateway={"routing": "nope"}), "gateway.routing: unknown routing policy 'nope'"),
+        (
+            cluster(gateway={"routing": {"policy": "queue-aware", "queue_weight": -1}}),
+            "gateway.routing.queue_weight",
+        ),
+        (cluster(gateway={"signals": {"interval_ms": 0}}), "gateway.signals.interval_ms"),
+        (cluster(gateway={"bogus": 1}), "gateway.bogus: Extra inputs are not permitted"),
+        (cluster(backends=[{"name": "a", "url": "ftp://x", "models": ["m"]}]), "backends.0.url"),
+        (cluster(backends=[{"name": "a", "url": "http://h:1", "models": []}]), "backends.0.models"),
+        (
+            cluster(backends=[{"name": "a b", "url": "http://h:1", "models": ["m"]}]),
+            "backends.0.name",
+        ),
+        (cluster(backends=[]), "no backends"),
+        (
+            cluster(
+                backends=[
+                    {"name": "a", "url": "http://h:1", "models": ["m"]},
+                    {"name": "a", "url": "http://h:2", "models": ["m"]},
+                ]
+            ),
+            "'a' used twice",
+        ),
+        (
+            cluster(
+                backends=[
+                    {
+                        "name": "a",
+                        "url": "http://h:1",
+                        "models": ["m"],
+                        "signals": {"source": "prometheus", "mapping": "nvidia"},
+                    }
+                ]
+            ),
+            "unknown preset 'nvidia'",
+        ),
+        (
+            cluster(
+                backends=[
+                    {
+                        "name": "a",
+                        "url": "http://h:1",
+                        "models": ["m"],
+                        "signals": {"source": "none", "mapping": "triton"},
+                    }
+                ]
+            ),
+            "only meaningful with source: prometheus",
+        ),
+        (
+            cluster(workers={"repo": "r", "devices": [{"name": "g", "device": "tpu:0"}]}),
+            "workers.devices.0.device",
+        ),
+        (
+            cluster(
+                workers={
+                    "repo": "r",
+                    "devices": [
+                        {"name": "g0", "device": "cpu", "port": 9100},
+                        {"name": "g1", "device": "cpu", "port": 9100},
+                    ],
+                }
+            ),
+            "port: 9100 also used by g0",
+        ),
+        ([1, 2], "expected a mapping"),
+    ],
+)
+def test_errors_name_the_field(raw: Any, needle: str) -> None:
+    assert needle in error_of(raw)
+
+
+def test_prometheus_source_defaults_to_triton_mapping_and_presets_take_overrides() -> None:
+    raw = cluster(
+        backends=[
+            {"name": "t", "url": "http://h:1", "models": ["m"],
+             "signals": {"source": "prometheus"}},
+            {"name": "u", "url": "http://h:2", "models": ["m"],
+             "signals": {"source": "prometheus",
+                         "mapping": {"preset": "triton",
+                                     "utilization": {"metric": "gpu_pct", "scale": 0.01}}}},
+        ]
+    )  # fmt: skip
+    c = parse_cluster(raw, Path(".")).config
+    t, u = c.backends
+    assert t.signals.mapping is not None and u.signals.mapping is not None
+    assert t.signals.mapping.queue_depth.metric == TRITON_MAPPING["queue_depth"]["metric"]
+    assert u.signals.mapping.utilization is not None
+    assert u.signals.mapping.utilization.metric == "gpu_pct"
+    assert u.signals.mapping.utilization.scale == 0.01
+    assert u.signals.mapping.memory_total_bytes is not None
+
+
+def test_seed_cluster_file_matches_the_seed_scenario_placement() -> None:
+    c = load_cluster(ROOT / "examples" / "cluster-seed.yaml")
+    placement = {b.name: b.models for b in c.backends()}
+    assert placement == {
+        "gpu0": ["resnet50", "bert-base"],
+        "gpu1": ["resnet50", "bert-base"],
+        "gpu2": ["resnet50"],
+        "gpu3": ["resnet50"],
+    }
+    assert [b.url for b in c.backends()] == [f"http://127.0.0.1:{p}" for p in range(8101, 8105)]
+    for b in c.backends():
+        assert b.profiles is not None
+        assert c.profile_dir(b.profiles) == ROOT / "profiles" / "a10-trt-fp16"
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_cluster(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gateway: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_cluster(bad)
+
+
+def test_admin_token_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_TOKEN", "s3cret-token")
+    c = parse_cluster(cluster(gateway={"admin": {"token_env": "MY_TOKEN"}}), Path("."))
+    assert c.admin_token() == "s3cret-token"
+    c = parse_cluster(cluster(gateway={"admin": {"token": "literal-token"}}), Path("."))
+    assert c.admin_token() == "literal-token"

@@ -1,0 +1,181 @@
+"""Dispatcher outcomes against an httpx MockTransport: retry once, eject, 503, 504, 429."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from evenserve.core.clock import FakeClock
+from evenserve.core.types import LoadSample
+from evenserve.gateway.backends import BackendRegistry
+from evenserve.gateway.config import parse_cluster
+from evenserve.gateway.dispatcher import BACKEND_HEADER, Dispatcher
+from evenserve.metrics.gateway import GatewayMetrics
+from evenserve.policy.routing import ROUTING
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def setup(
+    handler: Handler, names: tuple[str, ...] = ("a", "b"), routing: str = "round-robin"
+) -> tuple[Dispatcher, BackendRegistry, FakeClock]:
+    raw = {
+        "gateway": {"routing": routing},
+        "backends": [{"name": n, "url": f"http://{n}.test:80", "models": ["m"]} for n in names],
+    }
+    cluster = parse_cluster(raw, Path("."))
+    clock = FakeClock(100.0)
+    cfg = cluster.config.gateway
+    reg = BackendRegistry.build(
+        cluster.backends(),
+        ROUTING.build(routing, random.Random(0)),
+        clock,
+        window=3,
+        stale_after_s=0.5,
+    )
+    for n in names:
+        reg.admit(n)
+    metrics = GatewayMetrics(lambda: [])
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return Dispatcher(reg, cfg, clock, metrics, client=client), reg, clock
+
+
+def ok(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, json={"host": request.url.host})
+
+
+async def infer(d: Dispatcher, model: str = "m") -> tuple[int, dict[str, str], bytes]:
+    a = await d.infer(model, f"/v2/models/{model}/infer", b'{"inputs": []}', {})
+    return a.status, a.headers, a.body
+
+
+async def test_success_names_backend_and_counts_in_flight_back_to_zero() -> None:
+    d, reg, _ = setup(ok)
+    status, headers, body = await infer(d)
+    assert status == 200
+    assert headers[BACKEND_HEADER] == json.loads(body)["host"].split(".")[0]
+    assert all(reg.router.view(n).in_flight == 0 for n in ("a", "b"))
+
+
+async def test_connect_refused_ejects_and_retries_on_the_other_host() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a.test":
+            raise httpx.ConnectError("refused", request=request)
+        return ok(request)
+
+    d, reg, clock = setup(handler)
+    status, headers, _ = await infer(d)  # round robin tries a first
+    assert status == 200 and headers[BACKEND_HEADER] == "b"
+    assert not reg.is_healthy("a") and reg.states["a"].reason == "connect-refused"
+    ev = reg.events[-1]
+    assert (ev.backend, ev.event, ev.t_s) == ("a", "ejected", clock.now())
+    # Ejected: later requests never try a.
+    for _ in range(3):
+        status, headers, _ = await infer(d)
+        assert headers[BACKEND_HEADER] == "b"
+
+
+async def test_dropped_connection_is_retried_without_ejection() -> None:
+    calls = Counter[str]()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls[request.url.host] += 1
+        if request.url.host == "a.test":
+            raise httpx.RemoteProtocolError("server disconnected", request=request)
+        return ok(request)
+
+    d, reg, _ = setup(handler)
+    status, headers, _ = await infer(d)
+    assert status == 200 and headers[BACKEND_HEADER] == "b"
+    assert reg.is_healthy("a")  # the poller decides; a stale keep-alive must not eject
+    assert calls == {"a.test": 1, "b.test": 1}
+
+
+async def test_read_timeout_ejects_and_answers_504_without_retry() -> None:
+    calls = Counter[str]()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls[request.url.host] += 1
+        raise httpx.ReadTimeout("slow", request=request)
+
+    d, reg, _ = setup(handler)
+    status, headers, body = await infer(d)
+    assert status == 504 and headers[BACKEND_HEADER] == "a"
+    assert "did not answer" in json.loads(body)["error"]
+    assert calls == {"a.test": 1}
+    assert not reg.is_healthy("a")
+
+
+async def test_every_host_failing_is_one_clear_503() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    d, reg, _ = setup(handler)
+    status, headers, body = await infer(d)
+    assert status == 503
+    msg = json.loads(body)["error"]
+    assert "no backend available for model 'm'" in msg
+    assert "a: connect-refused" in msg and "b: connect-refused" in msg
+    assert headers["retry-after"] == "1"
+    status, _, body = await infer(d)  # both ejected now: nothing is tried
+    assert status == 503 and "none is ready" in json.loads(body)["error"]
+
+
+async def test_retry_budget_is_one_extra_host() -> None:
+    calls = Counter[str]()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls[request.url.host] += 1
+        return httpx.Response(503, json={"error": "draining"})
+
+    d, _, _ = setup(handler, names=("a", "b", "c"))
+    status, headers, _ = await infer(d)
+    assert status == 503 and headers[BACKEND_HEADER] in ("a", "b", "c")
+    assert sum(calls.values()) == 2
+
+
+async def test_client_errors_are_relayed_not_retried() -> None:
+    calls = Counter[str]()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls[request.url.host] += 1
+        return httpx.Response(400, json={"error": "input 'x': bad shape"})
+
+    d, _, _ = setup(handler)
+    status, _, body = await infer(d)
+    assert status == 400 and b"bad shape" in body
+    assert sum(calls.values()) == 1
+
+
+async def test_soft_overload_on_every_host_is_429_with_retry_after() -> None:
+    d, reg, clock = setup(ok, routing="queue-aware")
+    for n in ("a", "b"):
+        reg.router.observe(n, LoadSample(timestamp_s=clock.now(), queue_depth=8))
+    status, headers, body = await infer(d)
+    assert status == 429 and headers["retry-after"] == "1"
+    assert BACKEND_HEADER not in headers
+    reg.router.observe("a", LoadSample(timestamp_s=clock.now(), queue_depth=0))
+    reg.router.observe("a", LoadSample(timestamp_s=clock.now(), queue_depth=0))
+    reg.router.observe("a", LoadSample(timestamp_s=clock.now(), queue_depth=0))
+    status, headers, _ = await infer(d)
+    assert status == 200 and headers[BACKEND_HEADER] == "a"
+
+
+async def test_unknown_model_is_404() -> None:
+    d, _, _ = setup(ok)
+    status, _, body = await infer(d, "nope")
+    assert status == 404 and "unknown model 'nope'" in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize("routing", sorted(ROUTING.names()))
+async def test_every_policy_routes_through_the_gateway(routing: str) -> None:
+    d, _, _ = setup(ok, names=("a", "b", "c"), routing=routing)
+    for _ in range(6):
+        status, headers, _ = await infer(d)
+        assert status == 200 and headers[BACKEND_HEADER] in ("a", "b", "c")
