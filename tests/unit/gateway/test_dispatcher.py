@@ -116,7 +116,7 @@ async def test_every_host_failing_is_one_clear_503() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=request)
 
-    d, reg, _ = setup(handler)
+    d, _reg, _ = setup(handler)
     status, headers, body = await infer(d)
     assert status == 503
     msg = json.loads(body)["error"]
@@ -157,7 +157,7 @@ async def test_soft_overload_on_every_host_is_429_with_retry_after() -> None:
     d, reg, clock = setup(ok, routing="queue-aware")
     for n in ("a", "b"):
         reg.router.observe(n, LoadSample(timestamp_s=clock.now(), queue_depth=8))
-    status, headers, body = await infer(d)
+    status, headers, _body = await infer(d)
     assert status == 429 and headers["retry-after"] == "1"
     assert BACKEND_HEADER not in headers
     reg.router.observe("a", LoadSample(timestamp_s=clock.now(), queue_depth=0))

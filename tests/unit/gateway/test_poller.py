@@ -62,7 +62,7 @@ def setup(signals: dict[str, Any]) -> tuple[Poller, BackendRegistry, FakeClock, 
 
 
 async def test_load_probe_observes_admits_and_stale_signals_become_unknown() -> None:
-    p, reg, clock, be = setup({"source": "evenserve"})
+    p, reg, clock, _be = setup({"source": "evenserve"})
     assert not reg.is_healthy("a") and reg.states["a"].reason == "starting"
     await p.probe_load(reg.states["a"])
     assert reg.is_healthy("a")
