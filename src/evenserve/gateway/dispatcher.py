@@ -32,13 +32,18 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import httpx
-
 from evenserve.core.clock import Clock
 from evenserve.core.types import RequestInfo
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import GatewaySection
-from evenserve.gateway.poller import describe_error
+from evenserve.gateway.forwarder import (
+    AiohttpForwarder,
+    ConnectionLost,
+    Forwarder,
+    ForwardError,
+    ResponseTimeout,
+    Unreachable,
+)
 from evenserve.metrics.gateway import GatewayMetrics
 
 BACKEND_HEADER = "x-evenserve-backend"
@@ -94,7 +99,7 @@ class Dispatcher:
         cfg: GatewaySection,
         clock: Clock,
         metrics: GatewayMetrics,
-        client: httpx.AsyncClient | None = None,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self.registry = registry
         self.router = registry.router
@@ -102,26 +107,17 @@ class Dispatcher:
         self.clock = clock
         self.metrics = metrics
         fwd = cfg.forward
-        self._own_client = client is None
-        self.client = client or httpx.AsyncClient(
-            limits=httpx.Limits(
-                max_connections=fwd.max_connections,
-                max_keepalive_connections=fwd.max_connections,
-                keepalive_expiry=4.0,  # below uvicorn's 5 s keep-alive: no reuse races
-            ),
-            timeout=httpx.Timeout(
-                fwd.request_timeout_s,
-                connect=fwd.connect_timeout_ms / 1000.0,
-                pool=fwd.request_timeout_s,
-            ),
-            trust_env=False,
+        self.forwarder: Forwarder = forwarder or AiohttpForwarder(
+            max_connections=fwd.max_connections,
+            connect_timeout_s=fwd.connect_timeout_ms / 1000.0,
+            request_timeout_s=fwd.request_timeout_s,
+            keep_headers=RELAY_RESPONSE_HEADERS,
         )
         self._ids = itertools.count(1)
         self._decision = metrics.decision
 
     async def aclose(self) -> None:
-        if self._own_client:
-            await self.client.aclose()
+        await self.forwarder.aclose()
 
     # -- the hot path -----------------------------------------------------------------------
     async def infer(self, model: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
@@ -143,7 +139,7 @@ class Dispatcher:
                 "unknown_model",
             )
         ov = self.cfg.overload
-        if ov.enabled and self.router.all_overloaded(model):
+        if ov.enabled and self.router.all_overloaded(model, sampled_only=True):
             return error_answer(
                 429,
                 f"every backend hosting {model!r} is overloaded; retry later",
@@ -171,21 +167,15 @@ class Dispatcher:
                 self.metrics.retries.labels(model).inc()
             self.router.sent(name, model)
             try:
-                resp = await self.client.post(
-                    self.registry.url(name) + path, content=body, headers=fwd_headers
-                )
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                reason = describe_error(exc)
-                self.registry.eject(name, reason)
-                failures.append(f"{name}: {reason}")
+                reply = await self.forwarder.post(self.registry.url(name) + path, body, fwd_headers)
+            except Unreachable as exc:
+                self.registry.eject(name, exc.reason)
+                failures.append(f"{name}: {exc.reason}")
                 continue
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-                failures.append(f"{name}: connection lost ({type(exc).__name__})")
+            except ConnectionLost as exc:
+                failures.append(f"{name}: connection lost ({exc})")
                 continue
-            except httpx.PoolTimeout:
-                failures.append(f"{name}: gateway connection pool exhausted")
-                continue
-            except httpx.TimeoutException:
+            except ResponseTimeout:
                 self.registry.eject(name, "timeout")
                 return error_answer(
                     504,
@@ -195,14 +185,11 @@ class Dispatcher:
                     {BACKEND_HEADER: name},
                 )
             finally:
-                self.router.done(name)
-            out_headers = {h: resp.headers[h] for h in RELAY_RESPONSE_HEADERS if h in resp.headers}
-            ans = Answer(
-                resp.status_code, resp.content, out_headers, name, outcome_of(resp.status_code)
-            )
-            if resp.status_code in (429, 503):
+                self.router.completed(name, model)
+            ans = Answer(reply.status, reply.body, reply.headers, name, outcome_of(reply.status))
+            if reply.status in (429, 503):
                 relayed = ans
-                failures.append(f"{name}: answered {resp.status_code}")
+                failures.append(f"{name}: answered {reply.status}")
                 continue
             return ans
         if relayed is not None:
@@ -227,18 +214,17 @@ class Dispatcher:
         for view in list(self.router.candidates(model))[: 1 + self.cfg.forward.retries]:
             name = view.name
             try:
-                resp = await self.client.request(
+                reply = await self.forwarder.request(
                     method,
                     self.registry.url(name) + path,
-                    content=body or None,
-                    headers={"accept-encoding": "identity", "content-type": "application/json"},
+                    body,
+                    {"accept-encoding": "identity", "content-type": "application/json"},
                 )
-            except httpx.HTTPError as exc:
-                failures.append(f"{name}: {describe_error(exc)}")
+            except ForwardError as exc:
+                failures.append(f"{name}: {type(exc).__name__} {exc}")
                 continue
-            out_headers = {h: resp.headers[h] for h in RELAY_RESPONSE_HEADERS if h in resp.headers}
-            out_headers[BACKEND_HEADER] = name
-            return Answer(resp.status_code, resp.content, out_headers, name, "ok")
+            reply.headers[BACKEND_HEADER] = name
+            return Answer(reply.status, reply.body, reply.headers, name, "ok")
         what = "; ".join(failures) if failures else "none is ready"
         return error_answer(
             503, f"no backend available for model {model!r} ({what})", "unavailable"

@@ -40,6 +40,14 @@ import httpx
 from evenserve.core.errors import ConfigError, EvenserveError
 from evenserve.gateway.config import DEFAULT_TOKEN_ENV, DeviceEntry, LoadedCluster
 
+#: How a child runs the CLI. Not ``-m evenserve.cli.main``: run as ``__main__`` that module
+#: would be loaded twice and commands registered by other modules would miss the running app.
+CLI_BOOT = "from evenserve.cli.main import main; main()"
+
+
+def cli_cmd(python: str, *args: str) -> list[str]:
+    return [python, "-c", CLI_BOOT, *args]
+
 
 class LaunchError(EvenserveError):
     """A process of the local cluster could not be started or did not become ready."""
@@ -168,13 +176,13 @@ class Launcher:
         for i, d in enumerate(w.devices):
             port = w.port_of(i)
             dev, env = worker_env(self._device_arg(d.device), base_env)
-            cmd = [
-                self.python, "-m", "evenserve.cli.main", "worker",
+            cmd = cli_cmd(
+                self.python, "worker",
                 "--repo", str(self._repo_for(i, d)),
                 "--device", dev,
                 "--port", str(port),
                 *d.extra_args,
-            ]  # fmt: skip
+            )  # fmt: skip
             self.workers.append(
                 Proc(d.name, cmd, env, f"http://{w.host}:{port}", self.log_dir / f"{d.name}.log")
             )
@@ -182,8 +190,7 @@ class Launcher:
         genv = dict(base_env)
         genv[DEFAULT_TOKEN_ENV] = self.admin_token
         genv[g.admin.token_env] = self.admin_token
-        gcmd = [self.python, "-m", "evenserve.cli.main", "gateway", "--config",
-                str(self.config_path.resolve())]  # fmt: skip
+        gcmd = cli_cmd(self.python, "gateway", "--config", str(self.config_path.resolve()))
         self.gateway = Proc(
             "gateway", gcmd, genv, f"http://{g.host}:{g.port}", self.log_dir / "gateway.log"
         )

@@ -8,7 +8,6 @@ Dispatcher (routing policy, retry, 429/503); metadata requests go to any healthy
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import random
@@ -205,7 +204,10 @@ def uvicorn_config(app: Any, host: str, port: int, **kw: Any) -> uvicorn.Config:
 
 
 def serve(gateway: Gateway, host: str | None = None, port: int | None = None) -> None:
-    """Run the gateway until SIGINT/SIGTERM (uvicorn drains in-flight requests first)."""
+    """Run the gateway until SIGINT/SIGTERM (uvicorn drains in-flight requests first).
+
+    uvicorn picks uvloop and httptools when they are installed (``loop``/``http`` auto).
+    """
     cfg = gateway.cfg
     server = uvicorn.Server(uvicorn_config(gateway.app, host or cfg.host, port or cfg.port))
-    asyncio.run(server.serve())
+    server.run()

@@ -15,7 +15,8 @@ from evenserve.core.clock import FakeClock
 from evenserve.core.types import LoadSample
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import parse_cluster
-from evenserve.gateway.dispatcher import BACKEND_HEADER, Dispatcher
+from evenserve.gateway.dispatcher import BACKEND_HEADER, RELAY_RESPONSE_HEADERS, Dispatcher
+from evenserve.gateway.forwarder import HttpxForwarder
 from evenserve.metrics.gateway import GatewayMetrics
 from evenserve.policy.routing import ROUTING
 
@@ -43,7 +44,8 @@ def setup(
         reg.admit(n)
     metrics = GatewayMetrics(lambda: [])
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    return Dispatcher(reg, cfg, clock, metrics, client=client), reg, clock
+    fwd = HttpxForwarder(client, RELAY_RESPONSE_HEADERS)
+    return Dispatcher(reg, cfg, clock, metrics, forwarder=fwd), reg, clock
 
 
 def ok(request: httpx.Request) -> httpx.Response:
@@ -179,3 +181,16 @@ async def test_every_policy_routes_through_the_gateway(routing: str) -> None:
     for _ in range(6):
         status, headers, _ = await infer(d)
         assert status == 200 and headers[BACKEND_HEADER] in ("a", "b", "c")
+
+
+async def test_completions_settle_the_routers_send_count_between_polls() -> None:
+    # 500 req/s with a 100 ms poll: 50 sends between two polls. Answered requests must not
+    # keep counting as queued, or queue-aware would call an idle backend overloaded.
+    d, reg, clock = setup(ok, names=("a",), routing="queue-aware")
+    reg.router.observe("a", LoadSample(timestamp_s=clock.now(), queue_depth=0))
+    for _ in range(50):
+        status, _, _ = await infer(d)
+        assert status == 200
+    v = reg.router.view("a")
+    assert v.queue_depth == 0.0 and v.in_flight == 0
+    assert v.queued_by_model.get("m", 0.0) == 0.0

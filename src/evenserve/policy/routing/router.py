@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import BackendView, LoadSample, RequestInfo
@@ -194,13 +194,28 @@ class Router:
                 return None
         return self.policy.choose(request, cands, now_s)
 
-    def all_overloaded(self, model: str) -> bool:
-        """True when the policy can judge overload and every healthy host is overloaded."""
+    def all_overloaded(self, model: str, *, sampled_only: bool = False) -> bool:
+        """True when the policy can judge overload and every healthy host is overloaded.
+
+        With ``sampled_only`` each host is judged on what it reported itself (the mean of its
+        sampled queue depths, without this router's sends since the newest sample, which also
+        count requests that are running rather than waiting), and a host with stale signals
+        is never judged overloaded: refusing work needs the backends' own evidence.
+        """
         judge = getattr(self.policy, "overloaded", None)
         cands = self._by_model.get(model)
         if judge is None or not cands:
             return False
-        return all(judge(b) for b in cands)
+        if not sampled_only:
+            return all(judge(b) for b in cands)
+        for b in cands:
+            st = self._backends[b.name]
+            if not b.signals_fresh or not st.samples:
+                return False
+            sampled = sum(s.queue_depth for s in st.samples) / len(st.samples)
+            if not judge(replace(b, queue_depth=sampled)):
+                return False
+        return True
 
     def sent(self, name: str, model: str) -> None:
         st = self._backends[name]
@@ -219,3 +234,27 @@ class Router:
             st.view.in_flight -= 1
             if not st.view.signals_fresh:
                 st.view.queue_depth = max(0.0, st.view.queue_depth - 1.0)
+
+    def completed(self, name: str, model: str) -> None:
+        """``done`` that also settles the own-send count: the estimate becomes the sampled
+        queue plus sends since the sample *net of completions* (never below the sample).
+
+        Without it, at high throughput the sends between two polls pile up (500 req/s and a
+        100 ms poll: +50 on an idle backend), so the fastest backends look the most loaded
+        and queue-aware's soft-overload rule fires on idle ones. Live gateway uses this.
+        """
+        st = self._backends.get(name)
+        if st is None:
+            return
+        fresh = st.view.signals_fresh
+        self.done(name)
+        if fresh and st.sent_since_sample > 0:
+            st.sent_since_sample -= 1
+            v = st.view
+            v.queue_depth = max(0.0, v.queue_depth - 1.0)
+            k = st.sent_by_model.get(model, 0)
+            if k > 0:
+                st.sent_by_model[model] = k - 1
+                qbm = v.queued_by_model
+                if isinstance(qbm, dict) and model in qbm:
+                    qbm[model] = max(0.0, qbm[model] - 1.0)
