@@ -165,6 +165,7 @@ def policies(
 
 
 from evenserve.cli import gateway_cmd  # noqa: F401,E402
+from evenserve.cli import worker_cmd  # noqa: F401,E402
 
 
 def main() -> None:

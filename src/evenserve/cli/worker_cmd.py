@@ -1,0 +1,240 @@
+"""``evenserve worker`` (serve a model repository on one device) and ``evenserve profile``."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+
+from evenserve.cli.main import app, console, err_console
+from evenserve.core.errors import EvenserveError
+
+MIB = 1024 * 1024
+
+
+def _fail(msg: str) -> None:
+    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _parse_batching(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        spec = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        _fail(f"--batching: not valid YAML: {exc}")
+    if not isinstance(spec, str | dict):
+        _fail(
+            "--batching: expected a policy name or a mapping like '{policy: static, batch_size: 8}'"
+        )
+    return spec
+
+
+def _parse_shapes(items: list[str] | None) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for item in items or []:
+        name, sep, dims = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = [int(d) for d in dims.replace("x", ",").split(",") if d]
+        except ValueError:
+            _fail(f"--input-shape {item!r}: expected NAME=D1,D2,... (e.g. input_ids=128)")
+    return out
+
+
+@app.command()
+def worker(
+    repo: Annotated[Path, typer.Option(help="Model repository: one folder per model.")],
+    device: Annotated[
+        str, typer.Option(help="cpu, cuda:N, or emulated:PROFILE_SET (a folder or a name).")
+    ] = "cpu",
+    port: Annotated[int, typer.Option(help="Port (0: any free port, see --port-file).")] = 8000,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    instances: Annotated[int, typer.Option(help="Batches the device runs at once.")] = 1,
+    max_queue: Annotated[
+        int,
+        typer.Option(help="Requests waiting per model before 429 (model.yaml may set its own)."),
+    ] = 1024,
+    max_body_bytes: Annotated[int, typer.Option(help="Largest request body (413 above).")] = 64
+    * MIB,
+    batching: Annotated[
+        str | None,
+        typer.Option(
+            help="Batching policy for every model, YAML: '{policy: static, batch_size: 8}'."
+        ),
+    ] = None,
+    models: Annotated[
+        str | None, typer.Option(help="Serve only these models (comma-separated).")
+    ] = None,
+    profiles_dir: Annotated[
+        Path, typer.Option(help="Where emulated:NAME looks for profile sets.")
+    ] = Path("profiles"),
+    memory_gb: Annotated[
+        float, typer.Option(help="Memory of an emulated device, GiB (24: an A10).")
+    ] = 24.0,
+    utilization_window_s: Annotated[
+        float, typer.Option(help="Window of the busy fraction in the load report, seconds.")
+    ] = 1.0,
+    cpu_threads: Annotated[
+        int | None, typer.Option(help="Threads of CPU runtimes (default: the framework's).")
+    ] = None,
+    drain_timeout_s: Annotated[
+        float, typer.Option(help="On shutdown, how long queued work may take to finish.")
+    ] = 30.0,
+    port_file: Annotated[
+        Path | None, typer.Option(help="Write the bound port here once listening.")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve a model repository on one device over the KServe v2 protocol."""
+    from evenserve.runtime.device import parse_device
+    from evenserve.worker.repository import load_repository
+    from evenserve.worker.server import make_server
+    from evenserve.worker.service import WorkerOptions, WorkerService
+
+    if instances < 1:
+        _fail("--instances: must be >= 1")
+    if max_queue < 1:
+        _fail("--max-queue: must be >= 1")
+    if max_body_bytes < 1:
+        _fail("--max-body-bytes: must be >= 1")
+    if utilization_window_s <= 0:
+        _fail("--utilization-window-s: must be > 0")
+    try:
+        dev = parse_device(device)
+        only = [m.strip() for m in models.split(",") if m.strip()] if models else None
+        entries = load_repository(repo, only)
+        options = WorkerOptions(
+            device=dev,
+            instances=instances,
+            max_queue=max_queue,
+            max_body_bytes=max_body_bytes,
+            batching_override=_parse_batching(batching),
+            profiles_dir=profiles_dir,
+            emulated_memory_gb=memory_gb,
+            utilization_window_s=utilization_window_s,
+            cpu_threads=cpu_threads,
+            drain_timeout_s=drain_timeout_s,
+        )
+        service = WorkerService(entries, options)
+        err_console.print(
+            f"evenserve worker: loading {', '.join(service.entries)} on {dev.name} ...",
+            highlight=False,
+        )
+        service.load()
+    except EvenserveError as exc:
+        _fail(str(exc))
+        return
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        _fail(f"--port: cannot bind {host}:{port}: {exc}")
+    bound = sock.getsockname()[1]
+    for name, desc in service.descriptions.items():
+        batching_label = service.batching_specs[name]
+        err_console.print(
+            f"  {name}: {desc.get('runtime')} | batching {batching_label}", highlight=False
+        )
+    err_console.print(
+        f"evenserve worker: device {dev.name}, {instances} instance(s), "
+        f"listening on http://{host}:{bound}",
+        highlight=False,
+    )
+    if port_file is not None:
+        port_file.write_text(f"{bound}\n")
+    make_server(service, host, bound, log_level).run(sockets=[sock])
+
+
+@app.command()
+def profile(
+    repo: Annotated[Path, typer.Option(help="Model repository.")],
+    model: Annotated[str, typer.Option(help="Model folder name in the repository.")],
+    out: Annotated[Path, typer.Option(help="Profile YAML to write.")],
+    device: Annotated[
+        str, typer.Option(help="cpu or cuda:N (emulated: checks a profile).")
+    ] = "cpu",
+    batch_sizes: Annotated[str, typer.Option(help="Comma-separated batch sizes.")] = "1,2,4,8,16",
+    warmup: Annotated[int, typer.Option(help="Unmeasured runs per batch size.")] = 3,
+    iters: Annotated[int, typer.Option(help="Measured runs per batch size.")] = 10,
+    input_shape: Annotated[
+        list[str] | None,
+        typer.Option(help="Per-item shape of a variable input: NAME=D1,D2 (repeatable)."),
+    ] = None,
+    sequence_length: Annotated[
+        int | None, typer.Option(help="Sequence length to record in the profile.")
+    ] = None,
+    precision: Annotated[
+        str | None, typer.Option(help="Override the model's precision (fp32, fp16, bf16).")
+    ] = None,
+    cpu_threads: Annotated[int | None, typer.Option(help="Threads of CPU runtimes.")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Model name in the profile (default: the folder's).")
+    ] = None,
+    profiles_dir: Annotated[Path, typer.Option(help="Profile sets (emulated devices).")] = Path(
+        "profiles"
+    ),
+) -> None:
+    """Measure a model at a list of batch sizes and write a profile YAML."""
+    from evenserve.runtime.device import parse_device
+    from evenserve.worker.profiler import build_runtime, measure, write_profile
+    from evenserve.worker.repository import load_repository
+
+    try:
+        sizes = sorted({int(b) for b in batch_sizes.split(",") if b.strip()})
+    except ValueError:
+        _fail(f"--batch-sizes: expected integers like 1,2,4,8 (got {batch_sizes!r})")
+        return
+    if not sizes:
+        _fail("--batch-sizes: give at least one")
+    shapes = _parse_shapes(input_shape)
+    try:
+        dev = parse_device(device)
+        (entry,) = load_repository(repo, [model], check_profiles=False)
+        runtime = build_runtime(
+            entry, dev, precision=precision, cpu_threads=cpu_threads, profiles_dir=profiles_dir
+        )
+        err_console.print(f"loading {model} on {dev.name} ...", highlight=False)
+        runtime.load()
+
+        def show(p: Any) -> None:
+            mem = "n/a" if p.memory_mb is None else f"{p.memory_mb:.1f} MB"
+            console.print(
+                f"  batch {p.batch:4d}: median {p.median_ms:9.2f} ms  "
+                f"(p10 {p.p10_ms:.2f}, p90 {p.p90_ms:.2f})  memory {mem}",
+                highlight=False,
+            )
+
+        points = measure(
+            runtime,
+            entry,
+            dev,
+            sizes,
+            warmup=warmup,
+            iters=iters,
+            input_shapes=shapes,
+            progress=show,
+        )
+        prof = write_profile(
+            out,
+            entry,
+            dev,
+            runtime,
+            points,
+            warmup=warmup,
+            iters=iters,
+            input_shapes=shapes,
+            sequence_length=sequence_length,
+            profile_name=name,
+        )
+        runtime.close()
+    except EvenserveError as exc:
+        _fail(str(exc))
+        return
+    console.print(f"wrote {out} ({prof.model}, {prof.runtime}, {prof.precision}, {prof.device})")

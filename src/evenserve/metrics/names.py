@@ -1,0 +1,66 @@
+"""Every metric name evenserve exports, in one place (Prometheus conventions).
+
+Units are in the names (``_seconds``, ``_bytes``, ``_ratio``); counters end in ``_total``.
+Labels: ``model`` for per-model series, ``device`` for per-device ones, ``outcome`` for
+request outcomes (see OUTCOMES), ``gpu`` (NVML index) for NVML figures.
+"""
+
+from __future__ import annotations
+
+PREFIX = "evenserve_worker"
+
+# Per model.
+QUEUE_DEPTH = f"{PREFIX}_queue_depth"  # gauge: requests waiting
+IN_FLIGHT = f"{PREFIX}_in_flight"  # gauge: requests inside running batches
+BATCH_SIZE = f"{PREFIX}_batch_size"  # histogram: items per batch
+QUEUE_TIME = f"{PREFIX}_queue_time_seconds"  # histogram: arrival -> batch start, per request
+COMPUTE_TIME = f"{PREFIX}_compute_time_seconds"  # histogram: one batch on the device
+REQUEST_LATENCY = f"{PREFIX}_request_latency_seconds"  # histogram: received -> answered
+REQUESTS = f"{PREFIX}_requests"  # counter (exported as _total), by model and outcome
+BATCHES = f"{PREFIX}_batches"  # counter (exported as _total), by model
+
+# Per device.
+DEVICE_BUSY_RATIO = f"{PREFIX}_device_busy_ratio"  # gauge: busy fraction over the window
+DEVICE_BUSY_SECONDS = f"{PREFIX}_device_busy_seconds"  # counter (_total): busy time, summed
+DEVICE_MEMORY_USED = f"{PREFIX}_device_memory_used_bytes"  # gauge
+DEVICE_MEMORY_TOTAL = f"{PREFIX}_device_memory_total_bytes"  # gauge
+DEVICE_INSTANCES = f"{PREFIX}_device_instances"  # gauge: batch slots on the device
+
+# NVML (only when a GPU and pynvml are present).
+GPU_SM_UTILIZATION = "evenserve_gpu_sm_utilization_ratio"  # gauge: NVML "gpu" utilization
+GPU_MEMORY_USED = "evenserve_gpu_memory_used_bytes"  # gauge
+GPU_MEMORY_TOTAL = "evenserve_gpu_memory_total_bytes"  # gauge
+GPU_PCIE_TX = "evenserve_gpu_pcie_tx_bytes_per_second"  # gauge
+GPU_PCIE_RX = "evenserve_gpu_pcie_rx_bytes_per_second"  # gauge
+
+#: Request outcomes (the ``outcome`` label of REQUESTS).
+OUTCOMES = (
+    "success",
+    "bad_request",  # 400: malformed body, wrong input
+    "not_found",  # 404: unknown model or version
+    "too_large",  # 413: body over the limit
+    "rejected_queue_full",  # 429
+    "deadline_expired",  # 504: waited past its deadline
+    "unavailable",  # 503: not ready or shutting down
+    "error",  # 500: the runtime failed
+    "cancelled",  # the client went away before its batch started
+)
+
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TIME_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
+)

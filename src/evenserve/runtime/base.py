@@ -1,0 +1,132 @@
+"""The runtime protocol: load a model, run one batch of named numpy arrays, report memory.
+
+A runtime owns one model on one device. The worker hands it a batch whose leading dimension
+is the batch size and expects, for every declared output, an array with the same leading
+dimension. Runtimes never see HTTP, queues or clocks; they are called from a worker thread,
+one batch at a time per device instance, so ``run`` may block (that is the point).
+
+Heavy frameworks (torch, transformers, onnxruntime) are optional extras: the modules that use
+them import them inside functions, and ``require`` turns a missing one into a ConfigError that
+names the extra to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from evenserve.core.errors import ConfigError
+from evenserve.runtime.device import DeviceSpec
+
+Array = NDArray[Any]
+
+#: KServe v2 / Triton datatype names -> numpy dtypes (the wire formats this worker speaks).
+#: BF16 and BYTES have no numpy dtype and are not accepted on the wire.
+DATATYPES: Mapping[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+
+#: Triton model-config spelling of each datatype (``TYPE_FP32``...).
+TRITON_CONFIG_TYPES: Mapping[str, str] = {k: f"TYPE_{k}" for k in DATATYPES}
+
+
+class RuntimeMissingError(ConfigError):
+    """An optional framework a runtime needs is not installed."""
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """Import ``module`` or raise a RuntimeMissingError naming the extra that provides it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise RuntimeMissingError(
+            f"{module} is not installed; install the optional extra: "
+            f"pip install 'evenserve[{extra}]' ({exc})"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One declared input or output: per-item shape (the batch dimension is implied)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return DATATYPES[self.datatype]
+
+
+@dataclass(frozen=True)
+class RuntimeContext:
+    """What a runtime is told about the model it serves."""
+
+    model: str
+    model_dir: Path
+    device: DeviceSpec
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+    #: The runtime's own section of model.yaml, already validated by its params model.
+    params: Any = None
+    #: Extra knobs from the command line (e.g. ``cpu_threads``).
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Runtime(Protocol):
+    """One model on one device."""
+
+    def load(self) -> None:
+        """Load weights and warm up; raise ConfigError with a clear message on failure."""
+
+    def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        """Run one batch; every array's leading dimension is the batch size."""
+
+    def resident_bytes(self) -> float:
+        """Bytes the loaded model keeps on its device (weights and buffers)."""
+
+    def batch_memory_bytes(self, batch: int) -> float | None:
+        """Working memory of one batch of ``batch`` if the runtime knows it, else None."""
+
+    def describe(self) -> dict[str, Any]:
+        """Provenance: runtime name, framework versions, precision, device, threads..."""
+
+    def close(self) -> None:
+        """Release what ``load`` acquired."""
+
+
+def output_array(spec: TensorSpec, value: Any, batch: int) -> Array:
+    """Check one runtime output against its spec and convert it to the declared dtype."""
+    arr = np.asarray(value)
+    if arr.ndim == 0 or arr.shape[0] != batch:
+        raise RuntimeError(
+            f"output {spec.name!r}: runtime returned shape {list(arr.shape)}, expected a leading "
+            f"batch dimension of {batch}"
+        )
+    if len(arr.shape) - 1 != len(spec.shape) or any(
+        d != -1 and d != a for d, a in zip(spec.shape, arr.shape[1:], strict=False)
+    ):
+        raise RuntimeError(
+            f"output {spec.name!r}: runtime returned per-item shape {list(arr.shape[1:])}, "
+            f"model.yaml declares {list(spec.shape)}"
+        )
+    return arr.astype(spec.dtype, copy=False)

@@ -1,0 +1,164 @@
+"""emulated: a profile-driven device. No compute: a batch takes the profile's time for its size.
+
+Theory of operation. ``run`` sleeps for ``profile.latency_s(batch)`` and returns zeros of the
+declared output shapes (a variable output dimension takes the size of the same dimension of
+the first input, else 1). The sleep must be accurate at the P50, because the simulator and
+the router trust these figures; ``time.sleep`` overshoots by tens of microseconds to a
+millisecond depending on the host, so the runtime learns its own overshoot (an exponentially
+weighted mean), sleeps that much less, and covers the last stretch with a short spin that
+releases the GIL on every turn. Spinning is bounded by ``max_spin_s`` so that a laptop
+hosting many emulated devices is not burnt by busy-waiting.
+
+Memory: the profile's resident weights while loaded and its working memory per batch; the
+worker adds them up against the emulated device's configured total. Needs no torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from evenserve.core.errors import ConfigError
+from evenserve.core.profile import LatencyProfile, load_profile
+from evenserve.runtime.base import Array, RuntimeContext
+
+#: Never spin longer than this at the end of a sleep (seconds).
+MAX_SPIN_S = 0.0005
+
+
+class EmulatedParams(BaseModel):
+    """The ``emulated:`` section of model.yaml (all optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile: str | None = Field(
+        default=None,
+        description="profile YAML, relative to the model folder; needed unless the device is "
+        "emulated:PROFILE_SET (then the set's profile named like the model is used)",
+    )
+    profile_name: str | None = Field(
+        default=None, description="name of the profile in the device's profile set"
+    )
+
+
+class PreciseSleeper:
+    """Sleeps until a deadline with a learned overshoot correction and a short final spin."""
+
+    def __init__(self, max_spin_s: float = MAX_SPIN_S) -> None:
+        self.max_spin_s = max_spin_s
+        self._overshoot_s = 0.0001
+
+    def sleep(self, duration_s: float) -> float:
+        """Sleep ``duration_s``; return the seconds actually slept."""
+        start = time.perf_counter()
+        self.sleep_until(start + duration_s)
+        return time.perf_counter() - start
+
+    def sleep_until(self, end: float) -> None:
+        """Return as soon after ``end`` (a perf_counter time) as the host allows."""
+        coarse = end - time.perf_counter() - self._overshoot_s - self.max_spin_s / 2
+        if coarse > 0:
+            before = time.perf_counter()
+            time.sleep(coarse)
+            overshoot = time.perf_counter() - before - coarse
+            # Learn slowly: one late wake-up (a busy host) should not make every sleep short.
+            self._overshoot_s += 0.1 * (min(overshoot, 0.005) - self._overshoot_s)
+        now = time.perf_counter()
+        if end - now > self.max_spin_s:
+            time.sleep(end - now - self.max_spin_s)
+        # Yield the GIL while more than 50 us remain, then spin tight to the deadline.
+        while end - time.perf_counter() > 0.00005:
+            time.sleep(0)
+        while time.perf_counter() < end:
+            pass
+
+
+class EmulatedRuntime:
+    """A model that costs exactly what its profile says."""
+
+    def __init__(self, ctx: RuntimeContext, profile: LatencyProfile) -> None:
+        self.ctx = ctx
+        self.profile = profile
+        self._sleeper = PreciseSleeper()
+        self._loaded = False
+
+    def load(self) -> None:
+        self._loaded = True
+
+    def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        start = time.perf_counter()
+        first = inputs[self.ctx.inputs[0].name]
+        batch = int(first.shape[0])
+        out: dict[str, Array] = {}
+        for spec in self.ctx.outputs:
+            dims = [
+                (first.shape[i + 1] if i + 1 < first.ndim else 1) if d == -1 else d
+                for i, d in enumerate(spec.shape)
+            ]
+            out[spec.name] = np.zeros([batch, *dims], dtype=spec.dtype)
+        # The batch's time counts from entry: making the outputs is part of it.
+        self._sleeper.sleep_until(start + self.profile.latency_s(batch))
+        return out
+
+    def resident_bytes(self) -> float:
+        return self.profile.weights_bytes if self._loaded else 0.0
+
+    def batch_memory_bytes(self, batch: int) -> float | None:
+        return self.profile.batch_memory_bytes(batch)
+
+    def describe(self) -> dict[str, Any]:
+        p = self.profile
+        return {
+            "runtime": "emulated",
+            "profile_model": p.model,
+            "profile_device": p.device,
+            "profile_runtime": p.runtime,
+            "precision": p.precision,
+            "profile_source": p.source,
+        }
+
+    def close(self) -> None:
+        self._loaded = False
+
+
+def resolve_profile(
+    ctx: RuntimeContext, params: EmulatedParams | None, profile_sets_dir: Path | None
+) -> LatencyProfile:
+    """The profile an emulated model runs on.
+
+    On an ``emulated:SET`` device: the set's profile for ``profile_name`` (default: the model
+    name). Elsewhere: the ``profile`` file of the model's ``emulated:`` section.
+    """
+    p = params or EmulatedParams()
+    dev = ctx.device
+    if dev.kind == "emulated":
+        assert dev.profile_set is not None
+        set_dir = Path(dev.profile_set)
+        if not set_dir.is_dir() and profile_sets_dir is not None:
+            set_dir = profile_sets_dir / dev.profile_set
+        if not set_dir.is_dir():
+            raise ConfigError(
+                f"--device {dev.name}: profile set not found (looked for {dev.profile_set!r} "
+                f"and {set_dir})"
+            )
+        name = p.profile_name or ctx.model
+        path = set_dir / f"{name}.yaml"
+        if not path.is_file():
+            known = ", ".join(sorted(q.stem for q in set_dir.glob("*.yaml"))) or "none"
+            raise ConfigError(
+                f"model {ctx.model!r}: emulated.profile_name: no profile {name!r} in profile "
+                f"set {set_dir} (profiles: {known})"
+            )
+        return load_profile(path)
+    if p.profile is None:
+        raise ConfigError(
+            f"model {ctx.model!r}: emulated.profile: required on device {dev.name} "
+            "(a profile YAML relative to the model folder)"
+        )
+    path = Path(p.profile)
+    return load_profile(path if path.is_absolute() else ctx.model_dir / path)

@@ -1,0 +1,48 @@
+"""Runtime kinds by name, their model.yaml sections, and building one for a device.
+
+On an ``emulated:PROFILE_SET`` device every model runs emulated, whatever its declared
+runtime: the same repository can be served for real on a GPU or emulated on a laptop.
+Modules of the optional runtimes are cheap to import (torch and friends load in ``load``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from evenserve.runtime.base import Runtime, RuntimeContext
+from evenserve.runtime.emulated import EmulatedParams, EmulatedRuntime, resolve_profile
+from evenserve.runtime.onnx_runtime import OnnxParams, OnnxRuntime
+from evenserve.runtime.torch_runtime import TorchParams, TorchRuntime
+from evenserve.runtime.transformers_runtime import TransformersParams, TransformersRuntime
+
+#: Runtime name -> the pydantic model of its model.yaml section (the section has its name).
+RUNTIME_PARAMS: dict[str, type[BaseModel]] = {
+    "emulated": EmulatedParams,
+    "transformers": TransformersParams,
+    "torch": TorchParams,
+    "onnx": OnnxParams,
+}
+
+
+def create_runtime(
+    kind: str,
+    ctx: RuntimeContext,
+    *,
+    emulated_params: EmulatedParams | None = None,
+    profile_sets_dir: Path | None = None,
+) -> Runtime:
+    """Build (not load) the runtime for one model on ``ctx.device``."""
+    if ctx.device.kind == "emulated" or kind == "emulated":
+        params = emulated_params if emulated_params is not None else None
+        if params is None and isinstance(ctx.params, EmulatedParams):
+            params = ctx.params
+        return EmulatedRuntime(ctx, resolve_profile(ctx, params, profile_sets_dir))
+    if kind == "transformers":
+        return TransformersRuntime(ctx)
+    if kind == "torch":
+        return TorchRuntime(ctx)
+    if kind == "onnx":
+        return OnnxRuntime(ctx)
+    raise ValueError(f"unknown runtime {kind!r}")

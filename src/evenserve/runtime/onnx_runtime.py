@@ -1,0 +1,130 @@
+"""onnx: ONNX Runtime, with the CUDA execution provider when the device is a GPU and it exists.
+
+Declared input and output names are the graph's names unless ``input_map`` / ``output_map``
+say otherwise. fp16 models are served as they are (no conversion here): declare FP16 inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from evenserve.core.errors import ConfigError
+from evenserve.runtime.base import Array, RuntimeContext, output_array, require
+
+
+class OnnxParams(BaseModel):
+    """The ``onnx:`` section of model.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    file: str = Field(min_length=1, description="model.onnx, relative to the model folder")
+    intra_op_threads: int | None = Field(default=None, ge=1)
+    input_map: dict[str, str] = Field(default_factory=dict)
+    output_map: dict[str, str] = Field(default_factory=dict)
+
+
+class OnnxRuntime:
+    def __init__(self, ctx: RuntimeContext) -> None:
+        if not isinstance(ctx.params, OnnxParams):
+            raise ConfigError(f"model {ctx.model!r}: onnx: section required")
+        self.ctx = ctx
+        self.params: OnnxParams = ctx.params
+        self._session: Any = None
+        self._ort: Any = None
+        self._providers: list[str] = []
+        self._resident = 0.0
+
+    def load(self) -> None:
+        ort = require("onnxruntime", "onnx")
+        ctx = self.ctx
+        path = Path(self.params.file)
+        path = path if path.is_absolute() else ctx.model_dir / path
+        if not path.is_file():
+            raise ConfigError(f"model {ctx.model!r}: onnx.file: not found: {path}")
+        available = ort.get_available_providers()
+        if ctx.device.kind == "cuda":
+            if "CUDAExecutionProvider" not in available:
+                raise ConfigError(
+                    f"--device {ctx.device.name}: onnxruntime has no CUDAExecutionProvider "
+                    f"(available: {', '.join(available)}); install onnxruntime-gpu"
+                )
+            providers: list[Any] = [
+                ("CUDAExecutionProvider", {"device_id": ctx.device.index or 0}),
+                "CPUExecutionProvider",
+            ]
+        else:
+            providers = ["CPUExecutionProvider"]
+        opts = ort.SessionOptions()
+        threads = self.params.intra_op_threads or ctx.options.get("cpu_threads")
+        if threads:
+            opts.intra_op_num_threads = int(threads)
+        try:
+            session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+        except Exception as exc:
+            raise ConfigError(f"model {ctx.model!r}: onnx.file: cannot load {path}: {exc}") from exc
+        graph_inputs = {i.name for i in session.get_inputs()}
+        for s in ctx.inputs:
+            name = self.params.input_map.get(s.name, s.name)
+            if name not in graph_inputs:
+                raise ConfigError(
+                    f"model {ctx.model!r}: inputs.{s.name}: the ONNX graph has no input "
+                    f"{name!r} (graph inputs: {', '.join(sorted(graph_inputs))})"
+                )
+        graph_outputs = {o.name for o in session.get_outputs()}
+        for s in ctx.outputs:
+            name = self.params.output_map.get(s.name, s.name)
+            if name not in graph_outputs:
+                raise ConfigError(
+                    f"model {ctx.model!r}: outputs.{s.name}: the ONNX graph has no output "
+                    f"{name!r} (graph outputs: {', '.join(sorted(graph_outputs))})"
+                )
+        self._ort = ort
+        self._session = session
+        self._providers = list(session.get_providers())
+        # Weights are the bulk of an ONNX file; the file size is an honest upper bound.
+        self._resident = float(path.stat().st_size)
+        batch = {
+            s.name: np.zeros([1, *[8 if d == -1 else d for d in s.shape]], dtype=s.dtype)
+            for s in ctx.inputs
+        }
+        try:
+            self.run(batch)
+        except Exception as exc:
+            raise ConfigError(
+                f"model {ctx.model!r}: warm-up batch failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        feed = {self.params.input_map.get(k, k): np.ascontiguousarray(v) for k, v in inputs.items()}
+        names = [self.params.output_map.get(s.name, s.name) for s in self.ctx.outputs]
+        values = self._session.run(names, feed)
+        batch = int(next(iter(inputs.values())).shape[0])
+        return {
+            s.name: output_array(s, v, batch) for s, v in zip(self.ctx.outputs, values, strict=True)
+        }
+
+    def resident_bytes(self) -> float:
+        return self._resident
+
+    def batch_memory_bytes(self, batch: int) -> float | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        ort = self._ort or require("onnxruntime", "onnx")
+        return {
+            "runtime": "onnx",
+            "file": self.params.file,
+            "device": self.ctx.device.name,
+            "onnxruntime_version": str(ort.__version__),
+            "providers": self._providers,
+            "intra_op_threads": self.params.intra_op_threads or self.ctx.options.get("cpu_threads"),
+            "weights_bytes_estimate": self._resident,
+        }
+
+    def close(self) -> None:
+        self._session = None

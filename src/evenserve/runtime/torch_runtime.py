@@ -1,0 +1,163 @@
+"""torch: a TorchScript file (``torch.jit.save``) or a torch.export program (``torch.export.save``).
+
+Inputs are passed positionally in the order model.yaml declares them. The module may return a
+tensor (one declared output), a tuple/list (matched to the declared outputs in order) or a
+dict (matched by name). ``format: auto`` picks torch.export for ``.pt2`` files, TorchScript
+otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from evenserve.core.errors import ConfigError
+from evenserve.runtime.base import Array, RuntimeContext, output_array
+from evenserve.runtime.torch_common import (
+    Precision,
+    check_device,
+    configure_threads,
+    import_torch,
+    module_bytes,
+    synchronize,
+    to_numpy,
+    to_torch,
+    torch_dtype,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TorchParams(BaseModel):
+    """The ``torch:`` section of model.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    file: str = Field(min_length=1, description="model file, relative to the model folder")
+    format: Literal["auto", "torchscript", "export"] = "auto"
+    precision: Precision = "fp32"
+
+
+class TorchRuntime:
+    def __init__(self, ctx: RuntimeContext) -> None:
+        if not isinstance(ctx.params, TorchParams):
+            raise ConfigError(f"model {ctx.model!r}: torch: section required")
+        self.ctx = ctx
+        self.params: TorchParams = ctx.params
+        self._torch: Any = None
+        self._module: Any = None
+        self._float_dtype: Any = None
+        self._resident = 0.0
+        self._format = ""
+        self._notes: list[str] = []
+
+    def _path(self) -> Path:
+        p = Path(self.params.file)
+        return p if p.is_absolute() else self.ctx.model_dir / p
+
+    def load(self) -> None:
+        torch = import_torch("torch")
+        ctx = self.ctx
+        check_device(torch, ctx.device)
+        configure_threads(torch, ctx.options)
+        path = self._path()
+        if not path.is_file():
+            raise ConfigError(f"model {ctx.model!r}: torch.file: not found: {path}")
+        fmt = self.params.format
+        if fmt == "auto":
+            fmt = "export" if path.suffix == ".pt2" else "torchscript"
+        dev = ctx.device.torch_device
+        dtype = torch_dtype(torch, self.params.precision)
+        try:
+            if fmt == "export":
+                module = torch.export.load(str(path)).module()
+            else:
+                # TorchScript is deprecated upstream (torch >= 2.10 warns on every load); it is
+                # still served, the warning is logged once here instead of raised per process.
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", DeprecationWarning)
+                    module = torch.jit.load(str(path), map_location=dev)
+                for w in caught:
+                    log.warning("model %r: %s", ctx.model, w.message)
+                    self._notes.append(str(w.message))
+        except Exception as exc:
+            raise ConfigError(
+                f"model {ctx.model!r}: torch.file: cannot load {path} as {fmt}: {exc}"
+            ) from exc
+        module = module.to(dev)
+        if self.params.precision != "fp32":
+            module = module.to(dtype)
+        if fmt == "torchscript":
+            module = module.eval()
+        self._torch = torch
+        self._module = module
+        self._float_dtype = dtype
+        self._format = fmt
+        self._resident = module_bytes(module)
+        batch = {
+            s.name: np.zeros([1, *[8 if d == -1 else d for d in s.shape]], dtype=s.dtype)
+            for s in ctx.inputs
+        }
+        try:
+            self.run(batch)
+        except Exception as exc:
+            raise ConfigError(
+                f"model {ctx.model!r}: warm-up batch failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        torch = self._torch
+        dev = self.ctx.device.torch_device
+        args = [to_torch(torch, inputs[s.name], dev, self._float_dtype) for s in self.ctx.inputs]
+        batch = int(args[0].shape[0])
+        with torch.inference_mode():
+            result = self._module(*args)
+            synchronize(torch, self.ctx.device)
+        specs = self.ctx.outputs
+        values: Sequence[Any]
+        if isinstance(result, Mapping):
+            missing = [s.name for s in specs if s.name not in result]
+            if missing:
+                raise RuntimeError(f"module returned no output named {missing[0]!r}")
+            values = [result[s.name] for s in specs]
+        elif isinstance(result, list | tuple):
+            if len(result) < len(specs):
+                raise RuntimeError(
+                    f"module returned {len(result)} outputs, model.yaml declares {len(specs)}"
+                )
+            values = result
+        else:
+            values = [result]
+        return {
+            s.name: output_array(s, to_numpy(torch, v), batch)
+            for s, v in zip(specs, values, strict=False)
+        }
+
+    def resident_bytes(self) -> float:
+        return self._resident
+
+    def batch_memory_bytes(self, batch: int) -> float | None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        torch = self._torch or import_torch("torch")
+        return {
+            "runtime": "torch",
+            "format": self._format or self.params.format,
+            "file": self.params.file,
+            "precision": self.params.precision,
+            "device": self.ctx.device.name,
+            "torch_version": str(torch.__version__),
+            "torch_threads": int(torch.get_num_threads()),
+            "parameters_bytes": self._resident,
+            **({"notes": "; ".join(self._notes)} if self._notes else {}),
+        }
+
+    def close(self) -> None:
+        self._module = None

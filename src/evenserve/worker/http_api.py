@@ -1,0 +1,276 @@
+"""The worker's HTTP API: KServe v2 (+ binary tensors, statistics), the load endpoint, /metrics.
+
+Status codes: 404 unknown model or version; 400 malformed JSON, malformed binary header, or
+a missing/unexpected/mistyped/misshapen input (the message names it); 413 body over the
+limit; 415 unsupported Content-Encoding; 429 queue full, with Retry-After; 503 not ready or
+shutting down; 504 the request's deadline passed while it waited; 500 the runtime failed.
+Errors are ``{"error": "..."}`` as Triton sends them, so tritonclient shows the message.
+Every infer request is counted once in ``evenserve_worker_requests_total`` by outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from evenserve import __version__ as evenserve_version
+from evenserve.core.load import LOAD_PATH
+from evenserve.worker.driver import (
+    BatchFailedError,
+    DeadlineExpiredError,
+    DrainingError,
+    QueueFullError,
+)
+from evenserve.worker.kserve import (
+    HEADER_LENGTH,
+    ModelSignature,
+    ProtocolError,
+    encode_infer_response,
+    error_body,
+    parse_infer_request,
+)
+from evenserve.worker.service import WorkerService
+
+#: Bodies larger than this are parsed and encoded off the event loop.
+OFFLOAD_BYTES = 256 * 1024
+UNKNOWN_MODEL_LABEL = "_unknown"
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "evenserve_load"]
+
+
+def _json(obj: Any, status: int = 200) -> Response:
+    return Response(
+        json.dumps(obj, separators=(",", ":")), status_code=status, media_type="application/json"
+    )
+
+
+def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        error_body(message), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, decompressed if gzip/deflate, refused over ``limit`` bytes."""
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        try:
+            declared = int(cl)
+        except ValueError:
+            raise ProtocolError(f"Content-Length: not an integer: {cl!r}") from None
+        if declared > limit:
+            raise ProtocolError(
+                f"request body of {declared} bytes is over the limit of {limit} bytes", 413
+            )
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise ProtocolError(f"request body is over the limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = (request.headers.get("content-encoding") or "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise ProtocolError(f"Content-Encoding {encoding!r} is not supported", 415)
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise ProtocolError(f"body is not valid {encoding}: {exc}") from None
+    if len(out) > limit or d.unconsumed_tail:
+        raise ProtocolError(f"decompressed body is over the limit of {limit} bytes", 413)
+    return out
+
+
+def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Starlette:
+    """The ASGI app. With ``manage_lifecycle`` its lifespan starts the service's driver and,
+    at shutdown, drains the queues and stops the runtimes."""
+    metrics = service.metrics
+
+    def lookup(request: Request) -> tuple[str, ModelSignature] | Response:
+        name = request.path_params["model"]
+        sig = service.signatures.get(name)
+        if sig is None:
+            return _error(
+                f"model {name!r} is not served here (models: {', '.join(service.signatures)})",
+                404,
+            )
+        version = request.path_params.get("version")
+        if version not in (None, "", sig.version):
+            return _error(
+                f"model {name!r} has no version {version!r} (versions: {sig.version})", 404
+            )
+        return name, sig
+
+    async def live(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def ready(request: Request) -> Response:
+        return Response(status_code=200 if service.ready else 503)
+
+    async def server_metadata(request: Request) -> Response:
+        return _json({"name": "evenserve", "version": evenserve_version, "extensions": EXTENSIONS})
+
+    async def model_metadata(request: Request) -> Response:
+        found = lookup(request)
+        if isinstance(found, Response):
+            return found
+        return _json(service.model_metadata_json(found[0]))
+
+    async def model_ready(request: Request) -> Response:
+        found = lookup(request)
+        if isinstance(found, Response):
+            return found
+        return Response(status_code=200 if service.ready else 503)
+
+    async def model_config(request: Request) -> Response:
+        found = lookup(request)
+        if isinstance(found, Response):
+            return found
+        return _json(service.model_config_json(found[0]))
+
+    async def model_stats(request: Request) -> Response:
+        if "model" in request.path_params:
+            found = lookup(request)
+            if isinstance(found, Response):
+                return found
+            names = [found[0]]
+        else:
+            names = list(service.stats)
+        return _json({"model_stats": [service.stats[n].json() for n in names]})
+
+    async def repository_index(request: Request) -> Response:
+        state = "READY" if service.ready else "UNAVAILABLE"
+        return _json(
+            [
+                {"name": n, "version": s.version, "state": state}
+                for n, s in service.signatures.items()
+            ]
+        )
+
+    async def load(request: Request) -> Response:
+        if not service.started:
+            return _error("worker is loading its models", 503)
+        return Response(service.load_report().model_dump_json(), media_type="application/json")
+
+    async def prometheus(request: Request) -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
+
+    async def infer(request: Request) -> Response:
+        t0 = time.perf_counter()
+        found = lookup(request)
+        if isinstance(found, Response):
+            metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
+            return found
+        name, sig = found
+        outcome = "error"
+        ok = False
+        try:
+            response, outcome = await _infer(request, name, sig)
+            ok = outcome == "success"
+            return response
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            elapsed = time.perf_counter() - t0
+            metrics.observe_request(name, outcome, elapsed)
+            if outcome not in ("not_found", "cancelled"):
+                service.stats[name].record_request(ok, elapsed)
+
+    async def _infer(request: Request, name: str, sig: ModelSignature) -> tuple[Response, str]:
+        if service.draining or not service.ready:
+            return _error("the worker is not ready (loading or shutting down)", 503), (
+                "unavailable"
+            )
+        try:
+            body = await read_body(request, service.options.max_body_bytes)
+            hl = request.headers.get(HEADER_LENGTH)
+            header_length: int | None = None
+            if hl is not None:
+                try:
+                    header_length = int(hl)
+                except ValueError:
+                    raise ProtocolError(f"{HEADER_LENGTH}: not an integer: {hl!r}") from None
+            if len(body) > OFFLOAD_BYTES:
+                req = await asyncio.to_thread(parse_infer_request, body, header_length, sig)
+            else:
+                req = parse_infer_request(body, header_length, sig)
+        except ProtocolError as exc:
+            outcome = {413: "too_large"}.get(exc.status, "bad_request")
+            return _error(str(exc), exc.status), outcome
+        try:
+            pending = service.driver.submit(
+                name, req.inputs, items=req.items, priority=req.priority, timeout_s=req.timeout_s
+            )
+        except QueueFullError as exc:
+            retry = str(max(1, math.ceil(exc.retry_after_s)))
+            return _error(str(exc), 429, {"Retry-After": retry}), "rejected_queue_full"
+        except DrainingError as exc:
+            return _error(str(exc), 503), "unavailable"
+        assert pending.future is not None
+        try:
+            outputs = await pending.future
+        except DeadlineExpiredError as exc:
+            return _error(str(exc), 504), "deadline_expired"
+        except DrainingError as exc:
+            return _error(str(exc), 503), "unavailable"
+        except BatchFailedError as exc:
+            return _error(f"inference failed: {exc}", 500), "error"
+        encode: Callable[[], tuple[bytes, dict[str, str]]] = lambda: encode_infer_response(  # noqa: E731
+            sig, req.id, outputs, req.outputs
+        )
+        big = sum(int(a.nbytes) for a in outputs.values()) > OFFLOAD_BYTES
+        data, headers = await asyncio.to_thread(encode) if big else encode()
+        return Response(data, headers=headers), "success"
+
+    def route(
+        path: str, endpoint: Callable[[Request], Awaitable[Response]], methods: list[str]
+    ) -> Route:
+        return Route(path, endpoint, methods=methods)
+
+    routes = [
+        route("/v2/health/live", live, ["GET"]),
+        route("/v2/health/ready", ready, ["GET"]),
+        route("/v2", server_metadata, ["GET"]),
+        route("/v2/repository/index", repository_index, ["POST", "GET"]),
+        route("/v2/models/stats", model_stats, ["GET"]),
+        route("/v2/models/{model}", model_metadata, ["GET"]),
+        route("/v2/models/{model}/versions/{version}", model_metadata, ["GET"]),
+        route("/v2/models/{model}/ready", model_ready, ["GET"]),
+        route("/v2/models/{model}/versions/{version}/ready", model_ready, ["GET"]),
+        route("/v2/models/{model}/config", model_config, ["GET"]),
+        route("/v2/models/{model}/versions/{version}/config", model_config, ["GET"]),
+        route("/v2/models/{model}/stats", model_stats, ["GET"]),
+        route("/v2/models/{model}/versions/{version}/stats", model_stats, ["GET"]),
+        route("/v2/models/{model}/infer", infer, ["POST"]),
+        route("/v2/models/{model}/versions/{version}/infer", infer, ["POST"]),
+        route(LOAD_PATH, load, ["GET"]),
+        route("/metrics", prometheus, ["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if manage_lifecycle:
+            await service.start()
+        try:
+            yield
+        finally:
+            if manage_lifecycle:
+                await service.stop()
+
+    return Starlette(routes=routes, lifespan=lifespan)

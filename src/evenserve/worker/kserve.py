@@ -1,0 +1,314 @@
+"""KServe v2 inference protocol: request parsing and validation, response encoding.
+
+Pure functions over bytes, so every bad-input case is unit-testable without a server. A
+request is JSON, optionally followed by raw tensor bytes (the binary tensor data extension):
+then the ``Inference-Header-Content-Length`` header gives the JSON's length and each binary
+input carries ``parameters.binary_data_size``; binary inputs' bytes follow the JSON in the
+order the inputs are listed. Tensors are row-major, little-endian.
+
+Validation names the input: missing, unexpected, wrong datatype, wrong shape, data of the
+wrong size or type. Every error is a ProtocolError with an HTTP status (400 here).
+
+Request parameters understood: ``binary_data_output`` (bool), ``timeout`` (microseconds, as
+tritonclient sends it: the request's deadline), ``priority`` (evenserve's scale: higher is
+served first; online = 10, offline = 0). Other parameters are ignored, as Triton does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from evenserve.core.errors import EvenserveError
+from evenserve.runtime.base import Array, TensorSpec
+
+JSON_CONTENT_TYPE = "application/json"
+BINARY_CONTENT_TYPE = "application/octet-stream"
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+class ProtocolError(EvenserveError):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ModelSignature:
+    """What the codec needs to know about a model."""
+
+    name: str
+    version: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+
+
+@dataclass
+class RequestedOutput:
+    name: str
+    binary: bool
+
+
+@dataclass
+class InferRequest:
+    id: str | None
+    inputs: dict[str, Array]
+    items: int
+    outputs: list[RequestedOutput]
+    priority: int | None = None
+    timeout_s: float | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _json_array(name: str, spec: TensorSpec, data: Any, shape: list[int]) -> Array:
+    """Convert JSON ``data`` (flat or nested) to an array of ``shape`` and ``spec``'s dtype."""
+    if not isinstance(data, list):
+        raise ProtocolError(f"input {name!r}: data must be a list")
+    try:
+        raw = np.array(data)
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"input {name!r}: data is not a regular array: {exc}") from None
+    want = spec.dtype
+    kind = raw.dtype.kind
+    ok = {
+        "b": kind == "b",
+        "i": kind in "iu",
+        "u": kind in "iu",
+        "f": kind in "iuf",
+    }.get(want.kind, False)
+    if raw.size and not ok:
+        raise ProtocolError(
+            f"input {name!r}: data of type {raw.dtype} does not fit datatype {spec.datatype}"
+        )
+    expected = math.prod(shape)
+    if raw.size != expected:
+        raise ProtocolError(
+            f"input {name!r}: data holds {raw.size} elements, shape {shape} needs {expected}"
+        )
+    if want.kind in "iu" and raw.size:
+        info = np.iinfo(want)
+        if int(raw.min()) < info.min or int(raw.max()) > info.max:
+            raise ProtocolError(f"input {name!r}: a value is out of range for {spec.datatype}")
+    return raw.astype(want).reshape(shape)
+
+
+def _check_shape(name: str, spec: TensorSpec, shape: Any, max_batch_size: int) -> list[int]:
+    if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
+        raise ProtocolError(f"input {name!r}: shape must be a list of integers")
+    want = list(spec.shape)
+    if len(shape) != len(want) + 1:
+        raise ProtocolError(
+            f"input {name!r}: shape {shape} has {len(shape)} dimensions, expected "
+            f"{len(want) + 1} ([batch, {', '.join(str(d) for d in want)}])"
+            if want
+            else f"input {name!r}: shape {shape} must be [batch]"
+        )
+    if not 1 <= shape[0] <= max_batch_size:
+        raise ProtocolError(
+            f"input {name!r}: batch dimension {shape[0]} must be in 1..{max_batch_size} "
+            "(max_batch_size)"
+        )
+    for i, (got, exp) in enumerate(zip(shape[1:], want, strict=True), start=1):
+        if got < 1 or (exp != -1 and got != exp):
+            raise ProtocolError(
+                f"input {name!r}: shape {shape} does not match [-1, "
+                f"{', '.join(str(d) for d in want)}] at dimension {i}"
+            )
+    return list(shape)
+
+
+def parse_infer_request(
+    body: bytes, header_length: int | None, sig: ModelSignature
+) -> InferRequest:
+    """Parse and validate a v2 infer request for model ``sig``; ProtocolError on bad input."""
+    if header_length is not None:
+        if header_length < 1 or header_length > len(body):
+            raise ProtocolError(
+                f"{HEADER_LENGTH}: {header_length} is not within the body's {len(body)} bytes"
+            )
+        head, binary = body[:header_length], memoryview(body)[header_length:]
+    else:
+        head, binary = body, memoryview(b"")
+    try:
+        req = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(req, dict):
+        raise ProtocolError("request body must be a JSON object")
+    rid = req.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise ProtocolError("id: must be a string")
+    params = req.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise ProtocolError("parameters: must be an object")
+    if params.get("sequence_id") not in (None, 0, ""):
+        raise ProtocolError("parameters.sequence_id: sequence batching is not supported")
+    raw_inputs = req.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise ProtocolError("inputs: required, a non-empty list")
+    specs = {s.name: s for s in sig.inputs}
+    arrays: dict[str, Array] = {}
+    offset = 0
+    items: int | None = None
+    for i, t in enumerate(raw_inputs):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            raise ProtocolError(f"inputs[{i}]: must be an object with a name")
+        name = t["name"]
+        spec = specs.get(name)
+        if spec is None:
+            raise ProtocolError(
+                f"input {name!r}: unexpected; model {sig.name!r} takes "
+                f"{', '.join(repr(s.name) for s in sig.inputs)}"
+            )
+        if name in arrays:
+            raise ProtocolError(f"input {name!r}: given twice")
+        dt = t.get("datatype")
+        if dt != spec.datatype:
+            raise ProtocolError(
+                f"input {name!r}: datatype {dt!r}, model {sig.name!r} expects {spec.datatype}"
+            )
+        shape = _check_shape(name, spec, t.get("shape"), sig.max_batch_size)
+        if items is None:
+            items = shape[0]
+        elif shape[0] != items:
+            raise ProtocolError(
+                f"input {name!r}: batch dimension {shape[0]} differs from the other inputs' {items}"
+            )
+        tparams = t.get("parameters") or {}
+        if not isinstance(tparams, dict):
+            raise ProtocolError(f"input {name!r}: parameters must be an object")
+        size = tparams.get("binary_data_size")
+        if size is not None:
+            if "data" in t:
+                raise ProtocolError(f"input {name!r}: both data and binary_data_size given")
+            if not _is_int(size) or size < 0:
+                raise ProtocolError(f"input {name!r}: binary_data_size must be an integer >= 0")
+            expected = math.prod(shape) * spec.dtype.itemsize
+            if size != expected:
+                raise ProtocolError(
+                    f"input {name!r}: binary_data_size {size} but shape {shape} of "
+                    f"{spec.datatype} needs {expected} bytes"
+                )
+            if offset + size > len(binary):
+                raise ProtocolError(
+                    f"input {name!r}: binary data ends after {len(binary) - offset} of its "
+                    f"{size} bytes (check {HEADER_LENGTH})"
+                )
+            arr = np.frombuffer(binary[offset : offset + size], dtype=spec.dtype.newbyteorder("<"))
+            arrays[name] = arr.astype(spec.dtype, copy=False).reshape(shape)
+            offset += size
+        else:
+            if "data" not in t:
+                raise ProtocolError(f"input {name!r}: no data and no binary_data_size")
+            arrays[name] = _json_array(name, spec, t["data"], shape)
+    if offset != len(binary):
+        raise ProtocolError(
+            f"binary data: {len(binary) - offset} bytes beyond the declared inputs "
+            f"(check {HEADER_LENGTH} and binary_data_size)"
+        )
+    missing = [s.name for s in sig.inputs if s.name not in arrays]
+    if missing:
+        raise ProtocolError(f"input {missing[0]!r}: missing (model {sig.name!r} needs it)")
+    ordered = {s.name: arrays[s.name] for s in sig.inputs}
+
+    binary_default = params.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise ProtocolError("parameters.binary_data_output: must be a boolean")
+    out_names = [o.name for o in sig.outputs]
+    requested: list[RequestedOutput] = []
+    raw_outputs = req.get("outputs")
+    if raw_outputs is None:
+        requested = [RequestedOutput(n, binary_default) for n in out_names]
+    else:
+        if not isinstance(raw_outputs, list):
+            raise ProtocolError("outputs: must be a list")
+        for i, o in enumerate(raw_outputs):
+            if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+                raise ProtocolError(f"outputs[{i}]: must be an object with a name")
+            if o["name"] not in out_names:
+                raise ProtocolError(
+                    f"output {o['name']!r}: unknown; model {sig.name!r} gives "
+                    f"{', '.join(repr(n) for n in out_names)}"
+                )
+            op = o.get("parameters") or {}
+            if not isinstance(op, dict):
+                raise ProtocolError(f"output {o['name']!r}: parameters must be an object")
+            if op.get("classification"):
+                raise ProtocolError(
+                    f"output {o['name']!r}: the classification extension is not supported"
+                )
+            b = op.get("binary_data", binary_default)
+            if not isinstance(b, bool):
+                raise ProtocolError(f"output {o['name']!r}: binary_data must be a boolean")
+            requested.append(RequestedOutput(o["name"], b))
+
+    priority = params.get("priority")
+    if priority is not None and not _is_int(priority):
+        raise ProtocolError("parameters.priority: must be an integer")
+    timeout = params.get("timeout")
+    timeout_s = None
+    if timeout is not None:
+        if not _is_int(timeout) or timeout < 0:
+            raise ProtocolError("parameters.timeout: must be an integer of microseconds >= 0")
+        timeout_s = timeout / 1e6 if timeout > 0 else None
+    assert items is not None
+    return InferRequest(
+        id=rid,
+        inputs=ordered,
+        items=items,
+        outputs=requested,
+        priority=priority,
+        timeout_s=timeout_s,
+        parameters=params,
+    )
+
+
+def encode_infer_response(
+    sig: ModelSignature,
+    request_id: str | None,
+    outputs: Mapping[str, Array],
+    requested: Sequence[RequestedOutput],
+) -> tuple[bytes, dict[str, str]]:
+    """Body and headers of a successful response (binary outputs after the JSON header)."""
+    specs = {s.name: s for s in sig.outputs}
+    meta: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for r in requested:
+        arr = np.ascontiguousarray(outputs[r.name])
+        entry: dict[str, Any] = {
+            "name": r.name,
+            "datatype": specs[r.name].datatype,
+            "shape": list(arr.shape),
+        }
+        if r.binary:
+            raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = arr.reshape(-1).tolist()
+        meta.append(entry)
+    head: dict[str, Any] = {"model_name": sig.name, "model_version": sig.version}
+    if request_id is not None:
+        head["id"] = request_id
+    head["outputs"] = meta
+    header = json.dumps(head, separators=(",", ":")).encode()
+    if not blobs:
+        return header, {"content-type": JSON_CONTENT_TYPE}
+    return b"".join([header, *blobs]), {
+        "content-type": BINARY_CONTENT_TYPE,
+        HEADER_LENGTH: str(len(header)),
+    }
+
+
+def error_body(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()

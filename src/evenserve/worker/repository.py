@@ -1,0 +1,256 @@
+"""The model repository: one folder per model with a ``model.yaml`` (Triton-like).
+
+``model.yaml`` fields (every error names the file and the field):
+
+- ``name`` (default: the folder's name; must match it), ``version`` ("1")
+- ``runtime``: emulated | transformers | torch | onnx, and a section of the same name holding
+  that runtime's parameters (see ``evenserve.runtime``)
+- ``inputs`` / ``outputs``: ``{name, datatype, shape}`` with the KServe datatype (FP32, INT64,
+  ...) and the per-request shape *without* the batch dimension; ``-1`` is a variable size.
+  Inputs may give ``example_shape`` (concrete dims for synthetic data, used by the profiler)
+  and ``synthetic: {low, high}`` (value range of synthetic data).
+- ``max_batch_size``: the most items one batch may hold (a request carries 1 or more items
+  along its leading dimension)
+- ``batching``: a batching policy spec (``{policy: fixed-window, max_batch_delay_ms: 5}``);
+  default: fixed-window with no delay, i.e. work-conserving dynamic batching. A policy that
+  has a ``max_batch_size`` parameter gets the model's when the spec does not set it.
+- ``slo_ms``, ``priority`` (an integer or online/offline), ``queue_timeout_ms`` (a default
+  deadline for requests that bring none), ``max_queue_size`` (default: the worker's bound)
+- ``profile``: a latency profile YAML for this model on this device (used by profile-aware
+  batching policies and the load report's estimates), relative to the model folder
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from evenserve.core.errors import ConfigError
+from evenserve.core.profile import LatencyProfile, format_validation_error, load_profile
+from evenserve.core.types import PRIORITY_CLASSES
+from evenserve.policy.batching import BATCHING, BatchingPolicy
+from evenserve.policy.registry import split_spec
+from evenserve.runtime.base import DATATYPES, TensorSpec
+from evenserve.runtime.emulated import EmulatedParams
+from evenserve.runtime.factory import RUNTIME_PARAMS
+
+RuntimeName = Literal["emulated", "transformers", "torch", "onnx"]
+
+MODEL_FILE = "model.yaml"
+
+
+class SyntheticRange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    low: float = 0.0
+    high: float = 1.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SyntheticRange:
+        if self.high <= self.low:
+            raise ValueError("high must be greater than low")
+        return self
+
+
+class TensorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    datatype: str
+    shape: list[int]
+    example_shape: list[int] | None = None
+    synthetic: SyntheticRange | None = None
+
+    @field_validator("datatype", mode="before")
+    @classmethod
+    def _datatype(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            up = v.strip().upper().removeprefix("TYPE_")
+            if up not in DATATYPES:
+                raise ValueError(f"unknown datatype {v!r} (known: {', '.join(DATATYPES)})")
+            return up
+        return v
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, v: list[int]) -> list[int]:
+        for d in v:
+            if d != -1 and d < 1:
+                raise ValueError(f"dimension {d}: must be -1 (variable) or >= 1")
+        return v
+
+    @model_validator(mode="after")
+    def _example(self) -> TensorConfig:
+        ex = self.example_shape
+        if ex is not None and (
+            len(ex) != len(self.shape)
+            or any(e < 1 or (d != -1 and d != e) for d, e in zip(self.shape, ex, strict=True))
+        ):
+            raise ValueError(f"example_shape {ex} does not fit shape {self.shape}")
+        return self
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.datatype, tuple(self.shape))
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    version: str = "1"
+    description: str | None = None
+    runtime: RuntimeName
+    max_batch_size: int = Field(ge=1, le=65536)
+    inputs: list[TensorConfig] = Field(min_length=1)
+    outputs: list[TensorConfig] = Field(min_length=1)
+    batching: Any = None
+    slo_ms: float | None = Field(default=None, gt=0)
+    priority: int | str = "online"
+    queue_timeout_ms: float | None = Field(default=None, gt=0)
+    max_queue_size: int | None = Field(default=None, ge=1)
+    profile: str | None = None
+    emulated: dict[str, Any] | None = None
+    transformers: dict[str, Any] | None = None
+    torch: dict[str, Any] | None = None
+    onnx: dict[str, Any] | None = None
+
+    @field_validator("priority")
+    @classmethod
+    def _priority(cls, v: int | str) -> int | str:
+        if isinstance(v, str) and v not in PRIORITY_CLASSES:
+            raise ValueError(f"unknown priority class {v!r} (known: {', '.join(PRIORITY_CLASSES)})")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        for kind in ("inputs", "outputs"):
+            names = [t.name for t in getattr(self, kind)]
+            dup = {n for n in names if names.count(n) > 1}
+            if dup:
+                raise ValueError(f"{kind}: name {sorted(dup)[0]!r} used twice")
+        for other in RUNTIME_PARAMS:
+            if other not in ("emulated", self.runtime) and getattr(self, other) is not None:
+                raise ValueError(f"{other}: section given but runtime is {self.runtime!r}")
+        return self
+
+    @property
+    def priority_value(self) -> int:
+        return self.priority if isinstance(self.priority, int) else PRIORITY_CLASSES[self.priority]
+
+
+@dataclass
+class ModelEntry:
+    """One validated model of the repository."""
+
+    config: ModelConfig
+    directory: Path
+    source: Path
+    runtime_params: BaseModel | None
+    emulated_params: EmulatedParams | None
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return tuple(t.spec() for t in self.config.inputs)
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return tuple(t.spec() for t in self.config.outputs)
+
+    def batching_spec(self, override: Any = None) -> Any:
+        """The policy spec with the model's max_batch_size filled in where the policy has one."""
+        spec = override if override is not None else self.config.batching
+        if spec is None:
+            spec = {"policy": "fixed-window", "max_batch_delay_ms": 0}
+        name, raw = split_spec(spec, f"{self.source}: batching")
+        entry = BATCHING.entry(name, f"{self.source}: batching.policy")
+        if "max_batch_size" in entry.params_model.model_fields and "max_batch_size" not in raw:
+            raw["max_batch_size"] = self.config.max_batch_size
+        return {"policy": name, **raw}
+
+    def build_policy(self, override: Any = None) -> BatchingPolicy:
+        spec = self.batching_spec(override)
+        policy = BATCHING.build(spec, where=f"{self.source}: batching")
+        if policy.max_batch_size > self.config.max_batch_size:
+            raise ConfigError(
+                f"{self.source}: batching: the policy's batch size ({policy.max_batch_size}) "
+                f"exceeds max_batch_size ({self.config.max_batch_size})"
+            )
+        return policy
+
+    def latency_profile(self) -> LatencyProfile | None:
+        if self.config.profile is None:
+            return None
+        p = Path(self.config.profile)
+        try:
+            return load_profile(p if p.is_absolute() else self.directory / p)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.source}: profile: {exc}") from exc
+
+
+def _validate_section(source: Path, section: str, raw: dict[str, Any] | None) -> BaseModel | None:
+    if raw is None:
+        return None
+    try:
+        return RUNTIME_PARAMS[section].model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {format_validation_error(exc, section)}") from exc
+
+
+def load_model(directory: Path, check_profile: bool = True) -> ModelEntry:
+    """Read and validate ``directory/model.yaml`` (and its ``profile``, if ``check_profile``)."""
+    source = directory / MODEL_FILE
+    try:
+        raw: Any = yaml.safe_load(source.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{directory}: no {MODEL_FILE} in this model folder") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level")
+    raw.setdefault("name", directory.name)
+    try:
+        cfg = ModelConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {format_validation_error(exc)}") from exc
+    if cfg.name != directory.name:
+        raise ConfigError(
+            f"{source}: name: {cfg.name!r} differs from its folder {directory.name!r}"
+        )
+    runtime_params = _validate_section(source, cfg.runtime, getattr(cfg, cfg.runtime))
+    emulated = _validate_section(source, "emulated", cfg.emulated)
+    assert emulated is None or isinstance(emulated, EmulatedParams)
+    entry = ModelEntry(cfg, directory, source, runtime_params, emulated)
+    entry.build_policy()  # fail at load time on a bad batching spec
+    if check_profile:
+        entry.latency_profile()
+    return entry
+
+
+def load_repository(
+    repo: Path, only: list[str] | None = None, check_profiles: bool = True
+) -> list[ModelEntry]:
+    """Every model folder of ``repo`` (folders starting with '.' or '_' are skipped)."""
+    if not repo.is_dir():
+        raise ConfigError(f"--repo: not a folder: {repo}")
+    models: list[ModelEntry] = []
+    for d in sorted(p for p in repo.iterdir() if p.is_dir()):
+        if d.name.startswith((".", "_")):
+            continue
+        if only is not None and d.name not in only:
+            continue
+        models.append(load_model(d, check_profiles))
+    if only is not None:
+        missing = sorted(set(only) - {m.name for m in models})
+        if missing:
+            raise ConfigError(f"--models: no model folder {missing[0]!r} in {repo}")
+    if not models:
+        raise ConfigError(f"--repo: {repo} holds no model folders")
+    return models

@@ -1,0 +1,347 @@
+"""One worker: the device, its models' runtimes, the batcher driver, metrics and statistics.
+
+Built from a repository and options; ``load`` loads the runtimes (blocking: call it from a
+thread or before serving), ``start`` creates the driver on the running loop, ``begin_drain``
+and ``stop`` shut it down gracefully. The HTTP layer (``http_api``) only talks to this class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evenserve.core.clock import Clock, RealClock
+from evenserve.core.errors import ConfigError
+from evenserve.core.load import LoadReport
+from evenserve.metrics.nvml import NvmlSampler
+from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
+from evenserve.policy.registry import spec_label
+from evenserve.runtime.base import Runtime, RuntimeContext
+from evenserve.runtime.device import DeviceSpec, cuda_memory_bytes, host_memory_bytes
+from evenserve.runtime.factory import create_runtime
+from evenserve.worker.driver import (
+    BatchDriver,
+    BatchResult,
+    DriverObserver,
+    ModelQueueConfig,
+    RunningBatch,
+)
+from evenserve.worker.executor import ThreadedExecutor
+from evenserve.worker.kserve import ModelSignature
+from evenserve.worker.repository import ModelEntry
+from evenserve.worker.stats import ModelStats
+from evenserve.worker.timer import RealTimer
+
+GIB = 1024.0**3
+
+
+@dataclass
+class WorkerOptions:
+    device: DeviceSpec
+    instances: int = 1
+    max_queue: int = 1024
+    max_body_bytes: int = 64 * 1024 * 1024
+    batching_override: Any = None
+    profiles_dir: Path | None = Path("profiles")
+    #: Total memory of an emulated device (GiB); default 24 (an A10).
+    emulated_memory_gb: float = 24.0
+    utilization_window_s: float = 1.0
+    cpu_threads: int | None = None
+    drain_timeout_s: float = 30.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Telemetry(DriverObserver):
+    def __init__(self, metrics: WorkerMetrics, stats: dict[str, ModelStats]) -> None:
+        self.metrics = metrics
+        self.stats = stats
+
+    def batch_started(self, batch: RunningBatch, now_s: float) -> None:
+        self.metrics.observe_batch(
+            batch.model, batch.items, [now_s - r.arrival_s for r in batch.requests]
+        )
+
+    def batch_finished(self, batch: RunningBatch, result: BatchResult, now_s: float) -> None:
+        if result.error is None:
+            self.metrics.observe_compute(batch.model, result.compute_s)
+            self.stats[batch.model].record_batch(
+                batch.items,
+                len(batch.requests),
+                [r.dispatched_s - r.arrival_s for r in batch.requests],
+                result.compute_input_s,
+                result.compute_infer_s,
+                result.compute_output_s,
+            )
+
+
+class WorkerService:
+    def __init__(
+        self, entries: Sequence[ModelEntry], options: WorkerOptions, clock: Clock | None = None
+    ) -> None:
+        if not entries:
+            raise ConfigError("a worker needs at least one model")
+        if options.instances < 1:
+            raise ConfigError("--instances: must be >= 1")
+        self.entries = {e.name: e for e in entries}
+        self.options = options
+        self.device = options.device
+        self.clock: Clock = clock or RealClock()
+        self.ready = False
+        self.draining = False
+        self.started_at = time.time()
+        self.signatures = {
+            e.name: ModelSignature(
+                e.name, e.config.version, e.inputs, e.outputs, e.config.max_batch_size
+            )
+            for e in entries
+        }
+        opts: dict[str, Any] = {"cpu_threads": options.cpu_threads}
+        self.runtimes: dict[str, Runtime] = {}
+        for e in entries:
+            ctx = RuntimeContext(
+                model=e.name,
+                model_dir=e.directory,
+                device=options.device,
+                inputs=e.inputs,
+                outputs=e.outputs,
+                max_batch_size=e.config.max_batch_size,
+                params=e.runtime_params,
+                options=opts,
+            )
+            try:
+                self.runtimes[e.name] = create_runtime(
+                    e.config.runtime,
+                    ctx,
+                    emulated_params=e.emulated_params,
+                    profile_sets_dir=options.profiles_dir,
+                )
+            except ConfigError as exc:
+                raise ConfigError(f"{e.source}: {exc}") from exc
+        self.policies = {e.name: e.build_policy(options.batching_override) for e in entries}
+        self.batching_specs = {e.name: e.batching_spec(options.batching_override) for e in entries}
+        self.profiles = {e.name: e.latency_profile() for e in entries}
+        for name, rt in self.runtimes.items():
+            prof = getattr(rt, "profile", None)
+            if self.profiles[name] is None and prof is not None:
+                self.profiles[name] = prof
+        self.stats = {e.name: ModelStats(e.name, e.config.version) for e in entries}
+        self.nvml = (
+            NvmlSampler.open(options.device.index or 0) if options.device.kind == "cuda" else None
+        )
+        self.metrics = WorkerMetrics(
+            options.device.name, list(self.entries), self._snapshot, self.nvml
+        )
+        self._driver: BatchDriver | None = None
+        self._executor: ThreadedExecutor | None = None
+        self._memory_cache: tuple[float, float | None, float | None] = (-math.inf, None, None)
+        self.descriptions: dict[str, dict[str, Any]] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def load(self) -> None:
+        """Load every runtime (blocking)."""
+        for name, rt in self.runtimes.items():
+            try:
+                rt.load()
+            except ConfigError as exc:
+                raise ConfigError(f"{self.entries[name].source}: {exc}") from exc
+            self.descriptions[name] = rt.describe()
+
+    async def start(self) -> None:
+        """Create the driver on the running loop; the worker is ready afterwards."""
+        self.loop = asyncio.get_running_loop()
+        self._executor = ThreadedExecutor(
+            self.runtimes,
+            {n: [s.name for s in e.inputs] for n, e in self.entries.items()},
+            instances=self.options.instances,
+        )
+        models = [
+            ModelQueueConfig(
+                name=n,
+                policy=self.policies[n],
+                max_batch_size=e.config.max_batch_size,
+                max_queue=e.config.max_queue_size or self.options.max_queue,
+                profile=self.profiles[n],
+                priority=e.config.priority_value,
+                default_timeout_s=None
+                if e.config.queue_timeout_ms is None
+                else e.config.queue_timeout_ms / 1000.0,
+            )
+            for n, e in self.entries.items()
+        ]
+        self._driver = BatchDriver(
+            models,
+            self._executor,
+            clock=self.clock,
+            timer=RealTimer(self.clock),
+            instances=self.options.instances,
+            free_memory_bytes=self._free_memory,
+            observer=_Telemetry(self.metrics, self.stats),
+            utilization_window_s=self.options.utilization_window_s,
+        )
+        self.ready = True
+
+    @property
+    def started(self) -> bool:
+        return self._driver is not None
+
+    @property
+    def driver(self) -> BatchDriver:
+        if self._driver is None:
+            raise RuntimeError("worker not started")
+        return self._driver
+
+    def begin_drain_threadsafe(self) -> None:
+        """``begin_drain`` from a signal handler or another thread."""
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.begin_drain)
+
+    def begin_drain(self) -> None:
+        """Stop accepting inference; run what is queued now (called on SIGTERM/Ctrl-C)."""
+        self.draining = True
+        self.ready = False
+        if self._driver is not None:
+            self._driver.begin_drain()
+
+    async def stop(self) -> None:
+        self.begin_drain()
+        if self._driver is not None:
+            await self._driver.drain(self.options.drain_timeout_s)
+        if self._executor is not None:
+            await asyncio.to_thread(self._executor.shutdown)
+        for rt in self.runtimes.values():
+            rt.close()
+        if self.nvml is not None:
+            self.nvml.close()
+
+    # -- signals -----------------------------------------------------------------------------
+    def memory_bytes(self) -> tuple[float | None, float | None]:
+        """(used, total) bytes of the device; host/CUDA figures cached for 100 ms."""
+        dev = self.device
+        if dev.kind == "emulated":
+            accounted = sum(rt.resident_bytes() for rt in self.runtimes.values())
+            if self._driver is not None:
+                for b in self._driver.running():
+                    accounted += self.runtimes[b.model].batch_memory_bytes(b.items) or 0.0
+            return accounted, self.options.emulated_memory_gb * GIB
+        now = time.monotonic()
+        if now - self._memory_cache[0] < 0.1:
+            return self._memory_cache[1], self._memory_cache[2]
+        used: float | None
+        total: float | None
+        try:
+            used, total = (
+                cuda_memory_bytes(dev.index or 0) if dev.kind == "cuda" else host_memory_bytes()
+            )
+        except Exception:
+            used = total = None
+        self._memory_cache = (now, used, total)
+        return used, total
+
+    def _free_memory(self) -> float | None:
+        used, total = self.memory_bytes()
+        if used is None or total is None:
+            return None
+        return max(0.0, total - used)
+
+    def _snapshot(self) -> DeviceSnapshot:
+        used, total = self.memory_bytes()
+        d = self._driver
+        now = self.clock.now()
+        return DeviceSnapshot(
+            busy_ratio=d.busy.fraction(now) if d else 0.0,
+            busy_seconds_total=d.busy.total_s(now) if d else 0.0,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            instances=self.options.instances,
+            queued_by_model=d.queued_by_model() if d else {m: 0 for m in self.entries},
+            in_flight_by_model=d.in_flight_by_model() if d else {m: 0 for m in self.entries},
+        )
+
+    def load_report(self) -> LoadReport:
+        d = self.driver
+        now = self.clock.now()
+        used, total = self.memory_bytes()
+        return LoadReport(
+            timestamp_s=time.time(),
+            device=self.device.name,
+            queue_depth=d.queued_total,
+            in_flight=d.in_flight_total(),
+            queued_by_model=d.queued_by_model(),
+            in_flight_by_model=d.in_flight_by_model(),
+            utilization=d.busy.fraction(now),
+            utilization_window_s=self.options.utilization_window_s,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            busy_remaining_s=d.busy_remaining_s(now),
+            ready=self.ready,
+        )
+
+    # -- descriptions ------------------------------------------------------------------------
+    def model_config_json(self, name: str) -> dict[str, Any]:
+        """The model's configuration in the shape of Triton's model config JSON."""
+        from evenserve.runtime.base import TRITON_CONFIG_TYPES
+
+        e = self.entries[name]
+        spec = self.batching_specs[name]
+        policy = self.policies[name]
+        cfg: dict[str, Any] = {
+            "name": name,
+            "platform": f"evenserve_{e.config.runtime}",
+            "backend": "evenserve",
+            "max_batch_size": e.config.max_batch_size,
+            "input": [
+                {"name": t.name, "data_type": TRITON_CONFIG_TYPES[t.datatype], "dims": t.shape}
+                for t in e.config.inputs
+            ],
+            "output": [
+                {"name": t.name, "data_type": TRITON_CONFIG_TYPES[t.datatype], "dims": t.shape}
+                for t in e.config.outputs
+            ],
+            "instance_group": [
+                {
+                    "name": name,
+                    "count": self.options.instances,
+                    "kind": "KIND_GPU" if self.device.kind == "cuda" else "KIND_CPU",
+                }
+            ],
+            "version_policy": {"specific": {"versions": [e.config.version]}},
+            "parameters": {
+                "evenserve_device": {"string_value": self.device.name},
+                "evenserve_batching": {"string_value": spec_label(spec)},
+                "evenserve_runtime": {
+                    "string_value": json.dumps(self.descriptions.get(name, {}), default=str)
+                },
+            },
+        }
+        if policy.max_batch_size > 1:
+            delay_ms = spec.get("max_batch_delay_ms", spec.get("max_wait_ms", 0)) or 0
+            cfg["dynamic_batching"] = {
+                "max_queue_delay_microseconds": int(float(delay_ms) * 1000),
+                "preferred_batch_size": [policy.max_batch_size],
+            }
+        if e.config.slo_ms is not None:
+            cfg["parameters"]["evenserve_slo_ms"] = {"string_value": str(e.config.slo_ms)}
+        return cfg
+
+    def model_metadata_json(self, name: str) -> dict[str, Any]:
+        e = self.entries[name]
+        return {
+            "name": name,
+            "versions": [e.config.version],
+            "platform": f"evenserve_{e.config.runtime}",
+            "inputs": [
+                {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]}
+                for t in e.config.inputs
+            ],
+            "outputs": [
+                {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]}
+                for t in e.config.outputs
+            ],
+        }

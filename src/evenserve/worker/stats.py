@@ -1,0 +1,106 @@
+"""Per-model inference statistics in the shape of Triton's statistics extension.
+
+``GET /v2/models/{m}/stats`` answers ``{"model_stats": [...]}`` with cumulative counts and
+nanoseconds, as Triton does: ``success``/``fail`` time a request from receipt to answer;
+``queue`` from arrival to its batch's start; ``compute_input``/``compute_infer``/
+``compute_output`` are the batch's phases, counted once per request in the batch;
+``batch_stats`` count executions per batch size. Tools that read Triton's statistics
+(perf_analyzer, dashboards) read these unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.ns += int(seconds * 1e9) * count
+
+    def json(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass
+class BatchStat:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass
+class ModelStats:
+    name: str
+    version: str
+    last_inference_ms: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    batches: dict[int, BatchStat] = field(default_factory=dict)
+
+    def record_batch(
+        self,
+        items: int,
+        requests: int,
+        queue_s: list[float],
+        compute_input_s: float,
+        compute_infer_s: float,
+        compute_output_s: float,
+    ) -> None:
+        self.last_inference_ms = int(time.time() * 1000)
+        self.inference_count += items
+        self.execution_count += 1
+        for q in queue_s:
+            self.queue.add(q)
+        self.compute_input.add(compute_input_s, requests)
+        self.compute_infer.add(compute_infer_s, requests)
+        self.compute_output.add(compute_output_s, requests)
+        b = self.batches.setdefault(items, BatchStat())
+        b.compute_input.add(compute_input_s)
+        b.compute_infer.add(compute_infer_s)
+        b.compute_output.add(compute_output_s)
+
+    def record_request(self, ok: bool, duration_s: float) -> None:
+        (self.success if ok else self.fail).add(duration_s)
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.json(),
+                "fail": self.fail.json(),
+                "queue": self.queue.json(),
+                "compute_input": self.compute_input.json(),
+                "compute_infer": self.compute_infer.json(),
+                "compute_output": self.compute_output.json(),
+                "cache_hit": {"count": 0, "ns": 0},
+                "cache_miss": {"count": 0, "ns": 0},
+            },
+            "response_stats": {},
+            "batch_stats": [
+                {
+                    "batch_size": size,
+                    "compute_input": b.compute_input.json(),
+                    "compute_infer": b.compute_infer.json(),
+                    "compute_output": b.compute_output.json(),
+                }
+                for size, b in sorted(self.batches.items())
+            ],
+            "memory_usage": [],
+        }

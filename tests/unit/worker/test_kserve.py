@@ -1,0 +1,201 @@
+"""KServe v2 codec: every malformed or mismatched request is a 400 that names the input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from evenserve.runtime.base import TensorSpec
+from evenserve.worker.kserve import (
+    HEADER_LENGTH,
+    ModelSignature,
+    ProtocolError,
+    RequestedOutput,
+    encode_infer_response,
+    parse_infer_request,
+)
+
+SIG = ModelSignature(
+    name="m",
+    version="1",
+    inputs=(TensorSpec("ids", "INT64", (-1,)), TensorSpec("img", "FP32", (2, 3))),
+    outputs=(TensorSpec("out", "FP32", (4,)), TensorSpec("aux", "INT32", ())),
+    max_batch_size=4,
+)
+
+
+def _json_req(**over: object) -> dict[str, object]:
+    req: dict[str, object] = {
+        "inputs": [
+            {"name": "ids", "datatype": "INT64", "shape": [2, 3], "data": [1, 2, 3, 4, 5, 6]},
+            {"name": "img", "datatype": "FP32", "shape": [2, 2, 3], "data": [[0.5] * 6] * 2},
+        ]
+    }
+    req.update(over)
+    return req
+
+
+def _parse(obj: object, hl: int | None = None) -> object:
+    return parse_infer_request(json.dumps(obj).encode(), hl, SIG)
+
+
+def _binary_req(ids: np.ndarray, img: np.ndarray, extra: bytes = b"") -> tuple[bytes, int]:
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "ids",
+                    "datatype": "INT64",
+                    "shape": list(ids.shape),
+                    "parameters": {"binary_data_size": ids.nbytes},
+                },
+                {
+                    "name": "img",
+                    "datatype": "FP32",
+                    "shape": list(img.shape),
+                    "parameters": {"binary_data_size": img.nbytes},
+                },
+            ],
+            "outputs": [{"name": "out", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    return head + ids.tobytes() + img.tobytes() + extra, len(head)
+
+
+def test_json_request_parses_to_typed_arrays() -> None:
+    req = parse_infer_request(json.dumps(_json_req(id="r1")).encode(), None, SIG)
+    assert req.id == "r1" and req.items == 2
+    assert req.inputs["ids"].dtype == np.int64 and req.inputs["ids"].shape == (2, 3)
+    assert req.inputs["img"].dtype == np.float32 and req.inputs["img"].shape == (2, 2, 3)
+    assert [o.name for o in req.outputs] == ["out", "aux"]
+    assert not any(o.binary for o in req.outputs)
+
+
+def test_binary_request_parses() -> None:
+    ids = np.arange(6, dtype=np.int64).reshape(2, 3)
+    img = np.ones((2, 2, 3), dtype=np.float32)
+    body, hl = _binary_req(ids, img)
+    req = parse_infer_request(body, hl, SIG)
+    np.testing.assert_array_equal(req.inputs["ids"], ids)
+    np.testing.assert_array_equal(req.inputs["img"], img)
+    assert req.outputs == [RequestedOutput("out", True)]
+
+
+def test_parameters_timeout_and_priority() -> None:
+    req = parse_infer_request(
+        json.dumps(_json_req(parameters={"timeout": 2500, "priority": 0, "x": 1})).encode(),
+        None,
+        SIG,
+    )
+    assert req.timeout_s == pytest.approx(0.0025)
+    assert req.priority == 0
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda r: r["inputs"].pop(1), "input 'img': missing"),
+        (
+            lambda r: r["inputs"].append(
+                {"name": "zzz", "datatype": "FP32", "shape": [1], "data": [1]}
+            ),
+            "input 'zzz': unexpected",
+        ),
+        (lambda r: r["inputs"][1].update(datatype="FP64"), "input 'img': datatype 'FP64'"),
+        (lambda r: r["inputs"][1].update(shape=[2, 3, 2]), "input 'img': shape [2, 3, 2]"),
+        (lambda r: r["inputs"][1].update(shape=[2, 2]), "input 'img': shape [2, 2] has 2"),
+        (
+            lambda r: r["inputs"][1].update(shape=[5, 2, 3], data=[0.0] * 30),
+            "input 'img': batch dimension 5 must be in 1..4",
+        ),
+        (
+            lambda r: r["inputs"][0].update(shape=[1, 3], data=[1, 2, 3]),
+            "input 'img': batch dimension 2 differs",
+        ),
+        (lambda r: r["inputs"][0].update(data=[1, 2, 3]), "input 'ids': data holds 3 elements"),
+        (lambda r: r["inputs"][0].update(data=[1.5] * 6), "input 'ids': data of type float64"),
+        (lambda r: r["inputs"][0].update(data=[[1, 2], [3]]), "input 'ids': data is not"),
+        (lambda r: r["inputs"][0].update(data="abc"), "input 'ids': data must be a list"),
+        (lambda r: r["inputs"][0].pop("data"), "input 'ids': no data"),
+        (lambda r: r["inputs"].append(dict(r["inputs"][0])), "input 'ids': given twice"),
+        (lambda r: r.update(inputs=[]), "inputs: required"),
+        (lambda r: r.update(outputs=[{"name": "nope"}]), "output 'nope': unknown"),
+        (
+            lambda r: r.update(outputs=[{"name": "out", "parameters": {"classification": 3}}]),
+            "classification",
+        ),
+        (lambda r: r.update(parameters={"timeout": "soon"}), "parameters.timeout"),
+        (lambda r: r.update(parameters={"sequence_id": 7}), "sequence batching"),
+        (lambda r: r["inputs"][0].update(data=[2**63 + 1] * 6), "input 'ids'"),
+    ],
+)
+def test_bad_json_inputs_are_400_naming_the_input(mutate: object, message: str) -> None:
+    req = json.loads(json.dumps(_json_req()))
+    mutate(req)  # type: ignore[operator]
+    with pytest.raises(ProtocolError) as err:
+        _parse(req)
+    assert err.value.status == 400
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("body", [b"{", b"[1, 2]", b"\xff\xfe", b"", b"null"])
+def test_malformed_json_is_400(body: bytes) -> None:
+    with pytest.raises(ProtocolError) as err:
+        parse_infer_request(body, None, SIG)
+    assert err.value.status == 400
+
+
+def test_malformed_binary_headers_are_400() -> None:
+    ids = np.arange(6, dtype=np.int64).reshape(2, 3)
+    img = np.ones((2, 2, 3), dtype=np.float32)
+    body, hl = _binary_req(ids, img)
+    for bad_hl, msg in (
+        (0, HEADER_LENGTH),
+        (len(body) + 1, HEADER_LENGTH),
+        (hl - 1, "JSON"),
+        (hl + 3, "JSON"),
+    ):
+        with pytest.raises(ProtocolError, match=msg):
+            parse_infer_request(body, bad_hl, SIG)
+    with pytest.raises(ProtocolError, match="beyond the declared inputs"):
+        parse_infer_request(body + b"xx", hl, SIG)
+    with pytest.raises(ProtocolError, match="input 'img': binary data ends"):
+        parse_infer_request(body[:-4], hl, SIG)
+    head = json.loads(body[:hl])
+    head["inputs"][0]["parameters"]["binary_data_size"] = 40
+    raw = json.dumps(head).encode()
+    with pytest.raises(ProtocolError, match="input 'ids': binary_data_size 40"):
+        parse_infer_request(raw + body[hl:], len(raw), SIG)
+
+
+def test_response_json_and_binary() -> None:
+    out = np.arange(8, dtype=np.float32).reshape(2, 4)
+    aux = np.array([3, 4], dtype=np.int32)
+    body, headers = encode_infer_response(
+        SIG,
+        "id7",
+        {"out": out, "aux": aux},
+        [RequestedOutput("out", False), RequestedOutput("aux", False)],
+    )
+    assert headers == {"content-type": "application/json"}
+    doc = json.loads(body)
+    assert doc["id"] == "id7" and doc["model_name"] == "m"
+    assert doc["outputs"][0] == {
+        "name": "out",
+        "datatype": "FP32",
+        "shape": [2, 4],
+        "data": list(range(8)),
+    }
+    body, headers = encode_infer_response(
+        SIG,
+        None,
+        {"out": out, "aux": aux},
+        [RequestedOutput("out", True), RequestedOutput("aux", False)],
+    )
+    hl = int(headers[HEADER_LENGTH])
+    doc = json.loads(body[:hl])
+    assert doc["outputs"][0]["parameters"] == {"binary_data_size": 32}
+    np.testing.assert_array_equal(np.frombuffer(body[hl:], dtype=np.float32).reshape(2, 4), out)
+    assert doc["outputs"][1]["data"] == [3, 4]
