@@ -164,8 +164,8 @@ def policies(
             console.print(f"  {n:22s} {v['summary']}" + (f"  [dim]({params})[/]" if params else ""))
 
 
-from evenserve.cli import gateway_cmd  # noqa: F401,E402
-from evenserve.cli import worker_cmd  # noqa: F401,E402
+# Commands defined in their own modules register themselves on ``app`` when imported.
+from evenserve.cli import gateway_cmd, worker_cmd  # noqa: E402, F401
 
 
 def main() -> None:

@@ -108,7 +108,9 @@ class Scenario(Strict):
         if self.default_profile_set is not None and self.default_profile_set not in (
             self.profile_sets
         ):
-            raise ValueError(f"default_profile_set: unknown profile set {self.default_profile_set!r}")
+            raise ValueError(
+                f"default_profile_set: unknown profile set {self.default_profile_set!r}"
+            )
         placed: set[str] = set()
         seen: set[str] = set()
         for i, d in enumerate(self.expanded_devices()):
@@ -131,8 +133,10 @@ class Scenario(Strict):
             if m not in placed:
                 raise ValueError(f"models.{m}: not placed on any device")
         wl = self.workload
-        names = wl.rates_rps if isinstance(wl, OpenLoop) else (
-            wl.mix if isinstance(wl, ClosedLoop) else {}
+        names = (
+            wl.rates_rps
+            if isinstance(wl, OpenLoop)
+            else (wl.mix if isinstance(wl, ClosedLoop) else {})
         )
         field = "rates_rps" if isinstance(wl, OpenLoop) else "mix"
         for m in names:

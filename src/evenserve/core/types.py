@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from evenserve.core.profile import LatencyProfile
@@ -111,4 +111,4 @@ class WaitUntil:
     t_s: float = math.inf
 
 
-BatchDecision = Union[Dispatch, WaitUntil]
+BatchDecision = Dispatch | WaitUntil

@@ -18,6 +18,7 @@ Definitions (all over the measured window ``[warmup_s, end_s]``):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from typing import Any
@@ -30,7 +31,7 @@ PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
 CDF_POINTS = 101
 
 
-def _r(x: float, nd: int = 4) -> float:
+def _r(x: float, nd: int = 6) -> float:
     """Round for stable, readable JSON (NaN becomes None upstream)."""
     return float(round(x, nd))
 
@@ -63,7 +64,7 @@ def utilization_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list
     s = np.asarray(tr.busy_start_s)
     e = np.asarray(tr.busy_end_s)
     out = []
-    for a, b in zip(edges[:-1], edges[1:], strict=True):
+    for a, b in itertools.pairwise(edges):
         busy = np.clip(np.minimum(e, b) - np.maximum(s, a), 0.0, None).sum()
         out.append(_r(float(busy / (b - a))))
     return out
@@ -76,7 +77,7 @@ def queue_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list[float
     t = np.asarray(tr.queue_t_s)
     q = np.asarray(tr.queue_depth)
     out = []
-    for a, b in zip(edges[:-1], edges[1:], strict=True):
+    for a, b in itertools.pairwise(edges):
         sel = q[(t >= a) & (t < b)]
         out.append(_r(float(sel.mean())) if sel.size else 0.0)
     return out
@@ -103,8 +104,9 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
         met_window = is_m & fin_in_window & (lat_ms <= slo)
         unfinished = is_m & measured & ~done & ~dropped
         aged_out = unfinished & ((t1 - arr) * 1000.0 > slo)
-        decided = int((is_m & measured & done).sum() + (is_m & measured & dropped).sum()
-                      + aged_out.sum())
+        decided = int(
+            (is_m & measured & done).sum() + (is_m & measured & dropped).sum() + aged_out.sum()
+        )
         attained = int((is_m & measured & done & (lat_ms <= slo)).sum())
         models_out[m] = {
             "throughput_rps": _r(float((is_m & fin_in_window).sum()) / window),
@@ -199,4 +201,5 @@ def clean_json(obj: Any) -> Any:
 
 
 def run_summary(scenario: str, seed: int, arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    return clean_json({"scenario": scenario, "seed": seed, "arms": arms})
+    out: dict[str, Any] = clean_json({"scenario": scenario, "seed": seed, "arms": arms})
+    return out

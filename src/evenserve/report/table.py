@@ -52,7 +52,7 @@ def compare_table(summary: dict[str, Any], title: str | None = None) -> Table:
     rows = compare_rows(summary)
     arms = summary["arms"]
     t = Table(title=title or f"{summary['scenario']} (seed {summary['seed']})")
-    t.add_column("figure", style="bold")
+    t.add_column("figure", style="bold", no_wrap=True)
     for r in rows:
         t.add_column(r["arm"], justify="right")
 

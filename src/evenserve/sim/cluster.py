@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from evenserve.core.profile import LatencyProfile
@@ -143,7 +143,7 @@ class Simulation:
 
         sig = sc.signals
         self.signal_interval_s = sig.interval_ms / 1000.0
-        hist_len = max(2, int(round(sig.utilization_window_ms / sig.interval_ms)) + 1)
+        hist_len = max(2, round(sig.utilization_window_ms / sig.interval_ms) + 1)
 
         def make_policy(model: str) -> BatchingPolicy:
             spec = self.arm.batching_per_model.get(model, self.arm.batching)
@@ -170,9 +170,7 @@ class Simulation:
 
         self.router: Router | None = None
         if not self.central:
-            self.router = Router(
-                ROUTING.build(self.arm.routing, policy_rng), window=sig.window
-            )
+            self.router = Router(ROUTING.build(self.arm.routing, policy_rng), window=sig.window)
             for d in self.devices:
                 self.router.add_backend(
                     d.name,
@@ -189,8 +187,13 @@ class Simulation:
         self._next_id = 0
 
     # -- workload ---------------------------------------------------------------------------
-    def _new_request(self, model: str, user: int = -1, deadline_ms: float | None = None,
-                     priority: int | None = None) -> SimRequest:
+    def _new_request(
+        self,
+        model: str,
+        user: int = -1,
+        deadline_ms: float | None = None,
+        priority: int | None = None,
+    ) -> SimRequest:
         now = self.loop.now
         idx = self.log.add(model, now)
         self._next_id += 1
@@ -255,13 +258,12 @@ class Simulation:
         it = iter([e for e in entries if e.t_s < self.end_s])
         self._trace_next(it)
 
-    def _trace_next(self, it: object) -> None:
-        assert hasattr(it, "__next__")
-        e: TraceEntry | None = next(it, None)  # type: ignore[call-overload]
+    def _trace_next(self, it: Iterator[TraceEntry]) -> None:
+        e = next(it, None)
         if e is not None:
             self.loop.at(e.t_s, self._trace_arrival, (e, it))
 
-    def _trace_arrival(self, arg: tuple[TraceEntry, object]) -> None:
+    def _trace_arrival(self, arg: tuple[TraceEntry, Iterator[TraceEntry]]) -> None:
         e, it = arg
         self._arrive(self._new_request(e.model, deadline_ms=e.deadline_ms, priority=e.priority))
         self._trace_next(it)

@@ -101,7 +101,7 @@ def parse_scenario(raw: Any, base_dir: Path, source: str = "scenario") -> Loaded
             sets[name] = load_profile_set(p if p.is_absolute() else base_dir / p)
         except ConfigError as exc:
             raise ConfigError(f"{source}: profile_sets.{name}: {exc}") from exc
-    for i, d in enumerate(sc.expanded_devices()):
+    for _i, d in enumerate(sc.expanded_devices()):
         ps_name = sc.profile_set_of(d)
         for m in d.models:
             prof = sc.models[m].profile or m

@@ -59,7 +59,7 @@ class PoissonProcess:
                 t_s = edge
                 continue
             nxt = t_s + self.rng.expovariate(rate)
-            if nxt < edge:
+            if nxt < edge or edge == math.inf:
                 return nxt
             t_s = edge
 
@@ -79,9 +79,7 @@ def parse_priority(value: object, where: str) -> int:
         return value
     if isinstance(value, str) and value in PRIORITY_CLASSES:
         return PRIORITY_CLASSES[value]
-    raise ConfigError(
-        f"{where}: priority must be an integer or one of {sorted(PRIORITY_CLASSES)}"
-    )
+    raise ConfigError(f"{where}: priority must be an integer or one of {sorted(PRIORITY_CLASSES)}")
 
 
 def read_trace(path: Path, known_models: Sequence[str] | None = None) -> list[TraceEntry]:

@@ -29,9 +29,7 @@ class NextBatch:
 IDLE = NextBatch(None, 0)
 
 
-def next_batch(
-    queues: Iterable[tuple[QueueView, BatchingPolicy]], now_s: float
-) -> NextBatch:
+def next_batch(queues: Iterable[tuple[QueueView, BatchingPolicy]], now_s: float) -> NextBatch:
     best_model: str | None = None
     best_n = 0
     best_key = (math.inf, math.inf)
@@ -40,7 +38,7 @@ def next_batch(
         if not view.requests:
             continue
         dec = policy.decide(view, now_s)
-        if type(dec) is Dispatch:
+        if isinstance(dec, Dispatch):
             head = view.requests[0]
             key = (-float(head.priority), head.arrival_s)
             if key < best_key:

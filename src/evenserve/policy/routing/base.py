@@ -32,9 +32,7 @@ class OverloadAware(Protocol):
 ROUTING: Registry[RoutingPolicy] = Registry("routing")
 
 
-def rotating_argmin(
-    keys: Sequence[float], start: int
-) -> int:
+def rotating_argmin(keys: Sequence[float], start: int) -> int:
     """Index of the smallest key; ties go to the first one at or after ``start`` (cyclically).
 
     Rotating the tie-break start spreads requests across equally good backends instead of

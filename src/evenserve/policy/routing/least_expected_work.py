@@ -35,7 +35,7 @@ def queue_work_s(
     profile: LatencyProfile | None, queued: float, max_batch: int, fallback_item_s: float
 ) -> float:
     """Seconds to drain ``queued`` requests in full batches of ``max_batch``."""
-    q = int(round(queued))
+    q = round(queued)
     if q <= 0:
         return 0.0
     if profile is None:

@@ -1,0 +1,178 @@
+"""Properties that must hold for every input: batch <= max, scores in range, conservation."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from evenserve.core.types import Dispatch, QueueView, RequestInfo, WaitUntil
+from evenserve.policy.batching import BATCHING
+from evenserve.policy.batching.device import next_batch
+from evenserve.policy.routing import ROUTING
+from evenserve.policy.routing.queue_aware import QueueAware, QueueAwareParams
+from evenserve.report.summary import summarize
+from evenserve.sim.cluster import simulate
+from evenserve.sim.loader import parse_scenario
+from tests.unit.policy.helpers import req, view
+from tests.unit.sim.scenarios import write_profiles
+
+batching_specs = st.one_of(
+    st.just("none"),
+    st.builds(
+        lambda n, w: {"policy": "static", "batch_size": n, "max_wait_ms": w},
+        st.integers(1, 16),
+        st.one_of(st.none(), st.floats(0.1, 500)),
+    ),
+    st.builds(
+        lambda n, d: {"policy": "fixed-window", "max_batch_size": n, "max_batch_delay_ms": d},
+        st.integers(1, 64),
+        st.floats(0, 500),
+    ),
+)
+
+
+@given(
+    spec=batching_specs,
+    gaps=st.lists(st.floats(0, 0.2), max_size=80),
+    now_extra=st.floats(0, 1.0),
+)
+def test_batch_never_exceeds_max_or_queue(
+    spec: object, gaps: list[float], now_extra: float
+) -> None:
+    policy = BATCHING.build(spec)
+    t, reqs = 0.0, []
+    for i, g in enumerate(gaps):
+        t += g
+        reqs.append(RequestInfo(request_id=i, model="m", arrival_s=t))
+    now = t + now_extra
+    dec = policy.decide(QueueView("m", reqs, None), now)
+    if isinstance(dec, Dispatch):
+        assert 1 <= dec.n <= policy.max_batch_size
+        assert dec.n <= len(reqs)
+    else:
+        assert isinstance(dec, WaitUntil)
+        assert dec.t_s > now or not reqs or dec.t_s == float("inf")
+
+
+@given(
+    sizes=st.lists(st.integers(0, 12), min_size=1, max_size=5),
+    prios=st.lists(st.integers(0, 20), min_size=5, max_size=5),
+)
+def test_device_choice_respects_priority_and_size(sizes: list[int], prios: list[int]) -> None:
+    policy = BATCHING.build(
+        {"policy": "fixed-window", "max_batch_size": 4, "max_batch_delay_ms": 0}
+    )
+    views = []
+    for k, n in enumerate(sizes):
+        reqs = [
+            RequestInfo(request_id=i, model=f"m{k}", arrival_s=0.01 * i, priority=prios[k])
+            for i in range(n)
+        ]
+        views.append((QueueView(f"m{k}", reqs, None), policy))
+    nb = next_batch(views, 1.0)
+    nonempty = [(v, prios[k]) for k, (v, _) in enumerate(views) if len(v)]
+    if not nonempty:
+        assert nb.model is None
+        return
+    assert nb.model is not None and 1 <= nb.n <= 4
+    chosen_prio = next(p for v, p in nonempty if v.model == nb.model)
+    # never a lower class ahead of a higher one at a batch boundary
+    assert chosen_prio == max(p for _, p in nonempty)
+
+
+backend_views = st.lists(
+    st.builds(
+        lambda i, q, u, free, fl: view(f"b{i}", q=q, util=u, free_gb=free, inflight=fl),
+        st.integers(0, 10_000),
+        st.floats(0, 1000),
+        st.one_of(st.none(), st.floats(0, 1)),
+        st.one_of(st.none(), st.floats(0, 24)),
+        st.integers(0, 100),
+    ),
+    min_size=1,
+    max_size=20,
+    unique_by=lambda v: v.name,
+)
+
+
+@given(views=backend_views)
+def test_queue_aware_scores_in_range(views: list) -> None:  # type: ignore[type-arg]
+    p = QueueAware(QueueAwareParams())
+    for s in p.scores(views):
+        assert 0.0 <= s <= 1.0 + 1e-9
+
+
+@given(
+    views=backend_views,
+    name=st.sampled_from(
+        [
+            "round-robin",
+            "least-connections",
+            "queue-aware",
+            "power-of-two",
+            "least-expected-work",
+            "weighted-random",
+        ]
+    ),
+    seed=st.integers(0, 10),
+)
+def test_every_policy_returns_a_candidate(views: list, name: str, seed: int) -> None:  # type: ignore[type-arg]
+    policy = ROUTING.build(name, random.Random(seed))
+    assert policy.choose(req(), views, 0.0) in views
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    rates=st.tuples(st.floats(0, 400), st.floats(0, 60)),
+    batching=batching_specs,
+    routing=st.sampled_from(
+        [
+            "round-robin",
+            "least-connections",
+            "queue-aware",
+            "power-of-two",
+            "least-expected-work",
+            "central-queue",
+        ]
+    ),
+    max_queue=st.one_of(st.none(), st.integers(1, 20)),
+    seed=st.integers(0, 1000),
+)
+def test_simulation_conserves_requests(
+    tmp_path_factory: object,
+    rates: tuple[float, float],
+    batching: object,
+    routing: str,
+    max_queue: int | None,
+    seed: int,
+) -> None:
+    root = Path(tmp_path_factory.mktemp("p"))  # type: ignore[attr-defined]
+    write_profiles(root)
+    raw = {
+        "name": "prop",
+        "seed": seed,
+        "duration_s": 3,
+        "warmup_s": 0.5,
+        "profile_sets": {"toy": "profiles/toy"},
+        "devices": [
+            {"name": "d0", "models": ["fast", "slow"], "memory_gb": 4},
+            {"name": "d1", "models": ["fast"], "memory_gb": 4},
+        ],
+        "models": {"fast": {"slo_ms": 30}, "slow": {"slo_ms": 100}},
+        "workload": {"type": "open-loop", "rates_rps": {"fast": rates[0], "slow": rates[1]}},
+        "arms": {"a": {"routing": routing, "batching": batching, "max_queue_per_model": max_queue}},
+    }
+    s = summarize(simulate(parse_scenario(raw, root), "a"))
+    r = s["requests"]
+    assert r["arrived"] == r["completed"] + r["dropped"] + r["in_flight"]
+    assert r["in_flight"] >= 0
+    for d in s["devices"].values():
+        assert 0.0 <= d["utilization"] <= 1.0
+    for m in s["models"].values():
+        if m["slo_attainment"] is not None:
+            assert 0.0 <= m["slo_attainment"] <= 1.0

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import pytest
+
+from evenserve.core.types import LoadSample
+from evenserve.policy.routing import ROUTING, Router
+from tests.unit.policy.helpers import req
+
+GB = 1024.0**3
+
+
+def sample(t: float, q: float, util: float = 0.5, free_gb: float = 10.0) -> LoadSample:
+    return LoadSample(
+        timestamp_s=t,
+        queue_depth=q,
+        utilization=util,
+        memory_used_bytes=(24 - free_gb) * GB,
+        memory_total_bytes=24 * GB,
+        queued_by_model={"m": q},
+    )
+
+
+def make_router(policy: str = "queue-aware", **kw: object) -> Router:
+    r = Router(ROUTING.build(policy), **kw)  # type: ignore[arg-type]
+    r.add_backend("a", ["m", "x"])
+    r.add_backend("b", ["m"])
+    return r
+
+
+def test_only_hosts_of_the_model_are_candidates() -> None:
+    r = make_router()
+    assert [v.name for v in r.candidates("m")] == ["a", "b"]
+    assert [v.name for v in r.candidates("x")] == ["a"]
+    assert r.choose(req("unknown"), 0.0) is None
+
+
+def test_window_average_of_last_three_samples() -> None:
+    r = make_router(window=3)
+    for t, q in [(0.0, 30.0), (0.1, 3.0), (0.2, 6.0), (0.3, 9.0)]:
+        r.observe("a", sample(t, q))
+    v = r.view("a")
+    assert v.queue_depth == pytest.approx(6.0)  # (3 + 6 + 9) / 3, the 30 fell out
+    assert v.utilization == pytest.approx(0.5)
+    assert v.memory_free_bytes == pytest.approx(10 * GB)
+    assert v.signals_fresh
+
+
+def test_sends_between_polls_count_until_next_sample() -> None:
+    r = make_router()
+    r.observe("a", sample(0.0, 0.0))
+    r.observe("b", sample(0.0, 0.0))
+    for _ in range(3):
+        r.sent("a", "m")
+    assert r.view("a").queue_depth == pytest.approx(3.0)
+    assert r.view("a").in_flight == 3
+    assert r.view("a").queued_by_model["m"] == pytest.approx(3.0)
+    r.observe("a", sample(0.1, 2.0))
+    # new sample: own-send counter resets, mean of (0, 2) is 1
+    assert r.view("a").queue_depth == pytest.approx(1.0)
+    assert r.view("a").in_flight == 3
+    r.done("a")
+    assert r.view("a").in_flight == 2
+
+
+def test_burst_between_polls_spreads_out() -> None:
+    r = make_router("queue-aware")
+    r.observe("a", sample(0.0, 0.0, util=0.1))
+    r.observe("b", sample(0.0, 0.0, util=0.1))
+    picks = []
+    for i in range(10):
+        v = r.choose(req("m", rid=i), 0.0)
+        assert v is not None
+        r.sent(v.name, "m")
+        picks.append(v.name)
+    assert picks.count("a") == 5 and picks.count("b") == 5
+
+
+def test_stale_backend_becomes_unknown_not_idle() -> None:
+    r = make_router(stale_after_s=0.5)
+    r.observe("a", sample(0.0, 0.0, util=0.0))
+    r.observe("b", sample(0.0, 4.0, util=0.9))
+    assert r.expire(0.4) == []
+    r.observe("b", sample(0.6, 4.0, util=0.9))
+    assert r.expire(0.7) == ["a"]
+    v = r.view("a")
+    assert not v.signals_fresh
+    assert v.utilization is None and v.memory_free_bytes is None
+    assert v.queue_depth == 0.0
+    assert r.signal_age_s("a", 0.7) == pytest.approx(0.7)
+
+
+def test_unhealthy_backends_are_skipped_and_readmitted() -> None:
+    r = make_router("round-robin")
+    r.set_healthy("a", False)
+    assert [r.choose(req("m"), 0.0).name for _ in range(3)] == ["b", "b", "b"]  # type: ignore[union-attr]
+    assert r.choose(req("x"), 0.0) is None
+    r.set_healthy("a", True)
+    assert {r.choose(req("m"), 0.0).name for _ in range(2)} == {"a", "b"}  # type: ignore[union-attr]
+
+
+def test_exclude_for_retries() -> None:
+    r = make_router("round-robin")
+    v = r.choose(req("m"), 0.0, exclude=["a"])
+    assert v is not None and v.name == "b"
+    assert r.choose(req("m"), 0.0, exclude=["a", "b"]) is None
+
+
+def test_all_overloaded_uses_the_policy_judgement() -> None:
+    r = make_router("queue-aware")
+    r.observe("a", sample(0.0, 9.0))
+    r.observe("b", sample(0.0, 9.0))
+    assert r.all_overloaded("m")
+    r.observe("b", sample(0.1, 0.0))
+    r.observe("b", sample(0.2, 0.0))
+    r.observe("b", sample(0.3, 0.0))
+    assert not r.all_overloaded("m")
+    rr = make_router("round-robin")
+    assert not rr.all_overloaded("m")
+
+
+def test_policy_swap_takes_effect_on_next_decision() -> None:
+    r = make_router("round-robin")
+    r.observe("a", sample(0.0, 9.0))
+    r.observe("b", sample(0.0, 0.0))
+    assert r.choose(req("m"), 0.0).name == "a"  # type: ignore[union-attr]
+    r.set_policy(ROUTING.build("queue-aware"))
+    assert r.choose(req("m"), 0.0).name == "b"  # type: ignore[union-attr]
