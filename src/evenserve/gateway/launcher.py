@@ -9,8 +9,7 @@ queues), then SIGKILL for anything still alive after the drain timeout. On Linux
 also gets SIGTERM if this process dies without cleaning up (PR_SET_PDEATHSIG).
 - GPUs are pinned with CUDA_VISIBLE_DEVICES=N (the worker then sees its GPU as cuda:0);
   ``emulated:`` and ``cpu`` workers get an empty CUDA_VISIBLE_DEVICES.
-- A device that hosts only some of the repository's models gets a repository of its own: a
-  temporary folder of symlinks to those model folders.
+- A device that hosts only some of the repository's models gets ``--models a,b``.
 - Startup waits until every worker answers ``/v2/health/ready``, then the gateway, then prints
   where to send requests. A worker that exits on its own is restarted (``workers.restart``),
   so the gateway sees it ejected and then readmitted.
@@ -135,30 +134,20 @@ class Launcher:
     _stop: bool = False
 
     # -- building commands ------------------------------------------------------------------
-    def _repo_for(self, i: int, d: DeviceEntry) -> Path:
-        w = self.cluster.config.workers
-        assert w is not None
-        repo = self.cluster.resolve(w.repo)
-        if not repo.is_dir():
-            raise ConfigError(f"workers.repo: not a directory: {repo}")
+    def _models_args(self, i: int, d: DeviceEntry) -> list[str]:
+        """``--models a,b`` for a device that hosts only some of the repository's models."""
         if d.models is None:
-            return repo
+            return []
         all_models = self.cluster.repo_models()
         missing = [m for m in d.models if m not in all_models]
         if missing:
+            w = self.cluster.config.workers
+            assert w is not None
             raise ConfigError(
-                f"workers.devices.{i}.models: {', '.join(missing)} not in {repo} "
-                f"(has: {', '.join(all_models) or 'none'})"
+                f"workers.devices.{i}.models: {', '.join(missing)} not in "
+                f"{self.cluster.resolve(w.repo)} (has: {', '.join(all_models) or 'none'})"
             )
-        if sorted(d.models) == all_models:
-            return repo
-        sub = self.log_dir / "repos" / d.name
-        sub.mkdir(parents=True, exist_ok=True)
-        for m in d.models:
-            link = sub / m
-            if not link.exists():
-                link.symlink_to(repo / m, target_is_directory=True)
-        return sub
+        return ["--models", ",".join(d.models)]
 
     def _device_arg(self, device: str) -> str:
         if device.startswith("emulated:"):
@@ -178,9 +167,10 @@ class Launcher:
             dev, env = worker_env(self._device_arg(d.device), base_env)
             cmd = cli_cmd(
                 self.python, "worker",
-                "--repo", str(self._repo_for(i, d)),
+                "--repo", str(self.cluster.resolve(w.repo)),
                 "--device", dev,
                 "--port", str(port),
+                *self._models_args(i, d),
                 *d.extra_args,
             )  # fmt: skip
             self.workers.append(
