@@ -391,7 +391,7 @@ class Simulation:
             log_finish[r.idx] = now
             log_dev[r.idx] = name
             if router is not None:
-                router.done(name)
+                router.done(name, r.model)
             if r.user >= 0:
                 self._schedule_user(r.user)
         d.batch = []

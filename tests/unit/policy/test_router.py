@@ -58,8 +58,22 @@ def test_sends_between_polls_count_until_next_sample() -> None:
     # new sample: own-send counter resets, mean of (0, 2) is 1
     assert r.view("a").queue_depth == pytest.approx(1.0)
     assert r.view("a").in_flight == 3
-    r.done("a")
+    r.done("a", "m")
     assert r.view("a").in_flight == 2
+    # no sends since the sample are outstanding: the estimate stays at the sampled mean
+    assert r.view("a").queue_depth == pytest.approx(1.0)
+
+
+def test_completions_net_out_sends_between_polls() -> None:
+    r = make_router()
+    r.observe("a", sample(0.0, 2.0))
+    for _ in range(50):
+        r.sent("a", "m")
+        r.done("a", "m")
+    # 50 requests came and went between two polls: the backend is not 50 deep
+    assert r.view("a").queue_depth == pytest.approx(2.0)
+    assert r.view("a").queued_by_model["m"] == pytest.approx(2.0)
+    assert r.view("a").in_flight == 0
 
 
 def test_burst_between_polls_spreads_out() -> None:

@@ -127,5 +127,6 @@ def test_optimized_beats_baseline_on_toy(tmp_path: Path) -> None:
     ld = load(tmp_path)
     base = summarize(simulate(ld, "baseline"))
     opt = summarize(simulate(ld, "optimized"))
-    assert opt["latency_ms"]["p99"] < base["latency_ms"]["p99"]
-    assert opt["utilization_spread_pts"] < base["utilization_spread_pts"]
+    # static batches of 4 make the rare 'slow' model wait for four arrivals: P99 explodes
+    assert opt["latency_ms"]["p99"] < 0.5 * base["latency_ms"]["p99"]
+    assert opt["models"]["slow"]["slo_attainment"] > base["models"]["slow"]["slo_attainment"]

@@ -228,29 +228,26 @@ class Router:
         if isinstance(qbm, dict):
             qbm[model] = qbm.get(model, 0.0) + 1.0
 
-    def done(self, name: str) -> None:
-        st = self._backends.get(name)
-        if st is not None and st.view.in_flight > 0:
-            st.view.in_flight -= 1
-            if not st.view.signals_fresh:
-                st.view.queue_depth = max(0.0, st.view.queue_depth - 1.0)
+    def done(self, name: str, model: str) -> None:
+        """A request sent to ``name`` finished (answered or failed).
 
-    def completed(self, name: str, model: str) -> None:
-        """``done`` that also settles the own-send count: the estimate becomes the sampled
-        queue plus sends since the sample *net of completions* (never below the sample).
-
-        Without it, at high throughput the sends between two polls pile up (500 req/s and a
-        100 ms poll: +50 on an idle backend), so the fastest backends look the most loaded
-        and queue-aware's soft-overload rule fires on idle ones. Live gateway uses this.
+        Besides the in-flight count, this settles the own-send count: the queue estimate is
+        the sampled queue plus sends since the newest sample *net of completions* (never below
+        the sample). Without it, at high throughput the sends between two polls pile up
+        (2,500 req/s and a 100 ms poll: +250 on an idle backend), so the fastest backends look
+        the most loaded and queue-aware's soft-overload rule fires on idle ones. The gateway
+        and the simulator both call this.
         """
         st = self._backends.get(name)
         if st is None:
             return
-        fresh = st.view.signals_fresh
-        self.done(name)
-        if fresh and st.sent_since_sample > 0:
+        v = st.view
+        if v.in_flight > 0:
+            v.in_flight -= 1
+            if not v.signals_fresh:
+                v.queue_depth = max(0.0, v.queue_depth - 1.0)
+        if v.signals_fresh and st.sent_since_sample > 0:
             st.sent_since_sample -= 1
-            v = st.view
             v.queue_depth = max(0.0, v.queue_depth - 1.0)
             k = st.sent_by_model.get(model, 0)
             if k > 0:
@@ -258,3 +255,7 @@ class Router:
                 qbm = v.queued_by_model
                 if isinstance(qbm, dict) and model in qbm:
                     qbm[model] = max(0.0, qbm[model] - 1.0)
+
+    def completed(self, name: str, model: str) -> None:
+        """Alias of ``done`` kept for callers written before the two were merged."""
+        self.done(name, model)
