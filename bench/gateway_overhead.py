@@ -322,7 +322,7 @@ def part2_inprocess(decisions: int) -> dict[str, dict[str, float]]:
             times.append(time.perf_counter() - t0)
             assert view is not None
             router.sent(view.name, "m")
-            router.done(view.name)
+            router.done(view.name, "m")
         out[name] = {
             "p50_us": pct(times, 0.5) * 1e6,
             "p99_us": pct(times, 0.99) * 1e6,

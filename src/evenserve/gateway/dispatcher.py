@@ -185,7 +185,7 @@ class Dispatcher:
                     {BACKEND_HEADER: name},
                 )
             finally:
-                self.router.completed(name, model)
+                self.router.done(name, model)
             ans = Answer(reply.status, reply.body, reply.headers, name, outcome_of(reply.status))
             if reply.status in (429, 503):
                 relayed = ans

@@ -1,4 +1,4 @@
-"""Router.completed (added for the gateway): sends since the last sample net of completions."""
+"""Router signals the gateway relies on: done() nets out completions; sampled-only overload."""
 
 from __future__ import annotations
 
@@ -8,32 +8,32 @@ from evenserve.core.types import LoadSample
 from evenserve.policy.routing import ROUTING, Router
 
 
-def test_completed_settles_sends_but_never_goes_below_the_sample() -> None:
+def test_done_settles_sends_but_never_goes_below_the_sample() -> None:
     r = Router(ROUTING.build("queue-aware", random.Random(0)), window=3)
     r.add_backend("a", ["m", "n"])
     r.observe("a", LoadSample(timestamp_s=0.0, queue_depth=2.0, queued_by_model={"m": 2.0}))
     for _ in range(3):
         r.sent("a", "m")
     assert r.view("a").queue_depth == 5.0
-    r.completed("a", "m")
+    r.done("a", "m")
     v = r.view("a")
     assert v.queue_depth == 4.0 and v.in_flight == 2 and v.queued_by_model["m"] == 4.0
     for _ in range(4):  # more completions than sends since the sample
-        r.completed("a", "m")
+        r.done("a", "m")
     v = r.view("a")
     assert v.queue_depth == 2.0 and v.in_flight == 0 and v.queued_by_model["m"] == 2.0
 
 
-def test_completed_on_stale_backend_counts_down_like_done() -> None:
+def test_done_on_stale_backend_counts_down() -> None:
     r = Router(ROUTING.build("queue-aware", random.Random(0)), window=3, stale_after_s=0.5)
     r.add_backend("a", ["m"])
     r.observe("a", LoadSample(timestamp_s=0.0, queue_depth=0.0))
     r.expire(1.0)
     r.sent("a", "m")
     r.sent("a", "m")
-    r.completed("a", "m")
+    r.done("a", "m")
     assert r.view("a").queue_depth == 1.0 and r.view("a").in_flight == 1
-    r.completed("nope", "m")  # unknown backend: ignored
+    r.done("nope", "m")  # unknown backend: ignored
 
 
 def test_all_overloaded_sampled_only_ignores_own_sends_and_stale_hosts() -> None:
