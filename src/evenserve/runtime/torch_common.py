@@ -43,7 +43,11 @@ def configure_threads(torch: Any, options: Mapping[str, Any]) -> None:
 
 
 def to_torch(torch: Any, arr: Array, device: str, float_dtype: Any) -> Any:
-    t = torch.from_numpy(np.ascontiguousarray(arr))
+    arr = np.ascontiguousarray(arr)
+    if not arr.flags.writeable:
+        # Binary request tensors are read-only views of the body; torch wants writable memory.
+        arr = arr.copy()
+    t = torch.from_numpy(arr)
     if t.is_floating_point():
         t = t.to(dtype=float_dtype)
     return t.to(device, non_blocking=False)

@@ -9,17 +9,24 @@ Ctrl-C exits at once (uvicorn's behaviour).
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import threading
+from collections.abc import Generator
 from types import FrameType
 
 import uvicorn
+from uvicorn.server import HANDLED_SIGNALS
 
 from evenserve.worker.http_api import create_app
 from evenserve.worker.service import WorkerService
 
 
 class GracefulServer(uvicorn.Server):
+    """uvicorn, plus: the first SIGTERM/SIGINT starts the worker's drain, and a completed
+    graceful shutdown exits with status 0 (uvicorn would re-raise the signal afterwards)."""
+
     def __init__(self, config: uvicorn.Config, service: WorkerService) -> None:
         super().__init__(config)
         self.service = service
@@ -27,6 +34,18 @@ class GracefulServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.service.begin_drain_threadsafe()
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        originals = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
 
 
 def make_server(

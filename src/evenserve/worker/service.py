@@ -58,16 +58,27 @@ class WorkerOptions:
 
 
 class _Telemetry(DriverObserver):
+    """Feeds metrics and statistics, then any extra observers (tests, tracing)."""
+
     def __init__(self, metrics: WorkerMetrics, stats: dict[str, ModelStats]) -> None:
         self.metrics = metrics
         self.stats = stats
+        self.extra: list[DriverObserver] = []
 
     def batch_started(self, batch: RunningBatch, now_s: float) -> None:
         self.metrics.observe_batch(
             batch.model, batch.items, [now_s - r.arrival_s for r in batch.requests]
         )
+        for o in self.extra:
+            o.batch_started(batch, now_s)
+
+    def request_dropped(self, model: str, reason: str, waited_s: float) -> None:
+        for o in self.extra:
+            o.request_dropped(model, reason, waited_s)
 
     def batch_finished(self, batch: RunningBatch, result: BatchResult, now_s: float) -> None:
+        for o in self.extra:
+            o.batch_finished(batch, result, now_s)
         if result.error is None:
             self.metrics.observe_compute(batch.model, result.compute_s)
             self.stats[batch.model].record_batch(
@@ -137,6 +148,7 @@ class WorkerService:
         self.metrics = WorkerMetrics(
             options.device.name, list(self.entries), self._snapshot, self.nvml
         )
+        self._telemetry = _Telemetry(self.metrics, self.stats)
         self._driver: BatchDriver | None = None
         self._executor: ThreadedExecutor | None = None
         self._memory_cache: tuple[float, float | None, float | None] = (-math.inf, None, None)
@@ -182,10 +194,14 @@ class WorkerService:
             timer=RealTimer(self.clock),
             instances=self.options.instances,
             free_memory_bytes=self._free_memory,
-            observer=_Telemetry(self.metrics, self.stats),
+            observer=self._telemetry,
             utilization_window_s=self.options.utilization_window_s,
         )
         self.ready = True
+
+    def add_observer(self, observer: DriverObserver) -> None:
+        """Also tell ``observer`` about every batch (e.g. a trace recorder)."""
+        self._telemetry.extra.append(observer)
 
     @property
     def started(self) -> bool:
