@@ -82,9 +82,7 @@ def test_transformers_bf16_on_cpu() -> None:
 
 
 def test_transformers_errors() -> None:
-    with pytest.raises(
-        ConfigError, match=r"transformers\.architecture: transformers has no class"
-    ):
+    with pytest.raises(ConfigError, match=r"transformers\.architecture: transformers has no class"):
         TransformersRuntime(
             _ctx(
                 TransformersParams(architecture="NoSuchModel", config_class="BertConfig"), *BERT_IO
@@ -184,7 +182,5 @@ def test_onnx_runtime(tmp_path: Path) -> None:
     np.testing.assert_allclose(rt.run({"x": x})["y"], x @ w, rtol=1e-6)
     assert rt.describe()["providers"] == ["CPUExecutionProvider"]
     wrong = ((TensorSpec("input", "FP32", (4,)),), io[1])
-    with pytest.raises(
-        ConfigError, match=r"inputs\.input: the ONNX graph has no input 'input'"
-    ):
+    with pytest.raises(ConfigError, match=r"inputs\.input: the ONNX graph has no input 'input'"):
         OnnxRuntime(_ctx(OnnxParams(file="m.onnx"), *wrong, model_dir=tmp_path)).load()
