@@ -66,22 +66,22 @@ class _FakeNvml:
     def __init__(self) -> None:
         self.shut = False
 
-    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+    def nvmlInit(self) -> None:
         return None
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
         return f"gpu{i}"
 
-    def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:
         return SimpleNamespace(gpu=87, memory=40)
 
-    def nvmlDeviceGetMemoryInfo(self, h: str) -> Any:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h: str) -> Any:
         return SimpleNamespace(used=3 * 2**30, total=24 * 2**30, free=21 * 2**30)
 
-    def nvmlDeviceGetPcieThroughput(self, h: str, counter: int) -> int:  # noqa: N802
+    def nvmlDeviceGetPcieThroughput(self, h: str, counter: int) -> int:
         return 1000 if counter == 0 else 2000
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self.shut = True
 
 
