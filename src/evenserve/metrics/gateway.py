@@ -1,4 +1,4 @@
-"""The gateway's Prometheus metrics: names and collectors, on a registry the gateway owns.
+"""The gateway's Prometheus collectors, on a registry the gateway owns (names: metrics.names).
 
 Names follow Prometheus conventions (``_total``, ``_seconds``). Each gateway builds its own
 ``CollectorRegistry`` so several gateways in one process (tests) do not collide.
@@ -27,47 +27,20 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-REQUESTS_TOTAL = "evenserve_gateway_requests_total"
-REQUEST_DURATION_SECONDS = "evenserve_gateway_request_duration_seconds"
-ROUTING_DECISION_SECONDS = "evenserve_gateway_routing_decision_seconds"
-RETRIES_TOTAL = "evenserve_gateway_retries_total"
-BACKEND_HEALTHY = "evenserve_gateway_backend_healthy"
-BACKEND_EJECTIONS_TOTAL = "evenserve_gateway_backend_ejections_total"
-BACKEND_SIGNAL_AGE_SECONDS = "evenserve_gateway_backend_signal_age_seconds"
-BACKEND_IN_FLIGHT = "evenserve_gateway_backend_in_flight"
-BACKEND_QUEUE_DEPTH = "evenserve_gateway_backend_queue_depth"
+from evenserve.metrics import names
 
-#: End-to-end latency buckets (seconds): sub-ms overheads up to multi-second queueing.
-LATENCY_BUCKETS_S = (
-    0.0005,
-    0.001,
-    0.002,
-    0.005,
-    0.01,
-    0.02,
-    0.05,
-    0.1,
-    0.2,
-    0.5,
-    1.0,
-    2.0,
-    5.0,
-    10.0,
-    30.0,
-)
-#: Routing decision buckets (seconds): the budget is 0.5 ms.
-DECISION_BUCKETS_S = (
-    5e-6,
-    1e-5,
-    2e-5,
-    5e-5,
-    1e-4,
-    2e-4,
-    5e-4,
-    1e-3,
-    2e-3,
-    5e-3,
-)
+# prometheus_client adds ``_total`` to counters itself.
+REQUESTS_TOTAL = names.GATEWAY_REQUESTS + "_total"
+REQUEST_DURATION_SECONDS = names.GATEWAY_REQUEST_DURATION
+ROUTING_DECISION_SECONDS = names.GATEWAY_ROUTING_DECISION
+RETRIES_TOTAL = names.GATEWAY_RETRIES + "_total"
+BACKEND_HEALTHY = names.GATEWAY_BACKEND_HEALTHY
+BACKEND_EJECTIONS_TOTAL = names.GATEWAY_BACKEND_EJECTIONS + "_total"
+BACKEND_SIGNAL_AGE_SECONDS = names.GATEWAY_BACKEND_SIGNAL_AGE
+BACKEND_IN_FLIGHT = names.GATEWAY_BACKEND_IN_FLIGHT
+BACKEND_QUEUE_DEPTH = names.GATEWAY_BACKEND_QUEUE_DEPTH
+LATENCY_BUCKETS_S = names.GATEWAY_LATENCY_BUCKETS_S
+DECISION_BUCKETS_S = names.GATEWAY_DECISION_BUCKETS_S
 
 #: One backend's live figures for the scrape-time collector:
 #: (name, healthy, signal age in seconds or None, in-flight count, queue estimate).

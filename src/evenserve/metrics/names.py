@@ -64,3 +64,31 @@ TIME_BUCKETS_S = (
     10.0,
     30.0,
 )
+
+# Gateway (collectors in evenserve.metrics.gateway). Labels: ``backend`` (a backend's name,
+# ``none`` when no backend answered), ``model``, ``outcome`` (GATEWAY_OUTCOMES), ``reason``.
+GATEWAY_PREFIX = "evenserve_gateway"
+GATEWAY_REQUESTS = f"{GATEWAY_PREFIX}_requests"  # counter (_total): by backend, model, outcome
+GATEWAY_REQUEST_DURATION = f"{GATEWAY_PREFIX}_request_duration_seconds"  # histogram: by model
+GATEWAY_ROUTING_DECISION = f"{GATEWAY_PREFIX}_routing_decision_seconds"  # histogram
+GATEWAY_RETRIES = f"{GATEWAY_PREFIX}_retries"  # counter (_total): sent to a second backend
+GATEWAY_BACKEND_HEALTHY = f"{GATEWAY_PREFIX}_backend_healthy"  # gauge: 1 routable, 0 ejected
+GATEWAY_BACKEND_EJECTIONS = f"{GATEWAY_PREFIX}_backend_ejections"  # counter (_total): by reason
+GATEWAY_BACKEND_SIGNAL_AGE = f"{GATEWAY_PREFIX}_backend_signal_age_seconds"  # gauge
+GATEWAY_BACKEND_IN_FLIGHT = f"{GATEWAY_PREFIX}_backend_in_flight"  # gauge
+GATEWAY_BACKEND_QUEUE_DEPTH = f"{GATEWAY_PREFIX}_backend_queue_depth"  # gauge: router's estimate
+
+#: Gateway request outcomes (the ``outcome`` label of GATEWAY_REQUESTS).
+GATEWAY_OUTCOMES = (
+    "ok",  # the backend's 2xx/3xx, relayed
+    "client_error",  # the backend's 4xx (not 429), relayed
+    "backend_error",  # the backend's 5xx, relayed (after the retry, for 503)
+    "backend_overloaded",  # the backend's 429, relayed (after the retry)
+    "overloaded",  # the gateway's 429: every host in soft overload
+    "unavailable",  # the gateway's 503: no host could take it
+    "timeout",  # the gateway's 504: the backend did not answer in time
+    "unknown_model",  # the gateway's 404: no backend hosts the model
+)
+GATEWAY_LATENCY_BUCKETS_S = TIME_BUCKETS_S
+#: Routing decision buckets (seconds): the budget is 0.5 ms.
+GATEWAY_DECISION_BUCKETS_S = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3)

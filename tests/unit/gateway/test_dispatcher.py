@@ -194,3 +194,12 @@ async def test_completions_settle_the_routers_send_count_between_polls() -> None
     v = reg.router.view("a")
     assert v.queue_depth == 0.0 and v.in_flight == 0
     assert v.queued_by_model.get("m", 0.0) == 0.0
+
+
+def test_outcome_labels_are_the_declared_ones() -> None:
+    from evenserve.gateway.dispatcher import outcome_of
+    from evenserve.metrics.names import GATEWAY_OUTCOMES
+
+    assert {outcome_of(s) for s in (200, 204, 400, 404, 429, 500, 503)} <= set(GATEWAY_OUTCOMES)
+    for literal in ("overloaded", "unavailable", "timeout", "unknown_model"):
+        assert literal in GATEWAY_OUTCOMES
