@@ -107,6 +107,66 @@ def drive(url: str, n_resnet: int, n_bert: int, concurrency: int) -> dict[str, A
     return out
 
 
+def drive_mixed(url: str, n: int, concurrency: int, bert_share: float = 0.27) -> dict[str, Any]:
+    """The articles' mix (27 % BERT), interleaved (per-backend counts: gateway metrics)."""
+    client = HeaderClient(url=url, concurrency=concurrency)
+    models = ["bert-base" if (i * bert_share) % 1 + bert_share >= 1 else "resnet50"
+              for i in range(n)]  # fmt: skip
+    pending = []
+    for m in models:
+        make = bert_inputs if m == "bert-base" else resnet_inputs
+        pending.append(
+            client.async_infer(m, make(), outputs=[httpclient.InferRequestedOutput("logits")])
+        )
+    for p in pending:
+        p.get_result()  # raises on any failed request
+    client.close()
+    return {"requests": n, "succeeded": len(pending)}
+
+
+def set_policy(gw_url: str, token: str, spec: dict[str, Any]) -> dict[str, Any]:
+    import httpx
+
+    r = httpx.put(f"{gw_url}/admin/routing", json=spec,
+                  headers={"authorization": f"Bearer {token}"})  # fmt: skip
+    r.raise_for_status()
+    result: dict[str, Any] = r.json()
+    return result
+
+
+def served_by_model(gw_url: str) -> dict[str, dict[str, float]]:
+    """Per model and backend: requests answered ok, from the gateway's own metrics."""
+    import httpx
+
+    out: dict[str, dict[str, float]] = {}
+    for line in httpx.get(f"{gw_url}/metrics").text.splitlines():
+        if line.startswith("evenserve_gateway_requests_total{") and 'outcome="ok"' in line:
+            b = line.split('backend="', 1)[1].split('"', 1)[0]
+            m = line.split('model="', 1)[1].split('"', 1)[0]
+            out.setdefault(m, {})[b] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def diff(after: dict[str, dict[str, float]], before: dict[str, dict[str, float]]) -> Any:
+    return {
+        m: {b: int(v - before.get(m, {}).get(b, 0.0)) for b, v in sorted(bs.items())}
+        for m, bs in sorted(after.items())
+    }
+
+
+def compare_policies(url: str, token: str, policies: list[str], n: int, conc: int) -> Any:
+    gw = "http://" + url
+    out = {}
+    for pol in policies:
+        set_policy(gw, token, {"policy": pol})
+        before = served_by_model(gw)
+        t0 = time.perf_counter()
+        drive_mixed(url, n, conc)
+        out[pol] = {"seconds": round(time.perf_counter() - t0, 2),
+                    "served_ok": diff(served_by_model(gw), before)}  # fmt: skip
+    return out
+
+
 def run_cluster(cluster: Path, args: argparse.Namespace) -> dict[str, Any]:
     raw = yaml.safe_load(cluster.read_text())
     tmp = Path(tempfile.mkdtemp(prefix="evenserve-tc-"))
@@ -132,6 +192,10 @@ def run_cluster(cluster: Path, args: argparse.Namespace) -> dict[str, Any]:
         info = json.loads(ready.read_text())
         url = info["gateway"]["url"].removeprefix("http://")
         result = drive(url, args.resnet, args.bert, args.concurrency)
+        if args.compare:
+            result["mixed_by_policy"] = compare_policies(
+                url, info["admin_token"], args.compare.split(","), args.mixed, args.concurrency
+            )
         result["cluster"] = {wk["name"]: wk["models"] for wk in info["workers"]}
         pids = [info["gateway"]["pid"]] + [wk["pid"] for wk in info["workers"]]
     finally:
@@ -157,12 +221,20 @@ def main() -> None:
     ap.add_argument("--resnet", type=int, default=200)
     ap.add_argument("--bert", type=int, default=80)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--compare", help="policies to run the mixed load under, e.g. "
+                    "round-robin,queue-aware (switched through the admin API)")  # fmt: skip
+    ap.add_argument("--mixed", type=int, default=600, help="requests per mixed run")
+    ap.add_argument("--token", help="admin token (with --url and --compare)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.cluster:
         result = run_cluster(args.cluster, args)
     else:
         result = drive(args.url, args.resnet, args.bert, args.concurrency)
+        if args.compare:
+            result["mixed_by_policy"] = compare_policies(
+                args.url, args.token, args.compare.split(","), args.mixed, args.concurrency
+            )
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:
