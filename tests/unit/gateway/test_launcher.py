@@ -1,0 +1,77 @@
+"""`evenserve up` planning: commands, GPU pinning, placement, failures named clearly."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from evenserve.core.errors import ConfigError
+from evenserve.gateway.config import load_cluster, parse_cluster
+from evenserve.gateway.launcher import Launcher, LaunchError, worker_env
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_gpu_pinning_and_emulated_devices() -> None:
+    dev, env = worker_env("cuda:3", {"PATH": "/bin"})
+    assert dev == "cuda:0" and env["CUDA_VISIBLE_DEVICES"] == "3" and env["PATH"] == "/bin"
+    dev, env = worker_env("emulated:a10-trt-fp16", {})
+    assert dev == "emulated:a10-trt-fp16" and env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_seed_plan_one_worker_per_device_with_placement(tmp_path: Path) -> None:
+    cfg = ROOT / "examples" / "cluster-seed.yaml"
+    la = Launcher(load_cluster(cfg), cfg, tmp_path, python="py")
+    la.plan()
+    assert [p.name for p in la.workers] == ["gpu0", "gpu1", "gpu2", "gpu3"]
+    cmd = la.workers[2].cmd
+    assert cmd[0] == "py" and cmd[3] == "worker"
+    assert cmd[cmd.index("--port") + 1] == "8103"
+    assert cmd[cmd.index("--models") + 1] == "resnet50"
+    assert cmd[cmd.index("--repo") + 1] == str(ROOT / "examples" / "models" / "emulated")
+    assert cmd[cmd.index("--device") + 1] == f"emulated:{ROOT / 'profiles' / 'a10-trt-fp16'}"
+    assert la.workers[0].cmd[la.workers[0].cmd.index("--models") + 1] == "resnet50,bert-base"
+    assert la.workers[0].env["CUDA_VISIBLE_DEVICES"] == ""
+    assert la.gateway is not None and la.gateway.cmd[3:5] == ["gateway", "--config"]
+    assert la.gateway.env["EVENSERVE_ADMIN_TOKEN"] == la.admin_token
+
+
+def test_model_not_in_repo_is_named(tmp_path: Path) -> None:
+    (tmp_path / "repo" / "a").mkdir(parents=True)
+    (tmp_path / "repo" / "a" / "model.yaml").write_text("runtime: emulated\n")
+    raw = {
+        "workers": {
+            "repo": "repo",
+            "devices": [{"name": "g0", "device": "cpu", "models": ["a", "zzz"]}],
+        }
+    }
+    la = Launcher(parse_cluster(raw, tmp_path), tmp_path / "c.yaml", tmp_path / "logs")
+    with pytest.raises(ConfigError, match=r"workers.devices.0.models: zzz not in .* \(has: a\)"):
+        la.plan()
+
+
+def test_busy_port_and_dying_worker_fail_clearly(tmp_path: Path) -> None:
+    (tmp_path / "repo" / "a").mkdir(parents=True)
+    (tmp_path / "repo" / "a" / "model.yaml").write_text("runtime: emulated\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        raw = {
+            "gateway": {"port": busy},
+            "workers": {"repo": "repo", "base_port": busy + 1 if busy < 65000 else 20000,
+                        "devices": [{"name": "g0", "device": "cpu"}]},
+        }  # fmt: skip
+        la = Launcher(parse_cluster(raw, tmp_path), tmp_path / "c.yaml", tmp_path)
+        la.plan()
+        with pytest.raises(LaunchError, match="ports already in use: gateway"):
+            la.start()
+    # A "python" that exits at once: the worker dies while starting, its log is quoted.
+    raw["gateway"] = {"port": busy}
+    la = Launcher(parse_cluster(raw, tmp_path), tmp_path / "c.yaml", tmp_path, python="false")
+    la.plan()
+    with pytest.raises(LaunchError, match="g0 exited with code 1 while starting"):
+        la.start()
+    la.stop()
