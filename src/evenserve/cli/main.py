@@ -25,7 +25,10 @@ app = typer.Typer(
     no_args_is_help=True,
     help="evenserve: serve many models on a shared GPU pool, and simulate it.",
 )
+# Wide tables stay readable in logs and pipes: without a terminal, do not wrap at 80 columns.
 console = Console()
+if not console.is_terminal:
+    console.width = max(console.width, 200)
 err_console = Console(stderr=True)
 
 
