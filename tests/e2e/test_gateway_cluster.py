@@ -59,7 +59,8 @@ def test_killed_worker_every_request_answered_ejected_and_readmitted(tmp_path: P
     statuses = r["statuses"]
     assert isinstance(statuses, dict)
     assert all(k.endswith((" 200", " 503")) for k in statuses)
-    assert r["ejection_reason"] in ("connect-refused", "timeout")
+    # Refused by the next poll or forward, or reset under a poll the kill interrupted.
+    assert r["ejection_reason"] in ("connect-refused", "timeout", "connection-lost")
     assert r["ejected_after_kill_s"] is not None
     assert r["readmitted_after_kill_s"] is not None
     assert r["up_exit_code"] == 0

@@ -95,7 +95,9 @@ async def test_queue_aware_spreads_a_burst_between_polls() -> None:
         )
         assert all(r.status_code == 200 for r in rs)
         seen = Counter(r.headers["x-evenserve-backend"] for r in rs)
-        assert seen == {"a": 4, "b": 4, "c": 4, "d": 4}
+        # Even split up to a poll landing mid-burst (the fakes then report their own queue).
+        assert set(seen) == {"a", "b", "c", "d"}
+        assert max(seen.values()) - min(seen.values()) <= 2, seen
 
 
 async def test_placement_only_hosts_get_the_model_and_unknown_is_404() -> None:
@@ -211,9 +213,14 @@ async def test_soft_overload_everywhere_answers_429_without_forwarding() -> None
         assert "overloaded" in r.json()["error"]
         assert a.received == b.received == 0
         b.reported_queue = 0
-        await asyncio.sleep(0.3)  # let the 3-sample window see the drop
-        r = await client.post("/v2/models/m/infer", json=infer_body())
+        # Once b's 3-sample window has seen the drop, b takes work again (a stays overloaded).
+        for _ in range(250):
+            r = await client.post("/v2/models/m/infer", json=infer_body())
+            if r.status_code != 429:
+                break
+            await asyncio.sleep(0.02)
         assert r.status_code == 200 and r.headers["x-evenserve-backend"] == "b"
+        assert a.received == 0
 
 
 async def test_admin_requires_token_and_policy_change_applies_to_next_request() -> None:

@@ -46,6 +46,8 @@ def describe_error(exc: BaseException) -> str:
         return "connect-refused"
     if isinstance(exc, httpx.TimeoutException):
         return "timeout"
+    if isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError):
+        return "connection-lost"
     return type(exc).__name__
 
 
