@@ -173,6 +173,15 @@ def main() -> None:
         import httpx
 
         ev = httpx.get(f"{gw}/admin/events", headers={"authorization": f"Bearer {token}"}).json()
+        metrics = httpx.get(f"{gw}/metrics").text.splitlines()
+        res["gateway_retries"] = sum(
+            float(ln.rsplit(" ", 1)[1])
+            for ln in metrics
+            if ln.startswith("evenserve_gateway_retries_total{")
+        )
+        res["gateway_ejections"] = [
+            ln for ln in metrics if ln.startswith("evenserve_gateway_backend_ejections_total{")
+        ]
         tk = res["t"]["kill"]
         mine = [e for e in ev["events"] if e["backend"] == args.victim and e["t_s"] > tk - 1]
         ejected = next((e for e in mine if e["event"] == "ejected"), None)
