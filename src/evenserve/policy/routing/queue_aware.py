@@ -69,23 +69,24 @@ class QueueAware:
     def scores(self, backends: Sequence[BackendView]) -> list[float]:
         """Each backend's score in [0, w_q + w_u + w_m]."""
         p = self.params
+        wq, wu, wm = p.queue_weight, p.utilization_weight, p.memory_weight
         qmax = max(b.queue_depth for b in backends)
+        inv_q = wq / qmax if qmax > 0 else 0.0
         out = []
         for b in backends:
-            qn = b.queue_depth / qmax if qmax > 0 else 0.0
-            util = 1.0 if b.utilization is None else min(1.0, max(0.0, b.utilization))
-            out.append(
-                p.queue_weight * qn
-                + p.utilization_weight * util
-                + p.memory_weight * memory_used_fraction(b)
-            )
+            u = b.utilization
+            util = 1.0 if u is None else (0.0 if u < 0.0 else (1.0 if u > 1.0 else u))
+            out.append(b.queue_depth * inv_q + wu * util + wm * memory_used_fraction(b))
         return out
 
     def choose(
         self, request: RequestInfo, backends: Sequence[BackendView], now_s: float
     ) -> BackendView:
+        # One pass for the overload filter; scoring only the candidates that remain. Kept
+        # allocation-light: the simulator calls this once per request.
         self._tick += 1
-        candidates = [b for b in backends if not self.overloaded(b)] or list(backends)
+        overloaded = self.overloaded
+        candidates = [b for b in backends if not overloaded(b)] or backends
         return candidates[rotating_argmin(self.scores(candidates), self._tick)]
 
 
