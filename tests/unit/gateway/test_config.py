@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from evenserve.core.errors import ConfigError
 from evenserve.gateway.config import TRITON_MAPPING, load_cluster, parse_cluster
@@ -132,15 +133,13 @@ def test_prometheus_source_defaults_to_triton_mapping_and_presets_take_overrides
 
 
 def test_seed_cluster_file_matches_the_seed_scenario_placement() -> None:
+    scenario = yaml.safe_load((ROOT / "scenarios" / "seed.yaml").read_text())
+    want = {d["name"]: sorted(d["models"]) for d in scenario["devices"]}
     c = load_cluster(ROOT / "examples" / "cluster-seed.yaml")
-    placement = {b.name: b.models for b in c.backends()}
-    assert placement == {
-        "gpu0": ["resnet50", "bert-base"],
-        "gpu1": ["resnet50", "bert-base"],
-        "gpu2": ["resnet50"],
-        "gpu3": ["resnet50"],
-    }
-    assert [b.url for b in c.backends()] == [f"http://127.0.0.1:{p}" for p in range(8101, 8105)]
+    assert {b.name: sorted(b.models) for b in c.backends()} == want
+    assert [b.url for b in c.backends()] == [
+        f"http://127.0.0.1:{8101 + i}" for i in range(len(want))
+    ]
     for b in c.backends():
         assert b.profiles is not None
         assert c.profile_dir(b.profiles) == ROOT / "profiles" / "a10-trt-fp16"
