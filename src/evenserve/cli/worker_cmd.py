@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 import yaml
@@ -180,6 +181,13 @@ def profile(
     profiles_dir: Annotated[Path, typer.Option(help="Profile sets (emulated devices).")] = Path(
         "profiles"
     ),
+    clock: Annotated[
+        str,
+        typer.Option(
+            help="wall, or cpu: CPU time of the computing thread (needs --cpu-threads 1; "
+            "for a host shared with other jobs)."
+        ),
+    ] = "wall",
 ) -> None:
     """Measure a model at a list of batch sizes and write a profile YAML."""
     from evenserve.runtime.device import parse_device
@@ -194,6 +202,9 @@ def profile(
     if not sizes:
         _fail("--batch-sizes: give at least one")
     shapes = _parse_shapes(input_shape)
+    if clock not in ("wall", "cpu"):
+        _fail(f"--clock: {clock!r} is not wall or cpu")
+    clock_kind: Literal["wall", "cpu"] = "cpu" if clock == "cpu" else "wall"
     try:
         dev = parse_device(device)
         (entry,) = load_repository(repo, [model], check_profiles=False)
@@ -207,10 +218,12 @@ def profile(
             mem = "n/a" if p.memory_mb is None else f"{p.memory_mb:.1f} MB"
             console.print(
                 f"  batch {p.batch:4d}: median {p.median_ms:9.2f} ms  "
-                f"(p10 {p.p10_ms:.2f}, p90 {p.p90_ms:.2f})  memory {mem}",
+                f"(p10 {p.p10_ms:.2f}, p90 {p.p90_ms:.2f}; wall {p.wall_median_ms:.2f}, "
+                f"cpu {p.cpu_median_ms:.2f})  memory {mem}",
                 highlight=False,
             )
 
+        load_start = os.getloadavg()[0]
         points = measure(
             runtime,
             entry,
@@ -220,6 +233,8 @@ def profile(
             iters=iters,
             input_shapes=shapes,
             progress=show,
+            clock=clock_kind,
+            threads=cpu_threads,
         )
         prof = write_profile(
             out,
@@ -232,6 +247,8 @@ def profile(
             input_shapes=shapes,
             sequence_length=sequence_length,
             profile_name=name,
+            load_average=(load_start, os.getloadavg()[0]),
+            clock=clock_kind,
         )
         runtime.close()
     except EvenserveError as exc:

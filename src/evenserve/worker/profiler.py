@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -39,11 +39,18 @@ from evenserve.worker.repository import ModelEntry
 
 @dataclass
 class MeasuredPoint:
+    """One batch size: the chosen clock's median/p10/p90, and both clocks' medians."""
+
     batch: int
     median_ms: float
     p10_ms: float
     p90_ms: float
     memory_mb: float | None
+    wall_median_ms: float = 0.0
+    cpu_median_ms: float = 0.0
+
+
+Clock = Literal["wall", "cpu"]
 
 
 def item_shape(entry: ModelEntry, name: str, overrides: Mapping[str, Sequence[int]]) -> list[int]:
@@ -108,10 +115,21 @@ def measure(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     seed: int = 0,
     progress: Any = None,
+    clock: Clock = "wall",
+    threads: int | None = None,
 ) -> list[MeasuredPoint]:
-    """Run the loaded ``runtime`` at each batch size; median/p10/p90 ms and memory."""
+    """Run the loaded ``runtime`` at each batch size; median/p10/p90 ms and memory.
+
+    ``clock="wall"`` times each batch by the wall clock (the profile's meaning on a dedicated
+    device). ``clock="cpu"`` times it by the CPU time of the calling thread, which equals the
+    wall time of an uncontended core but ignores time-slicing by other processes: the honest
+    choice on a shared host. It is only meaningful when the runtime computes on the calling
+    thread, so it requires ``threads == 1`` on the CPU.
+    """
     if iters < 1:
         raise ConfigError("--iters: must be >= 1")
+    if clock == "cpu" and (device.kind != "cpu" or threads != 1):
+        raise ConfigError("--clock cpu: needs --device cpu and --cpu-threads 1")
     rng = np.random.default_rng(seed)
     overrides = input_shapes or {}
     torch: Any = None
@@ -133,11 +151,15 @@ def measure(
             before = torch.cuda.memory_allocated(device.index)
         for _ in range(warmup):
             runtime.run(inputs)
-        times: list[float] = []
+        walls: list[float] = []
+        cpus: list[float] = []
         for _ in range(iters):
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             runtime.run(inputs)
-            times.append((time.perf_counter() - t0) * 1000.0)
+            walls.append((time.perf_counter() - t0) * 1000.0)
+            cpus.append((time.thread_time() - c0) * 1000.0)
+        times = cpus if clock == "cpu" else walls
         mem: float | None
         if torch is not None:
             mem = (torch.cuda.max_memory_allocated(device.index) - before) / MB
@@ -149,7 +171,15 @@ def measure(
             mem = runtime.batch_memory_bytes(b)
             mem = None if mem is None else mem / MB
         qs = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
-        point = MeasuredPoint(b, statistics.median(times), qs[0], qs[-1], mem)
+        point = MeasuredPoint(
+            b,
+            statistics.median(times),
+            qs[0],
+            qs[-1],
+            mem,
+            wall_median_ms=statistics.median(walls),
+            cpu_median_ms=statistics.median(cpus),
+        )
         points.append(point)
         if progress is not None:
             progress(point)
@@ -174,7 +204,7 @@ def device_label(device: DeviceSpec, described: Mapping[str, Any]) -> str:
         return str(torch.cuda.get_device_name(device.index))
     if device.kind == "cpu":
         threads = described.get("torch_threads") or described.get("intra_op_threads")
-        t = f"{threads} threads, " if threads else ""
+        t = f"{threads} thread{'s' if threads != 1 else ''}, " if threads else ""
         return f"CPU {cpu_name()} ({t}{os.cpu_count()} cores visible)"
     return device.name
 
@@ -240,24 +270,34 @@ def write_profile(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     sequence_length: int | None = None,
     profile_name: str | None = None,
+    load_average: tuple[float, float] | None = None,
+    clock: Clock = "wall",
 ) -> LatencyProfile:
+    """Write the profile YAML with its provenance; ``load_average`` = host 1-min load at the
+    start and end of the measurement (a shared host's contention shows in the figures)."""
     described = runtime.describe()
     precision = str(described.get("precision", "fp32"))
     first = entry.config.inputs[0].name
     shape = item_shape(entry, first, input_shapes or {})
     memory_known = all(p.memory_mb is not None for p in points)
+    clock_label = (
+        "CPU time of the computing thread (1 thread; equals wall time on an idle core, "
+        "immune to other processes on a shared host)"
+        if clock == "cpu"
+        else "wall time"
+    )
     prof = LatencyProfile.from_points(
         profile_name or entry.name,
-        {p.batch: p.median_ms for p in points},
-        memory_mb={p.batch: p.memory_mb or 0.0 for p in points} if memory_known else None,
-        weights_mb=runtime.resident_bytes() / MB,
+        {p.batch: round(p.median_ms, 3) for p in points},
+        memory_mb={p.batch: round(p.memory_mb or 0.0, 1) for p in points} if memory_known else None,
+        weights_mb=round(runtime.resident_bytes() / MB, 1),
         device=device_label(device, described),
         runtime=runtime_label(described),
         precision=precision,
         source=(
             f"Measured with `evenserve profile` on {platform.node() or 'this host'}, "
-            f"{dt.date.today().isoformat()}: median of {iters} runs after {warmup} warm-up "
-            f"runs per batch size, synthetic inputs of per-item shape {shape}."
+            f"{dt.date.today().isoformat()}: median {clock_label} of {iters} runs after "
+            f"{warmup} warm-up runs per batch size, synthetic inputs of per-item shape {shape}."
         ),
     )
     prof = dataclasses.replace(prof, sequence_length=sequence_length)
@@ -270,9 +310,20 @@ def write_profile(
         )
     else:
         memory_source = "the emulated runtime's own profile"
-    spread = ", ".join(f"b{p.batch} p10 {p.p10_ms:.2f} / p90 {p.p90_ms:.2f}" for p in points)
+    spread = ", ".join(
+        f"b{p.batch} p10 {p.p10_ms:.2f} / p90 {p.p90_ms:.2f} (median wall {p.wall_median_ms:.2f},"
+        f" cpu {p.cpu_median_ms:.2f})"
+        for p in points
+    )
+    load = (
+        f" Host 1-min load average {load_average[0]:.2f} at the start, {load_average[1]:.2f} at "
+        f"the end ({os.cpu_count()} CPUs)."
+        if load_average is not None
+        else ""
+    )
     notes = (
-        f"weights_mb = bytes of parameters and buffers. Latency spread (ms): {spread}. "
+        f"weights_mb = bytes of parameters and buffers. Latency spread ({clock}, ms): "
+        f"{spread}.{load} "
         f"Runtime: {', '.join(f'{k}={v}' for k, v in described.items())}."
     )
     dump_profile(
