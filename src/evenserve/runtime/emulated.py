@@ -4,10 +4,13 @@ Theory of operation. ``run`` sleeps for ``profile.latency_s(batch)`` and returns
 declared output shapes (a variable output dimension takes the size of the same dimension of
 the first input, else 1). The sleep must be accurate at the P50, because the simulator and
 the router trust these figures; ``time.sleep`` overshoots by tens of microseconds to a
-millisecond depending on the host, so the runtime learns its own overshoot (an exponentially
-weighted mean), sleeps that much less, and covers the last stretch with a short spin that
-releases the GIL on every turn. Spinning is bounded by ``max_spin_s`` so that a laptop
-hosting many emulated devices is not burnt by busy-waiting.
+millisecond depending on the host (and on getting the GIL back), so the runtime learns its
+own overshoot (an exponentially weighted mean, capped at 2 ms), sleeps that much less, and
+covers the last stretch with a tight spin. The spin is the learned overshoot plus 50 us per
+batch, so a laptop hosting many emulated devices is not burnt by busy-waiting. The worker
+also shortens CPython's GIL switch interval while it serves emulated models (see
+``worker.service``), which bounds how late a device thread can wake up behind a busy HTTP
+thread.
 
 Memory: the profile's resident weights while loaded and its working memory per batch; the
 worker adds them up against the emulated device's configured total. Needs no torch.
@@ -27,8 +30,10 @@ from evenserve.core.errors import ConfigError
 from evenserve.core.profile import LatencyProfile, load_profile
 from evenserve.runtime.base import Array, RuntimeContext
 
-#: Never spin longer than this at the end of a sleep (seconds).
-MAX_SPIN_S = 0.0005
+#: Wake this long before the deadline (on top of the learned overshoot), then spin (seconds).
+SPIN_MARGIN_S = 0.00005
+#: The learned overshoot is capped: it bounds how long a sleep may end in a spin (seconds).
+MAX_OVERSHOOT_S = 0.002
 
 
 class EmulatedParams(BaseModel):
@@ -47,10 +52,10 @@ class EmulatedParams(BaseModel):
 
 
 class PreciseSleeper:
-    """Sleeps until a deadline with a learned overshoot correction and a short final spin."""
+    """Sleeps until a deadline: a learned-short ``time.sleep``, then a tight spin."""
 
-    def __init__(self, max_spin_s: float = MAX_SPIN_S) -> None:
-        self.max_spin_s = max_spin_s
+    def __init__(self, margin_s: float = SPIN_MARGIN_S) -> None:
+        self.margin_s = margin_s
         self._overshoot_s = 0.0001
 
     def sleep(self, duration_s: float) -> float:
@@ -61,19 +66,17 @@ class PreciseSleeper:
 
     def sleep_until(self, end: float) -> None:
         """Return as soon after ``end`` (a perf_counter time) as the host allows."""
-        coarse = end - time.perf_counter() - self._overshoot_s - self.max_spin_s / 2
+        before = time.perf_counter()
+        coarse = end - before - self._overshoot_s - self.margin_s
         if coarse > 0:
-            before = time.perf_counter()
             time.sleep(coarse)
+            # The overshoot includes getting the GIL back; learn it slowly, so one late
+            # wake-up (a busy host) does not make every later sleep short.
             overshoot = time.perf_counter() - before - coarse
-            # Learn slowly: one late wake-up (a busy host) should not make every sleep short.
-            self._overshoot_s += 0.1 * (min(overshoot, 0.005) - self._overshoot_s)
-        now = time.perf_counter()
-        if end - now > self.max_spin_s:
-            time.sleep(end - now - self.max_spin_s)
-        # Yield the GIL while more than 50 us remain, then spin tight to the deadline.
-        while end - time.perf_counter() > 0.00005:
-            time.sleep(0)
+            self._overshoot_s += 0.1 * (min(overshoot, MAX_OVERSHOOT_S) - self._overshoot_s)
+        # Spin without releasing the GIL: releasing it here could cost a whole switch
+        # interval to get it back. CPython still hands the GIL to a waiting thread after
+        # one switch interval, so the HTTP thread is never starved for longer than that.
         while time.perf_counter() < end:
             pass
 

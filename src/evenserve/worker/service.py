@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
 from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime, RuntimeContext
 from evenserve.runtime.device import DeviceSpec, cuda_memory_bytes, host_memory_bytes
+from evenserve.runtime.emulated import EmulatedRuntime
 from evenserve.runtime.factory import create_runtime
 from evenserve.worker.driver import (
     BatchDriver,
@@ -39,6 +41,8 @@ from evenserve.worker.stats import ModelStats
 from evenserve.worker.timer import RealTimer
 
 GIB = 1024.0**3
+#: GIL switch interval while emulated runtimes are served (CPython's default is 5 ms).
+EMULATED_SWITCH_INTERVAL_S = 0.0002
 
 
 @dataclass
@@ -154,6 +158,7 @@ class WorkerService:
         self._memory_cache: tuple[float, float | None, float | None] = (-math.inf, None, None)
         self.descriptions: dict[str, dict[str, Any]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._saved_switch_interval: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def load(self) -> None:
@@ -168,6 +173,12 @@ class WorkerService:
     async def start(self) -> None:
         """Create the driver on the running loop; the worker is ready afterwards."""
         self.loop = asyncio.get_running_loop()
+        if any(isinstance(rt, EmulatedRuntime) for rt in self.runtimes.values()):
+            # An emulated batch ends when its device thread wakes up, which needs the GIL;
+            # with CPython's default 5 ms switch interval a busy HTTP thread delays that by
+            # up to 5 ms and inflates millisecond batches. A shorter interval bounds it.
+            self._saved_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(EMULATED_SWITCH_INTERVAL_S)
         self._executor = ThreadedExecutor(
             self.runtimes,
             {n: [s.name for s in e.inputs] for n, e in self.entries.items()},
@@ -235,6 +246,9 @@ class WorkerService:
             rt.close()
         if self.nvml is not None:
             self.nvml.close()
+        if self._saved_switch_interval is not None:
+            sys.setswitchinterval(self._saved_switch_interval)
+            self._saved_switch_interval = None
 
     # -- signals -----------------------------------------------------------------------------
     def memory_bytes(self) -> tuple[float | None, float | None]:
