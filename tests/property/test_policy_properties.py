@@ -8,6 +8,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import Dispatch, QueueView, RequestInfo, WaitUntil
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.batching.device import next_batch
@@ -31,7 +32,49 @@ batching_specs = st.one_of(
         st.integers(1, 64),
         st.floats(0, 500),
     ),
+    st.builds(
+        lambda n, k, d: {
+            "policy": "adaptive",
+            "max_batch_size": n,
+            "max_batch_cap": n * k,
+            "max_delay_ms": d,
+        },
+        st.integers(1, 16),
+        st.integers(1, 4),
+        st.floats(0, 50),
+    ),
+    st.builds(
+        lambda n, d: {"policy": "deadline", "max_batch_size": n, "max_delay_ms": d},
+        st.integers(1, 32),
+        st.floats(0, 50),
+    ),
+    st.builds(lambda n: {"policy": "step-down", "max_batch_size": n}, st.integers(1, 32)),
 )
+
+MEM_PROFILE = LatencyProfile.from_points(
+    "m", {1: 1.0, 8: 4.0, 64: 20.0}, memory_mb={1: 10.0, 8: 80.0, 64: 640.0}
+)
+
+
+@given(
+    spec=batching_specs,
+    n=st.integers(1, 100),
+    free_mb=st.floats(1, 1000),
+    arrivals=st.lists(st.floats(0, 0.05), max_size=30),
+)
+def test_batches_fit_in_memory_cap(
+    spec: object, n: int, free_mb: float, arrivals: list[float]
+) -> None:
+    policy = BATCHING.build(spec)
+    for t in sorted(arrivals):
+        policy.on_arrival(t)
+    reqs = [RequestInfo(request_id=i, model="m", arrival_s=0.0) for i in range(n)]
+    free = free_mb * 1024 * 1024
+    dec = policy.decide(QueueView("m", reqs, MEM_PROFILE, free, True, 0.05), 0.06)
+    if isinstance(dec, Dispatch):
+        assert 1 <= dec.n <= min(n, policy.max_batch_size)
+        if isinstance(spec, dict) and spec["policy"] in ("adaptive", "deadline") and dec.n > 1:
+            assert MEM_PROFILE.batch_memory_bytes(dec.n) <= 0.85 * free
 
 
 @given(
@@ -163,11 +206,29 @@ def test_simulation_conserves_requests(
             {"name": "d0", "models": ["fast", "slow"], "memory_gb": 4},
             {"name": "d1", "models": ["fast"], "memory_gb": 4},
         ],
-        "models": {"fast": {"slo_ms": 30}, "slow": {"slo_ms": 100}},
-        "workload": {"type": "open-loop", "rates_rps": {"fast": rates[0], "slow": rates[1]}},
-        "arms": {"a": {"routing": routing, "batching": batching, "max_queue_per_model": max_queue}},
+        "models": {"fast": {"slo_ms": 30}, "slow": {"slo_ms": 100, "deadline_ms": 60}},
+        "workload": {
+            "type": "open-loop",
+            "rates_rps": {"fast": rates[0]},
+            "streams": [
+                {"model": "slow", "rate_rps": rates[1], "priority": "offline"},
+                {"model": "fast", "rate_rps": rates[1], "priority": "offline"},
+            ],
+        },
+        "arms": {
+            "a": {
+                "routing": routing,
+                "batching": batching,
+                "max_queue_per_model": max_queue,
+                "starvation_ms": 500,
+            }
+        },
     }
-    s = summarize(simulate(parse_scenario(raw, root), "a"))
+    rec = simulate(parse_scenario(raw, root), "a")
+    # a refused or shed request is never served
+    for reason, fin in zip(rec.requests.drop_reason, rec.requests.finish_s, strict=True):
+        assert reason is None or fin != fin
+    s = summarize(rec)
     r = s["requests"]
     assert r["arrived"] == r["completed"] + r["dropped"] + r["in_flight"]
     assert r["in_flight"] >= 0

@@ -19,9 +19,11 @@ class RequestLog:
     finish_s: list[float] = field(default_factory=list)
     device: list[str] = field(default_factory=list)
     drop_reason: list[str | None] = field(default_factory=list)
+    priority: list[int] = field(default_factory=list)
 
-    def add(self, model: str, arrival_s: float) -> int:
+    def add(self, model: str, arrival_s: float, priority: int = 10) -> int:
         self.model.append(model)
+        self.priority.append(priority)
         self.arrival_s.append(arrival_s)
         self.finish_s.append(math.nan)
         self.device.append("")

@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from evenserve.core.types import PRIORITY_CLASSES
+
 CENTRAL_QUEUE = "central-queue"
 
 
@@ -29,6 +31,9 @@ class ModelSpec(Strict):
     slo_ms: float = Field(gt=0)
     profile: str | None = Field(default=None, description="profile name; default: model name")
     priority: int = 10
+    deadline_ms: float | None = Field(
+        default=None, gt=0, description="default per-request deadline (hard; None: no deadline)"
+    )
 
 
 class Phase(Strict):
@@ -45,10 +50,44 @@ class Phase(Strict):
         return self
 
 
+class Stream(Strict):
+    """One open-loop Poisson stream: a model, a rate, a priority class and a deadline."""
+
+    model: str
+    rate_rps: float = Field(ge=0)
+    priority: int | str | None = Field(
+        default=None, description="integer or online/offline; default: the model's priority"
+    )
+    deadline_ms: float | None = Field(default=None, gt=0)
+    phases: list[Phase] | None = Field(
+        default=None, description="rate phases of this stream; default: the workload's"
+    )
+
+    @model_validator(mode="after")
+    def _known_class(self) -> Stream:
+        if isinstance(self.priority, str) and self.priority not in PRIORITY_CLASSES:
+            raise ValueError(
+                f"priority: unknown class {self.priority!r} ({sorted(PRIORITY_CLASSES)})"
+            )
+        return self
+
+    def priority_value(self) -> int | None:
+        if isinstance(self.priority, str):
+            return PRIORITY_CLASSES[self.priority]
+        return self.priority
+
+
 class OpenLoop(Strict):
     type: Literal["open-loop"]
-    rates_rps: dict[str, Annotated[float, Field(ge=0)]] = Field(min_length=1)
+    rates_rps: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
     phases: list[Phase] = Field(default_factory=list)
+    streams: list[Stream] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _some_traffic(self) -> OpenLoop:
+        if not self.rates_rps and not self.streams:
+            raise ValueError("rates_rps or streams: at least one is required")
+        return self
 
 
 class ClosedLoop(Strict):
@@ -77,6 +116,9 @@ class ArmSpec(Strict):
     batching: Any
     batching_per_model: dict[str, Any] = Field(default_factory=dict)
     max_queue_per_model: int | None = Field(default=None, ge=1)
+    starvation_ms: float | None = Field(
+        default=None, gt=0, description="a lower class waiting longer than this goes first"
+    )
     description: str | None = None
 
 
@@ -142,6 +184,10 @@ class Scenario(Strict):
         for m in names:
             if m not in self.models:
                 raise ValueError(f"workload.{field}.{m}: unknown model")
+        if isinstance(wl, OpenLoop):
+            for i, st in enumerate(wl.streams):
+                if st.model not in self.models:
+                    raise ValueError(f"workload.streams[{i}].model: unknown model {st.model!r}")
         for arm, spec in self.arms.items():
             for m in spec.batching_per_model:
                 if m not in self.models:

@@ -92,6 +92,9 @@ class QueueView:
     profile: LatencyProfile | None
     memory_free_bytes: float | None = None
     device_idle: bool = True
+    #: The model's latency SLO in seconds (requests without a deadline default to
+    #: arrival + SLO for deadline-aware policies); None when unknown.
+    slo_s: float | None = None
 
     def __len__(self) -> int:
         return len(self.requests)

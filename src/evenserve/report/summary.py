@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from evenserve.core.results import DeviceTrace, RunRecords
+from evenserve.core.types import PRIORITY_CLASSES
 
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
 CDF_POINTS = 101
@@ -168,6 +169,31 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
         },
         "window_s": {"start": t0, "end": t1},
     }
+    prio = np.asarray(log.priority, dtype=int) if len(log.priority) == len(log) else None
+    classes = sorted(set(log.priority), reverse=True) if prio is not None else []
+    if len(classes) > 1 and prio is not None:
+        slo_ms = np.asarray([rec.slo_ms.get(m, math.inf) for m in log.model], dtype=float)
+        out["classes"] = {}
+        for c in classes:
+            is_c = prio == c
+            lat_c = lat_ms[is_c & measured & done]
+            met = is_c & measured & done & (lat_ms <= slo_ms)
+            aged = is_c & measured & ~done & ~dropped & ((t1 - arr) * 1000.0 > slo_ms)
+            decided = int((is_c & measured & (done | dropped)).sum() + aged.sum())
+            reasons = Counter(
+                r for r, k in zip(log.drop_reason, is_c, strict=True) if k and r is not None
+            )
+            out["classes"][class_name(c)] = {
+                "priority": c,
+                "arrived": int(is_c.sum()),
+                "completed": int((is_c & done).sum()),
+                "dropped": int((is_c & dropped).sum()),
+                "in_flight": int((is_c & ~done & ~dropped).sum()),
+                "dropped_by_reason": dict(sorted(reasons.items())),
+                "throughput_rps": _r(float((is_c & fin_in_window).sum()) / window),
+                "latency_ms": latency_figures(lat_c),
+                "slo_attainment": _r(int(met.sum()) / decided) if decided else None,
+            }
     if rec.central_max_queue_depth is not None:
         out["central_queue"] = {
             "max_queue_depth": _r(rec.central_max_queue_depth),
@@ -181,12 +207,27 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
             "utilization": {tr.name: utilization_series(tr, t0, t1, dt) for tr in rec.devices},
             "queue_depth": {tr.name: queue_series(tr, t0, t1, dt) for tr in rec.devices},
         }
+        if len(classes) > 1 and prio is not None:
+            edges = np.arange(t0, t1 + 1e-9, dt)
+            out["timeseries"]["completions_by_class"] = {
+                class_name(c): [
+                    int(x) for x in np.histogram(fin[done & (prio == c)], bins=edges)[0]
+                ]
+                for c in classes
+            }
         out["latency_cdf_ms"] = (
             [_r(float(x)) for x in np.percentile(all_lat, np.linspace(0, 100, CDF_POINTS))]
             if all_lat.size
             else []
         )
     return out
+
+
+def class_name(priority: int) -> str:
+    for name, value in PRIORITY_CLASSES.items():
+        if value == priority:
+            return name
+    return f"priority-{priority}"
 
 
 def clean_json(obj: Any) -> Any:

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import DeviceTrace, RequestLog, RunRecords
-from evenserve.core.scenario import CENTRAL_QUEUE, ClosedLoop, OpenLoop, TraceWorkload
+from evenserve.core.scenario import CENTRAL_QUEUE, ClosedLoop, OpenLoop, Phase, TraceWorkload
 from evenserve.core.types import LoadSample, QueueView, RequestInfo
 from evenserve.policy.batching import BATCHING, BatchingPolicy
 from evenserve.policy.batching.device import next_batch
+from evenserve.policy.batching.queue import RequestQueue
 from evenserve.policy.registry import spec_label
 from evenserve.policy.routing import ROUTING, Router
 from evenserve.sim.engine import EventLoop
@@ -48,10 +49,12 @@ class ModelQueue:
 
     __slots__ = ("area", "items", "last_change_s", "max_depth", "model", "policy", "warmup_s")
 
-    def __init__(self, model: str, policy: BatchingPolicy, warmup_s: float) -> None:
+    def __init__(
+        self, model: str, policy: BatchingPolicy, warmup_s: float, items: RequestQueue[SimRequest]
+    ) -> None:
         self.model = model
         self.policy = policy
-        self.items: deque[SimRequest] = deque()
+        self.items = items
         self.area = 0.0
         self.last_change_s = 0.0
         self.max_depth = 0
@@ -145,14 +148,22 @@ class Simulation:
         self.signal_interval_s = sig.interval_ms / 1000.0
         hist_len = max(2, round(sig.utilization_window_ms / sig.interval_ms) + 1)
 
-        def make_policy(model: str) -> BatchingPolicy:
+        starvation_s = None if self.arm.starvation_ms is None else self.arm.starvation_ms / 1000.0
+        self.starvation_s = starvation_s
+
+        def make_queue(model: str) -> ModelQueue:
             spec = self.arm.batching_per_model.get(model, self.arm.batching)
-            return BATCHING.build(spec, policy_rng)
+            items: RequestQueue[SimRequest] = RequestQueue(
+                slo_s=sc.models[model].slo_ms / 1000.0,
+                max_len=self.max_queue,
+                starvation_s=starvation_s,
+            )
+            return ModelQueue(model, BATCHING.build(spec, policy_rng), self.warmup_s, items)
 
         self.central_queues: dict[str, ModelQueue] = {}
         if self.central:
             for m in sc.models:
-                self.central_queues[m] = ModelQueue(m, make_policy(m), self.warmup_s)
+                self.central_queues[m] = make_queue(m)
 
         self.devices: list[SimDevice] = []
         self.hosts: dict[str, list[SimDevice]] = {m: [] for m in sc.models}
@@ -161,7 +172,7 @@ class Simulation:
             if self.central:
                 queues = {m: self.central_queues[m] for m in profiles}
             else:
-                queues = {m: ModelQueue(m, make_policy(m), self.warmup_s) for m in profiles}
+                queues = {m: make_queue(m) for m in profiles}
             dev = SimDevice(spec.name, profiles, queues, spec.memory_gb * 1024.0**3, hist_len)
             self.devices.append(dev)
             for m in profiles:
@@ -179,7 +190,9 @@ class Simulation:
                     max_batch_size={m: d.queues[m].policy.max_batch_size for m in d.models},
                 )
         self._slo = {m: spec.slo_ms for m, spec in sc.models.items()}
+        self._slo_s = {m: spec.slo_ms / 1000.0 for m, spec in sc.models.items()}
         self._priority = {m: spec.priority for m, spec in sc.models.items()}
+        self._deadline_ms = {m: spec.deadline_ms for m, spec in sc.models.items()}
         self._closed: ClosedLoop | None = None
         self._mix_models: list[str] = []
         self._mix_cum: list[float] = []
@@ -195,31 +208,47 @@ class Simulation:
         priority: int | None = None,
     ) -> SimRequest:
         now = self.loop.now
-        idx = self.log.add(model, now)
+        prio = self._priority[model] if priority is None else priority
+        idx = self.log.add(model, now, prio)
         self._next_id += 1
+        if deadline_ms is None:
+            deadline_ms = self._deadline_ms[model]
         return SimRequest(
             request_id=self._next_id,
             model=model,
             arrival_s=now,
-            priority=self._priority[model] if priority is None else priority,
+            priority=prio,
             deadline_s=None if deadline_ms is None else now + deadline_ms / 1000.0,
             idx=idx,
             user=user,
         )
 
     def _start_open_loop(self, wl: OpenLoop) -> None:
-        for m in sorted(wl.rates_rps):
-            rate = wl.rates_rps[m]
+        streams: list[tuple[str, float, int | None, float | None, list[Phase]]] = [
+            (m, wl.rates_rps[m], None, None, wl.phases) for m in sorted(wl.rates_rps)
+        ]
+        for st in wl.streams:
+            streams.append(
+                (
+                    st.model,
+                    st.rate_rps,
+                    st.priority_value(),
+                    st.deadline_ms,
+                    wl.phases if st.phases is None else st.phases,
+                )
+            )
+        for i, (m, rate, prio, deadline_ms, phases) in enumerate(streams):
             if rate <= 0:
                 continue
-            proc = PoissonProcess(rate, wl.phases, random.Random(f"{self.seed}:arrivals:{m}"))
+            name = m if i < len(wl.rates_rps) else f"{m}:{i}"
+            proc = PoissonProcess(rate, phases, random.Random(f"{self.seed}:arrivals:{name}"))
             t = proc.next_after(0.0)
             if t < self.end_s:
-                self.loop.at(t, self._open_arrival, (m, proc))
+                self.loop.at(t, self._open_arrival, (m, proc, prio, deadline_ms))
 
-    def _open_arrival(self, arg: tuple[str, PoissonProcess]) -> None:
-        m, proc = arg
-        self._arrive(self._new_request(m))
+    def _open_arrival(self, arg: tuple[str, PoissonProcess, int | None, float | None]) -> None:
+        m, proc, prio, deadline_ms = arg
+        self._arrive(self._new_request(m, deadline_ms=deadline_ms, priority=prio))
         t = proc.next_after(self.loop.now)
         if t < self.end_s:
             self.loop.at(t, self._open_arrival, arg)
@@ -274,16 +303,32 @@ class Simulation:
         if r.user >= 0:
             self._schedule_user(r.user)
 
+    def _offer(self, q: ModelQueue, r: SimRequest, d: SimDevice | None) -> int:
+        """Admission: enqueue ``r`` or drop it with a reason. Returns the change in queue
+        length: 1 admitted, 0 admitted by shedding a lower-class request, -1 refused."""
+        now = self.loop.now
+        prof = d.profiles[r.model] if d is not None else self.hosts[r.model][0].profiles[r.model]
+        busy = max(0.0, d.busy_until_s - now) if d is not None and d.busy else 0.0
+        offer = q.items.offer(r, now, profile=prof, busy_remaining_s=busy)
+        if not offer.admitted:
+            self._drop(r, offer.reason or "refused")
+            return -1
+        if offer.evicted is None:
+            return 1
+        self._drop(offer.evicted, "shed")
+        if d is not None and self.router is not None:
+            self.router.done(d.name, offer.evicted.model)
+        return 0
+
     def _arrive(self, r: SimRequest) -> None:
         now = self.loop.now
         m = r.model
         if self.central:
             q = self.central_queues[m]
-            if self.max_queue is not None and len(q.items) >= self.max_queue:
-                self._drop(r, "queue-full")
+            self._q_account(q, now)
+            if self._offer(q, r, None) < 0:
                 return
-            self._q_change(q, now, +1)
-            q.items.append(r)
+            self._q_peak(q, now)
             q.policy.on_arrival(now)
             idle = [d for d in self.hosts[m] if not d.busy]
             idle.sort(key=lambda d: d.idle_since_s)
@@ -300,23 +345,25 @@ class Simulation:
             return
         dev = self.by_name[view.name]
         q = dev.queues[m]
-        if self.max_queue is not None and len(q.items) >= self.max_queue:
-            self._drop(r, "queue-full")
-            return
         router.sent(dev.name, m)
-        self._dev_change(dev, now, +1)
-        q.items.append(r)
+        delta = self._offer(q, r, dev)
+        if delta < 0:
+            router.done(dev.name, m)
+            return
+        self._dev_change(dev, now, delta)
         q.policy.on_arrival(now)
         if not dev.busy:
             self._try_start(dev)
 
-    def _q_change(self, q: ModelQueue, now: float, delta: int) -> None:
+    def _q_account(self, q: ModelQueue, now: float) -> None:
+        """Time-weighted depth up to ``now``; call before the queue changes."""
         if now > q.warmup_s:
             q.area += len(q.items) * (now - max(q.last_change_s, q.warmup_s))
         q.last_change_s = now
-        depth = len(q.items) + delta
-        if now >= q.warmup_s and depth > q.max_depth:
-            q.max_depth = depth
+
+    def _q_peak(self, q: ModelQueue, now: float) -> None:
+        if now >= q.warmup_s and len(q.items) > q.max_depth:
+            q.max_depth = len(q.items)
 
     def _dev_change(self, d: SimDevice, now: float, delta: int) -> None:
         w = self.warmup_s
@@ -334,13 +381,26 @@ class Simulation:
         free = d.memory_total_bytes - d.memory_used_bytes()
         queues = d.queues
         profiles = d.profiles
+        for m in d.models:
+            q = queues[m]
+            if q.items:
+                if self.central:
+                    self._q_account(q, now)
+                for r in q.items.expire(now):
+                    self._expired(q, d, r, now)
+                if self.starvation_s is not None:
+                    q.items.promote_starved(now)
         nb = next_batch(
             (
-                (QueueView(m, queues[m].items, profiles[m], free, True), queues[m].policy)
+                (
+                    QueueView(m, queues[m].items.items, profiles[m], free, True, self._slo_s[m]),
+                    queues[m].policy,
+                )
                 for m in d.models
                 if queues[m].items
             ),
             now,
+            starvation_s=self.starvation_s,
         )
         if nb.model is None:
             wake = nb.wake_s
@@ -352,11 +412,10 @@ class Simulation:
         best_n = nb.n
         n = min(best_n, len(best_q.items))
         if self.central:
-            self._q_change(best_q, now, -n)
+            self._q_account(best_q, now)
         else:
             self._dev_change(d, now, -n)
-        items = best_q.items
-        batch = [items.popleft() for _ in range(n)]
+        batch = best_q.items.pop(n)
         best_q.policy.on_dispatch(n, now)
         prof = d.profiles[best_q.model]
         dur = prof.latency_s(n)
@@ -371,6 +430,13 @@ class Simulation:
         tr.busy_end_s.append(now + dur)
         tr.batch_sizes.append(n)
         self.loop.at(now + dur, self._finish, d)
+
+    def _expired(self, q: ModelQueue, d: SimDevice, r: SimRequest, now: float) -> None:
+        self._drop(r, "deadline-expired")
+        if not self.central:
+            self._dev_change(d, now, -1)
+            if self.router is not None:
+                self.router.done(d.name, r.model)
 
     def _wake(self, d: SimDevice) -> None:
         if d.next_wake_s <= self.loop.now:
@@ -450,7 +516,7 @@ class Simulation:
         central_max = central_mean = None
         if self.central:
             for q in self.central_queues.values():
-                self._q_change(q, end, 0)
+                self._q_account(q, end)
             central_max = float(max(q.max_depth for q in self.central_queues.values()))
             central_mean = sum(q.area for q in self.central_queues.values()) / window
         arm = self.arm

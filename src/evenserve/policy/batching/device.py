@@ -5,6 +5,11 @@ When an instance is free, each hosted model's batching policy is asked about its
 Among the models whose policy says Dispatch, the one whose oldest waiting request has the
 highest priority, then the earliest arrival, goes first (FIFO across models within a class).
 If none is ready, the answer is the earliest time any policy asked to be woken.
+
+Classes: a lower-class batch never delays a higher class that is only waiting for its batching
+window: it runs only if the profile says it ends before that window's wake-up time (offline
+work fills the valleys online work leaves). With ``starvation_s`` set, a queue whose head has
+waited longer than that competes as the highest class (bounded starvation).
 """
 
 from __future__ import annotations
@@ -29,22 +34,38 @@ class NextBatch:
 IDLE = NextBatch(None, 0)
 
 
-def next_batch(queues: Iterable[tuple[QueueView, BatchingPolicy]], now_s: float) -> NextBatch:
-    best_model: str | None = None
+def next_batch(
+    queues: Iterable[tuple[QueueView, BatchingPolicy]],
+    now_s: float,
+    *,
+    starvation_s: float | None = None,
+) -> NextBatch:
+    best: tuple[float, float] | None = None
+    best_view: QueueView | None = None
     best_n = 0
-    best_key = (math.inf, math.inf)
     wake = math.inf
+    waiting: list[tuple[float, float]] = []
     for view, policy in queues:
         if not view.requests:
             continue
+        head = view.requests[0]
+        prio = float(head.priority)
+        if starvation_s is not None and now_s - head.arrival_s > starvation_s:
+            prio = math.inf
         dec = policy.decide(view, now_s)
         if isinstance(dec, Dispatch):
-            head = view.requests[0]
-            key = (-float(head.priority), head.arrival_s)
-            if key < best_key:
-                best_model, best_n, best_key = view.model, min(dec.n, len(view.requests)), key
-        elif dec.t_s < wake:
-            wake = dec.t_s
-    if best_model is None:
+            key = (-prio, head.arrival_s)
+            if best is None or key < best:
+                best, best_view, best_n = key, view, min(dec.n, len(view.requests))
+        else:
+            waiting.append((prio, dec.t_s))
+            if dec.t_s < wake:
+                wake = dec.t_s
+    if best is None or best_view is None:
         return NextBatch(None, 0, wake)
-    return NextBatch(best_model, best_n, wake)
+    best_prio = -best[0]
+    guard = min((t for p, t in waiting if p > best_prio), default=math.inf)
+    prof = best_view.profile
+    if guard < math.inf and prof is not None and now_s + prof.latency_s(best_n) > guard:
+        return NextBatch(None, 0, wake)
+    return NextBatch(best_view.model, best_n, wake)

@@ -71,12 +71,12 @@ class QueueAware:
         p = self.params
         wq, wu, wm = p.queue_weight, p.utilization_weight, p.memory_weight
         qmax = max(b.queue_depth for b in backends)
-        inv_q = wq / qmax if qmax > 0 else 0.0
         out = []
         for b in backends:
+            qn = b.queue_depth / qmax if qmax > 0 else 0.0
             u = b.utilization
             util = 1.0 if u is None else (0.0 if u < 0.0 else (1.0 if u > 1.0 else u))
-            out.append(b.queue_depth * inv_q + wu * util + wm * memory_used_fraction(b))
+            out.append(wq * qn + wu * util + wm * memory_used_fraction(b))
         return out
 
     def choose(
