@@ -18,7 +18,7 @@ from evenserve.report.plots import write_plots
 from evenserve.report.summary import run_summary, summarize
 from evenserve.report.table import arm_table, compare_rows, compare_table, device_table
 from evenserve.sim.cluster import simulate as run_arm
-from evenserve.sim.loader import load_scenario
+from evenserve.sim.loader import load_scenario, with_level
 
 app = typer.Typer(
     add_completion=False,
@@ -46,6 +46,9 @@ def _write_json(path: Path, obj: Any) -> None:
         path.write_text(text)
 
 
+LevelOpt = Annotated[
+    str | None, typer.Option("--level", help="Run at a named load level of the scenario.")
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", help="Override a scenario field: key.path=value (repeatable)."),
@@ -57,6 +60,7 @@ def simulate(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
     arm: Annotated[str | None, typer.Option(help="Arm to run (default: the first).")] = None,
     set_: SetOpt = None,
+    level: LevelOpt = None,
     seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the run summary JSON here ('-': stdout).")
@@ -64,7 +68,7 @@ def simulate(
 ) -> None:
     """Simulate one arm of a scenario and print its figures."""
     try:
-        loaded = load_scenario(scenario, set_ or [])
+        loaded = with_level(load_scenario(scenario, set_ or []), level)
         sc = loaded.scenario
         name = arm or next(iter(sc.arms))
         if name not in sc.arms:
@@ -94,6 +98,7 @@ def simulate(
 def compare(
     scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
     set_: SetOpt = None,
+    level: LevelOpt = None,
     seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the run summary JSON here ('-': stdout).")
@@ -102,7 +107,7 @@ def compare(
 ) -> None:
     """Run every arm of a scenario with the same seed; print them side by side."""
     try:
-        loaded = load_scenario(scenario, set_ or [])
+        loaded = with_level(load_scenario(scenario, set_ or []), level)
         sc = loaded.scenario
         s = seed if seed is not None else sc.seed
         arms: dict[str, Any] = {}

@@ -119,6 +119,15 @@ class ArmSpec(Strict):
     starvation_ms: float | None = Field(
         default=None, gt=0, description="a lower class waiting longer than this goes first"
     )
+    class_headroom: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="lower classes run only while higher classes' demand is at most this",
+    )
+    ignore_priority: bool = Field(
+        default=False, description="serve every class alike (FIFO baseline); figures keep classes"
+    )
     description: str | None = None
 
 
@@ -142,9 +151,15 @@ class Scenario(Strict):
     models: dict[str, ModelSpec] = Field(min_length=1)
     workload: Workload
     arms: dict[str, ArmSpec] = Field(min_length=1)
+    levels: dict[str, list[Phase]] = Field(
+        default_factory=dict,
+        description="named load levels: each replaces an open-loop workload's rate phases",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
+        if self.levels and not isinstance(self.workload, OpenLoop):
+            raise ValueError("levels: only an open-loop workload has rate phases to replace")
         if self.warmup_s >= self.duration_s:
             raise ValueError("warmup_s must be less than duration_s")
         if self.default_profile_set is not None and self.default_profile_set not in (
@@ -193,6 +208,15 @@ class Scenario(Strict):
                 if m not in self.models:
                     raise ValueError(f"arms.{arm}.batching_per_model.{m}: unknown model")
         return self
+
+    def at_level(self, level: str) -> Scenario:
+        """This scenario with the open-loop phases of load level ``level``."""
+        if level not in self.levels:
+            known = ", ".join(self.levels) or "none defined"
+            raise ValueError(f"unknown load level {level!r} (levels: {known})")
+        assert isinstance(self.workload, OpenLoop)
+        wl = self.workload.model_copy(update={"phases": list(self.levels[level])})
+        return self.model_copy(update={"workload": wl})
 
     def expanded_devices(self) -> list[DeviceSpec]:
         out: list[DeviceSpec] = []

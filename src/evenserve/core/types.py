@@ -95,6 +95,11 @@ class QueueView:
     #: The model's latency SLO in seconds (requests without a deadline default to
     #: arrival + SLO for deadline-aware policies); None when unknown.
     slo_s: float | None = None
+    #: Smoothed arrival rate of this queue (req/s) and the class of its model's requests by
+    #: default; the device choice uses them to keep lower classes out of capacity that higher
+    #: classes are about to need.
+    arrival_rate_rps: float | None = None
+    default_priority: int | None = None
 
     def __len__(self) -> int:
         return len(self.requests)

@@ -73,6 +73,24 @@ def compare_table(summary: dict[str, Any], title: str | None = None) -> Table:
     models = list(next(iter(arms.values()))["models"])
     for m in models:
         add(f"SLO met {m}", [_fmt(r["slo_attainment"].get(m), 2, pct=True) for r in rows])
+    class_names: list[str] = []
+    for a in arms.values():
+        for c in a.get("classes", {}):
+            if c not in class_names:
+                class_names.append(c)
+    for c in class_names:
+        cls = [arms[r["arm"]].get("classes", {}).get(c) for r in rows]
+        add(f"SLO met {c}", [_fmt(x["slo_attainment"], 2, pct=True) if x else "-" for x in cls])
+        add(f"completed {c}", [str(x["completed"]) if x else "-" for x in cls])
+        add(
+            f"dropped {c}",
+            [
+                ", ".join(f"{k} {v}" for k, v in x["dropped_by_reason"].items()) or "0"
+                if x
+                else "-"
+                for x in cls
+            ],
+        )
     if any("throughput_vs_baseline" in r for r in rows):
         add("throughput / baseline", [_fmt(r.get("throughput_vs_baseline"), 3) for r in rows])
         add("P99 / baseline", [_fmt(r.get("p99_vs_baseline"), 3) for r in rows])

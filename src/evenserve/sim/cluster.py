@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import DeviceTrace, RequestLog, RunRecords
 from evenserve.core.scenario import CENTRAL_QUEUE, ClosedLoop, OpenLoop, Phase, TraceWorkload
-from evenserve.core.types import LoadSample, QueueView, RequestInfo
+from evenserve.core.types import PRIORITY_CLASSES, LoadSample, QueueView, RequestInfo
 from evenserve.policy.batching import BATCHING, BatchingPolicy
 from evenserve.policy.batching.device import next_batch
 from evenserve.policy.batching.queue import RequestQueue
+from evenserve.policy.batching.rate import RateEstimator
 from evenserve.policy.registry import spec_label
 from evenserve.policy.routing import ROUTING, Router
 from evenserve.sim.engine import EventLoop
@@ -47,7 +48,17 @@ class SimRequest(RequestInfo):
 class ModelQueue:
     """One model's FIFO queue with its batching policy and exact depth accounting."""
 
-    __slots__ = ("area", "items", "last_change_s", "max_depth", "model", "policy", "warmup_s")
+    __slots__ = (
+        "area",
+        "items",
+        "last_change_s",
+        "max_depth",
+        "model",
+        "policy",
+        "priority",
+        "rate",
+        "warmup_s",
+    )
 
     def __init__(
         self, model: str, policy: BatchingPolicy, warmup_s: float, items: RequestQueue[SimRequest]
@@ -55,6 +66,8 @@ class ModelQueue:
         self.model = model
         self.policy = policy
         self.items = items
+        self.rate = RateEstimator(0.2)
+        self.priority = 10
         self.area = 0.0
         self.last_change_s = 0.0
         self.max_depth = 0
@@ -158,7 +171,9 @@ class Simulation:
                 max_len=self.max_queue,
                 starvation_s=starvation_s,
             )
-            return ModelQueue(model, BATCHING.build(spec, policy_rng), self.warmup_s, items)
+            q = ModelQueue(model, BATCHING.build(spec, policy_rng), self.warmup_s, items)
+            q.priority = sc.models[model].priority
+            return q
 
         self.central_queues: dict[str, ModelQueue] = {}
         if self.central:
@@ -217,7 +232,7 @@ class Simulation:
             request_id=self._next_id,
             model=model,
             arrival_s=now,
-            priority=prio,
+            priority=PRIORITY_CLASSES["online"] if self.arm.ignore_priority else prio,
             deadline_s=None if deadline_ms is None else now + deadline_ms / 1000.0,
             idx=idx,
             user=user,
@@ -330,6 +345,7 @@ class Simulation:
                 return
             self._q_peak(q, now)
             q.policy.on_arrival(now)
+            q.rate.observe(now)
             idle = [d for d in self.hosts[m] if not d.busy]
             idle.sort(key=lambda d: d.idle_since_s)
             for d in idle:
@@ -352,6 +368,7 @@ class Simulation:
             return
         self._dev_change(dev, now, delta)
         q.policy.on_arrival(now)
+        q.rate.observe(now)
         if not dev.busy:
             self._try_start(dev)
 
@@ -386,21 +403,32 @@ class Simulation:
             if q.items:
                 if self.central:
                     self._q_account(q, now)
-                for r in q.items.expire(now):
+                for r in q.items.expire(now, profiles[m]):
                     self._expired(q, d, r, now)
                 if self.starvation_s is not None:
                     q.items.promote_starved(now)
+        headroom = self.arm.class_headroom
         nb = next_batch(
             (
                 (
-                    QueueView(m, queues[m].items.items, profiles[m], free, True, self._slo_s[m]),
+                    QueueView(
+                        m,
+                        queues[m].items.items,
+                        profiles[m],
+                        free,
+                        True,
+                        self._slo_s[m],
+                        queues[m].rate.rate_at(now) if headroom is not None else None,
+                        queues[m].priority,
+                    ),
                     queues[m].policy,
                 )
                 for m in d.models
-                if queues[m].items
+                if queues[m].items or headroom is not None
             ),
             now,
             starvation_s=self.starvation_s,
+            class_headroom=headroom,
         )
         if nb.model is None:
             wake = nb.wake_s

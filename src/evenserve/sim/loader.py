@@ -113,6 +113,17 @@ def parse_scenario(raw: Any, base_dir: Path, source: str = "scenario") -> Loaded
     return LoadedScenario(scenario=sc, base_dir=base_dir, profile_sets=sets)
 
 
+def with_level(loaded: LoadedScenario, level: str | None) -> LoadedScenario:
+    """The loaded scenario at a named load level (unchanged when ``level`` is None)."""
+    if level is None:
+        return loaded
+    try:
+        sc = loaded.scenario.at_level(level)
+    except ValueError as exc:
+        raise ConfigError(f"--level: {exc}") from None
+    return LoadedScenario(scenario=sc, base_dir=loaded.base_dir, profile_sets=loaded.profile_sets)
+
+
 def load_scenario(path: Path | str, overrides: Iterable[str] = ()) -> LoadedScenario:
     path = Path(path)
     try:

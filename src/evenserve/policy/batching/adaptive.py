@@ -2,8 +2,10 @@
 
 Formula, for a queue of n requests with smoothed arrival rate r (decaying count, ``tau_ms``):
 - cap = ``max_batch_size``, raised toward ``max_batch_cap`` when the queue is deeper (a burst
-  is drained in bigger batches), then cut to the largest batch whose profile working memory
-  fits in ``memory_fraction`` (0.85) of the device's free memory.
+  is drained in bigger batches) but only while one batch takes at most ``slo_fraction`` (0.5)
+  of the model's SLO (a batch that alone eats the SLO serves nobody in time), then cut to the
+  largest batch whose profile working memory fits in ``memory_fraction`` (0.85) of the
+  device's free memory.
 - n >= cap: Dispatch(cap).
 - If batches of n already keep up with r (r * t(n) / n <= ``target_utilization``), waiting
   would only add latency: Dispatch(n). This is the low-density case.
@@ -19,7 +21,8 @@ grow by themselves under load (the queue fills while the device is busy). So by 
 policy is greedy with a cap that follows the queue (bursts drain in bigger batches) and memory
 headroom; a positive ``max_delay_ms`` is for devices shared by several models, where fewer,
 larger batches of one model leave the device to the others sooner.
-Params: ``max_batch_size`` (8), ``max_batch_cap`` (32), ``max_delay_ms`` (0),
+Params: ``max_batch_size`` (8), ``max_batch_cap`` (32), ``slo_fraction`` (0.5),
+``max_delay_ms`` (0),
 ``target_utilization`` (0.8), ``tau_ms`` (200), ``memory_fraction`` (0.85).
 """
 
@@ -39,6 +42,7 @@ from evenserve.policy.registry import PolicyParams
 class AdaptiveParams(PolicyParams):
     max_batch_size: int = Field(default=8, ge=1)
     max_batch_cap: int = Field(default=32, ge=1)
+    slo_fraction: float = Field(default=0.5, gt=0, le=1)
     max_delay_ms: float = Field(default=0.0, ge=0)
     target_utilization: float = Field(default=0.8, gt=0, le=1)
     tau_ms: float = Field(default=200.0, gt=0)
@@ -66,7 +70,12 @@ class Adaptive(BatchingPolicyBase):
     def cap(self, queue: QueueView) -> int:
         p = self.params
         cap = min(p.max_batch_cap, max(p.max_batch_size, len(queue)))
-        return memory_cap(queue.profile, queue.memory_free_bytes, p.memory_fraction, cap)
+        prof = queue.profile
+        if prof is not None and queue.slo_s is not None:
+            budget = p.slo_fraction * queue.slo_s
+            while cap > p.max_batch_size and prof.latency_s(cap) > budget:
+                cap -= 1
+        return memory_cap(prof, queue.memory_free_bytes, p.memory_fraction, cap)
 
     def decide(self, queue: QueueView, now_s: float) -> BatchDecision:
         n = len(queue)

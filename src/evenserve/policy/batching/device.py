@@ -6,10 +6,16 @@ Among the models whose policy says Dispatch, the one whose oldest waiting reques
 highest priority, then the earliest arrival, goes first (FIFO across models within a class).
 If none is ready, the answer is the earliest time any policy asked to be woken.
 
-Classes: a lower-class batch never delays a higher class that is only waiting for its batching
-window: it runs only if the profile says it ends before that window's wake-up time (offline
-work fills the valleys online work leaves). With ``starvation_s`` set, a queue whose head has
-waited longer than that competes as the highest class (bounded starvation).
+Classes. Offline work fills the valleys online work leaves:
+- a lower-class batch never delays a higher class that is only waiting for its batching
+  window: it runs only if the profile says it ends before that window's wake-up time;
+- with ``class_headroom`` set, a lower-class batch runs only while the higher classes'
+  demand on the device, sum of rate x per-request time at their max batch size (from each
+  queue's smoothed arrival rate and profile, empty queues included), is at most that
+  fraction of the device. In an online burst offline work pauses instead of taking every
+  other batch slot.
+With ``starvation_s`` set, a queue whose head has waited longer than that competes as the
+highest class (bounded starvation).
 """
 
 from __future__ import annotations
@@ -39,13 +45,22 @@ def next_batch(
     now_s: float,
     *,
     starvation_s: float | None = None,
+    class_headroom: float | None = None,
 ) -> NextBatch:
     best: tuple[float, float] | None = None
     best_view: QueueView | None = None
     best_n = 0
     wake = math.inf
     waiting: list[tuple[float, float]] = []
+    demand: list[tuple[float, float]] = []
     for view, policy in queues:
+        if class_headroom is not None and view.arrival_rate_rps and view.profile is not None:
+            cls = view.default_priority
+            if cls is None and view.requests:
+                cls = view.requests[0].priority
+            if cls is not None:
+                b = max(1, policy.max_batch_size)
+                demand.append((float(cls), view.arrival_rate_rps * view.profile.per_item_s(b)))
         if not view.requests:
             continue
         head = view.requests[0]
@@ -68,4 +83,8 @@ def next_batch(
     prof = best_view.profile
     if guard < math.inf and prof is not None and now_s + prof.latency_s(best_n) > guard:
         return NextBatch(None, 0, wake)
+    if class_headroom is not None and best_prio < math.inf:
+        higher = sum(d for c, d in demand if c > best_prio)
+        if higher > class_headroom:
+            return NextBatch(None, 0, wake)
     return NextBatch(best_view.model, best_n, wake)

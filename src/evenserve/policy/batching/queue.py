@@ -11,8 +11,9 @@ Shared by the simulator and the live worker so both order, refuse and shed ident
   queue bound: when full, a request of a higher class evicts the lowest-class, latest
   request (``shed``); otherwise it is refused (``queue-full``). So under overload the lowest
   class is shed first.
-- Expiry (``expire``): requests whose own deadline passed while they waited leave the queue
-  (``deadline-expired``); they are never run.
+- Expiry (``expire``): requests whose own deadline passed while they waited, or that the
+  profile says can no longer make it even alone, leave the queue (``deadline-expired``);
+  they are never run, so a burst does not spend the device on work that is already late.
 - Starvation bound (``promote_starved``): a request of a lower class that has waited longer
   than ``starvation_s`` is promoted to the highest class present, so offline work cannot wait
   forever behind a stream of online work.
@@ -112,13 +113,15 @@ class RequestQueue(Generic[R]):
         self._insert(r)
         return Offer(True, None, evicted)
 
-    def expire(self, now_s: float) -> list[R]:
-        """Remove and return requests whose own deadline has passed."""
+    def expire(self, now_s: float, profile: LatencyProfile | None = None) -> list[R]:
+        """Remove and return requests that can no longer meet their own deadline: passed, or
+        (with a profile) so close that even a batch of one started now would end after it."""
         if not self._with_deadline:
             return []
-        gone = [r for r in self.items if r.deadline_s is not None and r.deadline_s < now_s]
+        cutoff = now_s + (profile.latency_s(1) if profile is not None else 0.0)
+        gone = [r for r in self.items if r.deadline_s is not None and r.deadline_s < cutoff]
         if gone:
-            keep = [r for r in self.items if r.deadline_s is None or r.deadline_s >= now_s]
+            keep = [r for r in self.items if r.deadline_s is None or r.deadline_s >= cutoff]
             self.items = []
             self._keys = []
             self._with_deadline = 0
