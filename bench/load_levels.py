@@ -2,8 +2,9 @@
 
 For every load level of the scenario and every arm (a sweep of fixed-window delays, the
 articles' step-down rule, adaptive and deadline), simulate with the same seeds (1..N) and
-print the mean over seeds of goodput within SLO (req/s), P99 (ms) and dropped requests. Marks the best fixed delay per level and says
-whether adaptive / deadline are at least as good as it on both figures.
+print the mean over seeds of goodput within SLO (req/s), P99 (ms) and dropped requests.
+Marks the best fixed delay per level and says whether adaptive / deadline are at least as good
+as it on both figures (within 0.5 %, the run-to-run noise of these means).
 
     python bench/load_levels.py [--scenario scenarios/load-levels.yaml] [--seeds N] [--json PATH]
 """
