@@ -2,20 +2,21 @@
 
 Phases, all on this machine:
 1. ``evenserve worker`` starts as a subprocess serving one model with static batching of
-   exactly ``--batch-size`` (and loads it; it then sits idle).
-2. Plain loop A: this process loads the same model with the same runtime and calls it on a
-   synthetic batch of ``--batch-size`` in a tight loop.
-3. Through the worker: ``2 x batch-size`` closed-loop HTTP clients (binary tensors, one item
-   per request) keep the worker's queue full, so every batch it runs is full.
-4. Plain loop B, as A (the two plain runs bracket the worker run, so drift in the host's load
-   shows up as a difference between A and B rather than as a bias).
-5. Added latency at low load: one client, batching ``none``, against the plain loop at
-   batch 1 (a second worker start).
+   exactly ``--batch-size`` (and loads it; it then sits idle while the plain loop runs).
+   This process loads the same model with the same runtime and warms it up.
+2. ``--rounds`` paired rounds, each: a plain loop (the runtime called directly on a synthetic
+   batch of ``--batch-size``, ``--batches`` times),
+   then the same number of items through the worker, sent by ``2 x batch-size`` closed-loop
+   HTTP clients (binary tensors, one item per request) that keep its queue full, so every
+   batch it runs is full. Pairing adjacent phases keeps a shared host's changing load from
+   biasing the ratio; the median of the rounds' ratios is reported.
+3. Added latency at low load: a second worker start with batching ``none``; one request at
+   a time, each paired with a plain batch-1 call made just before it.
 
-Prints items/s of each phase, the throughput ratio worker / mean(A, B), and the added latency
+Prints items/s of each phase, the throughput ratio worker / plain loop, and the added latency
 per request: (a) at the fixed batch size, the client's mean latency minus the worker's own
 mean queue + compute time per request (what HTTP, parsing and encoding add); (b) at batch 1
-with one client, the client's median latency minus the plain loop's median batch-1 time.
+with one client, the median over pairs of (client latency - plain batch-1 call).
 
 Usage: python bench/worker_efficiency.py [--model resnet50] [--batch-size 8] [--batches 10]
 """
@@ -46,23 +47,34 @@ ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-c", "from evenserve.cli.main import main; main()"]
 
 
-def plain_loop(entry: ModelEntry, batch: int, n: int, threads: int) -> tuple[float, list[float]]:
-    """(items/s, per-batch seconds) of the runtime called directly."""
-    runtime = build_runtime(entry, parse_device("cpu"), cpu_threads=threads)
-    runtime.load()
-    inputs = synthetic_batch(entry, batch, {}, np.random.default_rng(0))
-    runtime.run(inputs)
-    times = []
-    t0 = time.perf_counter()
-    for _ in range(n):
-        s = time.perf_counter()
-        runtime.run(inputs)
-        times.append(time.perf_counter() - s)
-    total = time.perf_counter() - t0
-    runtime.close()
-    del runtime
-    gc.collect()
-    return batch * n / total, times
+class PlainLoop:
+    """The runtime called directly in this process, loaded once and warmed up."""
+
+    def __init__(self, entry: ModelEntry, threads: int, warmup: int = 2) -> None:
+        self.entry = entry
+        self.runtime = build_runtime(entry, parse_device("cpu"), cpu_threads=threads)
+        self.runtime.load()
+        self.warmup = warmup
+        self._inputs: dict[int, dict[str, Any]] = {}
+
+    def run(self, batch: int, n: int) -> tuple[float, list[float]]:
+        """(items/s, per-batch seconds) over ``n`` batches of ``batch``."""
+        if batch not in self._inputs:
+            self._inputs[batch] = synthetic_batch(self.entry, batch, {}, np.random.default_rng(0))
+            for _ in range(self.warmup):
+                self.runtime.run(self._inputs[batch])
+        inputs = self._inputs[batch]
+        times = []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            s = time.perf_counter()
+            self.runtime.run(inputs)
+            times.append(time.perf_counter() - s)
+        return batch * n / (time.perf_counter() - t0), times
+
+    def close(self) -> None:
+        self.runtime.close()
+        gc.collect()
 
 
 def start_worker(
@@ -153,6 +165,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--batches", type=int, default=10, help="measured batches per phase")
     ap.add_argument("--threads", type=int, default=2, help="torch threads, both sides")
+    ap.add_argument("--rounds", type=int, default=3, help="paired plain/worker rounds")
+    ap.add_argument("--single-pairs", type=int, default=15, help="paired batch-1 requests")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
     b, n = args.batch_size, args.batches
@@ -164,21 +178,30 @@ def main() -> None:
         body, headers = request_body(entry)
         try:
             print(f"model {args.model}, batch size {b}, {n} measured batches per phase, "
-                  f"{args.threads} torch threads")  # fmt: skip
-            plain_a, times_a = plain_loop(entry, b, n, args.threads)
-            print(f"plain loop A:    {plain_a:8.2f} items/s "
-                  f"(median {statistics.median(times_a) * 1e3:.1f} ms per batch)")  # fmt: skip
+                  f"{args.threads} torch thread(s), {args.rounds} rounds")  # fmt: skip
             asyncio.run(drive(url, args.model, body, headers, 2 * b, 2 * b))  # warm-up
+            plain_runs: list[float] = []
+            worker_runs: list[float] = []
+            round_ratios: list[float] = []
+            lat: list[float] = []
+            plain_loop = PlainLoop(entry, args.threads)
             before = model_stats(url, args.model)
-            secs, lat = asyncio.run(drive(url, args.model, body, headers, 2 * b, b * n))
+            for r in range(args.rounds):
+                plain, times = plain_loop.run(b, n)
+                secs, lat_r = asyncio.run(drive(url, args.model, body, headers, 2 * b, b * n))
+                lat += lat_r
+                plain_runs.append(plain)
+                worker_runs.append(b * n / secs)
+                round_ratios.append(worker_runs[-1] / plain)
+                print(f"round {r + 1}: plain loop {plain:8.2f} items/s (median "
+                      f"{statistics.median(times) * 1e3:.1f} ms per batch), through worker "
+                      f"{worker_runs[-1]:8.2f} items/s ({2 * b} closed-loop clients): "
+                      f"ratio {round_ratios[-1]:.3f}")  # fmt: skip
             after = model_stats(url, args.model)
-            worker_tput = b * n / secs
-            print(f"through worker:  {worker_tput:8.2f} items/s ({2 * b} closed-loop clients)")
-            plain_b, times_b = plain_loop(entry, b, n, args.threads)
-            print(f"plain loop B:    {plain_b:8.2f} items/s "
-                  f"(median {statistics.median(times_b) * 1e3:.1f} ms per batch)")  # fmt: skip
         finally:
             stop_worker(proc)
+        worker_tput = statistics.mean(worker_runs)
+        plain_tput = statistics.mean(plain_runs)
         inf_a, inf_b = before["inference_stats"], after["inference_stats"]
         reqs = inf_b["success"]["count"] - inf_a["success"]["count"]
         queue_ms = (inf_b["queue"]["ns"] - inf_a["queue"]["ns"]) / reqs / 1e6
@@ -188,39 +211,48 @@ def main() -> None:
         ) / reqs / 1e6  # fmt: skip
         execs = after["execution_count"] - before["execution_count"]
         sizes = {s["batch_size"] for s in after["batch_stats"]}
-        ratio = worker_tput / ((plain_a + plain_b) / 2)
+        ratio = statistics.median(round_ratios)
         client_ms = statistics.mean(lat) * 1e3
         added_loaded_ms = client_ms - queue_ms - compute_ms
         print(
             f"worker ran {execs} batches, sizes {sorted(sizes)}; per request: queue "
             f"{queue_ms:.1f} ms + compute {compute_ms:.1f} ms; client saw {client_ms:.1f} ms"
         )
-        # Low load: one client, no batching, against the plain loop at batch 1.
-        _, times_1 = plain_loop(entry, 1, max(5, n), args.threads)
+        # Low load: one client, no batching, each request paired with a plain batch-1 call.
         proc, url = start_worker(args.repo, args.model, "none", args.threads, tmp)
+        times_1: list[float] = []
+        lat1: list[float] = []
         try:
             asyncio.run(drive(url, args.model, body, headers, 1, 2))
-            _, lat1 = asyncio.run(drive(url, args.model, body, headers, 1, max(5, n)))
+            plain_loop.run(1, 1)
+            for _ in range(args.single_pairs):
+                times_1 += plain_loop.run(1, 1)[1]
+                lat1 += asyncio.run(drive(url, args.model, body, headers, 1, 1))[1]
         finally:
             stop_worker(proc)
-        added_single_ms = (statistics.median(lat1) - statistics.median(times_1)) * 1e3
+            plain_loop.close()
+        added_single_ms = statistics.median(
+            (w - p) * 1e3 for w, p in zip(lat1, times_1, strict=True)
+        )
     print(
-        f"THROUGHPUT RATIO worker / plain loop at batch {b}: {ratio:.3f} "
-        f"({worker_tput:.2f} vs {(plain_a + plain_b) / 2:.2f} items/s)"
+        f"THROUGHPUT RATIO worker / plain loop at batch {b}: {ratio:.3f} (median of "
+        f"{len(round_ratios)} paired rounds; means {worker_tput:.2f} vs {plain_tput:.2f} "
+        f"items/s, ratio of means {worker_tput / plain_tput:.3f})"
     )
     print(
         f"ADDED LATENCY per request at batch {b} (client mean - worker queue - compute): "
         f"{added_loaded_ms:.2f} ms"
     )
     print(
-        f"ADDED LATENCY per request at batch 1, one client (client median - plain median): "
-        f"{added_single_ms:.2f} ms ({statistics.median(lat1) * 1e3:.1f} vs "
-        f"{statistics.median(times_1) * 1e3:.1f} ms)"
+        f"ADDED LATENCY per request at batch 1, one client (median of {len(lat1)} paired "
+        f"differences, client - plain call): {added_single_ms:.2f} ms (medians "
+        f"{statistics.median(lat1) * 1e3:.1f} vs {statistics.median(times_1) * 1e3:.1f} ms)"
     )
     if args.json is not None:
         args.json.write_text(json.dumps({
             "model": args.model, "batch_size": b, "batches": n, "threads": args.threads,
-            "plain_items_per_s": [plain_a, plain_b], "worker_items_per_s": worker_tput,
+            "plain_items_per_s": plain_runs, "worker_items_per_s": worker_runs,
+            "round_ratios": round_ratios,
             "throughput_ratio": ratio, "added_latency_ms_loaded": added_loaded_ms,
             "added_latency_ms_batch1": added_single_ms, "worker_queue_ms": queue_ms,
             "worker_compute_ms_per_request": compute_ms, "client_latency_ms": client_ms,
