@@ -21,8 +21,12 @@ $(VENV)/.dev: $(VENV)/.core
 	$(PIP) install -e '.[dev,transformers,onnx]'
 	touch $@
 
+# MLServer pins its own dependencies: it gets a virtualenv of its own for the interop test.
+.venv-mlserver/bin/mlserver:
+	bash scripts/setup_mlserver_env.sh
+
 setup: $(VENV)/.core
-setup-dev: $(VENV)/.dev
+setup-dev: $(VENV)/.dev .venv-mlserver/bin/mlserver
 
 demo: setup
 	$(VENV)/bin/evenserve compare scenarios/seed.yaml --plots $(OUT)/seed --json $(OUT)/seed/summary.json

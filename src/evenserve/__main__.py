@@ -1,0 +1,5 @@
+"""``python -m evenserve`` runs the command line."""
+
+from evenserve.cli.main import main
+
+main()
