@@ -48,6 +48,11 @@ class DeviceTrace:
     #: saw every change (the simulator does; a live scrape only sees samples).
     exact_mean_queue_depth: float | None = None
     exact_max_queue_depth: float | None = None
+    #: Samples of a cumulative busy-time counter (a live run scrapes the worker's
+    #: ``evenserve_worker_device_busy_seconds_total``): times and busy seconds so far. Used
+    #: for utilization when busy intervals are not known; linear between samples.
+    busy_t_s: list[float] = field(default_factory=list)
+    busy_total_s: list[float] = field(default_factory=list)
 
 
 @dataclass

@@ -7,7 +7,9 @@ Definitions (all over the measured window ``[warmup_s, end_s]``):
   decided (completed, dropped, or still unfinished at the end but already older than the SLO).
 - goodput: completions in the window that met their SLO / window length.
 - device utilization: busy time inside the window / window length (busy-time, not "a kernel
-  was running"); the spread is busiest minus idlest, in percentage points.
+  was running"); the spread is busiest minus idlest, in percentage points. Busy time comes
+  from busy intervals (the simulator) or, when those are absent, from samples of a
+  cumulative busy-seconds counter (a live scrape), linear between samples.
 - queue depth: mean and max of the queue-depth samples taken every signal interval
   (100 ms by default): what the router and a Prometheus scrape see, and what a live run can
   measure too. The simulator also reports the exact time-weighted mean and the exact
@@ -48,7 +50,19 @@ def latency_figures(lat_ms: np.ndarray) -> dict[str, float | None]:
     return out
 
 
+def _busy_counter_at(tr: DeviceTrace, t: np.ndarray) -> np.ndarray:
+    """The sampled cumulative busy seconds at times ``t`` (linear between samples)."""
+    return np.interp(t, np.asarray(tr.busy_t_s), np.asarray(tr.busy_total_s))
+
+
+def _sampled_busy(tr: DeviceTrace) -> bool:
+    return not tr.busy_start_s and len(tr.busy_t_s) >= 2
+
+
 def busy_in_window(tr: DeviceTrace, t0: float, t1: float) -> float:
+    if _sampled_busy(tr):
+        a, b = _busy_counter_at(tr, np.asarray([t0, t1]))
+        return float(max(0.0, b - a))
     if not tr.busy_start_s:
         return 0.0
     s = np.asarray(tr.busy_start_s)
@@ -60,6 +74,10 @@ def utilization_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list
     edges = np.arange(t0, t1 + 1e-9, dt)
     if edges.size < 2:
         return []
+    if _sampled_busy(tr):
+        cum = _busy_counter_at(tr, edges)
+        widths = np.diff(edges)
+        return [_r(float(max(0.0, c) / w)) for c, w in zip(np.diff(cum), widths, strict=True)]
     if not tr.busy_start_s:
         return [0.0] * (edges.size - 1)
     s = np.asarray(tr.busy_start_s)

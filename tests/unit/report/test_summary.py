@@ -95,3 +95,33 @@ def test_empty_run_has_no_nan() -> None:
     assert s["latency_ms"]["p99"] is None
     assert s["models"]["a"]["slo_attainment"] is None
     assert s["throughput_rps"] == 0.0
+
+
+def test_sampled_busy_counter_gives_utilization() -> None:
+    """A live scrape: cumulative busy seconds sampled; linear between samples."""
+    log = RequestLog()
+    i = log.add("a", 1.0)
+    log.finish_s[i] = 1.01
+    d = DeviceTrace(
+        name="d0",
+        busy_t_s=[0.0, 1.0, 2.0, 3.0, 4.0],
+        busy_total_s=[0.0, 0.5, 1.5, 1.5, 2.0],
+    )
+    rec = RunRecords(
+        scenario="s",
+        arm="x",
+        routing="r",
+        batching="b",
+        seed=0,
+        warmup_s=1.0,
+        end_s=4.0,
+        slo_ms={"a": 50.0},
+        requests=log,
+        devices=[d],
+    )
+    out = summarize(rec)
+    assert out["devices"]["d0"]["utilization"] == pytest.approx(1.5 / 3.0)
+    assert out["timeseries"]["utilization"]["d0"] == pytest.approx([1.0, 0.0, 0.5])
+    # Half a second in: half of the first second's 0.5 s of busy time.
+    rec.warmup_s = 0.5
+    assert summarize(rec)["devices"]["d0"]["utilization"] == pytest.approx(1.75 / 3.5)
