@@ -52,7 +52,8 @@ def latency_figures(lat_ms: np.ndarray) -> dict[str, float | None]:
 
 def _busy_counter_at(tr: DeviceTrace, t: np.ndarray) -> np.ndarray:
     """The sampled cumulative busy seconds at times ``t`` (linear between samples)."""
-    return np.interp(t, np.asarray(tr.busy_t_s), np.asarray(tr.busy_total_s))
+    out: np.ndarray = np.interp(t, np.asarray(tr.busy_t_s), np.asarray(tr.busy_total_s))
+    return out
 
 
 def _sampled_busy(tr: DeviceTrace) -> bool:
