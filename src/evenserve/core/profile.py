@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evenserve.core.errors import ProfileError
+from evenserve.core.validation import format_validation_error, validate_document
+
+__all__ = ["LatencyProfile", "ProfileFile", "format_validation_error", "load_profile"]
 
 MB = 1024.0 * 1024.0
 
@@ -168,16 +171,6 @@ class LatencyProfile:
         )
 
 
-def format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """One line per problem, each naming the field by its dotted path."""
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if p != "__root__")
-        where = f"{prefix}.{loc}" if prefix and loc else (prefix or loc)
-        lines.append(f"{where}: {e['msg']}" if where else str(e["msg"]))
-    return "; ".join(lines)
-
-
 def load_profile(path: Path) -> LatencyProfile:
     """Read one profile YAML; raise ProfileError naming the file and field on any problem."""
     try:
@@ -186,12 +179,9 @@ def load_profile(path: Path) -> LatencyProfile:
         raise ProfileError(f"profile file not found: {path}") from exc
     except yaml.YAMLError as exc:
         raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{path}: expected a mapping at the top level")
-    try:
-        return LatencyProfile.from_file_model(ProfileFile.model_validate(raw))
-    except ValidationError as exc:
-        raise ProfileError(f"{path}: {format_validation_error(exc)}") from exc
+    return LatencyProfile.from_file_model(
+        validate_document(ProfileFile, raw, str(path), ProfileError)
+    )
 
 
 def load_profile_set(directory: Path) -> dict[str, LatencyProfile]:

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.profile import format_validation_error
+from evenserve.core.validation import validate_document
 from evenserve.policy.routing import ROUTING
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -321,12 +321,7 @@ class LoadedCluster:
 
 
 def parse_cluster(raw: Any, base_dir: Path, where: str = "cluster") -> LoadedCluster:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping at the top level")
-    try:
-        cfg = ClusterConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"{where}: {format_validation_error(exc)}") from exc
+    cfg = validate_document(ClusterConfig, raw, where)
     ROUTING.parse(cfg.gateway.routing, "gateway.routing")
     return LoadedCluster(cfg, base_dir)
 

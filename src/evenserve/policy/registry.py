@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.profile import format_validation_error
+from evenserve.core.validation import format_validation_error
 
 P = TypeVar("P")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.profile import LatencyProfile, format_validation_error, load_profile_set
+from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.core.scenario import CENTRAL_QUEUE, DeviceSpec, Scenario
+from evenserve.core.validation import validate_document
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.routing import ROUTING
 
@@ -82,12 +82,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
 
 
 def parse_scenario(raw: Any, base_dir: Path, source: str = "scenario") -> LoadedScenario:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level")
-    try:
-        sc = Scenario.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: {format_validation_error(exc)}") from exc
+    sc = validate_document(Scenario, raw, source)
     for arm, spec in sc.arms.items():
         if spec.routing != CENTRAL_QUEUE:
             ROUTING.parse(spec.routing, f"{source}: arms.{arm}.routing")

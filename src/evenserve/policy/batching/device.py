@@ -15,7 +15,10 @@ Classes. Offline work fills the valleys online work leaves:
   fraction of the device. In an online burst offline work pauses instead of taking every
   other batch slot.
 With ``starvation_s`` set, a queue whose head has waited longer than that competes as the
-highest class (bounded starvation).
+highest class (bounded starvation). With ``rate_tau_s`` (the time constant of the rate
+estimates) a batch held back by the headroom comes with a wake-up time: when, without new
+arrivals, the higher classes' demand will have decayed to the headroom (rates decay as
+exp(-dt/tau)), so held-back work never waits for an arrival that may not come.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def next_batch(
     *,
     starvation_s: float | None = None,
     class_headroom: float | None = None,
+    rate_tau_s: float | None = None,
 ) -> NextBatch:
     best: tuple[float, float] | None = None
     best_view: QueueView | None = None
@@ -86,5 +90,8 @@ def next_batch(
     if class_headroom is not None and best_prio < math.inf:
         higher = sum(d for c, d in demand if c > best_prio)
         if higher > class_headroom:
+            if rate_tau_s is not None:
+                clear = now_s + rate_tau_s * math.log(higher / class_headroom) + 1e-6
+                wake = min(wake, clear)
             return NextBatch(None, 0, wake)
     return NextBatch(best_view.model, best_n, wake)

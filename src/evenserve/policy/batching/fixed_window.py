@@ -16,6 +16,19 @@ from evenserve.policy.batching.base import BATCHING, BatchingPolicyBase
 from evenserve.policy.registry import PolicyParams
 
 
+def window_decision(
+    queue: QueueView, now_s: float, max_batch: int, delay_s: float
+) -> BatchDecision:
+    """Full batch now; else everything once the oldest waited ``delay_s``; else wait till then."""
+    n = len(queue)
+    if n == 0:
+        return WaitUntil()
+    if n >= max_batch:
+        return Dispatch(max_batch)
+    due = queue.requests[0].arrival_s + delay_s
+    return Dispatch(n) if now_s >= due else WaitUntil(due)
+
+
 class FixedWindowParams(PolicyParams):
     max_batch_size: int = Field(default=8, ge=1)
     max_batch_delay_ms: float = Field(default=80.0, ge=0)
@@ -33,13 +46,7 @@ class FixedWindow(BatchingPolicyBase):
         return self.params.max_batch_size
 
     def decide(self, queue: QueueView, now_s: float) -> BatchDecision:
-        n = len(queue)
-        if n == 0:
-            return WaitUntil()
-        if n >= self.params.max_batch_size:
-            return Dispatch(self.params.max_batch_size)
-        due = queue.requests[0].arrival_s + self._delay_s
-        return Dispatch(n) if now_s >= due else WaitUntil(due)
+        return window_decision(queue, now_s, self.params.max_batch_size, self._delay_s)
 
 
 @BATCHING.register("fixed-window", FixedWindowParams, "dispatch when full or oldest waited delay")

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import math
 
+#: Time constant of the per-queue arrival-rate estimates that the device choice reads (the
+#: simulator's and the worker's queues alike), seconds.
+QUEUE_RATE_TAU_S = 0.2
+
 
 class RateEstimator:
     __slots__ = ("_count", "_last_s", "tau_s")

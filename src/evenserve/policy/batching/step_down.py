@@ -14,8 +14,9 @@ import random
 
 from pydantic import Field, field_validator
 
-from evenserve.core.types import BatchDecision, Dispatch, QueueView, WaitUntil
+from evenserve.core.types import BatchDecision, QueueView
 from evenserve.policy.batching.base import BATCHING, BatchingPolicyBase
+from evenserve.policy.batching.fixed_window import window_decision
 from evenserve.policy.registry import PolicyParams
 
 
@@ -51,13 +52,7 @@ class StepDown(BatchingPolicyBase):
         return self.params.delays_ms[self.level] / 1000.0
 
     def decide(self, queue: QueueView, now_s: float) -> BatchDecision:
-        n = len(queue)
-        if n == 0:
-            return WaitUntil()
-        if n >= self.params.max_batch_size:
-            return Dispatch(self.params.max_batch_size)
-        due = queue.requests[0].arrival_s + self.delay_s
-        return Dispatch(n) if now_s >= due else WaitUntil(due)
+        return window_decision(queue, now_s, self.params.max_batch_size, self.delay_s)
 
     def on_dispatch(self, n: int, now_s: float) -> None:
         p = self.params
