@@ -31,7 +31,7 @@ from evenserve.core.types import PRIORITY_CLASSES, LoadSample, QueueView, Reques
 from evenserve.policy.batching import BATCHING, BatchingPolicy
 from evenserve.policy.batching.device import next_batch
 from evenserve.policy.batching.queue import RequestQueue
-from evenserve.policy.batching.rate import RateEstimator
+from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S, RateEstimator
 from evenserve.policy.registry import spec_label
 from evenserve.policy.routing import ROUTING, Router
 from evenserve.sim.engine import EventLoop
@@ -66,7 +66,7 @@ class ModelQueue:
         self.model = model
         self.policy = policy
         self.items = items
-        self.rate = RateEstimator(0.2)
+        self.rate = RateEstimator(QUEUE_RATE_TAU_S)
         self.priority = 10
         self.area = 0.0
         self.last_change_s = 0.0
@@ -429,6 +429,7 @@ class Simulation:
             now,
             starvation_s=self.starvation_s,
             class_headroom=headroom,
+            rate_tau_s=QUEUE_RATE_TAU_S if headroom is not None else None,
         )
         if nb.model is None:
             wake = nb.wake_s
