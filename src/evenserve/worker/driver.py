@@ -1,25 +1,39 @@
 """The batcher driver: per-model queues on one device, driven by the shared batching policies.
 
 Theory of operation.
-- Each model on the device has a FIFO queue and its own batching policy object (the very class
-  the simulator runs). The device has ``instances`` slots; each runs one batch at a time.
-- The driver is event-driven and never sleeps. It re-plans (``_schedule``) after every change:
-  an arrival, a batch completion, a cancelled request, or a timer it armed itself. Re-planning
-  first answers requests whose deadline passed while they waited, then, while an instance is
-  free, asks ``policy.batching.device.next_batch`` (the function the simulator uses) which
-  model's batch to start. If none is ready it arms one timer at the earliest time a policy
-  asked to be woken ("WaitUntil(t)") or the earliest deadline, whichever comes first.
-- Starting a batch pops the requests from the queue and hands them to an executor (a thread
-  running the runtime, or a virtual device on a FakeTimer); the executor calls back on the
-  event loop with the outputs, which resolve each request's future exactly once.
+- Each model on the device has a ``RequestQueue`` (policy.batching.queue, the simulator's own
+  class: service order by priority class, then deadline or arrival + SLO, then arrival) and
+  its own batching policy object (the very class the simulator runs). The device has
+  ``instances`` slots; each runs one batch at a time.
+- Admission mirrors the simulator's ``_offer``: ``RequestQueue.offer`` refuses a request whose
+  deadline the profile says it cannot meet even alone right after the running batch
+  (``deadline-infeasible``), and at the queue bound either refuses the newcomer
+  (``queue-full``) or, when it outranks the lowest queued request, sheds that one (``shed``).
+  Admitted requests feed the policy's ``on_arrival`` and the queue's arrival-rate estimate.
+- The driver is event-driven and never sleeps. It re-plans (``_schedule``) after every
+  arrival, batch completion, cancelled request, and at the wake-up times the policies asked
+  for ("WaitUntil(t)"), exactly where the simulator calls ``_try_start``. Re-planning, while
+  an instance is free: drop the requests that can no longer meet their deadline
+  (``RequestQueue.expire`` with the profile), promote starved lower-class requests, then ask
+  ``policy.batching.device.next_batch`` (the simulator's function, with the same starvation
+  bound, class headroom and per-queue arrival rates) which model's batch to start.
+- Deadlines are also watched by a second timer that only answers: at the moment a queued
+  request can no longer finish in time (its deadline minus a batch of one, or its deadline
+  without a profile) its caller gets 504 at once. It stays counted in its queue until the
+  next re-plan removes it, as in the simulator, so both make the same batch decisions.
+- Starting a batch pops the head of the queue and hands it to an executor (a thread running
+  the runtime, or a virtual device on a FakeTimer); the executor calls back on the event loop
+  with the outputs, which resolve each request's future exactly once.
 - Clock and timer are injected: on a FakeClock with a FakeTimer the driver makes exactly the
   decisions the simulator makes for the same arrival trace (a golden test checks it).
 - Draining (graceful shutdown) replaces every policy by "dispatch what is queued now", so
   queued work finishes even under a policy that would wait for a full batch.
 
-Every request submitted gets exactly one outcome on its future: outputs, or one of
-DeadlineExpiredError, BatchFailedError, DrainingError. A request whose caller went away
-(future cancelled) leaves the queue at once and is never run.
+Every request submitted is either refused at once (``submit`` raises QueueFullError or
+DeadlineInfeasibleError) or gets exactly one outcome on its future: outputs, or one of
+ShedError, DeadlineExpiredError, BatchFailedError, DrainingError. A request whose caller went
+away (future cancelled) leaves the queue at once and is never run. Every refusal is reported
+once to the observer with its reason (``REFUSAL_REASONS``).
 """
 
 from __future__ import annotations
@@ -40,33 +54,79 @@ from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import BatchDecision, Dispatch, QueueView, RequestInfo, WaitUntil
 from evenserve.policy.batching import BatchingPolicy
 from evenserve.policy.batching.device import next_batch
+from evenserve.policy.batching.queue import RequestQueue
+from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S, RateEstimator
 from evenserve.worker.timer import Timer, TimerHandle
 
-QUEUED, RUNNING, DONE = 0, 1, 2
+#: A request's life: waiting in its queue, inside a running batch, answered. EXPIRED: answered
+#: 504 by the deadline watch but still counted in its queue until the next re-plan.
+QUEUED, RUNNING, DONE, EXPIRED = 0, 1, 2, 3
+
+#: Why a request was refused (the simulator's drop reasons, the ``reason`` label of the
+#: worker's refusal counter).
+QUEUE_FULL = "queue-full"
+SHED = "shed"
+DEADLINE_INFEASIBLE = "deadline-infeasible"
+DEADLINE_EXPIRED = "deadline-expired"
+REFUSAL_REASONS = (QUEUE_FULL, SHED, DEADLINE_INFEASIBLE, DEADLINE_EXPIRED)
 
 
 class UnknownModelError(EvenserveError):
     pass
 
 
-class QueueFullError(EvenserveError):
+class RefusedError(EvenserveError):
+    """The worker will not run this request; ``reason`` is one of REFUSAL_REASONS."""
+
+    reason = ""
+
+
+class QueueFullError(RefusedError):
+    reason = QUEUE_FULL
+
     def __init__(self, model: str, depth: int, retry_after_s: float) -> None:
         super().__init__(
-            f"model {model!r}: queue full ({depth} requests waiting); retry after "
-            f"{retry_after_s:.3f} s"
+            f"queue-full: model {model!r}: queue full ({depth} requests waiting, none of a "
+            f"lower class); retry after {retry_after_s:.3f} s"
         )
         self.retry_after_s = retry_after_s
+
+
+class ShedError(RefusedError):
+    reason = SHED
+
+    def __init__(self, model: str, priority: int, by_priority: int, retry_after_s: float) -> None:
+        super().__init__(
+            f"shed: model {model!r}: the queue was full and this request (priority "
+            f"{priority}) was the lowest class; a request of priority {by_priority} took its "
+            f"place. Retry after {retry_after_s:.3f} s"
+        )
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineInfeasibleError(RefusedError):
+    reason = DEADLINE_INFEASIBLE
+
+    def __init__(self, model: str, deadline_in_s: float, earliest_end_in_s: float) -> None:
+        super().__init__(
+            f"deadline-infeasible: model {model!r}: the request's deadline is "
+            f"{deadline_in_s * 1000:.1f} ms away, but even alone right after the running "
+            f"batch it would end in {earliest_end_in_s * 1000:.1f} ms (latency profile)"
+        )
 
 
 class DrainingError(EvenserveError):
     pass
 
 
-class DeadlineExpiredError(EvenserveError):
+class DeadlineExpiredError(RefusedError):
+    reason = DEADLINE_EXPIRED
+
     def __init__(self, model: str, waited_s: float, timeout_s: float) -> None:
         super().__init__(
-            f"model {model!r}: deadline passed before the request could run (waited "
-            f"{waited_s * 1000:.1f} ms in the queue, timeout {timeout_s * 1000:.1f} ms)"
+            f"deadline-expired: model {model!r}: the request can no longer finish by its "
+            f"deadline, so it will not run (waited {waited_s * 1000:.1f} ms in the queue, "
+            f"deadline {timeout_s * 1000:.1f} ms after arrival)"
         )
         self.waited_s = waited_s
 
@@ -132,6 +192,8 @@ class DriverObserver:
         return None
 
     def request_dropped(self, model: str, reason: str, waited_s: float) -> None:
+        """A request that will not run: a refusal (REFUSAL_REASONS, counted once each),
+        ``cancelled`` (its caller went away) or ``shutdown``."""
         return None
 
 
@@ -142,15 +204,22 @@ class ModelQueueConfig:
     max_batch_size: int
     max_queue: int
     profile: LatencyProfile | None = None
+    #: Priority class of requests that bring none (online = 10, offline = 0).
     priority: int = 10
+    #: Deadline (seconds after arrival) of requests that bring none; None: no deadline.
     default_timeout_s: float | None = None
+    #: The model's latency SLO: requests without a deadline are ordered by arrival + SLO.
+    slo_s: float | None = None
 
 
 @dataclass(eq=False)
 class _Slot:
     cfg: ModelQueueConfig
-    queue: deque[PendingRequest] = field(default_factory=deque)
+    queue: RequestQueue[PendingRequest]
+    rate: RateEstimator = field(default_factory=lambda: RateEstimator(QUEUE_RATE_TAU_S))
     in_flight: int = 0
+    #: Requests answered by the deadline watch, still in ``queue`` until the next re-plan.
+    expired_waiting: int = 0
     #: Observed seconds per batch by batch size (exponentially weighted), for estimates.
     observed_s: dict[int, float] = field(default_factory=dict)
 
@@ -218,7 +287,12 @@ class BusyTracker:
 
 
 class BatchDriver:
-    """Per-model queues of one device, batched by the shared policy objects."""
+    """Per-model queues of one device, batched by the shared policy objects.
+
+    ``starvation_s`` and ``class_headroom`` are the simulator's arm options of the same names
+    (``starvation_ms`` / 1000, ``class_headroom``), passed to the queues and to ``next_batch``
+    exactly as the simulator passes them; None keeps them off.
+    """
 
     def __init__(
         self,
@@ -231,21 +305,38 @@ class BatchDriver:
         free_memory_bytes: Callable[[], float | None] | None = None,
         observer: DriverObserver | None = None,
         utilization_window_s: float = 1.0,
+        starvation_s: float | None = None,
+        class_headroom: float | None = None,
     ) -> None:
         if instances < 1:
             raise ValueError("instances must be >= 1")
+        if starvation_s is not None and starvation_s <= 0:
+            raise ValueError("starvation_s must be > 0")
+        if class_headroom is not None and not 0 < class_headroom <= 1:
+            raise ValueError("class_headroom must be in (0, 1]")
         self.clock = clock
         self.instances = instances
+        self.starvation_s = starvation_s
+        self.class_headroom = class_headroom
         self._timer_service = timer
         self._executor = executor
-        self._slots: dict[str, _Slot] = {m.name: _Slot(m) for m in models}
-        self._order = list(self._slots)
+        self._slots: dict[str, _Slot] = {
+            m.name: _Slot(
+                m,
+                RequestQueue(slo_s=m.slo_s, max_len=m.max_queue, starvation_s=starvation_s),
+            )
+            for m in models
+        }
+        # The simulator visits a device's models in name order; ties in next_batch go to the
+        # first visited, so the same order gives the same decisions.
+        self._order = sorted(self._slots)
         self._free: list[int] = list(range(instances))
         self._running: dict[int, RunningBatch] = {}
         self._deadlines: list[tuple[float, int, PendingRequest]] = []
         self._ids = itertools.count(1)
-        self._timer: TimerHandle | None = None
         self._timer_at = math.inf
+        self._deadline_timer: TimerHandle | None = None
+        self._deadline_timer_at = math.inf
         self._in_schedule = False
         self._again = False
         self._draining = False
@@ -253,7 +344,9 @@ class BatchDriver:
         self._free_memory = free_memory_bytes or (lambda: None)
         self.observer = observer or DriverObserver()
         self.busy = BusyTracker(instances, utilization_window_s, clock.now())
+        #: Requests in the queues (those answered by the deadline watch included).
         self.queued_total = 0
+        self._expired_waiting_total = 0
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -264,11 +357,16 @@ class BatchDriver:
     def draining(self) -> bool:
         return self._draining
 
+    @property
+    def waiting_total(self) -> int:
+        """Requests waiting for a batch (not counting those already answered 504)."""
+        return self.queued_total - self._expired_waiting_total
+
     def config(self, model: str) -> ModelQueueConfig:
         return self._slot(model).cfg
 
     def queued_by_model(self) -> dict[str, int]:
-        return {m: len(s.queue) for m, s in self._slots.items()}
+        return {m: len(s.queue) - s.expired_waiting for m, s in self._slots.items()}
 
     def in_flight_by_model(self) -> dict[str, int]:
         return {m: s.in_flight for m, s in self._slots.items()}
@@ -301,7 +399,7 @@ class BatchDriver:
     def estimate_wait_s(self, model: str) -> float:
         """Rough time for the queue of ``model`` to clear (used for Retry-After)."""
         slot = self._slot(model)
-        items = sum(r.items for r in slot.queue)
+        items = sum(r.items for r in slot.queue if r.state == QUEUED)
         cap = slot.cfg.max_batch_size
         batches = math.ceil(items / cap) if items else 0
         per_batch = self.estimate_batch_s(model, min(cap, max(1, items)))
@@ -323,17 +421,19 @@ class BatchDriver:
         priority: int | None = None,
         timeout_s: float | None = None,
     ) -> PendingRequest:
-        """Queue one request; its future resolves exactly once. Raises on refusal."""
+        """Queue one request; its future resolves exactly once.
+
+        Raises on refusal: QueueFullError (the queue is full of requests of its class or
+        higher), DeadlineInfeasibleError (the profile says its deadline cannot be met),
+        DrainingError, ValueError (items out of range), UnknownModelError.
+        """
         slot = self._slot(model)
         if self._draining:
             raise DrainingError("the worker is shutting down and accepts no new requests")
-        if len(slot.queue) >= slot.cfg.max_queue:
-            raise QueueFullError(model, len(slot.queue), self.estimate_wait_s(model))
         if items < 1 or items > slot.cfg.max_batch_size:
             raise ValueError(f"items must be in 1..{slot.cfg.max_batch_size}")
         now = self.clock.now()
         timeout = timeout_s if timeout_s is not None else slot.cfg.default_timeout_s
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         req = PendingRequest(
             request_id=next(self._ids),
             model=model,
@@ -342,33 +442,64 @@ class BatchDriver:
             deadline_s=None if timeout is None else now + timeout,
             items=items,
             payload=payload,
-            future=fut,
         )
-        slot.queue.append(req)
+        busy = self.busy_remaining_s(now)
+        offer = slot.queue.offer(req, now, profile=slot.cfg.profile, busy_remaining_s=busy)
+        if not offer.admitted:
+            req.state = DONE
+            reason = offer.reason or QUEUE_FULL
+            self.observer.request_dropped(model, reason, 0.0)
+            if reason == DEADLINE_INFEASIBLE:
+                prof = slot.cfg.profile
+                assert timeout is not None and prof is not None
+                raise DeadlineInfeasibleError(model, timeout, busy + prof.latency_s(1))
+            raise QueueFullError(model, len(slot.queue), self.estimate_wait_s(model))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        req.future = fut
         self.queued_total += 1
+        if offer.evicted is not None:
+            self._shed(offer.evicted, req, now)
         if req.deadline_s is not None:
-            heapq.heappush(self._deadlines, (req.deadline_s, req.request_id, req))
+            heapq.heappush(self._deadlines, (self._hopeless_at(req), req.request_id, req))
         fut.add_done_callback(functools.partial(self._on_future_done, req))
         slot.cfg.policy.on_arrival(now)
+        slot.rate.observe(now)
         self._schedule()
         return req
+
+    def _hopeless_at(self, req: PendingRequest) -> float:
+        """When ``req`` can no longer finish by its deadline even if it started alone."""
+        assert req.deadline_s is not None
+        prof = self._slots[req.model].cfg.profile
+        return req.deadline_s - (prof.latency_s(1) if prof is not None else 0.0)
+
+    def _shed(self, victim: PendingRequest, by: PendingRequest, now: float) -> None:
+        """``victim`` left its full queue for ``by`` (already removed by the queue)."""
+        self.queued_total -= 1
+        if victim.state == EXPIRED:  # already answered 504; it only held a place
+            self._slots[victim.model].expired_waiting -= 1
+            self._expired_waiting_total -= 1
+            victim.state = DONE
+            return
+        victim.state = DONE
+        fut = victim.future
+        if fut is not None and not fut.done():
+            fut.set_exception(
+                ShedError(
+                    victim.model, victim.priority, by.priority, self.estimate_wait_s(victim.model)
+                )
+            )
+        self.observer.request_dropped(victim.model, SHED, now - victim.arrival_s)
 
     def _on_future_done(self, req: PendingRequest, fut: asyncio.Future[Any]) -> None:
         if not fut.cancelled() or req.state != QUEUED:
             return
-        self._remove_queued(req)
-        self.observer.request_dropped(req.model, "cancelled", self.clock.now() - req.arrival_s)
-        self._schedule()
-
-    def _remove_queued(self, req: PendingRequest) -> None:
-        q = self._slots[req.model].queue
-        for i, r in enumerate(q):
-            if r is req:
-                del q[i]
-                break
+        self._slots[req.model].queue.remove(req)
         req.state = DONE
         self.queued_total -= 1
+        self.observer.request_dropped(req.model, "cancelled", self.clock.now() - req.arrival_s)
         self._notify_if_idle()
+        self._schedule()
 
     # -- planning ---------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -383,76 +514,141 @@ class BatchDriver:
                 self._plan()
         finally:
             self._in_schedule = False
+        self._watch_deadlines()
 
-    def _views(self, free_memory: float | None) -> Iterator[tuple[QueueView, BatchingPolicy]]:
+    def _views(
+        self, free_memory: float | None, now: float
+    ) -> Iterator[tuple[QueueView, BatchingPolicy]]:
+        headroom = self.class_headroom
         for m in self._order:
             slot = self._slots[m]
-            if slot.queue:
+            if slot.queue or headroom is not None:
                 policy: BatchingPolicy = (
-                    _Flush(slot.cfg.policy) if self._draining else (slot.cfg.policy)
+                    _Flush(slot.cfg.policy) if self._draining else slot.cfg.policy
                 )
-                yield QueueView(m, slot.queue, slot.cfg.profile, free_memory, True), policy
+                view = QueueView(
+                    m,
+                    slot.queue.items,
+                    slot.cfg.profile,
+                    free_memory,
+                    True,
+                    slot.cfg.slo_s,
+                    slot.rate.rate_at(now) if headroom is not None else None,
+                    slot.cfg.priority,
+                )
+                yield view, policy
 
     def _plan(self) -> None:
         now = self.clock.now()
-        next_deadline = self._expire(now)
         wake = math.inf
         if self._free and self.queued_total:
             free_memory = self._free_memory()
-            while self._free:
-                nb = next_batch(self._views(free_memory), now)
+            while self._free and self.queued_total:
+                self._expire(now)
+                nb = next_batch(
+                    self._views(free_memory, now),
+                    now,
+                    starvation_s=None if self._draining else self.starvation_s,
+                    class_headroom=None if self._draining else self.class_headroom,
+                    rate_tau_s=QUEUE_RATE_TAU_S if self.class_headroom is not None else None,
+                )
                 if nb.model is None:
                     wake = nb.wake_s
                     break
                 self._start(nb.model, nb.n, now)
-        self._arm(min(wake, next_deadline), now)
+            self._notify_if_idle()
+        self._arm(wake)
 
-    def _expire(self, now: float) -> float:
+    def _expire(self, now: float) -> None:
+        """Before a dispatch, as the simulator does: drop what can no longer make its deadline
+        and promote starved lower-class requests."""
+        for m in self._order:
+            slot = self._slots[m]
+            if not slot.queue:
+                continue
+            if slot.expired_waiting:
+                for r in [r for r in slot.queue if r.state == EXPIRED]:
+                    slot.queue.remove(r)
+                    r.state = DONE
+                self.queued_total -= slot.expired_waiting
+                self._expired_waiting_total -= slot.expired_waiting
+                slot.expired_waiting = 0
+            for r in slot.queue.expire(now, slot.cfg.profile):
+                self.queued_total -= 1
+                self._answer_expired(r, now)
+                r.state = DONE
+            if self.starvation_s is not None:
+                slot.queue.promote_starved(now)
+
+    def _answer_expired(self, req: PendingRequest, now: float) -> None:
+        assert req.deadline_s is not None
+        fut = req.future
+        if fut is not None and not fut.done():
+            fut.set_exception(
+                DeadlineExpiredError(req.model, now - req.arrival_s, req.deadline_s - req.arrival_s)
+            )
+        self.observer.request_dropped(req.model, DEADLINE_EXPIRED, now - req.arrival_s)
+
+    def _watch_deadlines(self) -> None:
+        """Answer 504 at once to queued requests that can no longer finish in time; arm the
+        watch for the next one. Does not re-plan (the simulator would not either)."""
+        now = self.clock.now()
         heap = self._deadlines
-        while heap and heap[0][0] <= now:
+        while heap and (heap[0][0] <= now or heap[0][2].state != QUEUED):
             _, _, req = heapq.heappop(heap)
             if req.state != QUEUED:
                 continue
-            self._remove_queued(req)
-            waited = now - req.arrival_s
-            assert req.deadline_s is not None
-            timeout = req.deadline_s - req.arrival_s
-            fut = req.future
-            if fut is not None and not fut.done():
-                fut.set_exception(DeadlineExpiredError(req.model, waited, timeout))
-            self.observer.request_dropped(req.model, "deadline_expired", waited)
-        while heap and heap[0][2].state != QUEUED:
-            heapq.heappop(heap)
-        return heap[0][0] if heap else math.inf
+            req.state = EXPIRED
+            slot = self._slots[req.model]
+            slot.expired_waiting += 1
+            self._expired_waiting_total += 1
+            self._answer_expired(req, now)
+        at = heap[0][0] if heap else math.inf
+        if at < self._deadline_timer_at or self._deadline_timer is None:
+            if self._deadline_timer is not None:
+                self._deadline_timer.cancel()
+                self._deadline_timer = None
+            self._deadline_timer_at = at
+            if at < math.inf:
+                self._deadline_timer = self._timer_service.call_at(at, self._on_deadline_timer)
 
-    def _arm(self, wake: float, now: float) -> None:
-        if wake == math.inf:
+    def _on_deadline_timer(self) -> None:
+        self._deadline_timer = None
+        self._deadline_timer_at = math.inf
+        self._watch_deadlines()
+        self._notify_if_idle()
+
+    def _arm(self, wake: float) -> None:
+        # As the simulator's device does: a wake-up earlier than the pending one (or the first
+        # after it passed) adds a timer; later timers are not cancelled, and each one that
+        # fires re-plans. A re-plan at a passed wake-up can decide differently from the one
+        # before it (a starvation bound crossed, an arrival rate decayed), so dropping it
+        # would make the live driver and the simulator part ways.
+        now = self.clock.now()
+        if wake == math.inf or not (wake < self._timer_at or self._timer_at <= now):
             return
-        if self._timer is not None:
-            if self._timer_at <= wake:
-                return
-            self._timer.cancel()
         self._timer_at = wake
-        self._timer = self._timer_service.call_at(wake, self._on_timer)
+        self._timer_service.call_at(wake, self._on_timer)
 
     def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = math.inf
+        if self._timer_at <= self.clock.now():
+            self._timer_at = math.inf
         self._schedule()
 
     def _start(self, model: str, n: int, now: float) -> None:
         slot = self._slots[model]
         q = slot.queue
         cap = slot.cfg.max_batch_size
-        taken: list[PendingRequest] = []
-        items = 0
         n = max(1, n)  # a policy answering Dispatch(0) must not stall the device
-        while len(taken) < n and q:
-            head = q[0]
-            if taken and items + head.items > cap:
+        # The head of the queue, stopping before the request that would exceed max items.
+        k = 0
+        items = 0
+        while k < n and k < len(q):
+            if k and items + q[k].items > cap:
                 break
-            taken.append(q.popleft())
-            items += head.items
+            items += q[k].items
+            k += 1
+        taken = q.pop(k)
         slot.cfg.policy.on_dispatch(len(taken), now)
         self.queued_total -= len(taken)
         for r in taken:
@@ -502,7 +698,7 @@ class BatchDriver:
     # -- shutdown ---------------------------------------------------------------------------
     @property
     def idle(self) -> bool:
-        return not self._running and self.queued_total == 0
+        return not self._running and self.waiting_total == 0
 
     def _notify_if_idle(self) -> None:
         if self.idle and self._idle_waiters:
@@ -531,14 +727,19 @@ class BatchDriver:
             await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
         except TimeoutError:
             for slot in self._slots.values():
-                while slot.queue:
-                    req = slot.queue[0]
-                    self._remove_queued(req)
+                for req in slot.queue.pop(len(slot.queue)):
+                    self.queued_total -= 1
+                    if req.state == EXPIRED:
+                        req.state = DONE
+                        continue
+                    req.state = DONE
                     if req.future is not None and not req.future.done():
                         req.future.set_exception(
                             DrainingError("the worker shut down before this request could run")
                         )
                     self.observer.request_dropped(req.model, "shutdown", 0.0)
+                self._expired_waiting_total -= slot.expired_waiting
+                slot.expired_waiting = 0
             if self._running:
                 waiter2: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._idle_waiters.append(waiter2)

@@ -57,6 +57,9 @@ def make_driver(
     max_batch_size: int = 64,
     priorities: Mapping[str, int] | None = None,
     timeouts_s: Mapping[str, float] | None = None,
+    slos_s: Mapping[str, float] | None = None,
+    starvation_s: float | None = None,
+    class_headroom: float | None = None,
 ) -> Harness:
     clock = FakeClock()
     timer = FakeTimer(clock)
@@ -70,6 +73,7 @@ def make_driver(
             profile=profiles[m],
             priority=(priorities or {}).get(m, 10),
             default_timeout_s=(timeouts_s or {}).get(m),
+            slo_s=(slos_s or {}).get(m),
         )
         for m, spec in specs.items()
     ]
@@ -80,5 +84,7 @@ def make_driver(
         timer=timer,
         instances=instances,
         observer=rec,
+        starvation_s=starvation_s,
+        class_headroom=class_headroom,
     )
     return Harness(clock, timer, driver, rec)

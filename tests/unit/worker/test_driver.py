@@ -9,6 +9,7 @@ import pytest
 
 from evenserve.worker.driver import (
     DeadlineExpiredError,
+    DeadlineInfeasibleError,
     DrainingError,
     QueueFullError,
     UnknownModelError,
@@ -81,17 +82,39 @@ async def test_drain_waits_for_queued_work() -> None:
 
 async def test_deadline_expires_while_the_device_is_busy() -> None:
     h = make_driver({"a": {"policy": "none"}}, {"a": FAST})
-    first = h.driver.submit("a", "first")
-    late = h.driver.submit("a", "late", timeout_s=0.004)
+    first = h.driver.submit("a", "first")  # runs 0 .. 10 ms
+    urgent = h.driver.submit("a", "urgent", priority=20)  # runs 10 .. 20 ms
+    # Deadline 25 ms: feasible at arrival (alone after `first`: ends at 20 ms), but once
+    # `urgent` takes the device at 10 ms it could start at 20 ms at best and end at 30 ms.
+    late = h.driver.submit("a", "late", timeout_s=0.025)
     ok = h.driver.submit("a", "ok", timeout_s=1.0)
-    h.timer.advance_to(0.004)
+    h.timer.advance_to(0.0149)
+    assert not late.future.done()  # type: ignore[union-attr]
+    # Answered when it can no longer finish in time (deadline - one batch of one = 15 ms),
+    # while the device is still busy, not when it next looks.
+    h.timer.advance_to(0.0151)
     assert late.future.done()  # type: ignore[union-attr]
-    with pytest.raises(DeadlineExpiredError, match="deadline passed"):
+    with pytest.raises(DeadlineExpiredError, match="deadline-expired"):
         late.future.result()  # type: ignore[union-attr]
-    assert h.rec.dropped == [("a", "deadline_expired")]
+    assert h.rec.dropped == [("a", "deadline-expired")]
+    assert h.driver.queued_by_model() == {"a": 1}
     h.timer.run_until_idle()
     assert first.future.result() == "first"  # type: ignore[union-attr]
+    assert urgent.future.result() == "urgent"  # type: ignore[union-attr]
     assert ok.future.result() == "ok"  # type: ignore[union-attr]
+    assert [s[2] for s in h.rec.started] == [1, 1, 1]
+    assert h.driver.idle and h.driver.queued_total == 0
+
+
+async def test_infeasible_deadline_is_refused_at_once() -> None:
+    h = make_driver({"a": {"policy": "none"}}, {"a": FAST})
+    h.driver.submit("a", "first")  # the device is busy until 10 ms
+    with pytest.raises(DeadlineInfeasibleError, match="deadline-infeasible"):
+        h.driver.submit("a", "late", timeout_s=0.015)  # alone after it: ends at 20 ms
+    assert h.rec.dropped == [("a", "deadline-infeasible")]
+    assert h.driver.queued_by_model() == {"a": 0}
+    h.driver.submit("a", "fits", timeout_s=0.020)
+    h.timer.run_until_idle()
     assert [s[2] for s in h.rec.started] == [1, 1]
 
 
@@ -102,7 +125,9 @@ async def test_default_timeout_from_model_config() -> None:
     r = h.driver.submit("a", "x")
     h.timer.run_until_idle()
     assert isinstance(r.future.exception(), DeadlineExpiredError)  # type: ignore[union-attr]
-    assert h.clock.now() == pytest.approx(0.1)
+    # Answered as soon as it could no longer finish: deadline 100 ms - a batch of one (10 ms).
+    assert h.clock.now() == pytest.approx(0.09)
+    assert h.driver.idle
 
 
 async def test_queue_bound_refuses_with_a_retry_estimate() -> None:
@@ -192,7 +217,7 @@ async def test_every_request_gets_exactly_one_outcome() -> None:
         h.timer.advance_to(t)
         try:
             r = h.driver.submit(rng.choice("ab"), i, timeout_s=rng.choice([None, 0.01, 0.05]))
-        except QueueFullError:
+        except (QueueFullError, DeadlineInfeasibleError):
             refused += 1
             continue
         futures.append(r.future)
@@ -211,5 +236,5 @@ async def test_every_request_gets_exactly_one_outcome() -> None:
     cancelled = sum(1 for f in futures if f.cancelled())  # type: ignore[union-attr]
     assert ok + expired + cancelled == len(futures)
     assert ok == sum(s[2] for s in h.rec.started)
-    assert expired == sum(1 for d in h.rec.dropped if d[1] == "deadline_expired")
+    assert expired == sum(1 for d in h.rec.dropped if d[1] == "deadline-expired")
     assert h.driver.idle
