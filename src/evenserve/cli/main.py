@@ -173,7 +173,7 @@ def policies(
 
 
 # Commands defined in their own modules register themselves on ``app`` when imported.
-from evenserve.cli import gateway_cmd, worker_cmd  # noqa: E402, F401
+from evenserve.cli import bench_cmd, gateway_cmd, worker_cmd  # noqa: E402, F401
 
 
 def main() -> None:

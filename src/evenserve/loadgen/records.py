@@ -1,0 +1,223 @@
+"""A live run on disk (raw JSONL) and as :class:`~evenserve.core.results.RunRecords`.
+
+A run folder holds ``samples.jsonl`` (one line per request: model, intended/actual send time,
+answer time, status, outcome, backend), ``scrapes.jsonl`` (one line per backend with its
+time series), and ``run.json`` (what was run: target, mode, arm labels, window, SLOs, lag,
+errors). :func:`to_records` turns them into the RunRecords the simulator also produces, so
+``report.summary.summarize`` computes live and simulated figures with one piece of code:
+- a request's arrival is its *intended* send time, its finish the time its answer arrived;
+  a failed request is a drop whose reason is its outcome (``overloaded``, ``http-500``,
+  ``timeout`` ...); one never answered is unfinished;
+- a backend's queue-depth samples are the load endpoint's ``queue_depth`` (requests waiting,
+  as the simulator samples them every signal interval); its busy time comes from the sampled
+  busy-seconds counter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evenserve.core.errors import ConfigError
+from evenserve.core.results import DeviceTrace, RequestLog, RunRecords
+from evenserve.loadgen.runner import LoadResult, Sample
+from evenserve.loadgen.scrape import BackendScrape
+
+SAMPLES = "samples.jsonl"
+SCRAPES = "scrapes.jsonl"
+RUN_META = "run.json"
+DEFAULT_PRIORITY = 10
+
+
+@dataclass
+class RunLabels:
+    """How a live run is named in reports."""
+
+    scenario: str
+    arm: str
+    routing: str
+    batching: str
+    seed: int
+    slo_ms: dict[str, float]
+    timeseries_interval_s: float = 1.0
+
+
+def to_records(
+    samples: list[Sample],
+    scrapes: dict[str, BackendScrape],
+    labels: RunLabels,
+    warmup_s: float,
+    end_s: float,
+) -> RunRecords:
+    log = RequestLog()
+    slo = dict(labels.slo_ms)
+    for s in samples:
+        i = log.add(s.model, s.intended_s, DEFAULT_PRIORITY if s.priority is None else s.priority)
+        if s.outcome == "ok":
+            log.finish_s[i] = s.done_s
+            log.device[i] = s.backend
+        elif s.outcome != "unfinished":
+            log.drop_reason[i] = s.outcome
+        slo.setdefault(s.model, math.inf)
+    devices = []
+    for name in sorted(scrapes):
+        b = scrapes[name]
+        bt, bc = b.busy_series()
+        devices.append(
+            DeviceTrace(
+                name=name,
+                queue_t_s=list(b.queue_t_s),
+                queue_depth=list(b.queue_depth),
+                busy_t_s=list(bt),
+                busy_total_s=list(bc),
+            )
+        )
+    return RunRecords(
+        scenario=labels.scenario,
+        arm=labels.arm,
+        routing=labels.routing,
+        batching=labels.batching,
+        seed=labels.seed,
+        warmup_s=warmup_s,
+        end_s=end_s,
+        slo_ms=slo,
+        requests=log,
+        devices=devices,
+        timeseries_interval_s=labels.timeseries_interval_s,
+    )
+
+
+def result_records(result: LoadResult, labels: RunLabels) -> RunRecords:
+    return to_records(result.samples, result.scrapes, labels, result.spec.warmup_s, result.end_s)
+
+
+def write_run(folder: Path, result: LoadResult, labels: RunLabels, extra: dict[str, Any]) -> None:
+    """Raw samples, scrapes and the run's description into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / SAMPLES).open("w") as f:
+        for s in result.samples:
+            f.write(json.dumps(s.to_json()) + "\n")
+    with (folder / SCRAPES).open("w") as f:
+        for b in result.scrapes.values():
+            f.write(
+                json.dumps(
+                    {
+                        "name": b.name,
+                        "url": b.url,
+                        "queue_t_s": [round(x, 6) for x in b.queue_t_s],
+                        "queue_depth": b.queue_depth,
+                        "in_flight": b.in_flight,
+                        "utilization": b.utilization,
+                        "busy_t_s": [round(x, 6) for x in b.busy_t_s],
+                        "busy_total_s": b.busy_total_s,
+                        "errors": b.errors,
+                        "last_error": b.last_error,
+                    }
+                )
+                + "\n"
+            )
+    spec = result.spec
+    meta = {
+        "labels": {
+            "scenario": labels.scenario,
+            "arm": labels.arm,
+            "routing": labels.routing,
+            "batching": labels.batching,
+            "seed": labels.seed,
+            "slo_ms": labels.slo_ms,
+            "timeseries_interval_s": labels.timeseries_interval_s,
+        },
+        "target": spec.target,
+        "mode": spec.mode(),
+        "users": spec.users,
+        "think_ms": spec.think_s * 1000.0,
+        "rate_rps": spec.rate_rps,
+        "mix": spec.mix,
+        "warmup_s": spec.warmup_s,
+        "end_s": result.end_s,
+        "started_unix_s": result.started_unix_s,
+        "scheduling_lag_ms": result.lag_ms,
+        "errors": result.errors,
+        "aborted": result.aborted,
+        **extra,
+    }
+    (folder / RUN_META).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _num(x: Any) -> float:
+    return math.nan if x is None else float(x)
+
+
+def read_run(folder: Path) -> tuple[RunRecords, dict[str, Any]]:
+    """A run folder back into RunRecords (and its run.json); errors name the file and line."""
+    meta_path = folder / RUN_META
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{folder}: not a run folder (no {RUN_META})") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{meta_path}: not valid JSON: {exc.msg}") from None
+    try:
+        lab = meta["labels"]
+        labels = RunLabels(
+            scenario=str(lab["scenario"]),
+            arm=str(lab["arm"]),
+            routing=str(lab["routing"]),
+            batching=str(lab["batching"]),
+            seed=int(lab["seed"]),
+            slo_ms={str(k): float(v) for k, v in lab["slo_ms"].items()},
+            timeseries_interval_s=float(lab.get("timeseries_interval_s", 1.0)),
+        )
+        warmup_s, end_s = float(meta["warmup_s"]), float(meta["end_s"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"{meta_path}: missing or bad field {exc}") from None
+    samples: list[Sample] = []
+    path = folder / SAMPLES
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise ConfigError(f"{folder}: no {SAMPLES}") from None
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            o = json.loads(line)
+            samples.append(
+                Sample(
+                    model=str(o["model"]),
+                    intended_s=float(o["intended_s"]),
+                    sent_s=_num(o.get("sent_s")),
+                    done_s=_num(o.get("done_s")),
+                    status=int(o.get("status", 0)),
+                    outcome=str(o["outcome"]),
+                    backend=str(o.get("backend", "")),
+                    user=int(o.get("user", -1)),
+                    priority=None if o.get("priority") is None else int(o["priority"]),
+                )
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}:{n}: bad sample ({type(exc).__name__}: {exc})") from None
+    scrapes: dict[str, BackendScrape] = {}
+    spath = folder / SCRAPES
+    if spath.is_file():
+        for n, line in enumerate(spath.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                o = json.loads(line)
+                b = BackendScrape(name=str(o["name"]), url=str(o.get("url", "")))
+                b.queue_t_s = [float(x) for x in o["queue_t_s"]]
+                b.queue_depth = [float(x) for x in o["queue_depth"]]
+                b.in_flight = [float(x) for x in o.get("in_flight", [])]
+                b.utilization = [float(x) for x in o.get("utilization", [])]
+                b.busy_t_s = [float(x) for x in o.get("busy_t_s", [])]
+                b.busy_total_s = [float(x) for x in o.get("busy_total_s", [])]
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise ConfigError(
+                    f"{spath}:{n}: bad scrape ({type(exc).__name__}: {exc})"
+                ) from None
+            scrapes[b.name] = b
+    return to_records(samples, scrapes, labels, warmup_s, end_s), meta

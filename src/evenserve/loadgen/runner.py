@@ -1,0 +1,406 @@
+"""The load generator: closed-loop users, open-loop Poisson or trace replay against a v2 target.
+
+Theory of operation. One asyncio loop (uvloop when installed) and one aiohttp session with
+keep-alive connections. Before any load, :func:`~evenserve.loadgen.target.preflight` checks
+the target and fetches each model's metadata for its payloads. Time zero is a moment just
+after the preflight; every send has an intended time on that clock (see ``schedule``):
+- closed loop: ``users`` coroutines, each thinking (exponential, mean ``think_s``), sending one
+  request, waiting for its answer, thinking again; the first request comes after a think;
+- open loop / trace: one scheduler coroutine walks the precomputed schedule, waits for each
+  intended time and starts the request as its own task (bounded by ``max_in_flight``: a send
+  over that bound is recorded as dropped ``client-limit``, never queued in the generator).
+Every request is recorded (model, intended and actual send time, answer time, status,
+answering backend from ``x-evenserve-backend``, outcome). No new request is sent after
+``duration_s`` or past ``max_requests``; the answers still out get ``drain_s`` to arrive, then
+are cancelled and recorded as unfinished. A run whose first ``abort_after`` requests all fail
+stops early: the target is clearly broken and the error summary says why.
+
+The scraper (``scrape``) polls every backend meanwhile. Latency is measured from the intended
+send time, so the generator's own lateness is never hidden (it is also reported on its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from evenserve.core.errors import ConfigError
+from evenserve.loadgen.payload import Payload, payload_from_file, payload_from_metadata
+from evenserve.loadgen.schedule import (
+    Arrival,
+    LagStats,
+    MixSampler,
+    SendClock,
+    poisson_schedule,
+    think_s,
+    trace_schedule,
+)
+from evenserve.loadgen.scrape import BackendScrape, Scraper
+from evenserve.loadgen.target import (
+    ErrorTally,
+    classify_exception,
+    classify_status,
+    preflight,
+)
+
+BACKEND_HEADER = "x-evenserve-backend"
+#: Hard limits: no run may be longer or send more than this, whatever it is asked.
+MAX_DURATION_S = 3600.0
+MAX_REQUESTS = 10_000_000
+
+
+@dataclass
+class LoadSpec:
+    target: str
+    mix: dict[str, float]
+    duration_s: float
+    warmup_s: float = 0.0
+    users: int | None = None
+    think_s: float = 0.0
+    rate_rps: float | None = None
+    trace: list[Arrival] | None = None
+    trace_time_scale: float = 1.0
+    max_requests: int = 1_000_000
+    timeout_s: float = 30.0
+    drain_s: float = 10.0
+    seed: int = 0
+    var_dim: int = 1
+    payload_files: dict[str, Path] = field(default_factory=dict)
+    scrape: dict[str, str] = field(default_factory=dict)
+    scrape_interval_s: float = 0.1
+    metrics_interval_s: float = 1.0
+    max_in_flight: int = 4096
+    abort_after: int = 100
+    #: Per-model request parameters (``priority``) added to every body of that model.
+    model_priority: dict[str, int] = field(default_factory=dict)
+
+    def mode(self) -> str:
+        if self.trace is not None:
+            return "trace"
+        if self.rate_rps is not None:
+            return "open-loop"
+        return "closed-loop"
+
+    def validate(self) -> None:
+        if not (0 < self.duration_s <= MAX_DURATION_S):
+            raise ConfigError(f"--duration: must be > 0 and at most {MAX_DURATION_S:g} s")
+        if not (0 <= self.warmup_s < self.duration_s):
+            raise ConfigError("--warmup: must be >= 0 and less than --duration")
+        if not (1 <= self.max_requests <= MAX_REQUESTS):
+            raise ConfigError(f"--max-requests: must be between 1 and {MAX_REQUESTS}")
+        modes = [self.trace is not None, self.rate_rps is not None, self.users is not None]
+        if sum(modes) != 1:
+            raise ConfigError("give exactly one of --users (closed loop), --rate or --trace")
+        if self.users is not None and self.users < 1:
+            raise ConfigError("--users: must be >= 1")
+        if self.think_s < 0:
+            raise ConfigError("--think-ms: must be >= 0")
+        if self.timeout_s <= 0:
+            raise ConfigError("--timeout: must be > 0")
+        if self.var_dim < 1:
+            raise ConfigError("--var-dim: must be >= 1")
+
+    def models(self) -> list[str]:
+        if self.trace is not None:
+            return sorted({a.model for a in self.trace})
+        return sorted(m for m, w in self.mix.items() if w > 0)
+
+
+@dataclass(slots=True)
+class Sample:
+    """One request as the generator saw it; times are seconds from time zero."""
+
+    model: str
+    intended_s: float
+    sent_s: float = math.nan
+    done_s: float = math.nan
+    status: int = 0
+    outcome: str = "unfinished"
+    backend: str = ""
+    user: int = -1
+    priority: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        def num(x: float) -> float | None:
+            return None if math.isnan(x) else round(x, 6)
+
+        return {
+            "model": self.model,
+            "intended_s": round(self.intended_s, 6),
+            "sent_s": num(self.sent_s),
+            "done_s": num(self.done_s),
+            "status": self.status,
+            "outcome": self.outcome,
+            "backend": self.backend,
+            "user": self.user,
+            "priority": self.priority,
+        }
+
+
+@dataclass
+class LiveStats:
+    """What the progress display shows."""
+
+    elapsed_s: float = 0.0
+    duration_s: float = 0.0
+    sent: int = 0
+    ok: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    recent_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+    failures: dict[str, int] = field(default_factory=dict)
+    draining: bool = False
+
+    def percentiles(self) -> tuple[float | None, float | None]:
+        if not self.recent_ms:
+            return None, None
+        a = np.fromiter(self.recent_ms, dtype=float)
+        return float(np.percentile(a, 50)), float(np.percentile(a, 99))
+
+
+@dataclass
+class LoadResult:
+    spec: LoadSpec
+    samples: list[Sample]
+    scrapes: dict[str, BackendScrape]
+    errors: dict[str, Any]
+    lag_ms: dict[str, Any]
+    started_unix_s: float
+    end_s: float
+    aborted: str | None = None
+
+
+class LoadGenerator:
+    def __init__(self, spec: LoadSpec, progress: Callable[[LiveStats], None] | None = None) -> None:
+        spec.validate()
+        self.spec = spec
+        self.progress = progress
+        self.samples: list[Sample] = []
+        self.tally = ErrorTally()
+        self.lag = LagStats()
+        self.stats = LiveStats(duration_s=spec.duration_s)
+        self.payloads: dict[str, Payload] = {}
+        self.t0 = 0.0
+        self._stop = asyncio.Event()
+        self._aborted: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.clock = SendClock()
+
+    # -- one request -----------------------------------------------------------------------
+    def _body(self, model: str, priority: int | None, deadline_ms: float | None) -> Any:
+        p = self.payloads[model]
+        params: dict[str, Any] = {}
+        if priority is not None:
+            params["priority"] = priority
+        if deadline_ms is not None:
+            params["timeout"] = int(deadline_ms * 1000)
+        if params:
+            return p.with_parameters(params)
+        return p.body(), p.headers
+
+    async def _send(
+        self,
+        model: str,
+        intended_abs: float,
+        user: int = -1,
+        priority: int | None = None,
+        deadline_ms: float | None = None,
+    ) -> Sample:
+        prio = priority if priority is not None else self.spec.model_priority.get(model)
+        s = Sample(model, intended_abs - self.t0, user=user, priority=prio)
+        self.samples.append(s)
+        body, headers = self._body(model, prio, deadline_ms)
+        session = self._session
+        assert session is not None
+        sent = time.perf_counter()
+        s.sent_s = sent - self.t0
+        if s.intended_s >= self.spec.warmup_s:
+            self.lag.record(intended_abs, sent)
+        st = self.stats
+        st.sent += 1
+        st.in_flight += 1
+        try:
+            async with session.post(
+                f"{self.spec.target}/v2/models/{model}/infer", data=body, headers=headers
+            ) as resp:
+                data = await resp.read()
+                done = time.perf_counter()
+                s.status = resp.status
+                s.backend = resp.headers.get(BACKEND_HEADER, "")
+            if s.status == 200:
+                s.done_s = done - self.t0
+                s.outcome = "ok"
+                st.ok += 1
+                st.recent_ms.append((done - intended_abs) * 1000.0)
+            else:
+                s.outcome = classify_status(s.status)
+                self._fail(s, data.decode(errors="replace").strip())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every failure is counted, none is raised
+            s.outcome = classify_exception(exc)
+            self._fail(s, f"{type(exc).__name__}: {exc}")
+        finally:
+            st.in_flight -= 1
+        return s
+
+    def _fail(self, s: Sample, message: str) -> None:
+        self.tally.add(s.outcome, s.model, message)
+        st = self.stats
+        st.failed += 1
+        st.failures[s.outcome] = st.failures.get(s.outcome, 0) + 1
+        if (
+            self._aborted is None
+            and st.ok == 0
+            and st.failed >= self.spec.abort_after
+            and s.outcome != "overloaded"
+        ):
+            self._aborted = (
+                f"stopped early: the first {st.failed} requests all failed "
+                f"({', '.join(f'{k} {v}' for k, v in st.failures.items())})"
+            )
+            self._stop.set()
+
+    # -- drivers ---------------------------------------------------------------------------
+    def _may_send(self, intended_abs: float) -> bool:
+        return (
+            not self._stop.is_set()
+            and intended_abs - self.t0 < self.spec.duration_s
+            and len(self.samples) < self.spec.max_requests
+        )
+
+    async def _user(self, user: int) -> None:
+        spec = self.spec
+        rng = random.Random(f"{spec.seed}:user:{user}")
+        sampler = MixSampler(spec.mix, rng)
+        nxt = self.t0 + think_s(rng, spec.think_s)
+        while self._may_send(nxt):
+            await self.clock.wait_until(nxt)
+            if self._stop.is_set():
+                return
+            await self._send(sampler.draw(), nxt, user=user)
+            nxt = time.perf_counter() + think_s(rng, spec.think_s)
+
+    async def _open(self, schedule: list[Arrival]) -> None:
+        for a in schedule:
+            t = self.t0 + a.t_s
+            if not self._may_send(t):
+                return
+            await self.clock.wait_until(t)
+            if self._stop.is_set():
+                return
+            if self.stats.in_flight >= self.spec.max_in_flight:
+                s = Sample(a.model, a.t_s, outcome="client-limit", priority=a.priority)
+                self.samples.append(s)
+                self._fail(s, f"{self.spec.max_in_flight} requests already in flight")
+                continue
+            task = asyncio.create_task(self._send(a.model, t, -1, a.priority, a.deadline_ms))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _report(self) -> None:
+        while True:
+            self.stats.elapsed_s = time.perf_counter() - self.t0
+            if self.progress is not None:
+                self.progress(self.stats)
+            await asyncio.sleep(1.0)
+
+    # -- the run ---------------------------------------------------------------------------
+    def _schedule(self) -> list[Arrival]:
+        spec = self.spec
+        rng = random.Random(f"{spec.seed}:arrivals")
+        if spec.trace is not None:
+            return trace_schedule(
+                spec.trace, spec.duration_s, spec.max_requests, spec.trace_time_scale
+            )
+        assert spec.rate_rps is not None
+        return poisson_schedule(spec.rate_rps, spec.mix, spec.duration_s, rng, spec.max_requests)
+
+    async def run(self) -> LoadResult:
+        spec = self.spec
+        schedule = self._schedule() if spec.mode() != "closed-loop" else []
+        connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
+        timeout = aiohttp.ClientTimeout(total=spec.timeout_s, connect=min(5.0, spec.timeout_s))
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False
+        ) as session:
+            self._session = session
+            models = spec.models()
+            need_meta = {m for m in models if m not in spec.payload_files}
+            meta = await preflight(session, spec.target, models, need_meta)
+            for i, m in enumerate(models):
+                if m in spec.payload_files:
+                    self.payloads[m] = payload_from_file(m, spec.payload_files[m])
+                else:
+                    self.payloads[m] = payload_from_metadata(
+                        m, meta[m], var_dim=spec.var_dim, seed=spec.seed + i
+                    )
+            started_unix = time.time()
+            self.t0 = time.perf_counter() + 0.05
+            scraper = Scraper(spec.scrape, self.t0, spec.scrape_interval_s, spec.metrics_interval_s)
+            scraper.start(session)
+            self.clock.start()
+            reporter = asyncio.create_task(self._report())
+            if spec.mode() == "closed-loop":
+                assert spec.users is not None
+                drivers = [asyncio.create_task(self._user(u)) for u in range(spec.users)]
+            else:
+                drivers = [asyncio.create_task(self._open(schedule))]
+            end_abs = self.t0 + spec.duration_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=end_abs - time.perf_counter())
+            self._stop.set()
+            self.stats.draining = True
+            # Senders stop on their own at the end; give the answers still out drain_s.
+            pending = [d for d in drivers if not d.done()] + list(self._tasks)
+            if pending:
+                _, late = await asyncio.wait(pending, timeout=spec.drain_s)
+                for t in late:
+                    t.cancel()
+                for t in late:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+            await self.clock.stop()
+            await scraper.final_sample(session)
+            await scraper.stop()
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+            self.stats.elapsed_s = time.perf_counter() - self.t0
+            if self.progress is not None:
+                self.progress(self.stats)
+        return LoadResult(
+            spec=spec,
+            samples=self.samples,
+            scrapes=scraper.data,
+            errors=self.tally.to_json(),
+            lag_ms=self.lag.summary_ms(),
+            started_unix_s=started_unix,
+            end_s=spec.duration_s,
+            aborted=self._aborted,
+        )
+
+
+def run_load(spec: LoadSpec, progress: Callable[[LiveStats], None] | None = None) -> LoadResult:
+    """Run the load to completion on a fresh event loop (uvloop when installed)."""
+    try:
+        import uvloop
+
+        runner: Any = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.Runner()
+    with runner:
+        result: LoadResult = runner.run(LoadGenerator(spec, progress).run())
+    return result

@@ -1,0 +1,153 @@
+"""Scrape every backend while the load runs: queue depth and busy time over time.
+
+Two sources per backend, both timestamped on the generator's clock when the answer arrives:
+- the load endpoint (``GET /v2/evenserve/load``) every ``interval_s`` (100 ms, the router's
+  signal period): queue depth (requests waiting), in flight, and the worker's busy fraction;
+- the Prometheus text (``GET /metrics``) every ``metrics_interval_s``: the cumulative
+  ``evenserve_worker_device_busy_seconds_total``, from which utilization over any window is
+  exact (busy seconds between two scrapes / seconds between them).
+
+A backend without our load endpoint (Triton, MLServer) still gets its ``/metrics`` scraped;
+one without the busy counter gets its utilization from the load endpoint's busy fraction,
+integrated over time (an approximation, flagged in the records).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+LOAD_PATH = "/v2/evenserve/load"
+BUSY_COUNTER = "evenserve_worker_device_busy_seconds_total"
+
+
+@dataclass
+class BackendScrape:
+    """What was seen of one backend; times are seconds from the run start."""
+
+    name: str
+    url: str
+    queue_t_s: list[float] = field(default_factory=list)
+    queue_depth: list[float] = field(default_factory=list)
+    in_flight: list[float] = field(default_factory=list)
+    utilization: list[float] = field(default_factory=list)
+    busy_t_s: list[float] = field(default_factory=list)
+    busy_total_s: list[float] = field(default_factory=list)
+    busy_source: str = "counter"
+    errors: int = 0
+    last_error: str = ""
+
+    def busy_series(self) -> tuple[list[float], list[float]]:
+        """Cumulative busy seconds over time: the counter, else the integrated busy fraction."""
+        if len(self.busy_t_s) >= 2:
+            return self.busy_t_s, self.busy_total_s
+        if len(self.queue_t_s) < 2:
+            return [], []
+        self.busy_source = "load-endpoint-utilization"
+        t, acc, cum = self.queue_t_s, 0.0, [0.0]
+        for i in range(1, len(t)):
+            acc += self.utilization[i] * (t[i] - t[i - 1])
+            cum.append(acc)
+        return list(t), cum
+
+
+def parse_busy_counter(text: str) -> float | None:
+    """Sum of the busy-seconds counter's samples in a Prometheus text, or None if absent."""
+    total = None
+    for line in text.splitlines():
+        if line.startswith(BUSY_COUNTER):
+            rest = line[len(BUSY_COUNTER) :]
+            if rest and rest[0] not in " {":
+                continue
+            try:
+                value = float(line.rsplit(" ", 1)[-1])
+            except ValueError:
+                continue
+            total = value if total is None else total + value
+    return total
+
+
+class Scraper:
+    """Polls each backend until stopped."""
+
+    def __init__(
+        self,
+        backends: dict[str, str],
+        t0: float,
+        interval_s: float = 0.1,
+        metrics_interval_s: float = 1.0,
+        timeout_s: float = 1.0,
+    ) -> None:
+        self.data = {n: BackendScrape(n, u.rstrip("/")) for n, u in backends.items()}
+        self.t0 = t0
+        self.interval_s = interval_s
+        self.metrics_interval_s = metrics_interval_s
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._no_load: set[str] = set()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    async def _load_loop(self, session: aiohttp.ClientSession, b: BackendScrape) -> None:
+        nxt = time.perf_counter()
+        while True:
+            try:
+                async with session.get(b.url + LOAD_PATH) as resp:
+                    if resp.status == 404:
+                        self._no_load.add(b.name)
+                        return
+                    body = await resp.json(content_type=None)
+                t = self.now()
+                b.queue_t_s.append(t)
+                b.queue_depth.append(float(body.get("queue_depth", 0.0)))
+                b.in_flight.append(float(body.get("in_flight", 0.0)))
+                b.utilization.append(float(body.get("utilization", 0.0)))
+            except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError) as exc:
+                b.errors += 1
+                b.last_error = f"{LOAD_PATH}: {type(exc).__name__}: {exc}"[:200]
+            nxt += self.interval_s
+            await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
+
+    async def _metrics_loop(self, session: aiohttp.ClientSession, b: BackendScrape) -> None:
+        nxt = time.perf_counter()
+        while True:
+            try:
+                async with session.get(b.url + "/metrics") as resp:
+                    text = await resp.text() if resp.status == 200 else ""
+                value = parse_busy_counter(text)
+                if value is not None:
+                    b.busy_t_s.append(self.now())
+                    b.busy_total_s.append(value)
+            except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError) as exc:
+                b.errors += 1
+                b.last_error = f"/metrics: {type(exc).__name__}: {exc}"[:200]
+            nxt += self.metrics_interval_s
+            await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        for b in self.data.values():
+            self._tasks.append(asyncio.create_task(self._load_loop(session, b)))
+            self._tasks.append(asyncio.create_task(self._metrics_loop(session, b)))
+
+    async def final_sample(self, session: aiohttp.ClientSession) -> None:
+        """One last busy-counter reading per backend, so the window's end is covered."""
+        for b in self.data.values():
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
+                async with session.get(b.url + "/metrics") as resp:
+                    value = parse_busy_counter(await resp.text())
+                if value is not None:
+                    b.busy_t_s.append(self.now())
+                    b.busy_total_s.append(value)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
