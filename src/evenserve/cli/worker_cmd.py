@@ -87,6 +87,19 @@ def worker(
     drain_timeout_s: Annotated[
         float, typer.Option(help="On shutdown, how long queued work may take to finish.")
     ] = 30.0,
+    starvation_ms: Annotated[
+        float | None,
+        typer.Option(
+            help="A lower-class request waiting longer than this competes as the highest class."
+        ),
+    ] = None,
+    class_headroom: Annotated[
+        float | None,
+        typer.Option(
+            help="Lower classes run only while higher classes' demand (arrival rate x profile) "
+            "is at most this fraction of the device, in (0, 1]."
+        ),
+    ] = None,
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
@@ -106,6 +119,10 @@ def worker(
         _fail("--max-body-bytes: must be >= 1")
     if utilization_window_s <= 0:
         _fail("--utilization-window-s: must be > 0")
+    if starvation_ms is not None and starvation_ms <= 0:
+        _fail("--starvation-ms: must be > 0")
+    if class_headroom is not None and not 0 < class_headroom <= 1:
+        _fail("--class-headroom: must be in (0, 1]")
     try:
         dev = parse_device(device)
         only = [m.strip() for m in models.split(",") if m.strip()] if models else None
@@ -121,6 +138,8 @@ def worker(
             utilization_window_s=utilization_window_s,
             cpu_threads=cpu_threads,
             drain_timeout_s=drain_timeout_s,
+            starvation_ms=starvation_ms,
+            class_headroom=class_headroom,
         )
         service = WorkerService(entries, options)
         err_console.print(

@@ -10,10 +10,17 @@ Theory of operation. For one request to model m:
 4. ``Router.sent`` before forwarding and ``Router.done`` after (in ``finally``), so bursts
    between two signal polls see each other and in-flight counts never leak.
 5. Forward the body bytes untouched (JSON or the binary tensor extension) with the headers
-   that carry meaning (content type, Inference-Header-Content-Length, content encoding).
+   that carry meaning (content type, Inference-Header-Content-Length, content encoding, and
+   the request's class and deadline: x-evenserve-priority, x-evenserve-deadline-ms).
 6. Outcomes. A response is relayed as is, with ``x-evenserve-backend`` naming the backend,
-   except that a backend's 503 (not ready, draining) or 429 (its queue is full) means it did
-   not take the work, so the request is tried once more elsewhere. A request that did not
+   except that a backend's 503 (not ready, draining) or 429 ``queue-full`` (its queue was
+   full when the request came) means it did not take the work, so the request is tried once
+   more elsewhere. A 429 ``shed`` (the worker took the request, then gave its place to a
+   higher class: the device is overloaded and this is the lowest class) and a 504
+   (``deadline-infeasible`` / ``deadline-expired``: the worker will not run it in time) are
+   relayed as they are: moving the lowest class to another overloaded host would undo the
+   shedding, and the deadline has not grown. The worker's ``x-evenserve-reason`` header
+   comes back with every refusal. A request that did not
    reach a backend is retried once on another host: connection refused or connect timeout
    (the backend is also ejected at once; the poller readmits it when it answers again), or a
    connection dropped before any response (a killed worker; inference is side-effect free,
@@ -52,13 +59,18 @@ FORWARD_REQUEST_HEADERS = (
     "content-type",
     "inference-header-content-length",
     "content-encoding",
+    "x-evenserve-priority",
+    "x-evenserve-deadline-ms",
 )
+#: Response header by which a worker names why it refused a request.
+REASON_HEADER = "x-evenserve-reason"
 #: Response headers relayed to the client.
 RELAY_RESPONSE_HEADERS = (
     "content-type",
     "inference-header-content-length",
     "content-encoding",
     "retry-after",
+    REASON_HEADER,
 )
 
 
@@ -187,7 +199,7 @@ class Dispatcher:
             finally:
                 self.router.done(name, model)
             ans = Answer(reply.status, reply.body, reply.headers, name, outcome_of(reply.status))
-            if reply.status in (429, 503):
+            if reply.status in (429, 503) and reply.headers.get(REASON_HEADER) != "shed":
                 relayed = ans
                 failures.append(f"{name}: answered {reply.status}")
                 continue

@@ -2,7 +2,8 @@
 
 Units are in the names (``_seconds``, ``_bytes``, ``_ratio``); counters end in ``_total``.
 Labels: ``model`` for per-model series, ``device`` for per-device ones, ``outcome`` for
-request outcomes (see OUTCOMES), ``gpu`` (NVML index) for NVML figures.
+request outcomes (see OUTCOMES), ``reason`` for refusals (see REFUSAL_REASONS), ``gpu`` (NVML
+index) for NVML figures.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ COMPUTE_TIME = f"{PREFIX}_compute_time_seconds"  # histogram: one batch on the d
 REQUEST_LATENCY = f"{PREFIX}_request_latency_seconds"  # histogram: received -> answered
 REQUESTS = f"{PREFIX}_requests"  # counter (exported as _total), by model and outcome
 BATCHES = f"{PREFIX}_batches"  # counter (exported as _total), by model
+REFUSALS = f"{PREFIX}_refusals"  # counter (_total): requests refused, by model and reason
 
 # Per device.
 DEVICE_BUSY_RATIO = f"{PREFIX}_device_busy_ratio"  # gauge: busy fraction over the window
@@ -39,12 +41,17 @@ OUTCOMES = (
     "bad_request",  # 400: malformed body, wrong input
     "not_found",  # 404: unknown model or version
     "too_large",  # 413: body over the limit
-    "rejected_queue_full",  # 429
-    "deadline_expired",  # 504: waited past its deadline
+    "rejected_queue_full",  # 429: the queue was full of requests of its class or higher
+    "shed",  # 429: shed from a full queue for a request of a higher class
+    "deadline_infeasible",  # 504 at once: the profile says its deadline cannot be met
+    "deadline_expired",  # 504: could no longer meet its deadline while it waited
     "unavailable",  # 503: not ready or shutting down
     "error",  # 500: the runtime failed
     "cancelled",  # the client went away before its batch started
 )
+
+#: Why a request was refused (the ``reason`` label of REFUSALS; the simulator's drop reasons).
+REFUSAL_REASONS = ("queue-full", "shed", "deadline-infeasible", "deadline-expired")
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TIME_BUCKETS_S = (

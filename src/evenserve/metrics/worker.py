@@ -151,6 +151,13 @@ class WorkerMetrics:
             names.REQUESTS, "Requests answered, by outcome.", ["model", "outcome"], registry=r
         )
         self.batches = Counter(names.BATCHES, "Batches run.", ["model"], registry=r)
+        self.refusals = Counter(
+            names.REFUSALS,
+            "Requests refused (not run), by reason: queue-full, shed, deadline-infeasible, "
+            "deadline-expired.",
+            ["model", "reason"],
+            registry=r,
+        )
         self.nvml = nvml
         r.register(_LiveCollector(device, snapshot, nvml))
         for m in models:
@@ -161,6 +168,8 @@ class WorkerMetrics:
             self.batches.labels(m)
             for o in names.OUTCOMES:
                 self.requests.labels(m, o)
+            for reason in names.REFUSAL_REASONS:
+                self.refusals.labels(m, reason)
 
     def observe_batch(self, model: str, items: int, queue_times_s: Sequence[float]) -> None:
         self.batch_size.labels(model).observe(items)
@@ -168,6 +177,9 @@ class WorkerMetrics:
         h = self.queue_time.labels(model)
         for q in queue_times_s:
             h.observe(q)
+
+    def observe_refusal(self, model: str, reason: str) -> None:
+        self.refusals.labels(model, reason).inc()
 
     def observe_compute(self, model: str, compute_s: float) -> None:
         self.compute_time.labels(model).observe(compute_s)

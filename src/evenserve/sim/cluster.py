@@ -325,6 +325,11 @@ class Simulation:
         prof = d.profiles[r.model] if d is not None else self.hosts[r.model][0].profiles[r.model]
         busy = max(0.0, d.busy_until_s - now) if d is not None and d.busy else 0.0
         offer = q.items.offer(r, now, profile=prof, busy_remaining_s=busy)
+        for gone in offer.expired:  # a full queue first lets go of hopeless requests
+            if d is None:
+                self._drop(gone, "deadline-expired")
+            else:
+                self._expired(q, d, gone, now)
         if not offer.admitted:
             self._drop(r, offer.reason or "refused")
             return -1

@@ -86,8 +86,8 @@ class QueueFullError(RefusedError):
 
     def __init__(self, model: str, depth: int, retry_after_s: float) -> None:
         super().__init__(
-            f"queue-full: model {model!r}: queue full ({depth} requests waiting, none of a "
-            f"lower class); retry after {retry_after_s:.3f} s"
+            f"queue-full: model {model!r}: queue full ({depth} requests waiting); none is of "
+            f"a lower class than this one; retry after {retry_after_s:.3f} s"
         )
         self.retry_after_s = retry_after_s
 
@@ -445,6 +445,14 @@ class BatchDriver:
         )
         busy = self.busy_remaining_s(now)
         offer = slot.queue.offer(req, now, profile=slot.cfg.profile, busy_remaining_s=busy)
+        for gone in offer.expired:  # a full queue first lets go of hopeless requests
+            self.queued_total -= 1
+            if gone.state == EXPIRED:  # already answered by the deadline watch
+                slot.expired_waiting -= 1
+                self._expired_waiting_total -= 1
+            else:
+                self._answer_expired(gone, now)
+            gone.state = DONE
         if not offer.admitted:
             req.state = DONE
             reason = offer.reason or QUEUE_FULL

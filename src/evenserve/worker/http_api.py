@@ -1,11 +1,16 @@
 """The worker's HTTP API: KServe v2 (+ binary tensors, statistics), the load endpoint, /metrics.
 
 Status codes: 404 unknown model or version; 400 malformed JSON, malformed binary header, or
-a missing/unexpected/mistyped/misshapen input (the message names it); 413 body over the
-limit; 415 unsupported Content-Encoding; 429 queue full, with Retry-After; 503 not ready or
-shutting down; 504 the request's deadline passed while it waited; 500 the runtime failed.
-Errors are ``{"error": "..."}`` as Triton sends them, so tritonclient shows the message.
-Every infer request is counted once in ``evenserve_worker_requests_total`` by outcome.
+a missing/unexpected/mistyped/misshapen input, or a bad priority or deadline (the message
+names the field); 413 body over the limit; 415 unsupported Content-Encoding; 429 with
+Retry-After: the queue is full (``queue-full``) or the request was shed from a full queue for
+a request of a higher class (``shed``); 504: the request's deadline cannot be met, refused at
+once (``deadline-infeasible``) or found while it waited (``deadline-expired``); 503 not ready
+or shutting down; 500 the runtime failed. A refusal's reason is the first word of the
+message and the ``x-evenserve-reason`` header (the gateway reads it). Errors are
+``{"error": "..."}`` as Triton sends them, so tritonclient shows the message.
+Every infer request is counted once in ``evenserve_worker_requests_total`` by outcome, and
+every refusal once in ``evenserve_worker_refusals_total`` by reason.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ from evenserve.core.load import LOAD_PATH
 from evenserve.worker.driver import (
     BatchFailedError,
     DeadlineExpiredError,
+    DeadlineInfeasibleError,
     DrainingError,
     QueueFullError,
+    RefusedError,
+    ShedError,
 )
 from evenserve.worker.kserve import (
     HEADER_LENGTH,
@@ -39,6 +47,7 @@ from evenserve.worker.kserve import (
     encode_infer_response,
     error_body,
     parse_infer_request,
+    request_class,
 )
 from evenserve.worker.service import WorkerService
 
@@ -46,6 +55,20 @@ from evenserve.worker.service import WorkerService
 OFFLOAD_BYTES = 256 * 1024
 UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "evenserve_load"]
+#: Response header naming why a request was refused (one of the driver's REFUSAL_REASONS).
+REASON_HEADER = "x-evenserve-reason"
+
+
+def _refusal(exc: RefusedError) -> tuple[Response, str]:
+    """The response and the outcome label of a refused request."""
+    headers = {REASON_HEADER: exc.reason}
+    if isinstance(exc, QueueFullError | ShedError):
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+        outcome = "rejected_queue_full" if isinstance(exc, QueueFullError) else "shed"
+        return _error(str(exc), 429, headers), outcome
+    if isinstance(exc, DeadlineInfeasibleError):
+        return _error(str(exc), 504, headers), "deadline_infeasible"
+    return _error(str(exc), 504, headers), "deadline_expired"
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -210,23 +233,23 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
                 req = await asyncio.to_thread(parse_infer_request, body, header_length, sig)
             else:
                 req = parse_infer_request(body, header_length, sig)
+            priority, timeout_s = request_class(req, request.headers)
         except ProtocolError as exc:
             outcome = {413: "too_large"}.get(exc.status, "bad_request")
             return _error(str(exc), exc.status), outcome
         try:
             pending = service.driver.submit(
-                name, req.inputs, items=req.items, priority=req.priority, timeout_s=req.timeout_s
+                name, req.inputs, items=req.items, priority=priority, timeout_s=timeout_s
             )
-        except QueueFullError as exc:
-            retry = str(max(1, math.ceil(exc.retry_after_s)))
-            return _error(str(exc), 429, {"Retry-After": retry}), "rejected_queue_full"
+        except RefusedError as exc:
+            return _refusal(exc)
         except DrainingError as exc:
             return _error(str(exc), 503), "unavailable"
         assert pending.future is not None
         try:
             outputs = await pending.future
-        except DeadlineExpiredError as exc:
-            return _error(str(exc), 504), "deadline_expired"
+        except (ShedError, DeadlineExpiredError) as exc:
+            return _refusal(exc)
         except DrainingError as exc:
             return _error(str(exc), 503), "unavailable"
         except BatchFailedError as exc:

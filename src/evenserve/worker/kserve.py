@@ -9,9 +9,13 @@ order the inputs are listed. Tensors are row-major, little-endian.
 Validation names the input: missing, unexpected, wrong datatype, wrong shape, data of the
 wrong size or type. Every error is a ProtocolError with an HTTP status (400 here).
 
-Request parameters understood: ``binary_data_output`` (bool), ``timeout`` (microseconds, as
-tritonclient sends it: the request's deadline), ``priority`` (evenserve's scale: higher is
-served first; online = 10, offline = 0). Other parameters are ignored, as Triton does.
+Request parameters understood: ``binary_data_output`` (bool), ``priority`` (an integer on
+evenserve's scale, higher served first, or a class name: ``online`` = 10, ``offline`` = 0),
+``deadline_ms`` (the request's deadline: it must finish within this many milliseconds of
+arriving, or it is not run), ``timeout`` (microseconds, as tritonclient sends it: also a
+deadline; with both, the earlier one holds). The same class and deadline may come as the
+headers ``x-evenserve-priority`` and ``x-evenserve-deadline-ms`` (parameters win over
+headers; ``request_class`` combines them). Other parameters are ignored, as Triton does.
 """
 
 from __future__ import annotations
@@ -25,11 +29,14 @@ from typing import Any
 import numpy as np
 
 from evenserve.core.errors import EvenserveError
+from evenserve.core.types import PRIORITY_CLASSES
 from evenserve.runtime.base import Array, TensorSpec
 
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 HEADER_LENGTH = "Inference-Header-Content-Length"
+PRIORITY_HEADER = "x-evenserve-priority"
+DEADLINE_HEADER = "x-evenserve-deadline-ms"
 
 
 class ProtocolError(EvenserveError):
@@ -252,15 +259,17 @@ def parse_infer_request(
                 raise ProtocolError(f"output {o['name']!r}: binary_data must be a boolean")
             requested.append(RequestedOutput(o["name"], b))
 
-    priority = params.get("priority")
-    if priority is not None and not _is_int(priority):
-        raise ProtocolError("parameters.priority: must be an integer")
+    priority = parse_priority(params.get("priority"), "parameters.priority")
     timeout = params.get("timeout")
     timeout_s = None
     if timeout is not None:
         if not _is_int(timeout) or timeout < 0:
             raise ProtocolError("parameters.timeout: must be an integer of microseconds >= 0")
         timeout_s = timeout / 1e6 if timeout > 0 else None
+    deadline_ms = parse_deadline_ms(params.get("deadline_ms"), "parameters.deadline_ms")
+    if deadline_ms is not None:
+        deadline_s = deadline_ms / 1000.0
+        timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
     assert items is not None
     return InferRequest(
         id=rid,
@@ -271,6 +280,57 @@ def parse_infer_request(
         timeout_s=timeout_s,
         parameters=params,
     )
+
+
+def parse_priority(value: Any, where: str) -> int | None:
+    """A priority class: an integer (higher first) or a class name; None when absent."""
+    if value is None:
+        return None
+    if _is_int(value):
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text in PRIORITY_CLASSES:
+            return PRIORITY_CLASSES[text]
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    raise ProtocolError(
+        f"{where}: must be an integer or one of {', '.join(PRIORITY_CLASSES)}, got {value!r}"
+    )
+
+
+def parse_deadline_ms(value: Any, where: str) -> float | None:
+    """A deadline in milliseconds after arrival (a positive number); None when absent."""
+    if value is None:
+        return None
+    number: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number) or number <= 0:
+        raise ProtocolError(f"{where}: must be a number of milliseconds > 0, got {value!r}")
+    return number
+
+
+def request_class(req: InferRequest, headers: Mapping[str, str]) -> tuple[int | None, float | None]:
+    """(priority, deadline in seconds) of a parsed request: its parameters, else the
+    ``x-evenserve-*`` headers; None where neither gives one (the model's default holds)."""
+    priority = req.priority
+    if priority is None:
+        priority = parse_priority(headers.get(PRIORITY_HEADER), PRIORITY_HEADER)
+    timeout_s = req.timeout_s
+    if "deadline_ms" not in req.parameters:
+        header_ms = parse_deadline_ms(headers.get(DEADLINE_HEADER), DEADLINE_HEADER)
+        if header_ms is not None:
+            header_s = header_ms / 1000.0
+            timeout_s = header_s if timeout_s is None else min(timeout_s, header_s)
+    return priority, timeout_s
 
 
 def encode_infer_response(

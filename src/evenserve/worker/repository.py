@@ -14,8 +14,12 @@
 - ``batching``: a batching policy spec (``{policy: fixed-window, max_batch_delay_ms: 5}``);
   default: fixed-window with no delay, i.e. work-conserving dynamic batching. A policy that
   has a ``max_batch_size`` parameter gets the model's when the spec does not set it.
-- ``slo_ms``, ``priority`` (an integer or online/offline), ``queue_timeout_ms`` (a default
-  deadline for requests that bring none), ``max_queue_size`` (default: the worker's bound)
+- ``slo_ms`` (requests without a deadline are ordered by arrival + SLO within their class),
+  ``priority`` (the class of requests that bring none: an integer or online/offline),
+  ``deadline_ms`` (the deadline of requests that bring none: they must finish within this
+  many ms of arriving or are refused; ``queue_timeout_ms`` is its older name, one of the two),
+  ``max_queue_size`` (default: the worker's bound; when full, a request of a higher class
+  sheds the lowest-class one)
 - ``profile``: a latency profile YAML for this model on this device (used by profile-aware
   batching policies and the load report's estimates), relative to the model folder
 """
@@ -110,6 +114,7 @@ class ModelConfig(BaseModel):
     batching: Any = None
     slo_ms: float | None = Field(default=None, gt=0)
     priority: int | str = "online"
+    deadline_ms: float | None = Field(default=None, gt=0)
     queue_timeout_ms: float | None = Field(default=None, gt=0)
     max_queue_size: int | None = Field(default=None, ge=1)
     profile: str | None = None
@@ -132,10 +137,17 @@ class ModelConfig(BaseModel):
             dup = {n for n in names if names.count(n) > 1}
             if dup:
                 raise ValueError(f"{kind}: name {sorted(dup)[0]!r} used twice")
+        if self.deadline_ms is not None and self.queue_timeout_ms is not None:
+            raise ValueError("deadline_ms, queue_timeout_ms: give one (both are the deadline)")
         for other in RUNTIME_PARAMS:
             if other not in ("emulated", self.runtime) and getattr(self, other) is not None:
                 raise ValueError(f"{other}: section given but runtime is {self.runtime!r}")
         return self
+
+    @property
+    def default_deadline_s(self) -> float | None:
+        ms = self.deadline_ms if self.deadline_ms is not None else self.queue_timeout_ms
+        return None if ms is None else ms / 1000.0
 
     @property
     def priority_value(self) -> int:

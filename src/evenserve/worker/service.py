@@ -28,6 +28,7 @@ from evenserve.runtime.device import DeviceSpec, cuda_memory_bytes, host_memory_
 from evenserve.runtime.emulated import EmulatedRuntime
 from evenserve.runtime.factory import create_runtime
 from evenserve.worker.driver import (
+    REFUSAL_REASONS,
     BatchDriver,
     BatchResult,
     DriverObserver,
@@ -58,6 +59,12 @@ class WorkerOptions:
     utilization_window_s: float = 1.0
     cpu_threads: int | None = None
     drain_timeout_s: float = 30.0
+    #: A lower-class request waiting longer than this competes as the highest class (the
+    #: simulator's arm option ``starvation_ms``); None: no bound.
+    starvation_ms: float | None = None
+    #: Lower classes run only while the higher classes' demand on the device is at most
+    #: this fraction (the simulator's ``class_headroom``); None: only rule 1 of the classes.
+    class_headroom: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -77,6 +84,8 @@ class _Telemetry(DriverObserver):
             o.batch_started(batch, now_s)
 
     def request_dropped(self, model: str, reason: str, waited_s: float) -> None:
+        if reason in REFUSAL_REASONS:
+            self.metrics.observe_refusal(model, reason)
         for o in self.extra:
             o.request_dropped(model, reason, waited_s)
 
@@ -103,6 +112,10 @@ class WorkerService:
             raise ConfigError("a worker needs at least one model")
         if options.instances < 1:
             raise ConfigError("--instances: must be >= 1")
+        if options.starvation_ms is not None and options.starvation_ms <= 0:
+            raise ConfigError("--starvation-ms: must be > 0")
+        if options.class_headroom is not None and not 0 < options.class_headroom <= 1:
+            raise ConfigError("--class-headroom: must be in (0, 1]")
         self.entries = {e.name: e for e in entries}
         self.options = options
         self.device = options.device
@@ -192,9 +205,8 @@ class WorkerService:
                 max_queue=e.config.max_queue_size or self.options.max_queue,
                 profile=self.profiles[n],
                 priority=e.config.priority_value,
-                default_timeout_s=None
-                if e.config.queue_timeout_ms is None
-                else e.config.queue_timeout_ms / 1000.0,
+                default_timeout_s=e.config.default_deadline_s,
+                slo_s=None if e.config.slo_ms is None else e.config.slo_ms / 1000.0,
             )
             for n, e in self.entries.items()
         ]
@@ -207,6 +219,10 @@ class WorkerService:
             free_memory_bytes=self._free_memory,
             observer=self._telemetry,
             utilization_window_s=self.options.utilization_window_s,
+            starvation_s=None
+            if self.options.starvation_ms is None
+            else self.options.starvation_ms / 1000.0,
+            class_headroom=self.options.class_headroom,
         )
         self.ready = True
 
@@ -301,7 +317,7 @@ class WorkerService:
         return LoadReport(
             timestamp_s=time.time(),
             device=self.device.name,
-            queue_depth=d.queued_total,
+            queue_depth=d.waiting_total,
             in_flight=d.in_flight_total(),
             queued_by_model=d.queued_by_model(),
             in_flight_by_model=d.in_flight_by_model(),

@@ -203,3 +203,39 @@ def test_outcome_labels_are_the_declared_ones() -> None:
     assert {outcome_of(s) for s in (200, 204, 400, 404, 429, 500, 503)} <= set(GATEWAY_OUTCOMES)
     for literal in ("overloaded", "unavailable", "timeout", "unknown_model"):
         assert literal in GATEWAY_OUTCOMES
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "tries"),
+    [
+        (429, "queue-full", 2),  # never entered a queue: another host may have room
+        (429, "shed", 1),  # taken, then shed for a higher class: relayed, not moved elsewhere
+        (504, "deadline-infeasible", 1),
+        (504, "deadline-expired", 1),
+    ],
+)
+async def test_worker_refusals_retry_only_when_the_work_was_not_taken(
+    status: int, reason: str, tries: int
+) -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        headers = {"x-evenserve-reason": reason, "retry-after": "1"}
+        return httpx.Response(status, json={"error": f"{reason}: ..."}, headers=headers)
+
+    d, reg, _ = setup(handler)
+    headers_in = {
+        "content-type": "application/json",
+        "x-evenserve-priority": "offline",
+        "x-evenserve-deadline-ms": "250",
+        "x-unrelated": "not forwarded",
+    }
+    a = await d.infer("m", "/v2/models/m/infer", b'{"inputs": []}', headers_in)
+    assert a.status == status and a.headers["x-evenserve-reason"] == reason
+    assert len(seen) == tries
+    for r in seen:  # the request's class and deadline reach the worker
+        assert r.headers["x-evenserve-priority"] == "offline"
+        assert r.headers["x-evenserve-deadline-ms"] == "250"
+        assert "x-unrelated" not in r.headers
+    assert all(reg.router.view(n).in_flight == 0 for n in ("a", "b"))

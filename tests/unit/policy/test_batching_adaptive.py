@@ -10,7 +10,8 @@ import pytest
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import Dispatch, QueueView, RequestInfo, WaitUntil
 from evenserve.policy.batching import BATCHING
-from evenserve.policy.batching.device import next_batch
+from evenserve.policy.batching.base import BatchingPolicy
+from evenserve.policy.batching.device import NextBatch, next_batch
 from evenserve.policy.batching.queue import RequestQueue
 from evenserve.policy.batching.rate import RateEstimator
 
@@ -140,6 +141,19 @@ def test_queue_refuses_infeasible_deadline_and_expires() -> None:
     assert len(q) == 0
 
 
+def test_full_queue_first_lets_go_of_hopeless_requests() -> None:
+    q: RequestQueue[RequestInfo] = RequestQueue(max_len=2)
+    hopeless = RequestInfo(1, "m", 0.0, priority=10, deadline_s=0.05)
+    q.offer(hopeless, 0.0, profile=PROF)
+    q.offer(RequestInfo(2, "m", 0.0, priority=10), 0.0, profile=PROF)
+    # At 45 ms a batch of one (10 ms) cannot end by 50 ms: it leaves rather than hold a place.
+    o = q.offer(RequestInfo(3, "m", 0.045, priority=0), 0.045, profile=PROF)
+    assert o.admitted and o.evicted is None and o.expired == (hopeless,)
+    assert [r.request_id for r in q] == [2, 3]
+    full = q.offer(RequestInfo(4, "m", 0.05, priority=0), 0.05, profile=PROF)
+    assert full.reason == "queue-full" and full.expired == ()
+
+
 def test_queue_starvation_bound_promotes() -> None:
     q: RequestQueue[RequestInfo] = RequestQueue(starvation_s=1.0)
     old = RequestInfo(1, "m", 0.0, priority=0)
@@ -177,3 +191,26 @@ def test_starvation_bound_lets_offline_go_first() -> None:
     nb = next_batch([(online, pol), (offline, pol)], 5.0, starvation_s=2.0)  # type: ignore[list-item]
     assert nb.model == "batch"
     assert math.isinf(next_batch([], 0.0).wake_s)
+
+
+def test_work_held_back_by_the_headroom_wakes_when_the_demand_has_decayed() -> None:
+    policy = BATCHING.build({"policy": "fixed-window", "max_batch_delay_ms": 0})
+    per_item = PROF.per_item_s(8)
+    rate = 2.0 * 0.5 / per_item  # online demand: twice the headroom of 0.5
+    off = [RequestInfo(1, "off", 0.0, priority=0)]
+
+    def choose(now: float, rate_rps: float, tau: float | None) -> NextBatch:
+        views: list[tuple[QueueView, BatchingPolicy]] = [
+            (QueueView("off", off, PROF, None, True, 1.0, 0.0, 0), policy),
+            (QueueView("on", [], PROF, None, True, 0.1, rate_rps, 10), policy),
+        ]
+        return next_batch(views, now, class_headroom=0.5, rate_tau_s=tau)
+
+    held = choose(1.0, rate, None)
+    assert held.model is None and held.wake_s == math.inf
+    held = choose(1.0, rate, 0.2)
+    # Rates decay as exp(-dt / tau): the demand halves to the headroom after tau * ln 2.
+    assert held.model is None
+    assert held.wake_s == pytest.approx(1.0 + 0.2 * math.log(2.0), abs=1e-5)
+    decayed = rate * math.exp(-(held.wake_s - 1.0) / 0.2)
+    assert choose(held.wake_s, decayed, 0.2).model == "off"

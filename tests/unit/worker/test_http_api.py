@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from evenserve.core.load import LOAD_PATH
 from evenserve.runtime.device import parse_device
 from evenserve.worker.http_api import create_app
-from evenserve.worker.repository import load_repository
+from evenserve.worker.repository import load_model, load_repository
 from evenserve.worker.service import WorkerOptions, WorkerService
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "models" / "tiny"
@@ -90,3 +92,72 @@ async def test_unknown_model_is_404_and_counted(path: str) -> None:
     page = service.metrics.render()[0].decode()
     assert 'evenserve_worker_requests_total{model="_unknown",outcome="not_found"} 1.0' in page
     await service.stop()
+
+
+async def test_classes_deadlines_and_refusals_over_http(tmp_path: Path) -> None:
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "profile.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "model": "m",
+                "device": "test",
+                "runtime": "emulated",
+                "precision": "fp32",
+                "source": "synthetic (test)",
+                "points": [{"batch": 1, "latency_ms": 4.0}, {"batch": 4, "latency_ms": 6.0}],
+            }
+        )
+    )
+    (d / "model.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "runtime": "emulated",
+                "max_batch_size": 4,
+                "max_queue_size": 2,
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
+                # Waits for a full batch of 4 that never comes: the queue stays as we fill it.
+                "batching": {"policy": "static", "batch_size": 4},
+                "priority": "offline",
+                "slo_ms": 100,
+                "profile": "profile.yaml",
+                "emulated": {"profile": "profile.yaml"},
+            }
+        )
+    )
+    service = WorkerService(
+        [load_model(d)], WorkerOptions(device=parse_device("cpu"), starvation_ms=60_000)
+    )
+    service.load()
+    await service.start()
+    url = "/v2/models/m/infer"
+    async with _client(service) as c:
+        offline = [asyncio.ensure_future(c.post(url, json=BODY)) for _ in range(2)]
+        while service.driver.queued_by_model()["m"] < 2:
+            await asyncio.sleep(0.001)
+        online = asyncio.ensure_future(
+            c.post(url, json=BODY, headers={"x-evenserve-priority": "online"})
+        )
+        done, _ = await asyncio.wait(offline, return_when=asyncio.FIRST_COMPLETED)
+        shed = done.pop().result()
+        assert shed.status_code == 429 and shed.headers["x-evenserve-reason"] == "shed"
+        assert int(shed.headers["retry-after"]) >= 1
+        assert shed.json()["error"].startswith("shed: model 'm'")
+        # Full of requests of its class or higher: an offline newcomer is refused.
+        full = await c.post(url, json=BODY)
+        assert full.status_code == 429 and full.headers["x-evenserve-reason"] == "queue-full"
+        body = {**BODY, "parameters": {"deadline_ms": 2}}  # a batch of one takes 4 ms
+        late = await c.post(url, json=body, headers={"x-evenserve-priority": "online"})
+        assert late.status_code == 504
+        assert late.headers["x-evenserve-reason"] == "deadline-infeasible"
+        bad = await c.post(url, json=BODY, headers={"x-evenserve-deadline-ms": "soon"})
+        assert bad.status_code == 400 and "x-evenserve-deadline-ms" in bad.json()["error"]
+        await service.stop()  # drain runs what is queued: the online one and an offline one
+        assert (await online).status_code == 200
+        assert [(await t).status_code for t in offline].count(200) == 1
+    page = service.metrics.render()[0].decode()
+    for reason in ("shed", "queue-full", "deadline-infeasible"):
+        assert f'evenserve_worker_refusals_total{{model="m",reason="{reason}"}} 1.0' in page
+    assert 'evenserve_worker_refusals_total{model="m",reason="deadline-expired"} 0.0' in page
+    assert 'outcome="shed"} 1.0' in page and 'outcome="deadline_infeasible"} 1.0' in page

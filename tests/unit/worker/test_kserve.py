@@ -15,6 +15,7 @@ from evenserve.worker.kserve import (
     RequestedOutput,
     encode_infer_response,
     parse_infer_request,
+    request_class,
 )
 
 SIG = ModelSignature(
@@ -199,3 +200,62 @@ def test_response_json_and_binary() -> None:
     assert doc["outputs"][0]["parameters"] == {"binary_data_size": 32}
     np.testing.assert_array_equal(np.frombuffer(body[hl:], dtype=np.float32).reshape(2, 4), out)
     assert doc["outputs"][1]["data"] == [3, 4]
+
+
+def _class_body(**params: object) -> bytes:
+    return json.dumps(
+        {
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}],
+            "parameters": params,
+        }
+    ).encode()
+
+
+CLASS_SIG = ModelSignature("m", "1", (TensorSpec("x", "FP32", (4,)),), (), 8)
+
+
+@pytest.mark.parametrize(
+    ("params", "headers", "expected"),
+    [
+        ({}, {}, (None, None)),
+        ({"priority": "offline"}, {}, (0, None)),
+        ({"priority": 7, "deadline_ms": 250}, {}, (7, 0.25)),
+        ({}, {"x-evenserve-priority": "online", "x-evenserve-deadline-ms": "80.5"}, (10, 0.0805)),
+        ({}, {"x-evenserve-priority": "3"}, (3, None)),
+        # Parameters win over headers; with a timeout and a deadline the earlier holds.
+        ({"priority": "offline"}, {"x-evenserve-priority": "online"}, (0, None)),
+        ({"deadline_ms": 500}, {"x-evenserve-deadline-ms": "100"}, (None, 0.5)),
+        ({"timeout": 100_000, "deadline_ms": 500}, {}, (None, 0.1)),
+        ({"timeout": 900_000}, {"x-evenserve-deadline-ms": "200"}, (None, 0.2)),
+    ],
+)
+def test_priority_and_deadline_from_parameters_or_headers(
+    params: dict[str, object], headers: dict[str, str], expected: tuple[object, object]
+) -> None:
+    req = parse_infer_request(_class_body(**params), None, CLASS_SIG)
+    prio, timeout_s = request_class(req, headers)
+    assert prio == expected[0]
+    assert timeout_s == pytest.approx(expected[1]) if expected[1] is not None else timeout_s is None
+
+
+@pytest.mark.parametrize(
+    ("params", "headers", "field"),
+    [
+        ({"priority": "urgent"}, {}, "parameters.priority"),
+        ({"priority": True}, {}, "parameters.priority"),
+        ({"priority": 1.5}, {}, "parameters.priority"),
+        ({"deadline_ms": 0}, {}, "parameters.deadline_ms"),
+        ({"deadline_ms": "soon"}, {}, "parameters.deadline_ms"),
+        ({"deadline_ms": False}, {}, "parameters.deadline_ms"),
+        ({}, {"x-evenserve-priority": "high"}, "x-evenserve-priority"),
+        ({}, {"x-evenserve-deadline-ms": "-5"}, "x-evenserve-deadline-ms"),
+        ({}, {"x-evenserve-deadline-ms": "nan"}, "x-evenserve-deadline-ms"),
+    ],
+)
+def test_bad_priority_or_deadline_is_a_400_naming_the_field(
+    params: dict[str, object], headers: dict[str, str], field: str
+) -> None:
+    with pytest.raises(ProtocolError) as err:
+        req = parse_infer_request(_class_body(**params), None, CLASS_SIG)
+        request_class(req, headers)
+    assert err.value.status == 400 and str(err.value).startswith(field)

@@ -8,9 +8,11 @@ Shared by the simulator and the live worker so both order, refuse and shed ident
   ``deadline-infeasible``: the request has a deadline that the profile says it cannot meet
   even if it ran alone right after the batch now on the device (refuse at once rather than
   time out later);
-  queue bound: when full, a request of a higher class evicts the lowest-class, latest
-  request (``shed``); otherwise it is refused (``queue-full``). So under overload the lowest
-  class is shed first.
+  queue bound: when full, the requests that can no longer meet their own deadline leave
+  first (``Offer.expired``: they hold no useful work; the caller drops them as
+  ``deadline-expired``); if it is still full, a request of a higher class evicts the
+  lowest-class, latest request (``shed``); otherwise it is refused (``queue-full``). So under
+  overload the lowest class is shed first.
 - Expiry (``expire``): requests whose own deadline passed while they waited, or that the
   profile says can no longer make it even alone, leave the queue (``deadline-expired``);
   they are never run, so a burst does not spend the device on work that is already late.
@@ -38,6 +40,8 @@ class Offer(Generic[R]):
     admitted: bool
     reason: str | None = None
     evicted: R | None = None
+    #: Requests removed because they can no longer meet their deadline (full queue only).
+    expired: tuple[R, ...] = ()
 
 
 class RequestQueue(Generic[R]):
@@ -105,13 +109,16 @@ class RequestQueue(Generic[R]):
         ):
             return Offer(False, "deadline-infeasible")
         evicted: R | None = None
+        expired: tuple[R, ...] = ()
+        if self.max_len is not None and len(self.items) >= self.max_len:
+            expired = tuple(self.expire(now_s, profile))
         if self.max_len is not None and len(self.items) >= self.max_len:
             if self.items and self.items[-1].priority < r.priority:
                 evicted = self._remove_at(len(self.items) - 1)
             else:
-                return Offer(False, "queue-full")
+                return Offer(False, "queue-full", None, expired)
         self._insert(r)
-        return Offer(True, None, evicted)
+        return Offer(True, None, evicted, expired)
 
     def expire(self, now_s: float, profile: LatencyProfile | None = None) -> list[R]:
         """Remove and return requests that can no longer meet their own deadline: passed, or
