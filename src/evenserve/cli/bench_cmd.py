@@ -628,6 +628,13 @@ def bench(
         list[str] | None,
         typer.Option("--set", help="Scenario: override a field, key.path=value (repeatable)."),
     ] = None,
+    realtime: Annotated[
+        bool,
+        typer.Option(
+            "--realtime/--no-realtime",
+            help="Run the sending thread at real-time priority when permitted (else nice -10).",
+        ),
+    ] = True,
 ) -> None:
     """Load-test a live KServe v2 target, or every arm of a scenario on a local cluster."""
     try:
@@ -650,6 +657,7 @@ def bench(
                 fidelity_check=fidelity_check,
                 max_requests=max_requests,
                 timeout_s=timeout,
+                realtime=realtime,
             )
             return
         assert target is not None
@@ -674,6 +682,7 @@ def bench(
             allow_remote=allow_remote,
             plots=plots,
             progress=progress,
+            realtime=realtime,
         )
     except EvenserveError as exc:
         _fail(str(exc))
@@ -728,6 +737,7 @@ def _bench_target(
     allow_remote: bool,
     plots: bool,
     progress: bool,
+    realtime: bool,
 ) -> None:
     url = check_url(target, allow_remote)
     entries: list[Arrival] | None = None
@@ -779,7 +789,7 @@ def _bench_target(
     )
     cpu0 = time.process_time()
     with live_progress(err_console, "load", enabled=progress) as show:
-        result = run_load(spec, show)
+        result = run_load(spec, show, realtime=realtime)
     cpu_s = time.process_time() - cpu0
     labels = RunLabels(
         scenario=f"bench {url}",
@@ -810,7 +820,8 @@ def _lag_line(result: LoadResult) -> str:
         return "scheduling lag: no sends measured"
     return (
         f"scheduling lag (actual - intended send time) over {lag['count']} sends: "
-        f"P50 {lag['p50']:.3f} ms, P99 {lag['p99']:.3f} ms, max {lag['max']:.3f} ms"
+        f"P50 {lag['p50']:.3f} ms, P99 {lag['p99']:.3f} ms, max {lag['max']:.3f} ms "
+        f"(generator thread: {result.priority})"
     )
 
 
@@ -841,6 +852,7 @@ def _bench_scenario(
     fidelity_check: bool,
     max_requests: int,
     timeout_s: float,
+    realtime: bool,
 ) -> None:
     if repeats < 1:
         raise ConfigError("--repeats: must be >= 1")
@@ -900,7 +912,7 @@ def _bench_scenario(
                 before = {n: _cpu_s(p) for n, p in pids.items()}
                 cpu0, wall0 = time.process_time(), time.perf_counter()
                 with live_progress(err_console, title, enabled=progress) as show:
-                    result = run_load(spec, show)
+                    result = run_load(spec, show, realtime=realtime)
                 wall = time.perf_counter() - wall0
                 after = {n: _cpu_s(p) for n, p in pids.items()}
                 load_avg = os.getloadavg()[0]
@@ -936,7 +948,8 @@ def _bench_scenario(
                 f"  {title}: P50 {_f(s['latency_ms']['p50'], 1)} ms, P99 "
                 f"{_f(s['latency_ms']['p99'], 1)} ms, {s['throughput_rps']:.1f} req/s, spread "
                 f"{s['utilization_spread_pts']:.1f} pts; lag P99 {_f(result.lag_ms['p99'], 3)} "
-                f"ms; CPU {total_cpu:.2f} cores of {os.cpu_count()} (load avg {load_avg:.2f})",
+                f"ms ({result.priority}); CPU {total_cpu:.2f} cores of {os.cpu_count()} "
+                f"(load avg {load_avg:.2f})",
                 highlight=False,
             )
     sim_stats: dict[str, Any] = {}

@@ -140,6 +140,7 @@ def write_run(folder: Path, result: LoadResult, labels: RunLabels, extra: dict[s
         "end_s": result.end_s,
         "started_unix_s": result.started_unix_s,
         "scheduling_lag_ms": result.lag_ms,
+        "generator_priority": result.priority,
         "errors": result.errors,
         "aborted": result.aborted,
         **extra,

@@ -33,7 +33,7 @@ import numpy as np
 from evenserve.core.errors import ConfigError
 
 #: Wake this long before an intended send time, then sleep the rest precisely (seconds).
-EARLY_S = 0.0015
+EARLY_S = 0.0012
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +146,7 @@ class SendClock:
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
-        self._kick = asyncio.Event()
+        self._wake: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -162,27 +162,33 @@ class SendClock:
             fut.cancel()
         self._heap.clear()
 
+    def _poke(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
     async def wait_until(self, t_abs: float) -> None:
         """Return at ``t_abs`` (a ``time.perf_counter`` time), as precisely as the host allows."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._heap, (t_abs, next(self._seq), fut))
         if self._heap[0][2] is fut:
-            self._kick.set()
+            self._poke()  # an earlier time than the one the clock sleeps for
         await fut
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         heap = self._heap
         while True:
             if not heap:
-                self._kick.clear()
-                await self._kick.wait()
+                self._wake = loop.create_future()
+                await self._wake
                 continue
             t, _, fut = heap[0]
             delay = t - time.perf_counter() - EARLY_S
             if delay > 0:
-                self._kick.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), delay)
+                self._wake = loop.create_future()
+                timer = loop.call_later(delay, self._poke)
+                await self._wake
+                timer.cancel()
                 continue
             heapq.heappop(heap)
             if fut.done():

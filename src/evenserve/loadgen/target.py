@@ -28,6 +28,14 @@ class TargetError(EvenserveError):
     """The target cannot be load-tested (unreachable, not KServe v2, unknown model)."""
 
 
+class ConnectionLostError(ConnectionError):
+    """The server closed the connection before the answer was complete."""
+
+
+class BadResponseError(Exception):
+    """The answer could not be parsed as HTTP/1.1."""
+
+
 def check_url(url: str, allow_remote: bool, what: str = "target") -> str:
     """Normalize ``url``; refuse anything but a loopback host unless ``allow_remote``."""
     parts = urlsplit(url)
@@ -57,7 +65,15 @@ def is_loopback(host: str) -> bool:
 
 
 def classify_exception(exc: BaseException) -> str:
-    """A failed request's kind, from the client's exception."""
+    """A failed request's kind, from the client's exception (ours or aiohttp's)."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection-refused"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, ConnectionLostError | ConnectionResetError | BrokenPipeError):
+        return "connection-lost"
+    if isinstance(exc, BadResponseError):
+        return "bad-response"
     if isinstance(exc, aiohttp.ClientConnectorError):
         os_err = exc.os_error
         if isinstance(os_err, ConnectionRefusedError) or "refused" in str(exc).lower():
@@ -69,6 +85,8 @@ def classify_exception(exc: BaseException) -> str:
         return "connection-lost"
     if isinstance(exc, aiohttp.ClientPayloadError):
         return "bad-response"
+    if isinstance(exc, OSError):
+        return "connect-error"
     return "client-error"
 
 
