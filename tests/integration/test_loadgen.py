@@ -1,0 +1,95 @@
+"""The load generator against real servers on loopback: a real worker (in process, on a
+thread), and bad targets (nothing listening, an unknown model, a server answering 500)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from evenserve.loadgen.records import RunLabels, result_records
+from evenserve.loadgen.runner import LoadGenerator, LoadSpec, run_load
+from evenserve.loadgen.target import TargetError, error_lines
+from evenserve.report.summary import summarize
+from evenserve.runtime.device import parse_device
+from evenserve.worker.repository import load_repository
+from evenserve.worker.server import BackgroundWorker
+from evenserve.worker.service import WorkerOptions, WorkerService
+
+from .fake_v2 import FakeBackend, serving
+from .worker_repo import MODELS, write_repo
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundWorker]:
+    repo = write_repo(tmp_path_factory.mktemp("lg"), {"em": MODELS["em"], "pair": MODELS["pair"]})
+    service = WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
+    with BackgroundWorker(service) as w:
+        yield w
+
+
+def test_closed_loop_against_a_real_worker(worker: BackgroundWorker) -> None:
+    spec = LoadSpec(
+        target=worker.url,
+        mix={"em": 3.0, "pair": 1.0},
+        duration_s=1.5,
+        warmup_s=0.3,
+        users=8,
+        think_s=0.01,
+        seed=4,
+        var_dim=16,
+        scrape={"w": worker.url},
+    )
+    result = run_load(spec, realtime=False)
+    ok = [s for s in result.samples if s.outcome == "ok"]
+    assert result.errors == {} and result.aborted is None
+    assert len(ok) == len(result.samples) > 50
+    assert {s.model for s in ok} == {"em", "pair"}
+    assert all(s.sent_s >= s.intended_s and s.done_s > s.sent_s for s in ok)
+    assert result.lag_ms["count"] > 0
+    scrape = result.scrapes["w"]
+    assert len(scrape.queue_t_s) >= 5 and len(scrape.busy_t_s) >= 2
+    labels = RunLabels("t", "live", "-", "-", 4, {"em": 50.0, "pair": 50.0})
+    summary = summarize(result_records(result, labels))
+    assert summary["requests"]["completed"] == len(ok)
+    assert 0.0 < summary["devices"]["w"]["utilization"] <= 1.0
+    assert summary["latency_ms"]["p50"] is not None
+
+
+def test_open_loop_respects_the_request_cap(worker: BackgroundWorker) -> None:
+    spec = LoadSpec(
+        target=worker.url, mix={"em": 1.0}, duration_s=5.0, rate_rps=200.0, max_requests=40
+    )
+    result = run_load(spec, realtime=False)
+    assert len(result.samples) == 40
+    assert all(s.outcome == "ok" for s in result.samples)
+
+
+def test_unknown_model_is_refused_before_any_load(worker: BackgroundWorker) -> None:
+    spec = LoadSpec(target=worker.url, mix={"nosuch": 1.0}, duration_s=1.0, users=1)
+    with pytest.raises(TargetError) as e:
+        run_load(spec, realtime=False)
+    msg = str(e.value)
+    assert "no model named 'nosuch'" in msg and "em, pair" in msg
+
+
+def test_refused_connection_is_one_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        spec = LoadSpec(target=f"http://127.0.0.1:{port}", mix={"m": 1}, duration_s=1.0, users=1)
+        with pytest.raises(TargetError, match="connection-refused"):
+            run_load(spec, realtime=False)
+
+
+async def test_a_server_answering_500_gets_an_error_summary(tmp_path: Path) -> None:
+    fake = FakeBackend("bad", ["m"], infer_status=500)
+    async with serving(fake.app()) as srv:
+        spec = LoadSpec(target=srv.url, mix={"m": 1}, duration_s=5.0, users=4, abort_after=30)
+        result = await LoadGenerator(spec).run()
+    assert result.aborted is not None and "first 30 requests all failed" in result.aborted
+    assert list(result.errors) == ["http-500"]
+    lines = error_lines(result.errors, len(result.samples))
+    assert lines[0].startswith("http-500:") and "fake bad says 500" in lines[0]
