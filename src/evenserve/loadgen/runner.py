@@ -1,7 +1,8 @@
 """The load generator: closed-loop users, open-loop Poisson or trace replay against a v2 target.
 
-Theory of operation. One asyncio loop (uvloop when installed) and one aiohttp session with
-keep-alive connections. Before any load, :func:`~evenserve.loadgen.target.preflight` checks
+Theory of operation. One asyncio loop (uvloop when installed). Requests go out through
+``http.RawHttpClient`` (prebuilt requests on pooled keep-alive connections, answers parsed by
+httptools); the preflight and the scraper use an aiohttp session. Before any load, :func:`~evenserve.loadgen.target.preflight` checks
 the target and fetches each model's metadata for its payloads. Time zero is a moment just
 after the preflight; every send has an intended time on that clock (see ``schedule``):
 - closed loop: ``users`` coroutines, each thinking (exponential, mean ``think_s``), sending one
@@ -17,6 +18,9 @@ stops early: the target is clearly broken and the error summary says why.
 
 The scraper (``scrape``) polls every backend meanwhile. Latency is measured from the intended
 send time, so the generator's own lateness is never hidden (it is also reported on its own).
+While the load runs the garbage collector is off (a full collection would be lag) and
+``run_load`` lifts the sending thread to real-time priority where permitted (see
+:func:`sender_priority`).
 """
 
 from __future__ import annotations
