@@ -2,8 +2,9 @@
 
 Theory of operation. One asyncio loop (uvloop when installed). Requests go out through
 ``http.RawHttpClient`` (prebuilt requests on pooled keep-alive connections, answers parsed by
-httptools); the preflight and the scraper use an aiohttp session. Before any load, :func:`~evenserve.loadgen.target.preflight` checks
-the target and fetches each model's metadata for its payloads. Time zero is a moment just
+httptools); the preflight and the scraper use an aiohttp session. Before any load, the
+preflight (``target.preflight``) checks the target and fetches each model's metadata for its
+payloads. Time zero is a moment just
 after the preflight; every send has an intended time on that clock (see ``schedule``):
 - closed loop: ``users`` coroutines, each thinking (exponential, mean ``think_s``), sending one
   request, waiting for its answer, thinking again; the first request comes after a think;
