@@ -193,6 +193,10 @@ class DeviceEntry(Strict):
     models: list[str] | None = Field(default=None, description="default: every repo model")
     port: int | None = Field(default=None, ge=1, le=65535)
     extra_args: list[str] = Field(default_factory=list, description="more worker CLI args")
+    max_batch_size: dict[str, int] = Field(
+        default_factory=dict,
+        description="per model, as the worker batches it (least-expected-work; default 1)",
+    )
 
     @field_validator("name")
     @classmethod
@@ -299,6 +303,7 @@ class LoadedCluster:
                         url=f"http://{w.host}:{w.port_of(i)}",
                         models=list(models),
                         profiles=profiles,
+                        max_batch_size=dict(d.max_batch_size),
                     )
                 )
         out.extend(self.config.backends)
