@@ -51,7 +51,8 @@ from evenserve.loadgen.records import RunLabels, read_run, result_records, write
 from evenserve.loadgen.runner import LoadResult, LoadSpec, run_load
 from evenserve.loadgen.schedule import Arrival, parse_mix
 from evenserve.loadgen.target import check_url, error_lines
-from evenserve.policy.registry import spec_label
+from evenserve.policy.batching import BATCHING
+from evenserve.policy.registry import spec_label, split_spec
 from evenserve.report.html import Section, write_html
 from evenserve.report.plots import write_plots
 from evenserve.report.summary import clean_json, run_summary, summarize
@@ -205,6 +206,20 @@ def write_profile_sets(loaded: LoadedScenario, workdir: Path) -> dict[str, Path]
 LIVE_UNSUPPORTED = ("starvation_ms", "class_headroom")
 
 
+def live_batching(spec: Any, where: str) -> tuple[dict[str, Any], int]:
+    """The batching spec for a worker's model.yaml, batching exactly as the simulator does.
+
+    A worker fills a policy's missing ``max_batch_size`` with the model's (64 for the shipped
+    models); the simulator uses the policy's default. The spec is written with the simulator's
+    value made explicit, and that value is returned for the gateway's least-expected-work.
+    """
+    policy = BATCHING.build(spec, where=where)
+    name, raw = split_spec(spec, where)
+    if "max_batch_size" in BATCHING.entry(name, where).params_model.model_fields:
+        raw.setdefault("max_batch_size", policy.max_batch_size)
+    return {"policy": name, **raw}, int(policy.max_batch_size)
+
+
 def write_arm_cluster(
     loaded: LoadedScenario,
     arm: str,
@@ -222,6 +237,7 @@ def write_arm_cluster(
     if spec.ignore_priority:
         raise ConfigError(f"arms.{arm}.ignore_priority: not supported by the live worker")
     repo = workdir / "repo"
+    max_batch: dict[str, int] = {}
     for m, mspec in sc.models.items():
         src = source_repo / m / "model.yaml"
         if not src.is_file():
@@ -234,7 +250,10 @@ def write_arm_cluster(
             raise ConfigError(f"{src}: runtime: the live bench runs emulated models only")
         raw.pop("profile", None)
         raw["emulated"] = {"profile_name": mspec.profile or m}
-        raw["batching"] = spec.batching_per_model.get(m, spec.batching)
+        raw["batching"], max_batch[m] = live_batching(
+            spec.batching_per_model.get(m, spec.batching), f"arms.{arm}.batching"
+        )
+        raw["max_batch_size"] = max(int(raw.get("max_batch_size") or 1), max_batch[m])
         raw["slo_ms"] = mspec.slo_ms
         raw["priority"] = mspec.priority
         if mspec.deadline_ms is not None:
@@ -252,6 +271,7 @@ def write_arm_cluster(
                 "device": f"emulated:{profile_dirs[sc.profile_set_of(d)]}",
                 "models": list(d.models),
                 "port": _free_port(),
+                "max_batch_size": {m: max_batch[m] for m in d.models},
                 "extra_args": [
                     "--memory-gb", f"{d.memory_gb:g}",
                     "--utilization-window-s", f"{util_window_s:g}",
