@@ -636,10 +636,12 @@ class BatchDriver:
         if wake == math.inf or not (wake < self._timer_at or self._timer_at <= now):
             return
         self._timer_at = wake
-        self._timer_service.call_at(wake, self._on_timer)
+        self._timer_service.call_at(wake, functools.partial(self._on_timer, wake))
 
-    def _on_timer(self) -> None:
-        if self._timer_at <= self.clock.now():
+    def _on_timer(self, at: float) -> None:
+        # ``at``, not only the clock: asyncio may run a timer a hair before its time, and a
+        # pending wake-up that is never cleared would stop every later one from being armed.
+        if self._timer_at <= max(at, self.clock.now()):
             self._timer_at = math.inf
         self._schedule()
 

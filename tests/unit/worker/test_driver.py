@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -14,6 +15,7 @@ from evenserve.worker.driver import (
     QueueFullError,
     UnknownModelError,
 )
+from evenserve.worker.timer import TimerHandle
 
 from .fakes import make_driver, profile
 
@@ -238,3 +240,25 @@ async def test_every_request_gets_exactly_one_outcome() -> None:
     assert ok == sum(s[2] for s in h.rec.started)
     assert expired == sum(1 for d in h.rec.dropped if d[1] == "deadline-expired")
     assert h.driver.idle
+
+
+async def test_a_timer_that_fires_a_hair_early_does_not_stall_the_queue() -> None:
+    # asyncio may run a call_later callback slightly before its time; the driver must then
+    # re-arm rather than believe a wake-up is still pending.
+    from evenserve.worker.driver import BatchDriver
+
+    h = make_driver(
+        {"a": {"policy": "fixed-window", "max_batch_size": 4, "max_batch_delay_ms": 5}}, {"a": FAST}
+    )
+
+    class EarlyTimer:
+        def call_at(self, t_s: float, callback: Callable[[], None]) -> TimerHandle:
+            return h.timer.call_at(t_s - 1e-7, callback)
+
+    driver: BatchDriver = h.driver
+    driver._timer_service = EarlyTimer()
+    for i in range(3):
+        r = driver.submit("a", i)
+        h.timer.run_until_idle()
+        assert r.future.done()  # type: ignore[union-attr]
+    assert [s[2] for s in h.rec.started] == [1, 1, 1]
