@@ -375,8 +375,18 @@ class LoadGenerator:
             else:
                 drivers = [asyncio.create_task(self._open(schedule))]
             end_abs = self.t0 + spec.duration_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=end_abs - time.perf_counter())
+            # Until the duration is over, the run is stopped, or the drivers are done (the
+            # schedule or the request cap exhausted): whichever comes first.
+            stopped = asyncio.ensure_future(self._stop.wait())
+            drivers_done = asyncio.ensure_future(asyncio.wait(drivers))
+            await asyncio.wait(
+                [stopped, drivers_done],
+                timeout=max(0.0, end_abs - time.perf_counter()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            end_s = min(spec.duration_s, time.perf_counter() - self.t0)
+            for f in (stopped, drivers_done):
+                f.cancel()
             self._stop.set()
             self.stats.draining = True
             # Senders stop on their own at the end; give the answers still out drain_s.
@@ -405,7 +415,7 @@ class LoadGenerator:
             errors=self.tally.to_json(),
             lag_ms=self.lag.summary_ms(),
             started_unix_s=started_unix,
-            end_s=spec.duration_s,
+            end_s=max(end_s, spec.warmup_s + 1e-6),
             aborted=self._aborted,
         )
 
