@@ -109,14 +109,18 @@ class Shape:
 
 
 def write_profile(shape: Shape, folder: Path) -> Path:
+    """The slowed T4 profile set: the same figures for both models (one network, two
+    deployments), so the gateway's least-expected-work and the workers read them by name."""
     src = yaml.safe_load((ROOT / "profiles" / "t4-framework-fp32" / "resnet50.yaml").read_text())
     k = shape.slowdown
     src["points"] = [{**p, "latency_ms": p["latency_ms"] * k} for p in src["points"]]
     src["device"] = f"{src['device']} (emulated {k:g}x slower: bench/priority_live.py)"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "resnet50.yaml"
-    path.write_text(yaml.safe_dump(src, sort_keys=False))
-    return path
+    for model in (ONLINE, OFFLINE):
+        (folder / f"{model}.yaml").write_text(
+            yaml.safe_dump({**src, "model": model}, sort_keys=False)
+        )
+    return folder
 
 
 def write_scenario(shape: Shape, tmp: Path) -> Path:
@@ -137,7 +141,7 @@ def write_scenario(shape: Shape, tmp: Path) -> Path:
                 "priority": 10,
                 "deadline_ms": shape.deadline_ms,
             },
-            OFFLINE: {"slo_ms": shape.slo_ms[OFFLINE], "priority": 0, "profile": "resnet50"},
+            OFFLINE: {"slo_ms": shape.slo_ms[OFFLINE], "priority": 0},
         },
         "workload": {
             "type": "open-loop",
@@ -240,7 +244,6 @@ def sim_run(shape: Shape, scenario: Path, arm: str) -> tuple[list[Outcome], dict
 
 # -- the live cluster ---------------------------------------------------------------------
 def write_repo(shape: Shape, tmp: Path, arm: str) -> Path:
-    profile = write_profile(shape, tmp / "profiles")
     repo = tmp / f"repo-{arm}"
     for model in (ONLINE, OFFLINE):
         d = repo / model
@@ -255,7 +258,6 @@ def write_repo(shape: Shape, tmp: Path, arm: str) -> Path:
             "slo_ms": shape.slo_ms[model],
             # The fifo arm serves both models as one class, as the scenario's ignore_priority.
             "priority": CLASS_OF[model] if arm == "classes" else "online",
-            "emulated": {"profile": str(profile)},
         }
         if model == ONLINE:
             cfg["deadline_ms"] = shape.deadline_ms
@@ -295,11 +297,12 @@ def free_port() -> int:
 @contextlib.contextmanager
 def live_cluster(shape: Shape, tmp: Path, arm: str) -> Any:
     repo = write_repo(shape, tmp, arm)
+    device = f"emulated:{write_profile(shape, tmp / 'profiles')}"
     log = tmp / f"{arm}.log"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     if shape.devices == 1:
         port = free_port()
-        cmd = [*CLI, "worker", "--repo", str(repo), "--device", "cpu", "--port", str(port)]
+        cmd = [*CLI, "worker", "--repo", str(repo), "--device", device, "--port", str(port)]
         cmd += ["--log-level", "warning", *worker_args(shape, arm)]
         url = f"http://127.0.0.1:{port}"
         workers = [url]
@@ -318,7 +321,13 @@ def live_cluster(shape: Shape, tmp: Path, arm: str) -> Any:
                 "repo": str(repo),
                 "base_port": base,
                 "devices": [
-                    {"name": f"gpu{i}", "device": "cpu", "extra_args": worker_args(shape, arm)}
+                    {
+                        "name": f"gpu{i}",
+                        "device": device,
+                        "extra_args": worker_args(shape, arm),
+                        # least-expected-work predicts finish times from how devices batch
+                        "max_batch_size": {ONLINE: 8, OFFLINE: 8},
+                    }
                     for i in range(shape.devices)
                 ],
             },
