@@ -107,11 +107,11 @@ def write_run(folder: Path, result: LoadResult, labels: RunLabels, extra: dict[s
                     {
                         "name": b.name,
                         "url": b.url,
-                        "queue_t_s": [round(x, 6) for x in b.queue_t_s],
+                        "queue_t_s": b.queue_t_s,
                         "queue_depth": b.queue_depth,
                         "in_flight": b.in_flight,
                         "utilization": b.utilization,
-                        "busy_t_s": [round(x, 6) for x in b.busy_t_s],
+                        "busy_t_s": b.busy_t_s,
                         "busy_total_s": b.busy_total_s,
                         "errors": b.errors,
                         "last_error": b.last_error,

@@ -139,12 +139,13 @@ class Sample:
     priority: int | None = None
 
     def to_json(self) -> dict[str, Any]:
+        # Full precision: ``evenserve report`` recomputes the very same figures from these.
         def num(x: float) -> float | None:
-            return None if math.isnan(x) else round(x, 6)
+            return None if math.isnan(x) else x
 
         return {
             "model": self.model,
-            "intended_s": round(self.intended_s, 6),
+            "intended_s": self.intended_s,
             "sent_s": num(self.sent_s),
             "done_s": num(self.done_s),
             "status": self.status,
