@@ -203,9 +203,6 @@ def write_profile_sets(loaded: LoadedScenario, workdir: Path) -> dict[str, Path]
     return out
 
 
-LIVE_UNSUPPORTED = ("starvation_ms", "class_headroom")
-
-
 def live_batching(spec: Any, where: str) -> tuple[dict[str, Any], int]:
     """The batching spec for a worker's model.yaml, batching exactly as the simulator does.
 
@@ -231,9 +228,11 @@ def write_arm_cluster(
     """Repository and cluster YAML of one arm; returns the cluster file."""
     sc = loaded.scenario
     spec = sc.arms[arm]
-    for f in LIVE_UNSUPPORTED:
-        if getattr(spec, f) is not None:
-            raise ConfigError(f"arms.{arm}.{f}: not supported by the live worker (simulator only)")
+    class_args: list[str] = []
+    if spec.starvation_ms is not None:
+        class_args += ["--starvation-ms", f"{spec.starvation_ms:g}"]
+    if spec.class_headroom is not None:
+        class_args += ["--class-headroom", f"{spec.class_headroom:g}"]
     if spec.ignore_priority:
         raise ConfigError(f"arms.{arm}.ignore_priority: not supported by the live worker")
     repo = workdir / "repo"
@@ -276,6 +275,7 @@ def write_arm_cluster(
                     "--memory-gb", f"{d.memory_gb:g}",
                     "--utilization-window-s", f"{util_window_s:g}",
                     "--log-level", "warning",
+                    *class_args,
                 ],
             }
         )  # fmt: skip
