@@ -23,24 +23,10 @@ from typing import Any
 import numpy as np
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.tensors import DATATYPES
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
-#: KServe v2 datatype -> numpy dtype (little-endian on the wire).
-DTYPES: Mapping[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-}
 
 #: Distinct random bodies made per model.
 VARIANTS = 4
@@ -116,7 +102,7 @@ def payload_from_metadata(
         name, dt, shape = t.get("name"), t.get("datatype"), t.get("shape")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{where}: inputs[{k}].name: missing")
-        if not isinstance(dt, str) or dt.upper() not in DTYPES:
+        if not isinstance(dt, str) or dt.upper() not in DATATYPES:
             raise ConfigError(
                 f"{where}: inputs[{k}].datatype: {dt!r} cannot be made up at random "
                 "(give a payload file with --payload)"
@@ -130,7 +116,7 @@ def payload_from_metadata(
         specs.append((name, dt.upper(), dims))
     header_inputs = []
     for name, dt, dims in specs:
-        nbytes = int(np.prod(dims, dtype=np.int64)) * DTYPES[dt].itemsize
+        nbytes = int(np.prod(dims, dtype=np.int64)) * DATATYPES[dt].itemsize
         header_inputs.append(
             {
                 "name": name,
@@ -144,7 +130,7 @@ def payload_from_metadata(
     raws = []
     for _ in range(VARIANTS):
         raw = b"".join(
-            random_tensor(DTYPES[dt].newbyteorder("<"), dims, rng).tobytes()
+            random_tensor(DATATYPES[dt].newbyteorder("<"), dims, rng).tobytes()
             for _, dt, dims in specs
         )
         raws.append(raw)

@@ -23,26 +23,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.tensors import DATATYPES
 from evenserve.runtime.device import DeviceSpec
 
 Array = NDArray[Any]
 
-#: KServe v2 / Triton datatype names -> numpy dtypes (the wire formats this worker speaks).
-#: BF16 and BYTES have no numpy dtype and are not accepted on the wire.
-DATATYPES: Mapping[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-}
 
 #: Triton model-config spelling of each datatype (``TYPE_FP32``...).
 TRITON_CONFIG_TYPES: Mapping[str, str] = {k: f"TYPE_{k}" for k in DATATYPES}

@@ -35,10 +35,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import LatencyProfile, format_validation_error, load_profile
+from evenserve.core.tensors import DATATYPES
 from evenserve.core.types import PRIORITY_CLASSES
 from evenserve.policy.batching import BATCHING, BatchingPolicy
 from evenserve.policy.registry import split_spec
-from evenserve.runtime.base import DATATYPES, TensorSpec
+from evenserve.runtime.base import TensorSpec
 from evenserve.runtime.emulated import EmulatedParams
 from evenserve.runtime.factory import RUNTIME_PARAMS
 
