@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from evenserve.core.errors import ConfigError
-from evenserve.runtime.base import Array, RuntimeContext, output_array, require
+from evenserve.runtime.base import Array, RuntimeContext, output_array, require, warm_up
 
 
 class OnnxParams(BaseModel):
@@ -88,16 +88,7 @@ class OnnxRuntime:
         self._providers = list(session.get_providers())
         # Weights are the bulk of an ONNX file; the file size is an honest upper bound.
         self._resident = float(path.stat().st_size)
-        batch = {
-            s.name: np.zeros([1, *[8 if d == -1 else d for d in s.shape]], dtype=s.dtype)
-            for s in ctx.inputs
-        }
-        try:
-            self.run(batch)
-        except Exception as exc:
-            raise ConfigError(
-                f"model {ctx.model!r}: warm-up batch failed: {type(exc).__name__}: {exc}"
-            ) from exc
+        warm_up(self, ctx)
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         feed = {self.params.input_map.get(k, k): np.ascontiguousarray(v) for k, v in inputs.items()}

@@ -14,11 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from evenserve.core.errors import ConfigError
-from evenserve.runtime.base import Array, RuntimeContext, output_array
+from evenserve.runtime.base import Array, RuntimeContext, output_array, warm_up
 from evenserve.runtime.torch_common import (
     Precision,
     check_device,
@@ -100,16 +99,7 @@ class TorchRuntime:
         self._float_dtype = dtype
         self._format = fmt
         self._resident = module_bytes(module)
-        batch = {
-            s.name: np.zeros([1, *[8 if d == -1 else d for d in s.shape]], dtype=s.dtype)
-            for s in ctx.inputs
-        }
-        try:
-            self.run(batch)
-        except Exception as exc:
-            raise ConfigError(
-                f"model {ctx.model!r}: warm-up batch failed: {type(exc).__name__}: {exc}"
-            ) from exc
+        warm_up(self, ctx)
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         torch = self._torch
