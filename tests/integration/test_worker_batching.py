@@ -10,14 +10,14 @@ import asyncio
 import statistics
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from evenserve.core.profile import load_profile
+from evenserve.core.profile import dump_profile, load_profile
 from evenserve.runtime.device import parse_device
 from evenserve.worker.driver import BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.repository import load_repository
@@ -39,14 +39,36 @@ class ComputeRecorder(DriverObserver):
         self.by_size[batch.items].append(result.compute_infer_s)
 
 
+#: The A10 figures are 1-31 ms per batch; in this test 32 clients share the worker's process
+#: (and its GIL), whose scheduling jitter of a few hundred microseconds is 10 % of a 1 ms batch
+#: on a busy runner. Batches TIME_SCALE times longer measure the emulated device, not the GIL.
+TIME_SCALE = 10.0
+
+
+def scaled_profiles(root: Path) -> Path:
+    """profiles/a10-trt-fp16 with every batch time multiplied by TIME_SCALE, as a set in root."""
+    out = root / "a10-trt-fp16-x10"
+    for src in (ROOT / "profiles" / "a10-trt-fp16").glob("*.yaml"):
+        prof = load_profile(src)
+        dump_profile(
+            replace(prof, latency_ms=tuple(ms * TIME_SCALE for ms in prof.latency_ms)),
+            out / src.name,
+            notes=f"test copy: batch times x{TIME_SCALE:g}",
+        )
+    return root
+
+
 @pytest.fixture(scope="module")
-def loaded_worker() -> Iterator[tuple[BackgroundWorker, ComputeRecorder, dict[str, int]]]:
-    """The shipped emulated BERT-base on an emulated A10 (published TensorRT figures),
-    driven by 32 concurrent closed-loop clients."""
+def loaded_worker(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[BackgroundWorker, ComputeRecorder, dict[str, int]]]:
+    """The shipped emulated BERT-base on an emulated A10 (published TensorRT figures, batch
+    times x10), driven by 32 concurrent closed-loop clients."""
+    profiles = scaled_profiles(tmp_path_factory.mktemp("profiles"))
     entries = load_repository(ROOT / "examples" / "models" / "emulated", ["bert-base"])
     service = WorkerService(
         entries,
-        WorkerOptions(device=parse_device("emulated:a10-trt-fp16"), profiles_dir=ROOT / "profiles"),
+        WorkerOptions(device=parse_device("emulated:a10-trt-fp16-x10"), profiles_dir=profiles),
     )
     recorder = ComputeRecorder()
     service.add_observer(recorder)
@@ -109,6 +131,7 @@ def test_emulated_compute_time_within_5_percent_of_profile_at_p50(
 ) -> None:
     _, recorder, _ = loaded_worker
     prof = load_profile(ROOT / "profiles" / "a10-trt-fp16" / "bert-base.yaml")
+    prof = replace(prof, latency_ms=tuple(ms * TIME_SCALE for ms in prof.latency_ms))
     checked = 0
     for size, times in sorted(recorder.by_size.items()):
         if len(times) < 5:
