@@ -27,16 +27,26 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.validation import validate_document
 from evenserve.policy.routing import ROUTING
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _check_name(v: str) -> str:
+    if not NAME_RE.match(v):
+        raise ValueError("letters, digits, '_', '.', '-' only")
+    return v
+
+
+#: A backend or device name: it becomes a metric label, a header value and a log file name.
+Name = Annotated[str, Field(min_length=1), AfterValidator(_check_name)]
 DEFAULT_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
 
 
@@ -164,20 +174,13 @@ class BackendSignals(Strict):
 
 
 class BackendSpec(Strict):
-    name: str = Field(min_length=1)
+    name: Name
     url: str = Field(min_length=1, description="base URL of the KServe v2 HTTP API")
     models: list[str] = Field(min_length=1)
     signals: BackendSignals = Field(default_factory=BackendSignals)
     profiles: str | None = Field(default=None, description="profile set dir (for LEW)")
     max_batch_size: dict[str, int] = Field(default_factory=dict)
     weight: float = Field(default=1.0, ge=0)
-
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, v: str) -> str:
-        if not NAME_RE.match(v):
-            raise ValueError("letters, digits, '_', '.', '-' only")
-        return v
 
     @field_validator("url")
     @classmethod
@@ -188,7 +191,7 @@ class BackendSpec(Strict):
 
 
 class DeviceEntry(Strict):
-    name: str = Field(min_length=1)
+    name: Name
     device: str = Field(min_length=1, description="cpu | cuda:N | emulated:PROFILE_SET")
     models: list[str] | None = Field(default=None, description="default: every repo model")
     port: int | None = Field(default=None, ge=1, le=65535)
@@ -197,13 +200,6 @@ class DeviceEntry(Strict):
         default_factory=dict,
         description="per model, as the worker batches it (least-expected-work; default 1)",
     )
-
-    @field_validator("name")
-    @classmethod
-    def _name_ok(cls, v: str) -> str:
-        if not NAME_RE.match(v):
-            raise ValueError("letters, digits, '_', '.', '-' only")
-        return v
 
     @field_validator("device")
     @classmethod
