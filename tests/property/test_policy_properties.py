@@ -185,6 +185,7 @@ def test_every_policy_returns_a_candidate(views: list, name: str, seed: int) -> 
     ),
     max_queue=st.one_of(st.none(), st.integers(1, 20)),
     seed=st.integers(0, 1000),
+    instances=st.integers(1, 3),
 )
 def test_simulation_conserves_requests(
     tmp_path_factory: object,
@@ -193,6 +194,7 @@ def test_simulation_conserves_requests(
     routing: str,
     max_queue: int | None,
     seed: int,
+    instances: int,
 ) -> None:
     root = Path(tmp_path_factory.mktemp("p"))  # type: ignore[attr-defined]
     write_profiles(root)
@@ -203,7 +205,7 @@ def test_simulation_conserves_requests(
         "warmup_s": 0.5,
         "profile_sets": {"toy": "profiles/toy"},
         "devices": [
-            {"name": "d0", "models": ["fast", "slow"], "memory_gb": 4},
+            {"name": "d0", "models": ["fast", "slow"], "memory_gb": 4, "instances": instances},
             {"name": "d1", "models": ["fast"], "memory_gb": 4},
         ],
         "models": {"fast": {"slo_ms": 30}, "slow": {"slo_ms": 100, "deadline_ms": 60}},
@@ -233,7 +235,17 @@ def test_simulation_conserves_requests(
     assert r["arrived"] == r["completed"] + r["dropped"] + r["in_flight"]
     assert r["in_flight"] >= 0
     for d in s["devices"].values():
-        assert 0.0 <= d["utilization"] <= 1.0
+        assert 0.0 <= d["utilization"] <= 1.0 + 1e-9
+    # no more batches run at once on a device than it has instances
+    for tr in rec.devices:
+        events = sorted(
+            [(t, 1) for t in tr.busy_start_s] + [(t, -1) for t in tr.busy_end_s],
+            key=lambda e: (e[0], e[1]),
+        )
+        running = 0
+        for _, step in events:
+            running += step
+            assert running <= tr.instances
     for m in s["models"].values():
         if m["slo_attainment"] is not None:
             assert 0.0 <= m["slo_attainment"] <= 1.0

@@ -53,6 +53,9 @@ class DeviceTrace:
     #: for utilization when busy intervals are not known; linear between samples.
     busy_t_s: list[float] = field(default_factory=list)
     busy_total_s: list[float] = field(default_factory=list)
+    #: Batches the device runs at once; busy intervals overlap up to this many deep and
+    #: utilization is their total over ``instances`` x time.
+    instances: int = 1
 
 
 @dataclass

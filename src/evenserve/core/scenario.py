@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.types import PRIORITY_CLASSES
 
 CENTRAL_QUEUE = "central-queue"
@@ -25,6 +26,15 @@ class DeviceSpec(Strict):
     profile_set: str | None = None
     memory_gb: float = Field(default=24.0, gt=0)
     count: int = Field(default=1, ge=1, description="expand into NAME0..NAME{count-1}")
+    instances: int = Field(
+        default=1, ge=1, le=64, description="batches the device runs at once (any models)"
+    )
+    interference: float = Field(
+        default=DEFAULT_INTERFERENCE,
+        ge=0,
+        le=1,
+        description="slowdown of concurrent batches (core.contention); 1/3: two at 0.75x",
+    )
 
 
 class ModelSpec(Strict):

@@ -68,7 +68,8 @@ def busy_in_window(tr: DeviceTrace, t0: float, t1: float) -> float:
         return 0.0
     s = np.asarray(tr.busy_start_s)
     e = np.asarray(tr.busy_end_s)
-    return float(np.clip(np.minimum(e, t1) - np.maximum(s, t0), 0.0, None).sum())
+    busy = float(np.clip(np.minimum(e, t1) - np.maximum(s, t0), 0.0, None).sum())
+    return busy / max(1, tr.instances)
 
 
 def utilization_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list[float]:
@@ -86,7 +87,7 @@ def utilization_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list
     out = []
     for a, b in itertools.pairwise(edges):
         busy = np.clip(np.minimum(e, b) - np.maximum(s, a), 0.0, None).sum()
-        out.append(_r(float(busy / (b - a))))
+        out.append(_r(float(busy / ((b - a) * max(1, tr.instances)))))
     return out
 
 

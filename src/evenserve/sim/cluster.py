@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice, occupancy
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import DeviceTrace, RequestLog, RunRecords
 from evenserve.core.scenario import CENTRAL_QUEUE, ClosedLoop, OpenLoop, Phase, TraceWorkload
@@ -43,6 +44,14 @@ from evenserve.sim.workload import PoissonProcess, TraceEntry, read_trace
 class SimRequest(RequestInfo):
     idx: int = -1
     user: int = -1
+
+
+@dataclass(slots=True)
+class SimBatch:
+    requests: list[SimRequest]
+    model: str
+    memory_bytes: float
+    trace_index: int
 
 
 class ModelQueue:
@@ -77,23 +86,26 @@ class ModelQueue:
 class SimDevice:
     __slots__ = (
         "area",
-        "batch",
         "batch_mem_bytes",
-        "batch_model",
         "busy",
         "busy_acc_s",
-        "busy_since_s",
-        "busy_until_s",
+        "busy_mark_s",
+        "epoch",
         "idle_since_s",
+        "in_flight",
+        "instances",
         "last_change_s",
         "max_depth",
         "memory_total_bytes",
         "models",
         "name",
+        "next_batch_id",
         "next_wake_s",
         "profiles",
         "q_len",
         "queues",
+        "runs",
+        "shared",
         "trace",
         "util_hist",
         "weights_bytes",
@@ -106,6 +118,8 @@ class SimDevice:
         queues: dict[str, ModelQueue],
         memory_total_bytes: float,
         util_hist_len: int,
+        instances: int = 1,
+        interference: float = DEFAULT_INTERFERENCE,
     ) -> None:
         self.name = name
         self.models = tuple(sorted(profiles))
@@ -113,24 +127,41 @@ class SimDevice:
         self.queues = queues
         self.memory_total_bytes = memory_total_bytes
         self.weights_bytes = sum(p.weights_bytes for p in profiles.values())
+        self.instances = instances
+        #: True while every instance runs a batch (no batch can start).
         self.busy = False
-        self.busy_since_s = 0.0
-        self.busy_until_s = 0.0
+        self.busy_mark_s = 0.0
         self.busy_acc_s = 0.0
         self.idle_since_s = 0.0
-        self.batch: list[SimRequest] = []
-        self.batch_model = ""
+        self.shared = SharedDevice(interference)
+        self.runs: dict[int, SimBatch] = {}
+        self.next_batch_id = 0
+        self.epoch = 0
+        self.in_flight = 0
         self.batch_mem_bytes = 0.0
         self.next_wake_s = math.inf
         self.q_len = 0
         self.area = 0.0
         self.last_change_s = 0.0
         self.max_depth = 0
-        self.trace = DeviceTrace(name=name)
+        self.trace = DeviceTrace(name=name, instances=instances)
         self.util_hist: deque[tuple[float, float]] = deque(maxlen=util_hist_len)
 
     def busy_cum_s(self, now_s: float) -> float:
-        return self.busy_acc_s + (now_s - self.busy_since_s if self.busy else 0.0)
+        """Busy seconds so far, summed over instances and divided by their number."""
+        return self.busy_acc_s + len(self.runs) * (now_s - self.busy_mark_s) / self.instances
+
+    def account_busy(self, now_s: float) -> None:
+        """Bank busy time up to ``now_s``; call before the number of running batches changes."""
+        self.busy_acc_s = self.busy_cum_s(now_s)
+        self.busy_mark_s = now_s
+
+    def wait_s(self, now_s: float) -> float:
+        """Seconds until an instance is free (0 when one is free now), if nothing changes."""
+        if not self.busy:
+            return 0.0
+        nxt = self.shared.next_end()
+        return 0.0 if nxt is None else max(0.0, nxt[1] - now_s)
 
     def memory_used_bytes(self) -> float:
         return self.weights_bytes + self.batch_mem_bytes
@@ -188,7 +219,15 @@ class Simulation:
                 queues = {m: self.central_queues[m] for m in profiles}
             else:
                 queues = {m: make_queue(m) for m in profiles}
-            dev = SimDevice(spec.name, profiles, queues, spec.memory_gb * 1024.0**3, hist_len)
+            dev = SimDevice(
+                spec.name,
+                profiles,
+                queues,
+                spec.memory_gb * 1024.0**3,
+                hist_len,
+                instances=spec.instances,
+                interference=spec.interference,
+            )
             self.devices.append(dev)
             for m in profiles:
                 self.hosts[m].append(dev)
@@ -323,7 +362,7 @@ class Simulation:
         length: 1 admitted, 0 admitted by shedding a lower-class request, -1 refused."""
         now = self.loop.now
         prof = d.profiles[r.model] if d is not None else self.hosts[r.model][0].profiles[r.model]
-        busy = max(0.0, d.busy_until_s - now) if d is not None and d.busy else 0.0
+        busy = d.wait_s(now) if d is not None else 0.0
         offer = q.items.offer(r, now, profile=prof, busy_remaining_s=busy)
         for gone in offer.expired:  # a full queue first lets go of hopeless requests
             if d is None:
@@ -453,17 +492,28 @@ class Simulation:
         best_q.policy.on_dispatch(n, now)
         prof = d.profiles[best_q.model]
         dur = prof.latency_s(n)
-        d.busy = True
-        d.busy_since_s = now
-        d.busy_until_s = now + dur
-        d.batch = batch
-        d.batch_model = best_q.model
-        d.batch_mem_bytes = prof.batch_memory_bytes(n)
+        mem = prof.batch_memory_bytes(n)
         tr = d.trace
         tr.busy_start_s.append(now)
-        tr.busy_end_s.append(now + dur)
+        tr.busy_end_s.append(now + dur)  # corrected at the end if other batches slow it
         tr.batch_sizes.append(n)
-        self.loop.at(now + dur, self._finish, d)
+        d.account_busy(now)
+        key = d.next_batch_id
+        d.next_batch_id += 1
+        d.runs[key] = SimBatch(batch, best_q.model, mem, len(tr.batch_sizes) - 1)
+        d.batch_mem_bytes += mem
+        d.in_flight += n
+        d.shared.start(key, now, dur, occupancy(prof, n) if d.instances > 1 else 1.0)
+        d.busy = len(d.runs) >= d.instances
+        self._schedule_end(d)
+        if not d.busy:
+            self._try_start(d)
+
+    def _schedule_end(self, d: SimDevice) -> None:
+        d.epoch += 1
+        nxt = d.shared.next_end()
+        if nxt is not None:
+            self.loop.at(nxt[1], self._finish, (d, d.epoch))
 
     def _expired(self, q: ModelQueue, d: SimDevice, r: SimRequest, now: float) -> None:
         self._drop(r, "deadline-expired")
@@ -477,27 +527,36 @@ class Simulation:
             d.next_wake_s = math.inf
         self._try_start(d)
 
-    def _finish(self, d: SimDevice) -> None:
+    def _finish(self, arg: tuple[SimDevice, int]) -> None:
+        d, epoch = arg
+        if epoch != d.epoch:
+            return  # a batch started or ended since: its end was rescheduled
+        nxt = d.shared.next_end()
+        assert nxt is not None
+        key = nxt[0]
+        assert isinstance(key, int)
         now = self.loop.now
+        d.account_busy(now)
+        d.shared.finish(key, now)
+        run = d.runs.pop(key)
+        d.trace.busy_end_s[run.trace_index] = now
         d.busy = False
-        d.busy_acc_s += now - d.busy_since_s
         d.idle_since_s = now
-        d.batch_mem_bytes = 0.0
+        d.batch_mem_bytes = max(0.0, d.batch_mem_bytes - run.memory_bytes) if d.runs else 0.0
+        d.in_flight -= len(run.requests)
         log_finish = self.log.finish_s
         log_dev = self.log.device
         router = self.router
         name = d.name
-        for r in d.batch:
+        for r in run.requests:
             log_finish[r.idx] = now
             log_dev[r.idx] = name
             if router is not None:
                 router.done(name, r.model)
             if r.user >= 0:
                 self._schedule_user(r.user)
-        d.batch = []
+        self._schedule_end(d)
         self._try_start(d)
-        if self.central and not d.busy:
-            return
 
     # -- signals ----------------------------------------------------------------------------
     def _sample(self, _: object) -> None:
@@ -507,7 +566,7 @@ class Simulation:
             cum = d.busy_cum_s(now)
             d.util_hist.append((now, cum))
             t0, c0 = d.util_hist[0]
-            util = (cum - c0) / (now - t0) if now > t0 else (1.0 if d.busy else 0.0)
+            util = (cum - c0) / (now - t0) if now > t0 else (1.0 if d.runs else 0.0)
             depth = float(d.q_len)
             d.trace.queue_t_s.append(now)
             d.trace.queue_depth.append(depth)
@@ -517,12 +576,12 @@ class Simulation:
                     LoadSample(
                         timestamp_s=now,
                         queue_depth=depth,
-                        in_flight=float(len(d.batch)),
+                        in_flight=float(d.in_flight),
                         utilization=min(1.0, max(0.0, util)),
                         memory_used_bytes=d.memory_used_bytes(),
                         memory_total_bytes=d.memory_total_bytes,
                         queued_by_model={m: float(len(d.queues[m].items)) for m in d.models},
-                        busy_remaining_s=max(0.0, d.busy_until_s - now) if d.busy else 0.0,
+                        busy_remaining_s=d.wait_s(now),
                     ),
                 )
         nxt = now + self.signal_interval_s
