@@ -11,6 +11,7 @@ import typer
 import yaml
 
 from evenserve.cli.main import app, console, err_console
+from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.errors import EvenserveError
 
 MIB = 1024 * 1024
@@ -100,6 +101,13 @@ def worker(
             "is at most this fraction of the device, in (0, 1]."
         ),
     ] = None,
+    interference: Annotated[
+        float,
+        typer.Option(
+            help="Emulated device with --instances > 1: how much concurrent batches slow each "
+            "other, in [0, 1] (1/3: two small batches at once each run at 0.75x).",
+        ),
+    ] = DEFAULT_INTERFERENCE,
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
@@ -123,6 +131,8 @@ def worker(
         _fail("--starvation-ms: must be > 0")
     if class_headroom is not None and not 0 < class_headroom <= 1:
         _fail("--class-headroom: must be in (0, 1]")
+    if not 0 <= interference <= 1:
+        _fail("--interference: must be in [0, 1]")
     try:
         dev = parse_device(device)
         only = [m.strip() for m in models.split(",") if m.strip()] if models else None
@@ -140,6 +150,7 @@ def worker(
             drain_timeout_s=drain_timeout_s,
             starvation_ms=starvation_ms,
             class_headroom=class_headroom,
+            interference=interference,
         )
         service = WorkerService(entries, options)
         err_console.print(

@@ -23,6 +23,7 @@ import aiohttp
 
 LOAD_PATH = "/v2/evenserve/load"
 BUSY_COUNTER = "evenserve_worker_device_busy_seconds_total"
+INSTANCES_GAUGE = "evenserve_worker_device_instances"
 
 
 @dataclass
@@ -55,12 +56,11 @@ class BackendScrape:
         return list(t), cum
 
 
-def parse_busy_counter(text: str) -> float | None:
-    """Sum of the busy-seconds counter's samples in a Prometheus text, or None if absent."""
+def _sum_samples(text: str, metric: str) -> float | None:
     total = None
     for line in text.splitlines():
-        if line.startswith(BUSY_COUNTER):
-            rest = line[len(BUSY_COUNTER) :]
+        if line.startswith(metric):
+            rest = line[len(metric) :]
             if rest and rest[0] not in " {":
                 continue
             try:
@@ -69,6 +69,18 @@ def parse_busy_counter(text: str) -> float | None:
                 continue
             total = value if total is None else total + value
     return total
+
+
+def parse_busy_counter(text: str) -> float | None:
+    """Busy seconds of the backend's device per instance, or None if the counter is absent.
+
+    The worker's counter sums busy time over its instances (batches run at once); divided
+    by the instances gauge it is the device's busy time, as the simulator counts it."""
+    total = _sum_samples(text, BUSY_COUNTER)
+    if total is None:
+        return None
+    instances = _sum_samples(text, INSTANCES_GAUGE)
+    return total / instances if instances and instances > 1 else total
 
 
 class Scraper:

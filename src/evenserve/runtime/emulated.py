@@ -12,12 +12,19 @@ also shortens CPython's GIL switch interval while it serves emulated models (see
 ``worker.service``), which bounds how late a device thread can wake up behind a busy HTTP
 thread.
 
+Several instances. When the worker runs more than one batch at once (``--instances``), its
+emulated models share one ``EmulatedDevice``: concurrent batches slow each other down as
+``core.contention`` says (the simulator's model), so an emulated device with two instances
+is not two devices. Each batch's thread waits on the device's condition until its end, which
+moves whenever another batch starts or ends, then sleeps the last stretch precisely.
+
 Memory: the profile's resident weights while loaded and its working memory per batch; the
 worker adds them up against the emulated device's configured total. Needs no torch.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +33,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice, occupancy
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import LatencyProfile, load_profile
 from evenserve.runtime.base import Array, RuntimeContext
@@ -81,12 +89,50 @@ class PreciseSleeper:
             pass
 
 
+#: Hand a batch to the precise sleeper once its end is this close (seconds).
+HANDOVER_S = 0.002
+
+
+class EmulatedDevice:
+    """One emulated device shared by the batches of every model on it (``core.contention``)."""
+
+    def __init__(self, interference: float = DEFAULT_INTERFERENCE) -> None:
+        self._shared = SharedDevice(interference)
+        self._cond = threading.Condition()
+        self._origin = time.perf_counter()
+
+    def _now(self) -> float:
+        return time.perf_counter() - self._origin
+
+    def run(self, solo_s: float, occupancy: float, sleeper: PreciseSleeper) -> None:
+        """Block for as long as a batch of ``solo_s`` alone takes while sharing the device."""
+        key = object()
+        with self._cond:
+            self._shared.start(key, self._now(), solo_s, occupancy)
+            self._cond.notify_all()
+            while True:
+                end = self._shared.end_of(key)
+                left = end - self._now()
+                if left <= HANDOVER_S:
+                    break
+                self._cond.wait(left - HANDOVER_S)
+        # Outside the lock: a start in the last 2 ms is not felt by this batch (it is by
+        # the new one, which counts this one until it ends).
+        sleeper.sleep_until(self._origin + end)
+        with self._cond:
+            self._shared.finish(key, self._now())
+            self._cond.notify_all()
+
+
 class EmulatedRuntime:
     """A model that costs exactly what its profile says."""
 
-    def __init__(self, ctx: RuntimeContext, profile: LatencyProfile) -> None:
+    def __init__(
+        self, ctx: RuntimeContext, profile: LatencyProfile, device: EmulatedDevice | None = None
+    ) -> None:
         self.ctx = ctx
         self.profile = profile
+        self.device = device
         self._sleeper = PreciseSleeper()
         self._loaded = False
 
@@ -104,6 +150,10 @@ class EmulatedRuntime:
                 for i, d in enumerate(spec.shape)
             ]
             out[spec.name] = np.zeros([batch, *dims], dtype=spec.dtype)
+        if self.device is not None:
+            solo = self.profile.latency_s(batch) - (time.perf_counter() - start)
+            self.device.run(max(0.0, solo), occupancy(self.profile, batch), self._sleeper)
+            return out
         # The batch's time counts from entry: making the outputs is part of it.
         self._sleeper.sleep_until(start + self.profile.latency_s(batch))
         return out

@@ -12,7 +12,12 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from evenserve.runtime.base import Runtime, RuntimeContext
-from evenserve.runtime.emulated import EmulatedParams, EmulatedRuntime, resolve_profile
+from evenserve.runtime.emulated import (
+    EmulatedDevice,
+    EmulatedParams,
+    EmulatedRuntime,
+    resolve_profile,
+)
 from evenserve.runtime.onnx_runtime import OnnxParams, OnnxRuntime
 from evenserve.runtime.torch_runtime import TorchParams, TorchRuntime
 from evenserve.runtime.transformers_runtime import TransformersParams, TransformersRuntime
@@ -32,13 +37,17 @@ def create_runtime(
     *,
     emulated_params: EmulatedParams | None = None,
     profile_sets_dir: Path | None = None,
+    emulated_device: EmulatedDevice | None = None,
 ) -> Runtime:
-    """Build (not load) the runtime for one model on ``ctx.device``."""
+    """Build (not load) the runtime for one model on ``ctx.device``.
+
+    ``emulated_device``: the device an emulated model shares with the worker's other models
+    when it runs several batches at once (None: one batch at a time, no sharing)."""
     if ctx.device.kind == "emulated" or kind == "emulated":
         params = emulated_params if emulated_params is not None else None
         if params is None and isinstance(ctx.params, EmulatedParams):
             params = ctx.params
-        return EmulatedRuntime(ctx, resolve_profile(ctx, params, profile_sets_dir))
+        return EmulatedRuntime(ctx, resolve_profile(ctx, params, profile_sets_dir), emulated_device)
     if kind == "transformers":
         return TransformersRuntime(ctx)
     if kind == "torch":

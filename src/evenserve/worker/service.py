@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evenserve.core.clock import Clock, RealClock
+from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.errors import ConfigError
 from evenserve.core.load import LoadReport
 from evenserve.metrics.nvml import NvmlSampler
@@ -25,7 +26,7 @@ from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
 from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime, RuntimeContext
 from evenserve.runtime.device import DeviceSpec, cuda_memory_bytes, host_memory_bytes
-from evenserve.runtime.emulated import EmulatedRuntime
+from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
 from evenserve.runtime.factory import create_runtime
 from evenserve.worker.driver import (
     REFUSAL_REASONS,
@@ -65,6 +66,9 @@ class WorkerOptions:
     #: Lower classes run only while the higher classes' demand on the device is at most
     #: this fraction (the simulator's ``class_headroom``); None: only rule 1 of the classes.
     class_headroom: float | None = None
+    #: How much concurrent batches on an emulated device slow each other down (the
+    #: simulator's device ``interference``, ``core.contention``); used with instances > 1.
+    interference: float = DEFAULT_INTERFERENCE
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -116,6 +120,8 @@ class WorkerService:
             raise ConfigError("--starvation-ms: must be > 0")
         if options.class_headroom is not None and not 0 < options.class_headroom <= 1:
             raise ConfigError("--class-headroom: must be in (0, 1]")
+        if not 0 <= options.interference <= 1:
+            raise ConfigError("--interference: must be in [0, 1]")
         self.entries = {e.name: e for e in entries}
         self.options = options
         self.device = options.device
@@ -131,6 +137,8 @@ class WorkerService:
         }
         opts: dict[str, Any] = {"cpu_threads": options.cpu_threads}
         self.runtimes: dict[str, Runtime] = {}
+        # Emulated models share one device when batches run at once (they slow each other).
+        shared = EmulatedDevice(options.interference) if options.instances > 1 else None
         for e in entries:
             ctx = RuntimeContext(
                 model=e.name,
@@ -148,6 +156,7 @@ class WorkerService:
                     ctx,
                     emulated_params=e.emulated_params,
                     profile_sets_dir=options.profiles_dir,
+                    emulated_device=shared,
                 )
             except ConfigError as exc:
                 raise ConfigError(f"{e.source}: {exc}") from exc

@@ -101,3 +101,6 @@ def test_parse_busy_counter() -> None:
     )
     assert parse_busy_counter(text) == 12.5
     assert parse_busy_counter("nothing here 1\n") is None
+    # summed over 2 instances: the device's busy time is half of it
+    two = text + 'evenserve_worker_device_instances{device="emulated:a10"} 2.0\n'
+    assert parse_busy_counter(two) == 6.25

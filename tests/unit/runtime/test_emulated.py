@@ -73,3 +73,43 @@ def test_profile_resolution(tmp_path: Path) -> None:
         resolve_profile(_ctx("cpu"), None, None)
     rel = EmulatedParams(profile="profiles/a10-trt-fp16/resnet50.yaml")
     assert resolve_profile(_ctx("cpu"), rel, None).model == "resnet50"
+
+
+def test_batches_sharing_an_emulated_device_slow_each_other() -> None:
+    """Two batches at once on one EmulatedDevice take longer than alone (core.contention).
+
+    Only lower bounds are checked (a sleep never ends early; a busy host only adds). Two
+    small batches run together at 0.75 speed each, so the device does at most 1.5 batch-
+    seconds of work per second: from the first start to the last end takes at least
+    2 x solo / 1.5, whatever the skew between the two threads' starts. Without the shared
+    device it would take about one solo time."""
+    import threading
+
+    from evenserve.runtime.emulated import EmulatedDevice
+
+    prof = LatencyProfile.from_points("m", {1: 40.0, 64: 640.0})  # batch 1: 0.1 of the peak
+    dev = EmulatedDevice()
+    rts = [EmulatedRuntime(_ctx(), prof, dev) for _ in range(2)]
+    marks: list[tuple[float, float]] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(2)
+
+    def one(rt: EmulatedRuntime) -> None:
+        barrier.wait()
+        start = time.perf_counter()
+        rt.run({"ids": np.zeros((1, 2), dtype=np.int64)})
+        with lock:
+            marks.append((start, time.perf_counter()))
+
+    threads = [threading.Thread(target=one, args=(rt,)) for rt in rts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(marks) == 2
+    elapsed = max(e for _, e in marks) - min(s for s, _ in marks)
+    assert elapsed >= 2 * 0.040 / 1.5
+    # Alone on the device, the same batch takes its profile time again.
+    start = time.perf_counter()
+    rts[0].run({"ids": np.zeros((1, 2), dtype=np.int64)})
+    assert time.perf_counter() - start >= 0.040
