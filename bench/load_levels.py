@@ -4,9 +4,12 @@ For every load level of the scenario and every arm (a sweep of fixed-window dela
 articles' step-down rule, adaptive and deadline), simulate with the same seeds (1..N) and
 print the mean over seeds of goodput within SLO (req/s), P99 (ms) and dropped requests.
 Marks the best fixed delay per level and says whether adaptive / deadline are at least as good
-as it on both figures (within 0.5 %, the run-to-run noise of these means).
+as it on both figures (within 0.5 % on goodput and 2 % on P99, the seed-to-seed noise of these
+means). "One fixed delay best at every level" also allows that tolerance: it holds when one
+delay is within it of the best at every level (0 and 5 ms are ties, not two winners).
 
-    python bench/load_levels.py [--scenario scenarios/load-levels.yaml] [--seeds N] [--json PATH]
+    python bench/load_levels.py [--scenario scenarios/load-levels.yaml] [--seeds N]
+        [--set devices.0.instances=2 ...] [--json PATH]
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from evenserve.sim.cluster import simulate
 from evenserve.sim.loader import load_scenario, with_level
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Seed-to-seed noise of the means: within these, two arms tie.
+GOODPUT_TOL = 0.005
+P99_TOL = 0.02
 
 
 def main() -> None:
@@ -31,8 +37,15 @@ def main() -> None:
     ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "load-levels.yaml"))
     ap.add_argument("--seeds", type=int, default=3, help="average over this many seeds")
     ap.add_argument("--json", default=None, help="write the figures as JSON")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a scenario field, e.g. devices.0.instances=2 (repeatable)",
+    )
     args = ap.parse_args()
-    base = load_scenario(args.scenario)
+    base = load_scenario(args.scenario, args.set)
     levels = list(base.scenario.levels)
     arms = list(base.scenario.arms)
     figures: dict[str, dict[str, Any]] = {}
@@ -77,19 +90,27 @@ def main() -> None:
         table.add_row(arm, *cells)
     console.print(table)
     console.print("* best fixed delay at that level (goodput, then P99)")
-    distinct = len(set(best_fixed.values()))
+
+    def as_good(level: str, arm: str) -> tuple[bool, bool]:
+        v, b = figures[level][arm], figures[level][best_fixed[level]]
+        good = v["goodput_rps"] >= b["goodput_rps"] * (1 - GOODPUT_TOL)
+        p99 = (v["p99_ms"] or 0) <= (b["p99_ms"] or 0) * (1 + P99_TOL)
+        return good, p99
+
+    near_best = {lv: {a for a in fixed if all(as_good(lv, a))} for lv in levels}
+    everywhere = sorted(set.intersection(*near_best.values())) if levels else []
+    for lv in levels:
+        console.print(f"{lv}: fixed delays as good as the best: {', '.join(sorted(near_best[lv]))}")
     console.print(
         "one fixed delay best at every level: "
-        + ("no" if distinct > 1 else f"yes ({next(iter(best_fixed.values()))})")
+        + (f"yes ({', '.join(everywhere)})" if everywhere else "no")
     )
     for cand in ("adaptive", "deadline"):
         if cand not in arms:
             continue
         ok = []
         for level in levels:
-            v, b = figures[level][cand], figures[level][best_fixed[level]]
-            good = v["goodput_rps"] >= b["goodput_rps"] * 0.995
-            p99 = (v["p99_ms"] or 0) <= (b["p99_ms"] or 0) * 1.005
+            good, p99 = as_good(level, cand)
             ok.append(
                 f"{level}: goodput {'>=' if good else '<'} best fixed, "
                 f"P99 {'<=' if p99 else '>'} best fixed"
@@ -97,7 +118,15 @@ def main() -> None:
         console.print(f"{cand}: " + "; ".join(ok))
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"levels": figures, "best_fixed": best_fixed}, indent=2)
+            json.dumps(
+                {
+                    "levels": figures,
+                    "best_fixed": best_fixed,
+                    "near_best_fixed": {lv: sorted(v) for lv, v in near_best.items()},
+                    "one_fixed_delay_best_everywhere": everywhere,
+                },
+                indent=2,
+            )
         )
 
 
