@@ -80,7 +80,9 @@ def main() -> None:
     best_fixed: dict[str, str] = {}
     for level in levels:
         f = figures[level]
-        best_fixed[level] = max(fixed, key=lambda a: (f[a]["goodput_rps"], -(f[a]["p99_ms"] or 0)))
+        top = max(f[a]["goodput_rps"] for a in fixed)
+        tied = [a for a in fixed if f[a]["goodput_rps"] >= top * (1 - GOODPUT_TOL)]
+        best_fixed[level] = min(tied, key=lambda a: (f[a]["p99_ms"] or 0, -f[a]["goodput_rps"]))
     for arm in arms:
         cells = []
         for level in levels:
@@ -89,7 +91,7 @@ def main() -> None:
             cells.append(f"{v['goodput_rps']:.1f} / {v['p99_ms'] or 0:.0f} / {v['dropped']}{mark}")
         table.add_row(arm, *cells)
     console.print(table)
-    console.print("* best fixed delay at that level (goodput, then P99)")
+    console.print("* best fixed delay at that level (lowest P99 among those tied on goodput)")
 
     def as_good(level: str, arm: str) -> tuple[bool, bool]:
         v, b = figures[level][arm], figures[level][best_fixed[level]]
