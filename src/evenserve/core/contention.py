@@ -86,15 +86,20 @@ class SharedDevice:
 
     def _advance(self, now_s: float) -> None:
         dt = now_s - self._t
-        if dt > 0 and self._runs:
-            done = dt * self._speed
-            for r in self._runs.values():
-                r.left_s = max(0.0, r.left_s - done)
-        if now_s > self._t:
+        if dt > 0:
+            if self._runs:
+                done = dt * self._speed
+                for r in self._runs.values():
+                    r.left_s = max(0.0, r.left_s - done)
             self._t = now_s
 
     def _respeed(self) -> None:
-        self._speed = shared_speed((r.occupancy for r in self._runs.values()), self.interference)
+        runs = self._runs
+        if len(runs) <= 1:  # the common case (one instance): no sharing
+            self._speed = 1.0
+        else:
+            total = sum(r.occupancy for r in runs.values())
+            self._speed = speed_of(len(runs), total, self.interference)
 
     def start(self, key: Hashable, now_s: float, solo_s: float, occupancy: float) -> None:
         if key in self._runs:
@@ -114,8 +119,12 @@ class SharedDevice:
 
     def next_end(self) -> tuple[Hashable, float] | None:
         """The batch that ends first (the earliest started among ties) and when."""
+        runs = self._runs
+        if len(runs) == 1:
+            for key, r in runs.items():
+                return key, self._t + r.left_s / self._speed
         best: tuple[Hashable, float] | None = None
-        for key, r in self._runs.items():
+        for key, r in runs.items():
             t = self._t + r.left_s / self._speed
             if best is None or t < best[1]:
                 best = (key, t)

@@ -5,10 +5,12 @@ Theory of operation. Everything happens on one EventLoop with a virtual clock.
   mode the Router (the same class the live gateway uses) picks a device; the request joins that
   device's queue for its model. In ``central-queue`` mode the request joins one shared queue per
   model and any idle device that hosts the model may take it (work-conserving late binding).
-- A device runs one batch at a time. Whenever it is idle and something changed (an arrival, a
-  batch finished, a policy's wake-up time came), it asks each hosted model's batching policy;
-  among the models that say Dispatch it runs the one whose oldest request is oldest. If none
-  does, it schedules a wake-up at the earliest WaitUntil.
+- A device runs one batch at a time per instance (``instances`` in the scenario, default 1).
+  Whenever an instance is free and something changed (an arrival, a batch finished, a
+  policy's wake-up time came), it asks each hosted model's batching policy; among the models
+  that say Dispatch it runs the one whose oldest request is oldest. If none does, it
+  schedules a wake-up at the earliest WaitUntil. Batches running at once share the device
+  (``core.contention``): each runs slower, and every start or end moves the others' ends.
 - Every ``signals.interval_ms`` the devices are sampled (queue depth, in-flight, busy fraction
   over ``utilization_window_ms``, memory) and the samples are fed to the Router, exactly as the
   gateway's poller does.
@@ -91,6 +93,7 @@ class SimDevice:
         "busy_acc_s",
         "busy_mark_s",
         "epoch",
+        "free_at_s",
         "idle_since_s",
         "in_flight",
         "instances",
@@ -137,6 +140,8 @@ class SimDevice:
         self.runs: dict[int, SimBatch] = {}
         self.next_batch_id = 0
         self.epoch = 0
+        #: When the first running batch ends (if nothing changes).
+        self.free_at_s = 0.0
         self.in_flight = 0
         self.batch_mem_bytes = 0.0
         self.next_wake_s = math.inf
@@ -158,10 +163,7 @@ class SimDevice:
 
     def wait_s(self, now_s: float) -> float:
         """Seconds until an instance is free (0 when one is free now), if nothing changes."""
-        if not self.busy:
-            return 0.0
-        nxt = self.shared.next_end()
-        return 0.0 if nxt is None else max(0.0, nxt[1] - now_s)
+        return max(0.0, self.free_at_s - now_s) if self.busy else 0.0
 
     def memory_used_bytes(self) -> float:
         return self.weights_bytes + self.batch_mem_bytes
@@ -503,7 +505,13 @@ class Simulation:
         d.runs[key] = SimBatch(batch, best_q.model, mem, len(tr.batch_sizes) - 1)
         d.batch_mem_bytes += mem
         d.in_flight += n
-        d.shared.start(key, now, dur, occupancy(prof, n) if d.instances > 1 else 1.0)
+        if d.instances == 1:  # the common case, kept fast: nothing shares the device
+            d.busy = True
+            d.epoch += 1
+            d.free_at_s = now + dur
+            self.loop.at(now + dur, self._finish, (d, d.epoch))
+            return
+        d.shared.start(key, now, dur, occupancy(prof, n))
         d.busy = len(d.runs) >= d.instances
         self._schedule_end(d)
         if not d.busy:
@@ -513,6 +521,7 @@ class Simulation:
         d.epoch += 1
         nxt = d.shared.next_end()
         if nxt is not None:
+            d.free_at_s = nxt[1]
             self.loop.at(nxt[1], self._finish, (d, d.epoch))
 
     def _expired(self, q: ModelQueue, d: SimDevice, r: SimRequest, now: float) -> None:
@@ -531,14 +540,16 @@ class Simulation:
         d, epoch = arg
         if epoch != d.epoch:
             return  # a batch started or ended since: its end was rescheduled
-        nxt = d.shared.next_end()
-        assert nxt is not None
-        key = nxt[0]
-        assert isinstance(key, int)
         now = self.loop.now
         d.account_busy(now)
-        d.shared.finish(key, now)
-        run = d.runs.pop(key)
+        if d.instances == 1:
+            key, run = d.runs.popitem()
+        else:
+            nxt = d.shared.next_end()
+            assert nxt is not None and isinstance(nxt[0], int)
+            key = nxt[0]
+            d.shared.finish(key, now)
+            run = d.runs.pop(key)
         d.trace.busy_end_s[run.trace_index] = now
         d.busy = False
         d.idle_since_s = now
@@ -555,7 +566,8 @@ class Simulation:
                 router.done(name, r.model)
             if r.user >= 0:
                 self._schedule_user(r.user)
-        self._schedule_end(d)
+        if d.instances > 1:
+            self._schedule_end(d)
         self._try_start(d)
 
     # -- signals ----------------------------------------------------------------------------
