@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,19 +38,17 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path: Path) -> None:
     assert dump(5) != dump(6)
 
 
-def test_hand_checked_single_device_trace(tmp_path: Path) -> None:
-    """One device, batching 'none', three requests: latencies follow from the profile."""
+def trace_run(
+    tmp_path: Path, lines: list[str], instances: int = 1
+) -> tuple[list[float], dict[str, Any]]:
+    """One device hosting fast and slow, batching 'none', a trace: latencies (ms), summary."""
     trace = tmp_path / "t.jsonl"
-    trace.write_text(
-        '{"t_s": 1.0, "model": "slow"}\n'
-        '{"t_s": 1.0, "model": "slow"}\n'
-        '{"t_s": 1.5, "model": "fast"}\n'
-    )
+    trace.write_text("".join(line + "\n" for line in lines))
     ld = load(
         tmp_path,
         duration_s=3,
         warmup_s=0,
-        devices=[{"name": "d0", "models": ["fast", "slow"]}],
+        devices=[{"name": "d0", "models": ["fast", "slow"], "instances": instances}],
         workload={"type": "trace", "path": str(trace)},
         arms={"one": {"routing": "round-robin", "batching": "none"}},
     )
@@ -58,9 +57,21 @@ def test_hand_checked_single_device_trace(tmp_path: Path) -> None:
         round((f - a) * 1000, 6)
         for a, f in zip(rec.requests.arrival_s, rec.requests.finish_s, strict=True)
     ]
+    return lat, summarize(rec)
+
+
+def test_hand_checked_single_device_trace(tmp_path: Path) -> None:
+    """One device, batching 'none', three requests: latencies follow from the profile."""
+    lat, s = trace_run(
+        tmp_path,
+        [
+            '{"t_s": 1.0, "model": "slow"}',
+            '{"t_s": 1.0, "model": "slow"}',
+            '{"t_s": 1.5, "model": "fast"}',
+        ],
+    )
     # slow b1 = 10 ms each, back to back; fast arrives later to an idle device: 2 ms
     assert lat == [10.0, 20.0, 2.0]
-    s = summarize(rec)
     assert s["devices"]["d0"]["utilization"] == pytest.approx(0.022 / 3.0, abs=1e-6)
 
 
@@ -68,36 +79,19 @@ def test_two_instances_share_the_device(tmp_path: Path) -> None:
     """Two batches at once run slower each (core.contention); utilization counts instances."""
     from evenserve.core.contention import occupancy
 
-    trace = tmp_path / "t.jsonl"
-    trace.write_text('{"t_s": 1.0, "model": "slow"}\n{"t_s": 1.0, "model": "fast"}\n')
-
-    def run(instances: int) -> tuple[list[float], float]:
-        ld = load(
-            tmp_path,
-            duration_s=3,
-            warmup_s=0,
-            devices=[{"name": "d0", "models": ["fast", "slow"], "instances": instances}],
-            workload={"type": "trace", "path": str(trace)},
-            arms={"one": {"routing": "round-robin", "batching": "none"}},
-        )
-        rec = simulate(ld, "one")
-        lat = [
-            round((f - a) * 1000, 6)
-            for a, f in zip(rec.requests.arrival_s, rec.requests.finish_s, strict=True)
-        ]
-        return lat, summarize(rec)["devices"]["d0"]["utilization"]
-
+    both = ['{"t_s": 1.0, "model": "slow"}', '{"t_s": 1.0, "model": "fast"}']
     # one instance: slow (10 ms) first, then fast (2 ms) behind it
-    assert run(1)[0] == [10.0, 12.0]
-    # two: both start at once; fast (occupancy 0.2 + slow's 0.8 = 1.0) at 0.75 speed ends at
-    # 2 / 0.75 ms; slow did 2/0.75 * 0.75 = 2 ms of its 10 by then and runs the rest alone
+    assert trace_run(tmp_path, both)[0] == [10.0, 12.0]
+    # two: both start at once, each at 0.75 speed (occupancies 0.375 + 0.375 <= 1); fast ends
+    # at 2 / 0.75 ms; slow did 2 ms of its 10 by then and runs the rest alone
     ld = load(tmp_path)
     prof = ld.profiles_for(ld.scenario.devices[0])
     assert occupancy(prof["fast"], 1) + occupancy(prof["slow"], 1) <= 1.0
-    lat, util = run(2)
+    lat, s = trace_run(tmp_path, both, instances=2)
     assert lat[1] == pytest.approx(2.0 / 0.75, abs=1e-6)
     assert lat[0] == pytest.approx(2.0 / 0.75 + 8.0, abs=1e-6)
     # busy instance-seconds over 2 instances: (10.667 + 2.667) ms / 2 over 3 s
+    util = s["devices"]["d0"]["utilization"]
     assert util == pytest.approx((lat[0] + lat[1]) / 1000 / 2 / 3.0, abs=1e-6)
 
 
