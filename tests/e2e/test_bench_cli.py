@@ -96,3 +96,69 @@ def test_bad_targets_get_clear_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "scenario file not found" in r.stderr
     r = run(["bench", "http://127.0.0.1:9"])
     assert r.returncode == 2 and "--mix" in r.stderr
+
+
+def levels_scenario(tmp_path: Path) -> Path:
+    """Open loop with two load levels; ``spike`` has a later phase, so scaling it matters."""
+    sc = {
+        "name": "tiny-levels",
+        "seed": 3,
+        "duration_s": 90,
+        "warmup_s": 10,
+        "profile_sets": {"a10": str(ROOT / "profiles" / "a10-trt-fp16")},
+        "devices": [{"name": "gpu0", "models": ["resnet50"]}],
+        "models": {"resnet50": {"slo_ms": 10}},
+        "workload": {
+            "type": "open-loop",
+            "rates_rps": {"resnet50": 1600},
+            "phases": [{"start_s": 0, "end_s": 90, "multiplier": 1.0}],
+        },
+        "levels": {
+            "low": [{"start_s": 0, "end_s": 90, "multiplier": 0.25}],
+            "spike": [
+                {"start_s": 0, "end_s": 90, "multiplier": 0.5},
+                {"start_s": 0.02, "end_s": 0.04, "multiplier": 3.0},
+            ],
+        },
+        "arms": {"fw": {"routing": "round-robin", "batching": "fixed-window"}},
+    }
+    path = tmp_path / "tiny-levels.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    return path
+
+
+def test_scenario_bench_at_a_level(tmp_path: Path) -> None:
+    from evenserve.cli.bench_cmd import open_loop_arrivals, scale_scenario
+    from evenserve.sim.loader import load_scenario, with_level
+
+    path = levels_scenario(tmp_path)
+    out = tmp_path / "out"
+    r = run(
+        ["bench", "--scenario", str(path), "--level", "spike", "--duration", "2s",
+         "--warmup", "0.4s", "--out", str(out), "--no-plots", "--no-progress", "--no-realtime"]
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "at level spike" in r.stdout
+    assert json.loads((out / "bench.json").read_text())["level"] == "spike"
+    s = json.loads((out / "summary.json").read_text())
+    assert s["level"] == "spike"
+    # The level's phases, time-scaled (the spike at 0.8-1.6 s live at K = 40), are what both
+    # the live run and the simulator got: the same arrivals, and not the default phases'.
+    loaded = load_scenario(path)
+    expected = {
+        lv: len(
+            open_loop_arrivals(scale_scenario(with_level(loaded, lv), 40.0, 2.0, 0.4, tmp_path), 3)
+        )
+        for lv in (None, "low", "spike")
+    }
+    assert len(set(expected.values())) == 3
+    assert s["arms"]["fw"]["requests"]["arrived"] == expected["spike"]
+    assert s["simulated"]["arms"]["fw"]["requests"]["arrived"] == expected["spike"]
+
+
+def test_bad_level_is_a_clear_error(tmp_path: Path) -> None:
+    r = run(["bench", "--scenario", str(levels_scenario(tmp_path)), "--level", "peak"])
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--level" in r.stderr and "'peak'" in r.stderr and "low, spike" in r.stderr
+    r = run(["bench", "http://127.0.0.1:9", "--users", "2", "--mix", "m=1", "--level", "low"])
+    assert r.returncode == 2 and "--level: only with --scenario" in r.stderr

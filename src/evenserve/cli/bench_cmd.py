@@ -58,7 +58,7 @@ from evenserve.report.plots import write_plots
 from evenserve.report.summary import clean_json, run_summary, summarize
 from evenserve.report.table import compare_rows, compare_table
 from evenserve.sim.cluster import simulate
-from evenserve.sim.loader import LoadedScenario, load_scenario
+from evenserve.sim.loader import LoadedScenario, load_scenario, with_level
 from evenserve.sim.workload import PoissonProcess, read_trace, write_trace
 
 #: Default time scale of a scenario bench on a small host (see the module docstring).
@@ -275,6 +275,8 @@ def write_arm_cluster(
                     "--memory-gb", f"{d.memory_gb:g}",
                     "--utilization-window-s", f"{util_window_s:g}",
                     "--log-level", "warning",
+                    "--instances", str(d.instances),
+                    "--interference", repr(d.interference),
                     *class_args,
                 ],
             }
@@ -648,6 +650,13 @@ def bench(
         list[str] | None,
         typer.Option("--set", help="Scenario: override a field, key.path=value (repeatable)."),
     ] = None,
+    level: Annotated[
+        str | None,
+        typer.Option(
+            "--level",
+            help="Scenario: run at this named load level (its open-loop phases, time-scaled).",
+        ),
+    ] = None,
     realtime: Annotated[
         bool,
         typer.Option(
@@ -660,10 +669,13 @@ def bench(
     try:
         if (target is None) == (scenario is None):
             raise ConfigError("give a TARGET_URL or --scenario FILE (one of them)")
+        if level is not None and scenario is None:
+            raise ConfigError("--level: only with --scenario (a load level of the scenario)")
         if scenario is not None:
             _bench_scenario(
                 scenario,
                 overrides=set_ or [],
+                level=level,
                 arms_opt=arms,
                 repeats=repeats,
                 k=time_scale,
@@ -859,6 +871,7 @@ def _bench_scenario(
     scenario: Path,
     *,
     overrides: list[str],
+    level: str | None,
     arms_opt: str | None,
     repeats: int,
     k: float,
@@ -878,7 +891,7 @@ def _bench_scenario(
         raise ConfigError("--repeats: must be >= 1")
     if not (k > 0 and math.isfinite(k)):
         raise ConfigError("--time-scale: must be a number > 0")
-    loaded = load_scenario(scenario, overrides)
+    loaded = with_level(load_scenario(scenario, overrides), level)
     sc = loaded.scenario
     dur = parse_duration(duration, "--duration") if duration else sc.duration_s
     if warmup is not None:
@@ -898,14 +911,17 @@ def _bench_scenario(
     if not repo.is_dir():
         raise ConfigError(f"--repo: not a directory: {repo} (run from the project root?)")
     base_seed = sc.seed if seed is None else seed
-    folder = out or Path("out") / f"bench-{sc.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    label = sc.name if level is None else f"{sc.name}-{level}"
+    folder = out or Path("out") / f"bench-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)
     workroot = Path(tempfile.mkdtemp(prefix="evenserve-bench-"))
     scaled = scale_scenario(loaded, k, dur, wu, workroot)
     profile_dirs = write_profile_sets(scaled, workroot)
     wl = scaled.scenario.workload
     console.print(
-        f"bench {scenario}: {len(live_arms)} arm(s) x {repeats} repeat(s), {dur:g} s each "
+        f"bench {scenario}"
+        + (f" at level {level}" if level is not None else "")
+        + f": {len(live_arms)} arm(s) x {repeats} repeat(s), {dur:g} s each "
         f"(warm-up {wu:g} s), time scale K = {k:g}: every batch and think/inter-arrival time "
         f"x{k:g}, policies unchanged"
         + (f"; simulator-only arms skipped live: {', '.join(skipped)}" if skipped else ""),
@@ -987,6 +1003,8 @@ def _bench_scenario(
     summary = run_summary(sc.name, base_seed, {a: headline(v) for a, v in live.items()})
     summary["comparison"] = compare_rows(summary)
     summary["time_scale"] = k
+    if level is not None:
+        summary["level"] = level
     summary["repeats"] = repeat_block
     summary["scheduling_lag_ms"] = lags
     summary["cpu"] = cpu
@@ -998,6 +1016,7 @@ def _bench_scenario(
             {
                 "scenario": str(scenario),
                 "overrides": overrides,
+                "level": level,
                 "time_scale": k,
                 "duration_s": dur,
                 "warmup_s": wu,
@@ -1022,7 +1041,13 @@ def _bench_scenario(
     if skipped:
         notes.append(f"Simulator-only arms (no live run): {', '.join(skipped)}.")
     finish_report(
-        folder, summary, title=f"{sc.name}: live bench (K = {k:g})", notes=notes, plots=plots
+        folder,
+        summary,
+        title=f"{sc.name}"
+        + (f" at level {level}" if level is not None else "")
+        + f": live bench (K = {k:g})",
+        notes=notes,
+        plots=plots,
     )
 
 
