@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from evenserve.core.clock import Clock
+from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice, occupancy
 from evenserve.core.errors import EvenserveError
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import BatchDecision, Dispatch, QueueView, RequestInfo, WaitUntil
@@ -307,6 +308,7 @@ class BatchDriver:
         utilization_window_s: float = 1.0,
         starvation_s: float | None = None,
         class_headroom: float | None = None,
+        interference: float = DEFAULT_INTERFERENCE,
     ) -> None:
         if instances < 1:
             raise ValueError("instances must be >= 1")
@@ -332,6 +334,9 @@ class BatchDriver:
         self._order = sorted(self._slots)
         self._free: list[int] = list(range(instances))
         self._running: dict[int, RunningBatch] = {}
+        # With several instances, when a running batch ends is estimated as the simulator
+        # computes it: concurrent batches share the device (core.contention).
+        self._shared = SharedDevice(interference) if instances > 1 else None
         self._deadlines: list[tuple[float, int, PendingRequest]] = []
         self._ids = itertools.count(1)
         self._timer_at = math.inf
@@ -381,6 +386,9 @@ class BatchDriver:
         """Seconds until an instance frees up (0 when one is free now), from estimates."""
         if self._free:
             return 0.0
+        if self._shared is not None:
+            nxt = self._shared.next_end()
+            return 0.0 if nxt is None else max(0.0, nxt[1] - now_s)
         return max(0.0, min(b.expected_end_s for b in self._running.values()) - now_s)
 
     def estimate_batch_s(self, model: str, items: int) -> float:
@@ -675,6 +683,10 @@ class BatchDriver:
             expected_end_s=now + self.estimate_batch_s(model, items),
         )
         self._running[instance] = batch
+        if self._shared is not None:
+            prof = slot.cfg.profile
+            occ = occupancy(prof, items) if prof is not None else 1.0
+            self._shared.start(instance, now, batch.expected_end_s - now, occ)
         self.busy.start(instance, now)
         self.observer.batch_started(batch, now)
         self._executor.start(instance, model, taken, functools.partial(self._finish, batch))
@@ -683,6 +695,8 @@ class BatchDriver:
         now = self.clock.now()
         slot = self._slots[batch.model]
         del self._running[batch.instance]
+        if self._shared is not None:
+            self._shared.finish(batch.instance, now)
         self.busy.stop(batch.instance, now)
         self._free.append(batch.instance)
         self._free.sort()

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from evenserve.core.contention import SharedDevice, occupancy
 from evenserve.core.profile import LatencyProfile
 from evenserve.runtime.base import Array, Runtime
 from evenserve.worker.driver import BatchResult, PendingRequest
@@ -110,12 +111,25 @@ class ThreadedExecutor:
 
 
 class VirtualExecutor:
-    """A batch takes the profile's latency on a (fake) timer; outputs are the payloads."""
+    """A batch takes the profile's latency on a (fake) timer; outputs are the payloads.
 
-    def __init__(self, profiles: Mapping[str, LatencyProfile], timer: Timer, clock: Any) -> None:
+    With ``shared`` (a device running several batches at once) concurrent batches slow each
+    other as the simulator's devices do (``core.contention``): every start or end moves the
+    running batches' ends, and the earliest one is re-armed."""
+
+    def __init__(
+        self,
+        profiles: Mapping[str, LatencyProfile],
+        timer: Timer,
+        clock: Any,
+        shared: SharedDevice | None = None,
+    ) -> None:
         self.profiles = dict(profiles)
         self.timer = timer
         self.clock = clock
+        self.shared = shared
+        self._pending: dict[int, tuple[BatchResult, Callable[[BatchResult], None]]] = {}
+        self._epoch = 0
 
     def start(
         self,
@@ -125,6 +139,30 @@ class VirtualExecutor:
         done: Callable[[BatchResult], None],
     ) -> None:
         items = sum(r.items for r in requests)
-        dur = self.profiles[model].latency_s(items)
+        prof = self.profiles[model]
+        dur = prof.latency_s(items)
         result = BatchResult(outputs=[r.payload for r in requests], compute_infer_s=dur)
-        self.timer.call_at(self.clock.now() + dur, lambda: done(result))
+        if self.shared is None:
+            self.timer.call_at(self.clock.now() + dur, lambda: done(result))
+            return
+        self.shared.start(instance, self.clock.now(), dur, occupancy(prof, items))
+        self._pending[instance] = (result, done)
+        self._arm()
+
+    def _arm(self) -> None:
+        assert self.shared is not None
+        self._epoch += 1
+        epoch = self._epoch
+        nxt = self.shared.next_end()
+        if nxt is not None:
+            self.timer.call_at(nxt[1], lambda: self._fire(epoch))
+
+    def _fire(self, epoch: int) -> None:
+        if epoch != self._epoch or self.shared is None:
+            return  # a batch started or ended since: re-armed
+        nxt = self.shared.next_end()
+        assert nxt is not None and isinstance(nxt[0], int)
+        self.shared.finish(nxt[0], self.clock.now())
+        result, done = self._pending.pop(nxt[0])
+        self._arm()
+        done(result)

@@ -232,6 +232,7 @@ class WorkerService:
             if self.options.starvation_ms is None
             else self.options.starvation_ms / 1000.0,
             class_headroom=self.options.class_headroom,
+            interference=self.options.interference,
         )
         self.ready = True
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evenserve.core.clock import FakeClock
+from evenserve.core.contention import SharedDevice
 from evenserve.core.profile import LatencyProfile
 from evenserve.policy.batching import BATCHING
 from evenserve.worker.driver import (
@@ -77,9 +78,10 @@ def make_driver(
         )
         for m, spec in specs.items()
     ]
+    shared = SharedDevice() if instances > 1 else None
     driver = BatchDriver(
         models,
-        VirtualExecutor(profiles, timer, clock),
+        VirtualExecutor(profiles, timer, clock, shared),
         clock=clock,
         timer=timer,
         instances=instances,

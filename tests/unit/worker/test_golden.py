@@ -13,6 +13,7 @@ also agree: completed, or refused with the same reason.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -69,8 +70,13 @@ def _write_profiles(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.parametrize("instances", [1, 2, 3])
 @pytest.mark.parametrize("arm", sorted(ARMS))
-async def test_simulator_and_live_driver_make_the_same_batches(tmp_path: Path, arm: str) -> None:
+async def test_simulator_and_live_driver_make_the_same_batches(
+    tmp_path: Path, arm: str, instances: int
+) -> None:
+    """With several instances, concurrent batches share the device (core.contention) on both
+    sides: the simulator's device and the driver's virtual executor."""
     prof_dir = tmp_path / "profiles"
     prof_dir.mkdir()
     for m, pts in PROFILES.items():
@@ -95,7 +101,7 @@ async def test_simulator_and_live_driver_make_the_same_batches(tmp_path: Path, a
                 "seed": 0,
                 "duration_s": end,
                 "profile_sets": {"toy": "profiles"},
-                "devices": [{"name": "dev0", "models": ["fast", "slow"]}],
+                "devices": [{"name": "dev0", "models": ["fast", "slow"], "instances": instances}],
                 "models": {"fast": {"slo_ms": 100}, "slow": {"slo_ms": 100}},
                 "workload": {"type": "trace", "path": "trace.jsonl"},
                 "arms": {arm: {"routing": "round-robin", "batching": ARMS[arm]}},
@@ -106,7 +112,7 @@ async def test_simulator_and_live_driver_make_the_same_batches(tmp_path: Path, a
     sim_dev = records.devices[0]
 
     profiles = {m: profile(m, pts) for m, pts in PROFILES.items()}
-    h = make_driver({m: ARMS[arm] for m in PROFILES}, profiles)
+    h = make_driver({m: ARMS[arm] for m in PROFILES}, profiles, instances=instances)
     for t, m in trace:
         h.timer.advance_to(t)
         h.driver.submit(m, None)
@@ -119,6 +125,7 @@ async def test_simulator_and_live_driver_make_the_same_batches(tmp_path: Path, a
     assert live_sizes == sim_dev.batch_sizes
     assert live_starts == pytest.approx(sim_dev.busy_start_s, abs=1e-9)
     assert sum(live_sizes) == len(trace)
+    assert _overlapping(sim_dev.busy_start_s, sim_dev.busy_end_s) == (instances > 1)
     BATCHING.build(ARMS[arm])  # the spec is a registered policy, as both sides used
 
 
@@ -150,14 +157,16 @@ MODEL_PRIORITY = {"fast": 10, "slow": 0}
 DENSE_RPS = 2000.0
 
 
-def _class_trace(path: Path, n: int = 500, seed: int = 5) -> list[dict[str, object]]:
+def _class_trace(
+    path: Path, n: int = 500, seed: int = 5, dense_rps: float = DENSE_RPS
+) -> list[dict[str, object]]:
     """Two classes, some deadlines, dense stretches that overload the device and pauses."""
     rng = random.Random(seed)
     t = 0.0
     out: list[dict[str, object]] = []
     for i in range(n):
         phase = (i // 100) % 2  # 100 dense arrivals, then 100 lighter ones
-        rate = DENSE_RPS if phase == 0 else 150.0
+        rate = dense_rps if phase == 0 else 150.0
         t += rng.expovariate(rate) if rng.random() < 0.95 else rng.uniform(0.02, 0.06)
         model = rng.choice(["fast", "slow"])
         e: dict[str, object] = {"t_s": round(t, 9), "model": model}
@@ -173,6 +182,12 @@ def _class_trace(path: Path, n: int = 500, seed: int = 5) -> list[dict[str, obje
     return out
 
 
+def _overlapping(starts: list[float], ends: list[float]) -> bool:
+    """Whether any two batches ran at once (so the shared-device model was exercised)."""
+    spans = sorted(zip(starts, ends, strict=True))
+    return any(nxt[0] < cur[1] - 1e-12 for cur, nxt in itertools.pairwise(spans))
+
+
 def _reason(req: PendingRequest) -> str | None:
     assert req.future is not None and req.future.done()
     exc = req.future.exception()
@@ -182,13 +197,15 @@ def _reason(req: PendingRequest) -> str | None:
     return exc.reason
 
 
+@pytest.mark.parametrize("instances", [1, 2])
 @pytest.mark.parametrize("options", sorted(CLASS_OPTIONS))
 @pytest.mark.parametrize("policy", sorted(CLASS_POLICIES))
 async def test_classes_deadlines_and_bounds_make_the_same_decisions(
-    tmp_path: Path, policy: str, options: str
+    tmp_path: Path, policy: str, options: str, instances: int
 ) -> None:
     _write_profiles(tmp_path)
-    trace = _class_trace(tmp_path / "trace.jsonl")
+    # More instances serve more: denser stretches still overload the device.
+    trace = _class_trace(tmp_path / "trace.jsonl", dense_rps=DENSE_RPS * instances)
     last_t = float(trace[-1]["t_s"])  # type: ignore[arg-type]
     opts = CLASS_OPTIONS[options]
     spec = CLASS_POLICIES[policy]
@@ -200,7 +217,7 @@ async def test_classes_deadlines_and_bounds_make_the_same_decisions(
                 "seed": 0,
                 "duration_s": last_t + 2.0,
                 "profile_sets": {"toy": "profiles"},
-                "devices": [{"name": "dev0", "models": ["fast", "slow"]}],
+                "devices": [{"name": "dev0", "models": ["fast", "slow"], "instances": instances}],
                 "models": {m: {"slo_ms": slo_ms, "priority": p} for m, p in MODEL_PRIORITY.items()},
                 "workload": {"type": "trace", "path": "trace.jsonl"},
                 "arms": {"arm": {"routing": "round-robin", "batching": spec, **opts}},
@@ -221,6 +238,7 @@ async def test_classes_deadlines_and_bounds_make_the_same_decisions(
         slos_s={m: slo_ms / 1000.0 for m in PROFILES},
         starvation_s=None if starvation_ms is None else float(starvation_ms) / 1000.0,
         class_headroom=None if "class_headroom" not in opts else float(opts["class_headroom"]),
+        instances=instances,
     )
     fates: list[PendingRequest | str] = []
     for e in trace:
@@ -249,6 +267,7 @@ async def test_classes_deadlines_and_bounds_make_the_same_decisions(
     reasons = {r for r in live_fate if r is not None}
     assert reasons == {"queue-full", "shed", "deadline-infeasible", "deadline-expired"}
     assert max(live_sizes) > 1
+    assert _overlapping(sim_dev.busy_start_s, sim_dev.busy_end_s) == (instances > 1)
     assert h.driver.idle and h.driver.queued_total == 0
     # Refusals are reported to the observer once each, with the same reasons.
     assert sorted(r for _, r in h.rec.dropped) == sorted(r for r in live_fate if r is not None)
