@@ -13,6 +13,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -143,12 +144,12 @@ def bound_socket() -> socket.socket:
 class Served:
     """An ASGI app running on a loopback port inside the current event loop."""
 
-    def __init__(self, app: object, sock: socket.socket | None = None) -> None:
+    def __init__(self, app: object, sock: socket.socket | None = None, **config: Any) -> None:
         self.sock = sock or bound_socket()
         self.port: int = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")  # type: ignore[arg-type]
+            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", **config)  # type: ignore[arg-type]
         )
         self._task: asyncio.Task[None] | None = None
 
@@ -167,8 +168,9 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: object) -> AsyncIterator[Served]:
-    s = Served(app)
+async def serving(app: object, **config: Any) -> AsyncIterator[Served]:
+    """``app`` on a loopback port; ``config``: more ``uvicorn.Config`` settings."""
+    s = Served(app, **config)
     await s.start()
     try:
         yield s

@@ -1,14 +1,19 @@
 """The load generator against real servers on loopback: a real worker (in process, on a
-thread), and bad targets (nothing listening, an unknown model, a server answering 500)."""
+thread), bad targets (nothing listening, an unknown model, a server answering 500), and
+uvicorn closing an idle keep-alive connection as a request arrives on it."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from evenserve.loadgen.http import RawHttpClient
 from evenserve.loadgen.records import RunLabels, result_records
 from evenserve.loadgen.runner import LoadGenerator, LoadSpec, run_load
 from evenserve.loadgen.target import TargetError, error_lines
@@ -93,3 +98,35 @@ async def test_a_server_answering_500_gets_an_error_summary(tmp_path: Path) -> N
     assert list(result.errors) == ["http-500"]
     lines = error_lines(result.errors, len(result.samples))
     assert lines[0].startswith("http-500:") and "fake bad says 500" in lines[0]
+
+
+async def test_a_keep_alive_race_with_uvicorn_loses_no_request() -> None:
+    """uvicorn (the gateway's and the worker's server) closes a keep-alive connection idle for
+    ``timeout_keep_alive`` (5 s by default) without reading what is in flight on it: a request
+    written on that connection as the timer fires gets no answer, and the server logs nothing.
+    The client must send it again on a fresh connection, and count that it did.
+
+    Deterministic, not timed: the loop that runs both the server and the client is blocked
+    past the keep-alive timeout (as a busy gateway's loop can be), so when it runs again the
+    server's due timer and the client's next send on that connection come before either has
+    seen the other's bytes.
+    """
+    fake = FakeBackend("ka", ["m"])
+    one = {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1.0] * 4}
+    body = json.dumps({"inputs": [one]}).encode()
+    async with serving(fake.app(), timeout_keep_alive=0.5) as srv:
+        client = RawHttpClient(srv.url, timeout_s=10.0)
+        data = client.request_bytes(
+            "/v2/models/m/infer", body, {"content-type": "application/json"}
+        )
+        try:
+            first = await client.post(data)
+            time.sleep(0.7)  # blocks the loop: uvicorn's keep-alive timer is now due
+            await asyncio.sleep(0)  # the next loop iteration: the timer and our send
+            second = await client.post(data)
+        finally:
+            client.close()
+    assert first[0] == 200
+    assert second[0] == 200, second
+    assert fake.received == 2  # the lost send never reached the application
+    assert client.stats() == {"opened": 2, "retired_idle": 0, "resent_stale": 1}

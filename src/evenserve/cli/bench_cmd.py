@@ -837,6 +837,7 @@ def _bench_target(
     summary = run_summary(labels.scenario, seed, {"live": arm_summary})
     summary["comparison"] = compare_rows(summary)
     summary["scheduling_lag_ms"] = result.lag_ms
+    summary["connections"] = result.connections
     notes = [_lag_line(result), f"load generator CPU: {cpu_s / max(1e-9, dur):.1%} of one core"]
     if result.aborted:
         notes.insert(0, result.aborted)
@@ -865,6 +866,15 @@ def _print_errors(result: LoadResult) -> None:
         err_console.print("[bold]errors[/]", highlight=False)
         for line in error_lines(result.errors, total):
             err_console.print("  " + line, highlight=False, soft_wrap=True)
+    resent = result.connections.get("resent_stale", 0)
+    if resent:
+        err_console.print(
+            f"resent: {resent} of {total} requests went out again on a fresh connection: the "
+            "server closed the reused keep-alive connection before answering (a keep-alive "
+            "race; per request: samples.jsonl 'resent'; run.json 'connections')",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _bench_scenario(
@@ -930,6 +940,7 @@ def _bench_scenario(
     )
     live: dict[str, list[dict[str, Any]]] = {}
     lags: dict[str, Any] = {}
+    conns: dict[str, dict[str, int]] = {}
     cpu: dict[str, Any] = {}
     for arm in live_arms:
         for rep in range(repeats):
@@ -979,6 +990,7 @@ def _bench_scenario(
             s = summarize(result_records(result, labels))
             live.setdefault(arm, []).append(s)
             lags[f"{arm}#{rep + 1}"] = result.lag_ms
+            conns[f"{arm}#{rep + 1}"] = result.connections
             total_cpu = sum(use.values())
             console.print(
                 f"  {title}: P50 {_f(s['latency_ms']['p50'], 1)} ms, P99 "
@@ -1007,6 +1019,7 @@ def _bench_scenario(
         summary["level"] = level
     summary["repeats"] = repeat_block
     summary["scheduling_lag_ms"] = lags
+    summary["connections"] = conns
     summary["cpu"] = cpu
     if fidelity_check:
         summary["fidelity"] = fidelity(repeat_block, sim_stats)

@@ -1,9 +1,10 @@
 """A live run on disk (raw JSONL) and as :class:`~evenserve.core.results.RunRecords`.
 
 A run folder holds ``samples.jsonl`` (one line per request: model, intended/actual send time,
-answer time, status, outcome, backend), ``scrapes.jsonl`` (one line per backend with its
-time series), and ``run.json`` (what was run: target, mode, arm labels, window, SLOs, lag,
-errors). :func:`to_records` turns them into the RunRecords the simulator also produces, so
+answer time, status, outcome, backend, whether it was resent after a keep-alive race),
+``scrapes.jsonl`` (one line per backend with its time series), and ``run.json`` (what was
+run: target, mode, arm labels, window, SLOs, lag, errors, the send path's connections).
+:func:`to_records` turns them into the RunRecords the simulator also produces, so
 ``report.summary.summarize`` computes live and simulated figures with one piece of code:
 - a request's arrival is its *intended* send time, its finish the time its answer arrived;
   a failed request is a drop whose reason is its outcome (``overloaded``, ``http-500``,
@@ -143,6 +144,7 @@ def write_run(folder: Path, result: LoadResult, labels: RunLabels, extra: dict[s
         "generator_priority": result.priority,
         "errors": result.errors,
         "aborted": result.aborted,
+        "connections": result.connections,
         **extra,
     }
     (folder / RUN_META).write_text(json.dumps(meta, indent=2) + "\n")
@@ -197,6 +199,7 @@ def read_run(folder: Path) -> tuple[RunRecords, dict[str, Any]]:
                     backend=str(o.get("backend", "")),
                     user=int(o.get("user", -1)),
                     priority=None if o.get("priority") is None else int(o["priority"]),
+                    resent=int(o.get("resent", 0)),
                 )
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:

@@ -2,10 +2,11 @@
 
 Theory of operation. One asyncio loop (uvloop when installed). Requests go out through
 ``http.RawHttpClient`` (prebuilt requests on pooled keep-alive connections, answers parsed by
-httptools); the preflight and the scraper use an aiohttp session. Before any load, the
-preflight (``target.preflight``) checks the target and fetches each model's metadata for its
-payloads. Time zero is a moment just
-after the preflight; every send has an intended time on that clock (see ``schedule``):
+httptools; a request caught in a keep-alive race is sent once more and counted: the sample's
+``resent``, the result's ``connections``); the preflight and the scraper use an aiohttp
+session. Before any load, the preflight (``target.preflight``) checks the target and fetches
+each model's metadata for its payloads. Time zero is a moment just after the preflight;
+every send has an intended time on that clock (see ``schedule``):
 - closed loop: ``users`` coroutines, each thinking (exponential, mean ``think_s``), sending one
   request, waiting for its answer, thinking again; the first request comes after a think;
 - open loop / trace: one scheduler coroutine walks the precomputed schedule, waits for each
@@ -43,7 +44,7 @@ import aiohttp
 import numpy as np
 
 from evenserve.core.errors import ConfigError
-from evenserve.loadgen.http import RawHttpClient
+from evenserve.loadgen.http import MAX_IDLE_S, RawHttpClient
 from evenserve.loadgen.payload import Payload, payload_from_file, payload_from_metadata
 from evenserve.loadgen.schedule import (
     Arrival,
@@ -137,6 +138,10 @@ class Sample:
     backend: str = ""
     user: int = -1
     priority: int | None = None
+    #: 1 when the request was sent a second time, on a fresh connection, because the reused
+    #: keep-alive connection it went out on was closed before any answer byte (see
+    #: ``http.RawHttpClient.post``); the latency still counts from the first intended time.
+    resent: int = 0
 
     def to_json(self) -> dict[str, Any]:
         # Full precision: ``evenserve report`` recomputes the very same figures from these.
@@ -153,6 +158,7 @@ class Sample:
             "backend": self.backend,
             "user": self.user,
             "priority": self.priority,
+            "resent": self.resent,
         }
 
 
@@ -189,6 +195,9 @@ class LoadResult:
     aborted: str | None = None
     #: The generator thread's scheduling while it ran (see ``sender_priority``).
     priority: str = "normal"
+    #: The send path's connections: opened, idle ones retired before reuse, requests resent
+    #: after a keep-alive race (``http.RawHttpClient.stats``).
+    connections: dict[str, int] = field(default_factory=dict)
 
 
 class LoadGenerator:
@@ -254,7 +263,7 @@ class LoadGenerator:
         st.sent += 1
         st.in_flight += 1
         try:
-            s.status, s.backend, data = await client.post(wire)
+            s.status, s.backend, data, s.resent = await client.post(wire)
             done = time.perf_counter()
             if s.status == 200:
                 s.done_s = done - self.t0
@@ -348,7 +357,10 @@ class LoadGenerator:
     async def run(self) -> LoadResult:
         spec = self.spec
         schedule = self._schedule() if spec.mode() != "closed-loop" else []
-        connector = aiohttp.TCPConnector(limit=0, force_close=False, enable_cleanup_closed=True)
+        # Idle connections retired before uvicorn's 5 s keep-alive, as on the send path.
+        connector = aiohttp.TCPConnector(
+            limit=0, force_close=False, enable_cleanup_closed=True, keepalive_timeout=MAX_IDLE_S
+        )
         timeout = aiohttp.ClientTimeout(total=spec.timeout_s, connect=min(5.0, spec.timeout_s))
         async with aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False
@@ -418,6 +430,7 @@ class LoadGenerator:
             started_unix_s=started_unix,
             end_s=max(end_s, spec.warmup_s + 1e-6),
             aborted=self._aborted,
+            connections=self._client.stats(),
         )
 
 

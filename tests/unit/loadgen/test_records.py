@@ -75,10 +75,12 @@ def test_run_folder_round_trip(tmp_path: Path) -> None:
         lag_ms={"count": 0},
         started_unix_s=0.0,
         end_s=4.0,
+        connections={"opened": 3, "retired_idle": 1, "resent_stale": 1},
     )
     write_run(tmp_path, result, LABELS, {"time_scale": 40})
     rec, meta = read_run(tmp_path)
     assert meta["time_scale"] == 40 and meta["mode"] == "closed-loop"
+    assert meta["connections"] == {"opened": 3, "retired_idle": 1, "resent_stale": 1}
     direct = summarize(to_records(samples(), scrapes(), LABELS, 1.0, 4.0))
     again = summarize(rec)
     assert json.dumps(again, sort_keys=True) == json.dumps(direct, sort_keys=True)
