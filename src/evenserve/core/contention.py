@@ -41,16 +41,13 @@ def occupancy(profile: LatencyProfile, batch: int) -> float:
 def shared_speed(occupancies: Iterable[float], interference: float) -> float:
     """Speed (fraction of solo speed) of each of the batches running at once."""
     occ = list(occupancies)
-    return speed_of(len(occ), sum(occ), interference)
-
-
-def speed_of(n: int, total_occupancy: float, interference: float) -> float:
-    """``shared_speed`` from the number of running batches and the sum of their occupancies."""
+    n = len(occ)
     if n <= 1:
         return 1.0
     speed = 1.0 / (1.0 + interference * (n - 1))
-    if total_occupancy > 1.0:
-        speed = min(speed, 1.0 / total_occupancy)
+    total = sum(occ)
+    if total > 1.0:
+        speed = min(speed, 1.0 / total)
     return min(1.0, speed)
 
 
@@ -98,8 +95,7 @@ class SharedDevice:
         if len(runs) <= 1:  # the common case (one instance): no sharing
             self._speed = 1.0
         else:
-            total = sum(r.occupancy for r in runs.values())
-            self._speed = speed_of(len(runs), total, self.interference)
+            self._speed = shared_speed((r.occupancy for r in runs.values()), self.interference)
 
     def start(self, key: Hashable, now_s: float, solo_s: float, occupancy: float) -> None:
         if key in self._runs:

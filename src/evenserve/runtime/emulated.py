@@ -97,30 +97,26 @@ class EmulatedDevice:
     """One emulated device shared by the batches of every model on it (``core.contention``)."""
 
     def __init__(self, interference: float = DEFAULT_INTERFERENCE) -> None:
-        self._shared = SharedDevice(interference)
+        self._shared = SharedDevice(interference)  # on the perf_counter clock
         self._cond = threading.Condition()
-        self._origin = time.perf_counter()
-
-    def _now(self) -> float:
-        return time.perf_counter() - self._origin
 
     def run(self, solo_s: float, occupancy: float, sleeper: PreciseSleeper) -> None:
         """Block for as long as a batch of ``solo_s`` alone takes while sharing the device."""
         key = object()
         with self._cond:
-            self._shared.start(key, self._now(), solo_s, occupancy)
+            self._shared.start(key, time.perf_counter(), solo_s, occupancy)
             self._cond.notify_all()
             while True:
                 end = self._shared.end_of(key)
-                left = end - self._now()
+                left = end - time.perf_counter()
                 if left <= HANDOVER_S:
                     break
                 self._cond.wait(left - HANDOVER_S)
         # Outside the lock: a start in the last 2 ms is not felt by this batch (it is by
         # the new one, which counts this one until it ends).
-        sleeper.sleep_until(self._origin + end)
+        sleeper.sleep_until(end)
         with self._cond:
-            self._shared.finish(key, self._now())
+            self._shared.finish(key, time.perf_counter())
             self._cond.notify_all()
 
 

@@ -77,21 +77,7 @@ async def test_simulator_and_live_driver_make_the_same_batches(
 ) -> None:
     """With several instances, concurrent batches share the device (core.contention) on both
     sides: the simulator's device and the driver's virtual executor."""
-    prof_dir = tmp_path / "profiles"
-    prof_dir.mkdir()
-    for m, pts in PROFILES.items():
-        (prof_dir / f"{m}.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "model": m,
-                    "device": "toy",
-                    "runtime": "test",
-                    "precision": "fp32",
-                    "source": "test",
-                    "points": [{"batch": b, "latency_ms": v} for b, v in pts.items()],
-                }
-            )
-        )
+    _write_profiles(tmp_path)
     trace = _trace(tmp_path / "trace.jsonl")
     end = trace[-1][0] + 1.0
     (tmp_path / "sc.yaml").write_text(
