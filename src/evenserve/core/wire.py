@@ -38,8 +38,9 @@ REASON_HEADER = "x-evenserve-reason"
 #: Response (from the gateway): the backend that answered.
 BACKEND_HEADER = "x-evenserve-backend"
 RETRY_AFTER_HEADER = "retry-after"
-#: KServe v2 binary tensor extension: length of the JSON part of the body.
-HEADER_LENGTH_HEADER = "inference-header-content-length"
+#: KServe v2 binary tensor extension: length of the JSON part of the body (KServe's spelling;
+#: header names are case-insensitive).
+HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
 
 # -- refusals ----------------------------------------------------------------------------------
 #: 429: the model's queue is full of requests of this class or higher.

@@ -50,6 +50,8 @@ class PoissonProcess:
         return math.inf
 
     def next_after(self, t_s: float) -> float:
+        if not self.phases:  # a constant rate (the common case)
+            return t_s + self.rng.expovariate(self.base_rps) if self.base_rps > 0 else math.inf
         while True:
             rate = self.rate_at(t_s)
             edge = self._next_edge(t_s)

@@ -7,8 +7,9 @@ compute_output), and the result is delivered on the event loop. Requests whose v
 dimensions differ cannot share one tensor: they are grouped by shape and the groups run one
 after another within the same device slot, so the device still runs one batch at a time.
 
-VirtualExecutor is the deterministic twin used by tests and replays: a batch lasts the
-profile's latency on a FakeTimer, with no thread and no sleeping.
+VirtualExecutor is the deterministic twin used by tests and replays: nothing runs, a batch
+ends when the device scheduler's timing says (the profile's time, shared-device contention
+included, as in the simulator) and its outputs are its payloads.
 """
 
 from __future__ import annotations
@@ -21,11 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from evenserve.core.contention import SharedDevice, occupancy
-from evenserve.core.profile import LatencyProfile
 from evenserve.runtime.base import Array, Runtime
-from evenserve.worker.driver import BatchResult, PendingRequest
-from evenserve.worker.timer import Timer
+from evenserve.worker.driver import BatchResult, RunningBatch
 
 Inputs = Mapping[str, Array]
 
@@ -85,16 +83,12 @@ class ThreadedExecutor:
         except Exception as exc:
             return BatchResult(outputs=None, error=f"model {model!r}: {type(exc).__name__}: {exc}")
 
-    def start(
-        self,
-        instance: int,
-        model: str,
-        requests: Sequence[PendingRequest],
-        done: Callable[[BatchResult], None],
-    ) -> None:
+    timed_by_scheduler = False
+
+    def start(self, batch: RunningBatch, done: Callable[[BatchResult], None]) -> None:
         loop = asyncio.get_running_loop()
-        payloads = [r.payload for r in requests]
-        fut = loop.run_in_executor(self._pool, self._run, model, payloads)
+        payloads = [r.payload for r in batch.requests]
+        fut = loop.run_in_executor(self._pool, self._run, batch.model, payloads)
 
         def deliver(f: asyncio.Future[BatchResult]) -> None:
             if f.cancelled():
@@ -106,63 +100,26 @@ class ThreadedExecutor:
 
         fut.add_done_callback(deliver)
 
+    def complete(self, batch: RunningBatch) -> None:
+        raise RuntimeError("a threaded executor's batches end when their thread is done")
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=False)
 
 
 class VirtualExecutor:
-    """A batch takes the profile's latency on a (fake) timer; outputs are the payloads.
+    """Runs nothing: a batch ends at the time its device scheduler says; outputs are the
+    payloads and the compute time is the batch's time on the scheduler's clock."""
 
-    With ``shared`` (a device running several batches at once) concurrent batches slow each
-    other as the simulator's devices do (``core.contention``): every start or end moves the
-    running batches' ends, and the earliest one is re-armed."""
+    timed_by_scheduler = True
 
-    def __init__(
-        self,
-        profiles: Mapping[str, LatencyProfile],
-        timer: Timer,
-        clock: Any,
-        shared: SharedDevice | None = None,
-    ) -> None:
-        self.profiles = dict(profiles)
-        self.timer = timer
-        self.clock = clock
-        self.shared = shared
-        self._pending: dict[int, tuple[BatchResult, Callable[[BatchResult], None]]] = {}
-        self._epoch = 0
+    def __init__(self) -> None:
+        self._done: dict[int, Callable[[BatchResult], None]] = {}
 
-    def start(
-        self,
-        instance: int,
-        model: str,
-        requests: Sequence[PendingRequest],
-        done: Callable[[BatchResult], None],
-    ) -> None:
-        items = sum(r.items for r in requests)
-        prof = self.profiles[model]
-        dur = prof.latency_s(items)
-        result = BatchResult(outputs=[r.payload for r in requests], compute_infer_s=dur)
-        if self.shared is None:
-            self.timer.call_at(self.clock.now() + dur, lambda: done(result))
-            return
-        self.shared.start(instance, self.clock.now(), dur, occupancy(prof, items))
-        self._pending[instance] = (result, done)
-        self._arm()
+    def start(self, batch: RunningBatch, done: Callable[[BatchResult], None]) -> None:
+        self._done[batch.index] = done
 
-    def _arm(self) -> None:
-        assert self.shared is not None
-        self._epoch += 1
-        epoch = self._epoch
-        nxt = self.shared.next_end()
-        if nxt is not None:
-            self.timer.call_at(nxt[1], lambda: self._fire(epoch))
-
-    def _fire(self, epoch: int) -> None:
-        if epoch != self._epoch or self.shared is None:
-            return  # a batch started or ended since: re-armed
-        nxt = self.shared.next_end()
-        assert nxt is not None and isinstance(nxt[0], int)
-        self.shared.finish(nxt[0], self.clock.now())
-        result, done = self._pending.pop(nxt[0])
-        self._arm()
-        done(result)
+    def complete(self, batch: RunningBatch) -> None:
+        done = self._done.pop(batch.index)
+        outputs = [r.payload for r in batch.requests]
+        done(BatchResult(outputs=outputs, compute_infer_s=batch.end_s - batch.started_s))

@@ -233,13 +233,13 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
                 req = await asyncio.to_thread(parse_infer_request, body, header_length, sig)
             else:
                 req = parse_infer_request(body, header_length, sig)
-            priority, timeout_s = request_class(req, request.headers)
+            priority, deadline_in_s = request_class(req, request.headers)
         except ProtocolError as exc:
             outcome = {413: "too_large"}.get(exc.status, "bad_request")
             return _error(str(exc), exc.status), outcome
         try:
             pending = service.driver.submit(
-                name, req.inputs, items=req.items, priority=priority, timeout_s=timeout_s
+                name, req.inputs, items=req.items, priority=priority, deadline_in_s=deadline_in_s
             )
         except RefusedError as exc:
             return _refusal(exc)

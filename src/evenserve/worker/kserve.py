@@ -28,15 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from evenserve.core import wire
 from evenserve.core.errors import EvenserveError
-from evenserve.core.types import PRIORITY_CLASSES
 from evenserve.runtime.base import Array, TensorSpec
 
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
-HEADER_LENGTH = "Inference-Header-Content-Length"
-PRIORITY_HEADER = "x-evenserve-priority"
-DEADLINE_HEADER = "x-evenserve-deadline-ms"
+HEADER_LENGTH = wire.HEADER_LENGTH_HEADER
 
 
 class ProtocolError(EvenserveError):
@@ -69,7 +67,8 @@ class InferRequest:
     items: int
     outputs: list[RequestedOutput]
     priority: int | None = None
-    timeout_s: float | None = None
+    #: The request must finish within this many seconds of arriving (None: none given).
+    deadline_in_s: float | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
@@ -261,15 +260,15 @@ def parse_infer_request(
 
     priority = parse_priority(params.get("priority"), "parameters.priority")
     timeout = params.get("timeout")
-    timeout_s = None
+    deadline_in_s = None
     if timeout is not None:
         if not _is_int(timeout) or timeout < 0:
             raise ProtocolError("parameters.timeout: must be an integer of microseconds >= 0")
-        timeout_s = timeout / 1e6 if timeout > 0 else None
+        deadline_in_s = timeout / 1e6 if timeout > 0 else None
     deadline_ms = parse_deadline_ms(params.get("deadline_ms"), "parameters.deadline_ms")
     if deadline_ms is not None:
-        deadline_s = deadline_ms / 1000.0
-        timeout_s = deadline_s if timeout_s is None else min(timeout_s, deadline_s)
+        own = deadline_ms / 1000.0
+        deadline_in_s = own if deadline_in_s is None else min(deadline_in_s, own)
     assert items is not None
     return InferRequest(
         id=rid,
@@ -277,45 +276,25 @@ def parse_infer_request(
         items=items,
         outputs=requested,
         priority=priority,
-        timeout_s=timeout_s,
+        deadline_in_s=deadline_in_s,
         parameters=params,
     )
 
 
 def parse_priority(value: Any, where: str) -> int | None:
-    """A priority class: an integer (higher first) or a class name; None when absent."""
-    if value is None:
-        return None
-    if _is_int(value):
-        return int(value)
-    if isinstance(value, str):
-        text = value.strip()
-        if text in PRIORITY_CLASSES:
-            return PRIORITY_CLASSES[text]
-        try:
-            return int(text)
-        except ValueError:
-            pass
-    raise ProtocolError(
-        f"{where}: must be an integer or one of {', '.join(PRIORITY_CLASSES)}, got {value!r}"
-    )
+    """A priority class (``core.wire.parse_priority``); a bad one is a 400 naming ``where``."""
+    try:
+        return wire.parse_priority(value, where)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def parse_deadline_ms(value: Any, where: str) -> float | None:
-    """A deadline in milliseconds after arrival (a positive number); None when absent."""
-    if value is None:
-        return None
-    number: float | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            number = None
-    if number is None or not math.isfinite(number) or number <= 0:
-        raise ProtocolError(f"{where}: must be a number of milliseconds > 0, got {value!r}")
-    return number
+    """A deadline in ms (``core.wire.parse_deadline_ms``); a bad one is a 400 naming ``where``."""
+    try:
+        return wire.parse_deadline_ms(value, where)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def request_class(req: InferRequest, headers: Mapping[str, str]) -> tuple[int | None, float | None]:
@@ -323,14 +302,14 @@ def request_class(req: InferRequest, headers: Mapping[str, str]) -> tuple[int | 
     ``x-evenserve-*`` headers; None where neither gives one (the model's default holds)."""
     priority = req.priority
     if priority is None:
-        priority = parse_priority(headers.get(PRIORITY_HEADER), PRIORITY_HEADER)
-    timeout_s = req.timeout_s
+        priority = parse_priority(headers.get(wire.PRIORITY_HEADER), wire.PRIORITY_HEADER)
+    deadline_in_s = req.deadline_in_s
     if "deadline_ms" not in req.parameters:
-        header_ms = parse_deadline_ms(headers.get(DEADLINE_HEADER), DEADLINE_HEADER)
+        header_ms = parse_deadline_ms(headers.get(wire.DEADLINE_HEADER), wire.DEADLINE_HEADER)
         if header_ms is not None:
             header_s = header_ms / 1000.0
-            timeout_s = header_s if timeout_s is None else min(timeout_s, header_s)
-    return priority, timeout_s
+            deadline_in_s = header_s if deadline_in_s is None else min(deadline_in_s, header_s)
+    return priority, deadline_in_s
 
 
 def encode_infer_response(

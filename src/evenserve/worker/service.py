@@ -21,6 +21,7 @@ from evenserve.core.clock import Clock, RealClock
 from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.errors import ConfigError
 from evenserve.core.load import LoadReport
+from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.nvml import NvmlSampler
 from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
 from evenserve.policy.registry import spec_label
@@ -28,14 +29,8 @@ from evenserve.runtime.base import Runtime, RuntimeContext
 from evenserve.runtime.device import DeviceSpec, cuda_memory_bytes, host_memory_bytes
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
 from evenserve.runtime.factory import create_runtime
-from evenserve.worker.driver import (
-    REFUSAL_REASONS,
-    BatchDriver,
-    BatchResult,
-    DriverObserver,
-    ModelQueueConfig,
-    RunningBatch,
-)
+from evenserve.sched import ModelSetup
+from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.executor import ThreadedExecutor
 from evenserve.worker.kserve import ModelSignature
 from evenserve.worker.repository import ModelEntry
@@ -101,7 +96,7 @@ class _Telemetry(DriverObserver):
             self.stats[batch.model].record_batch(
                 batch.items,
                 len(batch.requests),
-                [r.dispatched_s - r.arrival_s for r in batch.requests],
+                [batch.started_s - r.arrival_s for r in batch.requests],
                 result.compute_input_s,
                 result.compute_infer_s,
                 result.compute_output_s,
@@ -207,25 +202,25 @@ class WorkerService:
             instances=self.options.instances,
         )
         models = [
-            ModelQueueConfig(
+            ModelSetup(
                 name=n,
                 policy=self.policies[n],
+                profile=self.profiles[n],
                 max_batch_size=e.config.max_batch_size,
                 max_queue=e.config.max_queue_size or self.options.max_queue,
-                profile=self.profiles[n],
                 priority=e.config.priority_value,
-                default_timeout_s=e.config.default_deadline_s,
+                deadline_s=e.config.default_deadline_s,
                 slo_s=None if e.config.slo_ms is None else e.config.slo_ms / 1000.0,
             )
             for n, e in self.entries.items()
         ]
+        emulated = self.device.kind == "emulated"
         self._driver = BatchDriver(
             models,
             self._executor,
             clock=self.clock,
             timer=RealTimer(self.clock),
             instances=self.options.instances,
-            free_memory_bytes=self._free_memory,
             observer=self._telemetry,
             utilization_window_s=self.options.utilization_window_s,
             starvation_s=None
@@ -233,6 +228,9 @@ class WorkerService:
             else self.options.starvation_ms / 1000.0,
             class_headroom=self.options.class_headroom,
             interference=self.options.interference,
+            # An emulated device's memory is the profiles' account; a real one is measured.
+            memory_total_bytes=self.options.emulated_memory_gb * GIB if emulated else None,
+            memory_probe=None if emulated else self.memory_bytes,
         )
         self.ready = True
 
@@ -281,10 +279,9 @@ class WorkerService:
         """(used, total) bytes of the device; host/CUDA figures cached for 100 ms."""
         dev = self.device
         if dev.kind == "emulated":
-            accounted = sum(rt.resident_bytes() for rt in self.runtimes.values())
             if self._driver is not None:
-                for b in self._driver.running():
-                    accounted += self.runtimes[b.model].batch_memory_bytes(b.items) or 0.0
+                return self._driver.sched.memory_bytes()
+            accounted = sum(rt.resident_bytes() for rt in self.runtimes.values())
             return accounted, self.options.emulated_memory_gb * GIB
         now = time.monotonic()
         if now - self._memory_cache[0] < 0.1:
@@ -299,12 +296,6 @@ class WorkerService:
             used = total = None
         self._memory_cache = (now, used, total)
         return used, total
-
-    def _free_memory(self) -> float | None:
-        used, total = self.memory_bytes()
-        if used is None or total is None:
-            return None
-        return max(0.0, total - used)
 
     def _snapshot(self) -> DeviceSnapshot:
         used, total = self.memory_bytes()

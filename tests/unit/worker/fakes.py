@@ -7,16 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evenserve.core.clock import FakeClock
-from evenserve.core.contention import SharedDevice
 from evenserve.core.profile import LatencyProfile
 from evenserve.policy.batching import BATCHING
-from evenserve.worker.driver import (
-    BatchDriver,
-    BatchResult,
-    DriverObserver,
-    ModelQueueConfig,
-    RunningBatch,
-)
+from evenserve.sched import ModelSetup
+from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.executor import VirtualExecutor
 from evenserve.worker.timer import FakeTimer
 
@@ -57,7 +51,7 @@ def make_driver(
     max_queue: int = 1000,
     max_batch_size: int = 64,
     priorities: Mapping[str, int] | None = None,
-    timeouts_s: Mapping[str, float] | None = None,
+    deadlines_s: Mapping[str, float] | None = None,
     slos_s: Mapping[str, float] | None = None,
     starvation_s: float | None = None,
     class_headroom: float | None = None,
@@ -66,22 +60,21 @@ def make_driver(
     timer = FakeTimer(clock)
     rec = Recorder()
     models = [
-        ModelQueueConfig(
+        ModelSetup(
             name=m,
             policy=BATCHING.build(spec),
+            profile=profiles[m],
             max_batch_size=max_batch_size,
             max_queue=max_queue,
-            profile=profiles[m],
             priority=(priorities or {}).get(m, 10),
-            default_timeout_s=(timeouts_s or {}).get(m),
+            deadline_s=(deadlines_s or {}).get(m),
             slo_s=(slos_s or {}).get(m),
         )
         for m, spec in specs.items()
     ]
-    shared = SharedDevice() if instances > 1 else None
     driver = BatchDriver(
         models,
-        VirtualExecutor(profiles, timer, clock, shared),
+        VirtualExecutor(),
         clock=clock,
         timer=timer,
         instances=instances,

@@ -88,8 +88,8 @@ async def test_deadline_expires_while_the_device_is_busy() -> None:
     urgent = h.driver.submit("a", "urgent", priority=20)  # runs 10 .. 20 ms
     # Deadline 25 ms: feasible at arrival (alone after `first`: ends at 20 ms), but once
     # `urgent` takes the device at 10 ms it could start at 20 ms at best and end at 30 ms.
-    late = h.driver.submit("a", "late", timeout_s=0.025)
-    ok = h.driver.submit("a", "ok", timeout_s=1.0)
+    late = h.driver.submit("a", "late", deadline_in_s=0.025)
+    ok = h.driver.submit("a", "ok", deadline_in_s=1.0)
     h.timer.advance_to(0.0149)
     assert not late.future.done()  # type: ignore[union-attr]
     # Answered when it can no longer finish in time (deadline - one batch of one = 15 ms),
@@ -105,24 +105,24 @@ async def test_deadline_expires_while_the_device_is_busy() -> None:
     assert urgent.future.result() == "urgent"  # type: ignore[union-attr]
     assert ok.future.result() == "ok"  # type: ignore[union-attr]
     assert [s[2] for s in h.rec.started] == [1, 1, 1]
-    assert h.driver.idle and h.driver.queued_total == 0
+    assert h.driver.idle and h.driver.waiting_total == 0
 
 
 async def test_infeasible_deadline_is_refused_at_once() -> None:
     h = make_driver({"a": {"policy": "none"}}, {"a": FAST})
     h.driver.submit("a", "first")  # the device is busy until 10 ms
     with pytest.raises(DeadlineInfeasibleError, match="deadline-infeasible"):
-        h.driver.submit("a", "late", timeout_s=0.015)  # alone after it: ends at 20 ms
+        h.driver.submit("a", "late", deadline_in_s=0.015)  # alone after it: ends at 20 ms
     assert h.rec.dropped == [("a", "deadline-infeasible")]
     assert h.driver.queued_by_model() == {"a": 0}
-    h.driver.submit("a", "fits", timeout_s=0.020)
+    h.driver.submit("a", "fits", deadline_in_s=0.020)
     h.timer.run_until_idle()
     assert [s[2] for s in h.rec.started] == [1, 1]
 
 
-async def test_default_timeout_from_model_config() -> None:
+async def test_default_deadline_from_model_config() -> None:
     h = make_driver(
-        {"a": {"policy": "static", "batch_size": 4}}, {"a": FAST}, timeouts_s={"a": 0.1}
+        {"a": {"policy": "static", "batch_size": 4}}, {"a": FAST}, deadlines_s={"a": 0.1}
     )
     r = h.driver.submit("a", "x")
     h.timer.run_until_idle()
@@ -175,10 +175,12 @@ async def test_two_instances_run_two_batches_at_once() -> None:
     # of its solo speed (core.contention), so both end at 10 / 0.75 ms.
     shared = 0.010 / 0.75
     assert h.driver.busy_remaining_s(0.0) == pytest.approx(shared)
-    h.timer.run_until_idle()
+    h.timer.advance_to(0.020)
     assert [s[0] for s in h.rec.started] == [0.0, 0.0, pytest.approx(shared)]
     # busy instance-time over the first 20 ms: 2 x 13.3 ms + 1 x 6.7 ms, of 2 x 20 ms
     assert h.driver.busy.fraction(0.020) == pytest.approx((2 * shared + 0.020 - shared) / 0.040)
+    h.timer.run_until_idle()
+    assert h.driver.idle
 
 
 async def test_requests_carrying_several_items_respect_max_batch_size() -> None:
@@ -199,8 +201,9 @@ async def test_busy_fraction_over_the_window() -> None:
     h = make_driver({"a": "none"}, {"a": FAST})
     h.driver.submit("a", 0)
     h.timer.run_until_idle()  # busy 0 .. 10 ms
-    h.timer.advance_to(0.5)
+    h.timer.advance_to(0.02)
     assert h.driver.busy.fraction(0.02) == pytest.approx(0.5)
+    h.timer.advance_to(0.5)
     assert h.driver.busy.fraction(0.5) == pytest.approx(0.02)
     assert h.driver.busy.total_s(0.5) == pytest.approx(0.01)
     h.timer.advance_to(2.0)
@@ -222,7 +225,7 @@ async def test_every_request_gets_exactly_one_outcome() -> None:
         t += rng.expovariate(400.0)
         h.timer.advance_to(t)
         try:
-            r = h.driver.submit(rng.choice("ab"), i, timeout_s=rng.choice([None, 0.01, 0.05]))
+            r = h.driver.submit(rng.choice("ab"), i, deadline_in_s=rng.choice([None, 0.01, 0.05]))
         except (QueueFullError, DeadlineInfeasibleError):
             refused += 1
             continue

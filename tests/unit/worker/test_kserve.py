@@ -90,7 +90,7 @@ def test_parameters_timeout_and_priority() -> None:
         None,
         SIG,
     )
-    assert req.timeout_s == pytest.approx(0.0025)
+    assert req.deadline_in_s == pytest.approx(0.0025)
     assert req.priority == 0
 
 
@@ -233,9 +233,13 @@ def test_priority_and_deadline_from_parameters_or_headers(
     params: dict[str, object], headers: dict[str, str], expected: tuple[object, object]
 ) -> None:
     req = parse_infer_request(_class_body(**params), None, CLASS_SIG)
-    prio, timeout_s = request_class(req, headers)
+    prio, deadline_in_s = request_class(req, headers)
     assert prio == expected[0]
-    assert timeout_s == pytest.approx(expected[1]) if expected[1] is not None else timeout_s is None
+    assert (
+        deadline_in_s == pytest.approx(expected[1])
+        if expected[1] is not None
+        else deadline_in_s is None
+    )
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ class PowerOfTwo:
         if n == 1:
             return backends[0]
         k = min(self.params.choices, n)
-        picks = self._rng.sample(range(n), k)
+        picks = two_distinct(self._rng, n) if k == 2 else self._rng.sample(range(n), k)
         best = backends[picks[0]]
         best_key = (best.queue_depth + best.in_flight, best.in_flight)
         for i in picks[1:]:
@@ -44,6 +44,31 @@ class PowerOfTwo:
             if key < best_key:
                 best, best_key = b, key
         return best
+
+
+def two_distinct(rng: random.Random, n: int) -> tuple[int, int]:
+    """``tuple(rng.sample(range(n), 2))``: the same draws from the same stream, without the
+    general function's cost (this is on the simulator's per-request path). ``sample`` draws
+    from a shrinking pool for n <= 21 and redraws on a repeat above; each draw is CPython's
+    ``_randbelow``: getrandbits(n.bit_length()) until below n."""
+    bits = n.bit_length()
+    getrandbits = rng.getrandbits
+    i = getrandbits(bits)
+    while i >= n:
+        i = getrandbits(bits)
+    if n <= 21:
+        m = n - 1
+        mbits = m.bit_length()
+        j = getrandbits(mbits)
+        while j >= m:
+            j = getrandbits(mbits)
+        return i, (m if j == i else j)
+    j = i
+    while j == i:
+        j = getrandbits(bits)
+        while j >= n:
+            j = getrandbits(bits)
+    return i, j
 
 
 @ROUTING.register("power-of-two", PowerOfTwoParams, "best of two random choices")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import BackendView, LoadSample, RequestInfo
-from evenserve.policy.routing.base import RoutingPolicy
+from evenserve.policy.routing.base import OverloadAware, RoutingPolicy
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Router:
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
-        self.policy = policy
+        self.set_policy(policy)
         self.window = window
         self.stale_after_s = stale_after_s
         self._backends: dict[str, _BackendState] = {}
@@ -88,15 +88,13 @@ class Router:
 
     def set_policy(self, policy: RoutingPolicy) -> None:
         self.policy = policy
+        self._judge = policy.overloaded if isinstance(policy, OverloadAware) else None
 
     def set_healthy(self, name: str, healthy: bool) -> None:
         st = self._backends[name]
         if st.healthy != healthy:
             st.healthy = healthy
             self._rebuild()
-
-    def is_healthy(self, name: str) -> bool:
-        return self._backends[name].healthy
 
     def backend_names(self) -> list[str]:
         return list(self._backends)
@@ -110,10 +108,6 @@ class Router:
     def candidates(self, model: str) -> Sequence[BackendView]:
         """Healthy backends hosting ``model``, in a stable order."""
         return self._by_model.get(model, ())
-
-    def hosts(self, model: str) -> list[str]:
-        """All backends hosting ``model``, healthy or not."""
-        return [n for n, st in self._backends.items() if model in st.models]
 
     def _rebuild(self) -> None:
         by_model: dict[str, list[BackendView]] = {}
@@ -187,8 +181,8 @@ class Router:
         cands = self._by_model.get(request.model)
         if not cands:
             return None
-        excluded = set(exclude)
-        if excluded:
+        if exclude:
+            excluded = set(exclude)
             cands = [b for b in cands if b.name not in excluded]
             if not cands:
                 return None
@@ -202,8 +196,8 @@ class Router:
         count requests that are running rather than waiting), and a host with stale signals
         is never judged overloaded: refusing work needs the backends' own evidence.
         """
-        judge = getattr(self.policy, "overloaded", None)
         cands = self._by_model.get(model)
+        judge = self._judge
         if judge is None or not cands:
             return False
         if not sampled_only:
@@ -228,34 +222,33 @@ class Router:
         if isinstance(qbm, dict):
             qbm[model] = qbm.get(model, 0.0) + 1.0
 
-    def done(self, name: str, model: str) -> None:
-        """A request sent to ``name`` finished (answered or failed).
+    def done(self, name: str, model: str, n: int = 1) -> None:
+        """``n`` requests of ``model`` sent to ``name`` finished (answered or failed).
 
         Besides the in-flight count, this settles the own-send count: the queue estimate is
         the sampled queue plus sends since the newest sample *net of completions* (never below
         the sample). Without it, at high throughput the sends between two polls pile up
         (2,500 req/s and a 100 ms poll: +250 on an idle backend), so the fastest backends look
         the most loaded and queue-aware's soft-overload rule fires on idle ones. The gateway
-        and the simulator both call this.
+        and the simulator both call this (the simulator once per finished batch).
         """
         st = self._backends.get(name)
         if st is None:
             return
         v = st.view
-        if v.in_flight > 0:
-            v.in_flight -= 1
+        k = n if n < v.in_flight else v.in_flight
+        if k > 0:
+            v.in_flight -= k
             if not v.signals_fresh:
-                v.queue_depth = max(0.0, v.queue_depth - 1.0)
+                v.queue_depth = max(0.0, v.queue_depth - k)
         if v.signals_fresh and st.sent_since_sample > 0:
-            st.sent_since_sample -= 1
-            v.queue_depth = max(0.0, v.queue_depth - 1.0)
-            k = st.sent_by_model.get(model, 0)
-            if k > 0:
-                st.sent_by_model[model] = k - 1
+            k = n if n < st.sent_since_sample else st.sent_since_sample
+            st.sent_since_sample -= k
+            v.queue_depth = max(0.0, v.queue_depth - k)
+            mine = st.sent_by_model.get(model, 0)
+            if mine > 0:
+                k = k if k < mine else mine
+                st.sent_by_model[model] = mine - k
                 qbm = v.queued_by_model
                 if isinstance(qbm, dict) and model in qbm:
-                    qbm[model] = max(0.0, qbm[model] - 1.0)
-
-    def completed(self, name: str, model: str) -> None:
-        """Alias of ``done`` kept for callers written before the two were merged."""
-        self.done(name, model)
+                    qbm[model] = max(0.0, qbm[model] - k)

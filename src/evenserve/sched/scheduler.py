@@ -1,0 +1,542 @@
+"""The device scheduler: one device's queues, instance slots, timing and load, sans I/O.
+
+One object decides everything a device does, for the simulator and the live worker alike:
+events come in as method calls with the time they happen, actions go out to the driver's
+``SchedulerActions``. It never reads a clock, sleeps, or touches a loop (h11's design); the
+simulator drives it from its event heap, the worker from asyncio and an executor.
+
+Theory of operation.
+- Events in: ``offer(request, now)`` (admitted: None, else the refusal reason),
+  ``finished(batch, now)`` (it ended: an executor ran it, or the time the scheduler
+  announced came; ``announced(token)`` names that batch), ``wake(at, now)`` (a wake-up it
+  asked for), ``cancel``, ``begin_drain``, ``abandon``, ``observe_memory``,
+  ``queues_changed`` (shared queues).
+- Actions out: ``start_batch(batch)``, ``drop(request, reason)`` (a queued request that will
+  not run: shed, deadline-expired, shutdown), ``wake_at(t)`` (call ``wake(t, now)`` at t),
+  ``end_at(t, token)`` (if nothing else starts or ends, the earliest running batch ends at t;
+  a later announcement supersedes it: a driver that lets the scheduler time its device asks
+  ``announced(token)`` at t and reports that batch ``finished``).
+- Planning, whenever an instance is free after a change (an arrival, a batch end, a due
+  wake-up, a cancel): expire hopeless requests and promote starved ones, then ask
+  ``policy.batching.device.next_batch`` (every hosted model's batching policy, the class
+  rules and headroom) which model's batch to start; repeat while instances are free. When no
+  policy is ready, the earliest WaitUntil becomes the pending wake-up, replacing the last one
+  (a policy's answer holds until the queue changes). A device that hosts one model and has no
+  class rules asks its policy directly (the same answer, without the general machinery).
+- Timers: the scheduler keeps the wake-ups it asked for and not yet received, and asks for a
+  new one only when none of those comes soon enough for the next pending wake-up or the next
+  deadline-watch time. A wake-up that finds nothing due does nothing, so drivers never cancel
+  timers (an event heap cannot) and both drivers see the same calls at the same times.
+- Timing: a batch alone takes its profile's time (or the observed time without a profile).
+  With several instances, batches running at once share the device (``core.contention``):
+  every start or end moves the others' ends, and the next end is announced again. One
+  instance keeps a direct path: a batch ends at start + its time.
+- Busy time is exact (``sched.busy``); memory is the profiles' account (resident weights plus
+  the running batches' working memory) unless the driver reports measured figures.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice, occupancy
+from evenserve.core.profile import LatencyProfile
+from evenserve.core.types import BatchDecision, Dispatch, LoadSample, QueueView, WaitUntil
+from evenserve.policy.batching import BatchingPolicy
+from evenserve.policy.batching.device import next_batch
+from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S
+from evenserve.sched.busy import BusyClock
+from evenserve.sched.queues import ModelQueue, ModelSetup, QueuedRequest, QueueSet
+
+R = TypeVar("R", bound=QueuedRequest)
+
+#: ``offer``'s answer while the device drains (the worker answers 503).
+DRAINING = "draining"
+
+
+@dataclass(slots=True, eq=False)
+class Batch(Generic[R]):
+    """A batch the scheduler started on one instance."""
+
+    model: str
+    requests: list[R]
+    items: int
+    instance: int
+    started_s: float
+    #: Expected seconds alone (profile, else observed).
+    solo_s: float
+    memory_bytes: float
+    #: The device's batch number, from 0.
+    index: int
+    #: Expected end while it runs (start + solo time; shared devices move it), actual end once
+    #: finished.
+    end_s: float = math.nan
+
+
+class SchedulerActions(Protocol[R]):
+    def start_batch(self, batch: Batch[R]) -> None: ...
+
+    def drop(self, request: R, reason: str) -> None: ...
+
+    def wake_at(self, t_s: float) -> None: ...
+
+    def end_at(self, t_s: float, token: int) -> None: ...
+
+
+class _Flush:
+    """Drain mode: dispatch whatever is queued, up to the policy's batch cap."""
+
+    name = "flush"
+
+    def __init__(self, inner: BatchingPolicy) -> None:
+        self._cap = inner.max_batch_size
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._cap
+
+    def decide(self, queue: QueueView, now_s: float) -> BatchDecision:
+        n = len(queue)
+        return Dispatch(min(n, self._cap)) if n else WaitUntil()
+
+    def on_arrival(self, now_s: float) -> None:
+        return None
+
+    def on_dispatch(self, n: int, now_s: float) -> None:
+        return None
+
+
+class _Hosted(Generic[R]):
+    """One hosted model as this device serves it: its queue (maybe shared), this device's
+    profile and the view its policy reads."""
+
+    __slots__ = ("costs", "lead_s", "mq", "policy", "profile", "view")
+
+    def __init__(self, mq: ModelQueue[R], profile: LatencyProfile | None) -> None:
+        self.mq = mq
+        self.policy: BatchingPolicy = mq.policy
+        self.profile = profile
+        #: A request with a deadline is hopeless here once a batch of one can't make it.
+        self.lead_s = profile.latency_s(1) if profile is not None else 0.0
+        #: (seconds alone, working memory, occupancy) of a batch, by its items.
+        self.costs: dict[int, tuple[float, float, float]] = {}
+        self.view = QueueView(
+            mq.name, mq.queue.items, profile, None, True, mq.setup.slo_s, None, mq.setup.priority
+        )
+
+    def cost(self, items: int) -> tuple[float, float, float]:
+        c = self.costs.get(items)
+        if c is None:
+            p = self.profile
+            if p is None:
+                return self.mq.estimate_batch_s(items), 0.0, 1.0
+            c = self.costs[items] = (
+                p.latency_s(items),
+                p.batch_memory_bytes(items),
+                occupancy(p, items),
+            )
+        return c
+
+
+class DeviceScheduler(Generic[R]):
+    """Everything one device decides. ``models``: the hosted models of ``queues`` (all of
+    them by default; a subset when several devices share one QueueSet); ``profiles``: this
+    device's (by default the queues')."""
+
+    def __init__(
+        self,
+        queues: QueueSet[R],
+        actions: SchedulerActions[R],
+        *,
+        models: Sequence[str] | None = None,
+        instances: int = 1,
+        interference: float = DEFAULT_INTERFERENCE,
+        memory_total_bytes: float | None = None,
+        utilization_window_s: float = 1.0,
+        origin_s: float = 0.0,
+        watch_deadlines: bool = True,
+        profiles: Mapping[str, LatencyProfile | None] | None = None,
+    ) -> None:
+        if instances < 1:
+            raise ValueError("instances must be >= 1")
+        names = sorted(queues.queues if models is None else models)
+        for m in names:
+            if m not in queues:
+                raise ValueError(f"model {m!r} has no queue")
+        self.queues = queues
+        self.actions = actions
+        # Models in name order: next_batch breaks ties by the order it sees them.
+        self.models = tuple(names)
+        self._hosted: list[_Hosted[R]] = [
+            _Hosted(
+                queues.queues[m],
+                queues.queues[m].profile if profiles is None else profiles.get(m),
+            )
+            for m in names
+        ]
+        self._by_name = {h.mq.name: h for h in self._hosted}
+        self._owns_queues = len(names) == len(queues.queues)
+        self._direct = (
+            len(names) == 1 and queues.starvation_s is None and queues.class_headroom is None
+        )
+        self.instances = instances
+        self._free = list(range(instances))
+        self._running: dict[int, Batch[R]] = {}
+        self._shared = SharedDevice(interference) if instances > 1 else None
+        self._end_token = 0
+        self._ends_moved = False
+        self.busy = BusyClock(instances, utilization_window_s, origin_s)
+        self.in_flight = 0
+        self.batches_started = 0
+        self.memory_total_bytes = memory_total_bytes
+        self.weights_bytes = sum(h.profile.weights_bytes for h in self._hosted if h.profile)
+        self.batch_memory_bytes = 0.0
+        self._measured: tuple[float | None, float | None] | None = None
+        self._watch = watch_deadlines
+        self._plan_wake = math.inf
+        self._timers: list[float] = []
+        self._planning = False
+        self._replan = False
+        self.draining = False
+
+    # -- events ---------------------------------------------------------------------------
+    def offer(self, r: R, now: float) -> str | None:
+        """Queue ``r`` (None) or refuse it: the reason (``queue-full``,
+        ``deadline-infeasible``, or ``draining``). KeyError: its model is not hosted here."""
+        if self.draining:
+            return DRAINING
+        if r.deadline_s is None:
+            reason = self.queues.offer(r, now)
+            if reason is None and self._free:
+                self._plan(now)
+            return reason
+        reason = self.queues.offer(r, now, self.busy_remaining_s(now))
+        if reason is None:
+            if self._free:
+                self._plan(now)
+            else:
+                self._ensure_timer()
+        return reason
+
+    def finished(self, batch: Batch[R], now: float, took_s: float | None = None) -> None:
+        """``batch`` ended at ``now`` (``took_s``: its measured compute time, if known)."""
+        inst = batch.instance
+        if self._running.pop(inst, None) is not batch:
+            raise ValueError(f"batch {batch.index} is not running")
+        self.busy.stop(now)
+        if self._shared is not None:
+            self._shared.finish(inst, now)
+            bisect.insort(self._free, inst)
+            self._ends_moved = True
+        else:
+            self._free.append(inst)
+        h = self._by_name[batch.model]
+        k = len(batch.requests)
+        h.mq.in_flight -= k
+        self.in_flight -= k
+        self.batch_memory_bytes = (
+            self.batch_memory_bytes - batch.memory_bytes if self._running else 0.0
+        )
+        if took_s is not None and h.profile is None:
+            obs = h.mq.observed_s
+            prev = obs.get(batch.items)
+            obs[batch.items] = took_s if prev is None else prev + 0.2 * (took_s - prev)
+        batch.end_s = now
+        self._plan(now)
+
+    def announced(self, token: int) -> Batch[R] | None:
+        """The batch whose end was announced with ``token`` (``end_at``); None when a later
+        announcement superseded it. The driver then reports it ``finished``."""
+        if token != self._end_token or not self._running:
+            return None
+        if self._shared is None:
+            return next(iter(self._running.values()))
+        nxt = self._shared.next_end()
+        assert nxt is not None
+        return self._running[nxt[0]]  # type: ignore[index]
+
+    def wake(self, at_s: float, now: float) -> None:
+        """The wake-up asked for at ``at_s`` came (``now`` may be a hair earlier live)."""
+        timers = self._timers
+        if timers and timers[0] == at_s:
+            heapq.heappop(timers)
+        elif at_s in timers:
+            timers.remove(at_s)
+            heapq.heapify(timers)
+        if self._watch:
+            self.queues.watch(now)
+        if self._plan_wake <= now:
+            self._plan(now)
+        else:
+            self._ensure_timer()
+
+    def queues_changed(self, now: float) -> None:
+        """Shared queues changed under this device (another's offer): plan if it is free."""
+        if self._free:
+            self._plan(now)
+
+    def cancel(self, r: R, now: float) -> bool:
+        """Take a queued request out (its caller went away); False if it was not queued."""
+        if not self.queues.cancel(r, now):
+            return False
+        self._plan(now)
+        return True
+
+    def begin_drain(self, now: float) -> None:
+        """Refuse new requests; run what is queued now without waiting for windows."""
+        self.draining = True
+        for h in self._hosted:
+            h.policy = _Flush(h.mq.policy)
+        self._direct = len(self._hosted) == 1
+        self._plan(now)
+
+    def abandon(self, now: float) -> int:
+        """Drop everything still queued (shutdown); returns how many."""
+        return self.queues.abandon(now)
+
+    def observe_memory(self, used_bytes: float | None, total_bytes: float | None) -> None:
+        """Measured device memory (a real device); replaces the profiles' account."""
+        self._measured = (used_bytes, total_bytes)
+
+    # -- planning -------------------------------------------------------------------------
+    def _plan(self, now: float) -> None:
+        if self._planning:  # an action called back into the scheduler: plan again after
+            self._replan = True
+            return
+        self._planning = True
+        try:
+            self._plan_once(now)
+            while self._replan:
+                self._replan = False
+                self._plan_once(now)
+        finally:
+            self._planning = False
+        if self._ends_moved:
+            self._ends_moved = False
+            self._announce_end()
+        self._ensure_timer()
+
+    def _plan_once(self, now: float) -> None:
+        wake = math.inf
+        free = self._free
+        hosted = self._hosted
+        queues = self.queues
+        while free:
+            if self._direct:  # one model, no class rules: ask its policy directly
+                h = hosted[0]
+                q = h.mq.queue
+                if not q.items:
+                    break
+                if q.with_deadline:
+                    queues.prune(h.mq, h.lead_s, now)
+                    if not q.items:
+                        break
+                view = h.view
+                view.memory_free_bytes = self.memory_free_bytes()
+                dec = h.policy.decide(view, now)
+                if isinstance(dec, Dispatch):
+                    self._start(h, dec.n, now)
+                    continue
+                wake = dec.t_s
+                break
+            ready = False
+            for h in hosted:
+                if h.mq.queue.items:
+                    queues.prune(h.mq, h.lead_s, now)
+                    ready = ready or bool(h.mq.queue.items)
+            if not ready:
+                break
+            nb = self._next_batch(now)
+            if nb[0] is None:
+                wake = nb[2]
+                break
+            self._start(nb[0], nb[1], now)
+        self._plan_wake = wake
+
+    def _next_batch(self, now: float) -> tuple[_Hosted[R] | None, int, float]:
+        qs = self.queues
+        free_mem = self.memory_free_bytes()
+        drain = self.draining
+        headroom = None if drain else qs.class_headroom
+        for h in self._hosted:
+            h.view.memory_free_bytes = free_mem
+            if headroom is not None:
+                h.view.arrival_rate_rps = h.mq.rate.rate_at(now)
+        nb = next_batch(
+            ((h.view, h.policy) for h in self._hosted if h.view.requests or headroom is not None),
+            now,
+            starvation_s=None if drain else qs.starvation_s,
+            class_headroom=headroom,
+            rate_tau_s=QUEUE_RATE_TAU_S if headroom is not None else None,
+        )
+        if nb.model is None:
+            return None, 0, nb.wake_s
+        return self._by_name[nb.model], nb.n, nb.wake_s
+
+    def _start(self, h: _Hosted[R], n: int, now: float) -> None:
+        taken, items = self.queues.take(h.mq, n, now)
+        k = len(taken)
+        h.mq.in_flight += k
+        self.in_flight += k
+        inst = self._free.pop(0)
+        solo, mem, occ = h.cost(items)
+        batch = Batch(h.mq.name, taken, items, inst, now, solo, mem, self.batches_started)
+        self.batches_started += 1
+        self._running[inst] = batch
+        self.batch_memory_bytes += mem
+        self.busy.start(now)
+        if self._shared is None:
+            batch.end_s = now + solo
+            self._end_token += 1
+            self.actions.start_batch(batch)
+            self.actions.end_at(batch.end_s, self._end_token)
+            return
+        self._shared.start(inst, now, solo, occ)
+        self._ends_moved = True
+        self.actions.start_batch(batch)
+
+    def _announce_end(self) -> None:
+        assert self._shared is not None
+        nxt = self._shared.next_end()
+        if nxt is None:
+            return
+        self._running[nxt[0]].end_s = nxt[1]  # type: ignore[index]
+        self._end_token += 1
+        self.actions.end_at(nxt[1], self._end_token)
+
+    def _ensure_timer(self) -> None:
+        need = self._plan_wake
+        if self._watch:
+            w = self.queues.watch_at
+            if w < need:
+                need = w
+        if need == math.inf:
+            return
+        timers = self._timers
+        if timers and timers[0] <= need:
+            return  # an earlier wake-up is coming; it will ask again
+        heapq.heappush(timers, need)
+        self.actions.wake_at(need)
+
+    # -- readings -------------------------------------------------------------------------
+    def running(self) -> list[Batch[R]]:
+        return list(self._running.values())
+
+    @property
+    def free_instances(self) -> int:
+        return len(self._free)
+
+    def busy_remaining_s(self, now: float) -> float:
+        """Seconds until an instance is free (0 when one is free now), from estimates."""
+        if self._free:
+            return 0.0
+        if self._shared is None:
+            end = next(iter(self._running.values())).end_s
+        else:
+            nxt = self._shared.next_end()
+            if nxt is None:
+                return 0.0
+            end = nxt[1]
+        return end - now if end > now else 0.0
+
+    def estimate_batch_s(self, model: str, items: int) -> float:
+        """Expected seconds for a batch of ``items`` of ``model`` alone on this device."""
+        return self._by_name[model].cost(items)[0]
+
+    def estimate_wait_s(self, model: str, now: float) -> float:
+        """Rough time for the queue of ``model`` to clear (for Retry-After)."""
+        h = self._by_name[model]
+        items = sum(r.items for r in h.mq.queue.items)
+        cap = h.mq.cap
+        batches = math.ceil(items / cap) if items else 0
+        per_batch = h.cost(min(cap, max(1, items)))[0]
+        return batches * per_batch / self.instances + self.busy_remaining_s(now)
+
+    def memory_bytes(self) -> tuple[float | None, float | None]:
+        """(used, total): measured if the driver reported them, else the profiles' account."""
+        if self._measured is not None:
+            return self._measured
+        return self.weights_bytes + self.batch_memory_bytes, self.memory_total_bytes
+
+    def memory_free_bytes(self) -> float | None:
+        if self._measured is None:
+            total = self.memory_total_bytes
+            if total is None:
+                return None
+            used = self.weights_bytes + self.batch_memory_bytes
+        else:
+            used, total = self._measured  # type: ignore[assignment]
+            if used is None or total is None:
+                return None
+        return total - used if total > used else 0.0
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for this device's models."""
+        if self._owns_queues:
+            return self.queues.waiting
+        return sum(len(h.mq.queue.items) for h in self._hosted)
+
+    def queued_by_model(self) -> dict[str, int]:
+        return {h.mq.name: len(h.mq.queue.items) for h in self._hosted}
+
+    def in_flight_by_model(self) -> dict[str, int]:
+        return {h.mq.name: h.mq.in_flight for h in self._hosted}
+
+    @property
+    def idle(self) -> bool:
+        return not self._running and self.waiting == 0
+
+    def snapshot(self, now: float) -> LoadSample:
+        """The load signals the router reads (the worker's load report, the simulator's
+        samples)."""
+        used, total = self.memory_bytes()
+        return LoadSample(
+            timestamp_s=now,
+            queue_depth=float(self.waiting),
+            in_flight=float(self.in_flight),
+            utilization=self.busy.fraction(now),
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            queued_by_model={h.mq.name: float(len(h.mq.queue.items)) for h in self._hosted},
+            busy_remaining_s=self.busy_remaining_s(now),
+        )
+
+
+def scheduler_for(
+    models: Sequence[ModelSetup],
+    actions: SchedulerActions[R],
+    *,
+    starvation_s: float | None = None,
+    class_headroom: float | None = None,
+    ignore_priority: bool = False,
+    stats_since_s: float = 0.0,
+    instances: int = 1,
+    interference: float = DEFAULT_INTERFERENCE,
+    memory_total_bytes: float | None = None,
+    utilization_window_s: float = 1.0,
+    origin_s: float = 0.0,
+) -> DeviceScheduler[R]:
+    """A device with queues of its own (the usual case)."""
+    queues: QueueSet[R] = QueueSet(
+        models,
+        actions.drop,
+        starvation_s=starvation_s,
+        class_headroom=class_headroom,
+        ignore_priority=ignore_priority,
+        stats_since_s=stats_since_s,
+    )
+    return DeviceScheduler(
+        queues,
+        actions,
+        instances=instances,
+        interference=interference,
+        memory_total_bytes=memory_total_bytes,
+        utilization_window_s=utilization_window_s,
+        origin_s=origin_s,
+    )

@@ -1,0 +1,101 @@
+"""A simulated device: a thin driver that carries out its DeviceScheduler's actions on the
+simulation's event heap (a batch start is recorded, a wake-up or a batch end becomes an
+event, a dropped request is logged) and hands the events back (``wake``, ``finished``)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+from evenserve.core.profile import LatencyProfile
+from evenserve.core.results import DeviceTrace
+from evenserve.core.scenario import ArmSpec, Scenario
+from evenserve.sched import Batch, DeviceScheduler, ModelSetup, QueuedRequest
+from evenserve.sim.engine import EventLoop
+from evenserve.sim.loader import LoadedScenario
+
+
+class SimHost(Protocol):
+    """What devices and the central queue need of the simulation that holds them."""
+
+    loop: EventLoop
+    sc: Scenario
+    arm: ArmSpec
+    loaded: LoadedScenario
+    policy_rng: random.Random
+    warmup_s: float
+    utilization_window_s: float
+    starvation_s: float | None
+    hosts: dict[str, list[SimDevice]]
+
+    def drop(self, r: SimRequest, reason: str, device: str | None) -> None: ...
+
+    def completed(self, batch: Batch[SimRequest], now: float, device: str) -> None: ...
+
+    def model_setup(self, model: str, profile: LatencyProfile | None) -> ModelSetup: ...
+
+    def add_device(self, name: str, profiles: dict[str, LatencyProfile]) -> SimDevice: ...
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest(QueuedRequest):
+    idx: int = -1
+    user: int = -1
+
+
+class SimDevice:
+    """Carries out one device scheduler's actions on the simulation's event heap."""
+
+    __slots__ = (
+        "_end_cb",
+        "idle_since_s",
+        "loop",
+        "models",
+        "name",
+        "profiles",
+        "sched",
+        "sim",
+        "trace",
+    )
+
+    def __init__(self, sim: SimHost, name: str, profiles: dict[str, LatencyProfile]) -> None:
+        self.sim = sim
+        self.loop = sim.loop
+        self.name = name
+        self.profiles = profiles
+        self.models = tuple(sorted(profiles))
+        self.trace = DeviceTrace(name=name)
+        self.idle_since_s = 0.0
+        self._end_cb = self._end  # one bound method for every event
+        self.sched: DeviceScheduler[SimRequest]
+
+    # -- SchedulerActions ---------------------------------------------------------------
+    def start_batch(self, batch: Batch[SimRequest]) -> None:
+        tr = self.trace
+        tr.busy_start_s.append(batch.started_s)
+        tr.busy_end_s.append(batch.started_s + batch.solo_s)  # set again when it ends
+        tr.batch_sizes.append(batch.items)
+
+    def drop(self, request: SimRequest, reason: str) -> None:
+        self.sim.drop(request, reason, self.name)
+
+    def wake_at(self, t_s: float) -> None:
+        self.loop.at(t_s, self._wake, t_s)
+
+    def end_at(self, t_s: float, token: int) -> None:
+        self.loop.at(t_s, self._end_cb, token)
+
+    # -- events back to the scheduler ---------------------------------------------------
+    def _wake(self, at_s: float) -> None:
+        self.sched.wake(at_s, self.loop.now)
+
+    def _end(self, token: int) -> None:
+        now = self.loop.now
+        batch = self.sched.announced(token)
+        if batch is None:
+            return  # superseded: a batch started or ended since
+        self.sched.finished(batch, now)
+        self.idle_since_s = now
+        self.trace.busy_end_s[batch.index] = now
+        self.sim.completed(batch, now, self.name)
