@@ -12,8 +12,8 @@ from evenserve.core.types import Dispatch, QueueView, RequestInfo, WaitUntil
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.batching.base import BatchingPolicy
 from evenserve.policy.batching.device import NextBatch, next_batch
-from evenserve.sched.queue import RequestQueue
 from evenserve.policy.batching.rate import RateEstimator
+from evenserve.sched.queue import RequestQueue
 
 MB = 1024.0 * 1024.0
 PROF = LatencyProfile.from_points(
