@@ -1,5 +1,6 @@
 """The device scheduler, shared by the simulator and the live worker (see ``scheduler``)."""
 
+from evenserve.sched.actions import Batch, SchedulerActions
 from evenserve.sched.busy import BusyClock
 from evenserve.sched.queue import Offer, RequestQueue
 from evenserve.sched.queues import (
@@ -12,13 +13,7 @@ from evenserve.sched.queues import (
     QueuedRequest,
     QueueSet,
 )
-from evenserve.sched.scheduler import (
-    DRAINING,
-    Batch,
-    DeviceScheduler,
-    SchedulerActions,
-    scheduler_for,
-)
+from evenserve.sched.scheduler import DRAINING, DeviceScheduler, scheduler_for
 
 __all__ = [
     "DISPATCHED",

@@ -41,106 +41,23 @@ import bisect
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, TypeVar
 
-from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice, occupancy
+from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice
 from evenserve.core.profile import LatencyProfile
-from evenserve.core.types import BatchDecision, Dispatch, LoadSample, QueueView, WaitUntil
-from evenserve.policy.batching import BatchingPolicy
+from evenserve.core.types import Dispatch, LoadSample
 from evenserve.policy.batching.device import next_batch
 from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S
+from evenserve.sched.actions import Batch, SchedulerActions
 from evenserve.sched.busy import BusyClock
-from evenserve.sched.queues import ModelQueue, ModelSetup, QueuedRequest, QueueSet
+from evenserve.sched.hosted import Flush, Hosted
+from evenserve.sched.memory import MemoryAccount
+from evenserve.sched.queues import ModelSetup, QueuedRequest, QueueSet
 
 R = TypeVar("R", bound=QueuedRequest)
 
 #: ``offer``'s answer while the device drains (the worker answers 503).
 DRAINING = "draining"
-
-
-@dataclass(slots=True, eq=False)
-class Batch(Generic[R]):
-    """A batch the scheduler started on one instance."""
-
-    model: str
-    requests: list[R]
-    items: int
-    instance: int
-    started_s: float
-    #: Expected seconds alone (profile, else observed).
-    solo_s: float
-    memory_bytes: float
-    #: The device's batch number, from 0.
-    index: int
-    #: Expected end while it runs (start + solo time; shared devices move it), actual end once
-    #: finished.
-    end_s: float = math.nan
-
-
-class SchedulerActions(Protocol[R]):
-    def start_batch(self, batch: Batch[R]) -> None: ...
-
-    def drop(self, request: R, reason: str) -> None: ...
-
-    def wake_at(self, t_s: float) -> None: ...
-
-    def end_at(self, t_s: float, token: int) -> None: ...
-
-
-class _Flush:
-    """Drain mode: dispatch whatever is queued, up to the policy's batch cap."""
-
-    name = "flush"
-
-    def __init__(self, inner: BatchingPolicy) -> None:
-        self._cap = inner.max_batch_size
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._cap
-
-    def decide(self, queue: QueueView, now_s: float) -> BatchDecision:
-        n = len(queue)
-        return Dispatch(min(n, self._cap)) if n else WaitUntil()
-
-    def on_arrival(self, now_s: float) -> None:
-        return None
-
-    def on_dispatch(self, n: int, now_s: float) -> None:
-        return None
-
-
-class _Hosted(Generic[R]):
-    """One hosted model as this device serves it: its queue (maybe shared), this device's
-    profile and the view its policy reads."""
-
-    __slots__ = ("costs", "lead_s", "mq", "policy", "profile", "view")
-
-    def __init__(self, mq: ModelQueue[R], profile: LatencyProfile | None) -> None:
-        self.mq = mq
-        self.policy: BatchingPolicy = mq.policy
-        self.profile = profile
-        #: A request with a deadline is hopeless here once a batch of one can't make it.
-        self.lead_s = profile.latency_s(1) if profile is not None else 0.0
-        #: (seconds alone, working memory, occupancy) of a batch, by its items.
-        self.costs: dict[int, tuple[float, float, float]] = {}
-        self.view = QueueView(
-            mq.name, mq.queue.items, profile, None, True, mq.setup.slo_s, None, mq.setup.priority
-        )
-
-    def cost(self, items: int) -> tuple[float, float, float]:
-        c = self.costs.get(items)
-        if c is None:
-            p = self.profile
-            if p is None:
-                return self.mq.estimate_batch_s(items), 0.0, 1.0
-            c = self.costs[items] = (
-                p.latency_s(items),
-                p.batch_memory_bytes(items),
-                occupancy(p, items),
-            )
-        return c
 
 
 class DeviceScheduler(Generic[R]):
@@ -172,8 +89,8 @@ class DeviceScheduler(Generic[R]):
         self.actions = actions
         # Models in name order: next_batch breaks ties by the order it sees them.
         self.models = tuple(names)
-        self._hosted: list[_Hosted[R]] = [
-            _Hosted(
+        self._hosted: list[Hosted[R]] = [
+            Hosted(
                 queues.queues[m],
                 queues.queues[m].profile if profiles is None else profiles.get(m),
             )
@@ -193,10 +110,9 @@ class DeviceScheduler(Generic[R]):
         self.busy = BusyClock(instances, utilization_window_s, origin_s)
         self.in_flight = 0
         self.batches_started = 0
-        self.memory_total_bytes = memory_total_bytes
-        self.weights_bytes = sum(h.profile.weights_bytes for h in self._hosted if h.profile)
-        self.batch_memory_bytes = 0.0
-        self._measured: tuple[float | None, float | None] | None = None
+        self.memory = MemoryAccount(
+            sum(h.profile.weights_bytes for h in self._hosted if h.profile), memory_total_bytes
+        )
         self._watch = watch_deadlines
         self._plan_wake = math.inf
         self._timers: list[float] = []
@@ -239,9 +155,8 @@ class DeviceScheduler(Generic[R]):
         k = len(batch.requests)
         h.mq.in_flight -= k
         self.in_flight -= k
-        self.batch_memory_bytes = (
-            self.batch_memory_bytes - batch.memory_bytes if self._running else 0.0
-        )
+        mem = self.memory
+        mem.batches_bytes = mem.batches_bytes - batch.memory_bytes if self._running else 0.0
         if took_s is not None and h.profile is None:
             obs = h.mq.observed_s
             prev = obs.get(batch.items)
@@ -291,7 +206,7 @@ class DeviceScheduler(Generic[R]):
         """Refuse new requests; run what is queued now without waiting for windows."""
         self.draining = True
         for h in self._hosted:
-            h.policy = _Flush(h.mq.policy)
+            h.policy = Flush(h.mq.policy)
         self._direct = len(self._hosted) == 1
         self._plan(now)
 
@@ -301,7 +216,7 @@ class DeviceScheduler(Generic[R]):
 
     def observe_memory(self, used_bytes: float | None, total_bytes: float | None) -> None:
         """Measured device memory (a real device); replaces the profiles' account."""
-        self._measured = (used_bytes, total_bytes)
+        self.memory.measured = (used_bytes, total_bytes)
 
     # -- planning -------------------------------------------------------------------------
     def _plan(self, now: float) -> None:
@@ -337,7 +252,7 @@ class DeviceScheduler(Generic[R]):
                     if not q.items:
                         break
                 view = h.view
-                view.memory_free_bytes = self.memory_free_bytes()
+                view.memory_free_bytes = self.memory.free_bytes()
                 dec = h.policy.decide(view, now)
                 if isinstance(dec, Dispatch):
                     self._start(h, dec.n, now)
@@ -358,9 +273,9 @@ class DeviceScheduler(Generic[R]):
             self._start(nb[0], nb[1], now)
         self._plan_wake = wake
 
-    def _next_batch(self, now: float) -> tuple[_Hosted[R] | None, int, float]:
+    def _next_batch(self, now: float) -> tuple[Hosted[R] | None, int, float]:
         qs = self.queues
-        free_mem = self.memory_free_bytes()
+        free_mem = self.memory.free_bytes()
         drain = self.draining
         headroom = None if drain else qs.class_headroom
         for h in self._hosted:
@@ -378,7 +293,7 @@ class DeviceScheduler(Generic[R]):
             return None, 0, nb.wake_s
         return self._by_name[nb.model], nb.n, nb.wake_s
 
-    def _start(self, h: _Hosted[R], n: int, now: float) -> None:
+    def _start(self, h: Hosted[R], n: int, now: float) -> None:
         taken, items = self.queues.take(h.mq, n, now)
         k = len(taken)
         h.mq.in_flight += k
@@ -388,7 +303,7 @@ class DeviceScheduler(Generic[R]):
         batch = Batch(h.mq.name, taken, items, inst, now, solo, mem, self.batches_started)
         self.batches_started += 1
         self._running[inst] = batch
-        self.batch_memory_bytes += mem
+        self.memory.batches_bytes += mem
         self.busy.start(now)
         if self._shared is None:
             batch.end_s = now + solo
@@ -457,24 +372,6 @@ class DeviceScheduler(Generic[R]):
         per_batch = h.cost(min(cap, max(1, items)))[0]
         return batches * per_batch / self.instances + self.busy_remaining_s(now)
 
-    def memory_bytes(self) -> tuple[float | None, float | None]:
-        """(used, total): measured if the driver reported them, else the profiles' account."""
-        if self._measured is not None:
-            return self._measured
-        return self.weights_bytes + self.batch_memory_bytes, self.memory_total_bytes
-
-    def memory_free_bytes(self) -> float | None:
-        if self._measured is None:
-            total = self.memory_total_bytes
-            if total is None:
-                return None
-            used = self.weights_bytes + self.batch_memory_bytes
-        else:
-            used, total = self._measured  # type: ignore[assignment]
-            if used is None or total is None:
-                return None
-        return total - used if total > used else 0.0
-
     @property
     def waiting(self) -> int:
         """Requests queued for this device's models."""
@@ -495,7 +392,7 @@ class DeviceScheduler(Generic[R]):
     def snapshot(self, now: float) -> LoadSample:
         """The load signals the router reads (the worker's load report, the simulator's
         samples)."""
-        used, total = self.memory_bytes()
+        used, total = self.memory.used_total()
         return LoadSample(
             timestamp_s=now,
             queue_depth=float(self.waiting),

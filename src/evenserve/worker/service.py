@@ -280,7 +280,7 @@ class WorkerService:
         dev = self.device
         if dev.kind == "emulated":
             if self._driver is not None:
-                return self._driver.sched.memory_bytes()
+                return self._driver.sched.memory.used_total()
             accounted = sum(rt.resident_bytes() for rt in self.runtimes.values())
             return accounted, self.options.emulated_memory_gb * GIB
         now = time.monotonic()

@@ -1,0 +1,41 @@
+"""What a device scheduler hands its driver: the batches it starts and the actions it asks
+for (see ``sched.scheduler``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from evenserve.sched.queues import QueuedRequest
+
+R = TypeVar("R", bound=QueuedRequest)
+
+
+@dataclass(slots=True, eq=False)
+class Batch(Generic[R]):
+    """A batch the scheduler started on one instance."""
+
+    model: str
+    requests: list[R]
+    items: int
+    instance: int
+    started_s: float
+    #: Expected seconds alone (profile, else observed).
+    solo_s: float
+    memory_bytes: float
+    #: The device's batch number, from 0.
+    index: int
+    #: Expected end while it runs (start + solo time; shared devices move it), actual end once
+    #: finished.
+    end_s: float = math.nan
+
+
+class SchedulerActions(Protocol[R]):
+    def start_batch(self, batch: Batch[R]) -> None: ...
+
+    def drop(self, request: R, reason: str) -> None: ...
+
+    def wake_at(self, t_s: float) -> None: ...
+
+    def end_at(self, t_s: float, token: int) -> None: ...
