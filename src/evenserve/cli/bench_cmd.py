@@ -49,7 +49,6 @@ from evenserve.gateway.launcher import Launcher
 from evenserve.loadgen.display import live_progress
 from evenserve.loadgen.records import RunLabels, read_run, result_records, write_run
 from evenserve.loadgen.runner import LoadResult, LoadSpec, run_load
-from evenserve.loadgen.schedule import Arrival, parse_mix
 from evenserve.loadgen.target import check_url, error_lines
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import spec_label, split_spec
@@ -59,7 +58,7 @@ from evenserve.report.summary import clean_json, run_summary, summarize
 from evenserve.report.table import compare_rows, compare_table
 from evenserve.sim.cluster import simulate
 from evenserve.sim.loader import LoadedScenario, load_scenario, with_level
-from evenserve.sim.workload import PoissonProcess, read_trace, write_trace
+from evenserve.workload import Arrival, PoissonProcess, parse_mix, read_trace, write_trace
 
 #: Default time scale of a scenario bench on a small host (see the module docstring).
 DEFAULT_TIME_SCALE = 40.0

@@ -39,7 +39,8 @@ from evenserve.policy.registry import spec_label
 from evenserve.policy.routing import ROUTING, Router
 from evenserve.sim.engine import EventLoop
 from evenserve.sim.loader import LoadedScenario
-from evenserve.sim.workload import PoissonProcess, TraceEntry, read_trace
+from evenserve.workload import Arrival as TraceEntry
+from evenserve.workload import PoissonProcess, read_trace
 
 
 @dataclass(slots=True)
