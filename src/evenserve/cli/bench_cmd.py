@@ -41,7 +41,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from evenserve.cli.main import app, console, err_console
+from evenserve.cli.app import console, err_console, fail
 from evenserve.core.errors import ConfigError, EvenserveError
 from evenserve.core.scenario import CENTRAL_QUEUE, ClosedLoop, OpenLoop, Phase, TraceWorkload
 from evenserve.gateway.config import parse_cluster
@@ -66,11 +66,6 @@ DEFAULT_TIME_SCALE = 40.0
 FIDELITY_TOLERANCE = 0.15
 BENCH_META = "bench.json"
 SUMMARY = "summary.json"
-
-
-def _fail(msg: str) -> None:
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def parse_duration(text: str, what: str) -> float:
@@ -579,7 +574,6 @@ def finish_report(
 
 
 # -- the commands ------------------------------------------------------------------------------
-@app.command()
 def bench(
     target: Annotated[
         str | None, typer.Argument(help="KServe v2 base URL (a gateway or a worker).")
@@ -716,7 +710,7 @@ def bench(
             realtime=realtime,
         )
     except EvenserveError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _discover_scrapes(
@@ -1107,7 +1101,6 @@ def _scenario_spec(
     return LoadSpec(mix={}, trace=arrivals, **common)
 
 
-@app.command()
 def report(
     runs: Annotated[list[Path], typer.Argument(help="Bench folders (or single run folders).")],
     out: Annotated[
@@ -1159,4 +1152,4 @@ def report(
         ]
         finish_report(dest, summary, title=f"{name}: report", notes=notes, plots=plots)
     except EvenserveError as exc:
-        _fail(str(exc))
+        fail(str(exc))
