@@ -69,7 +69,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from evenserve.cli.bench_cmd import scale_scenario
+from evenserve.experiment.scaling import scale_scenario
 from evenserve.report.summary import summarize
 from evenserve.sim.cluster import simulate
 from evenserve.sim.loader import LoadedScenario, load_scenario, with_level

@@ -38,7 +38,6 @@ import contextlib
 import json
 import math
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -51,10 +50,10 @@ from typing import Any
 import aiohttp
 import yaml
 
-from evenserve.core.scenario import Phase
+from evenserve.core.scenario import OpenLoop, Phase
 from evenserve.sim.cluster import simulate
 from evenserve.sim.loader import load_scenario
-from evenserve.sim.workload import PoissonProcess
+from evenserve.workload import open_loop_arrivals
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-c", "from evenserve.cli.main import main; main()"]
@@ -351,19 +350,12 @@ def live_cluster(shape: Shape, tmp: Path, arm: str) -> Any:
             proc.wait()
 
 
-def schedule(shape: Shape) -> list[tuple[float, str]]:
-    """Arrival times of both streams (Poisson), merged: the simulator's arrivals."""
-    arrivals: list[tuple[float, str]] = []
-    for i, model in enumerate((ONLINE, OFFLINE)):
-        # Seeded as the simulator seeds stream i of the scenario: the very same arrivals.
-        rng = random.Random(f"{shape.seed}:arrivals:{model}:{i}")
-        proc = PoissonProcess(shape.rate(model), shape.phases(model), rng)
-        t = proc.next_after(0.0)
-        while t < shape.duration_s:
-            arrivals.append((t, model))
-            t = proc.next_after(t)
-    arrivals.sort()
-    return arrivals
+def schedule(scenario: Path) -> list[tuple[float, str]]:
+    """The scaled scenario's arrivals, both Poisson streams merged: the simulator's own (the
+    workload module's streams, seeded as the simulator seeds them)."""
+    sc = load_scenario(scenario).scenario
+    assert isinstance(sc.workload, OpenLoop)
+    return [(a.t_s, a.model) for a in open_loop_arrivals(sc.workload, sc.seed, sc.duration_s)]
 
 
 async def send_all(url: str, arrivals: list[tuple[float, str]], drain_s: float) -> list[Outcome]:
@@ -509,7 +501,7 @@ def main() -> None:
             results[f"sim {arm}"] = figures(shape, outcomes)
             results[f"sim {arm}"]["batches"] = {"all": batches}
         if not args.sim_only:
-            arrivals = schedule(shape)
+            arrivals = schedule(scenario)
             print(
                 f"live: {len(arrivals)} requests over {shape.duration_s:g} s "
                 f"(peak {shape.rate(ONLINE) * 2 + shape.rate(OFFLINE):.0f}/s)",

@@ -128,7 +128,8 @@ def levels_scenario(tmp_path: Path) -> Path:
 
 
 def test_scenario_bench_at_a_level(tmp_path: Path) -> None:
-    from evenserve.cli.bench_cmd import open_loop_arrivals, scale_scenario
+    from evenserve.experiment.load import scenario_arrivals
+    from evenserve.experiment.scaling import scale_scenario
     from evenserve.sim.loader import load_scenario, with_level
 
     path = levels_scenario(tmp_path)
@@ -147,7 +148,7 @@ def test_scenario_bench_at_a_level(tmp_path: Path) -> None:
     loaded = load_scenario(path)
     expected = {
         lv: len(
-            open_loop_arrivals(scale_scenario(with_level(loaded, lv), 40.0, 2.0, 0.4, tmp_path), 3)
+            scenario_arrivals(scale_scenario(with_level(loaded, lv), 40.0, 2.0, 0.4, tmp_path), 3)
         )
         for lv in (None, "low", "spike")
     }

@@ -1,4 +1,4 @@
-"""``evenserve gateway`` and ``evenserve up`` (registered on the main CLI app)."""
+"""``evenserve gateway`` and ``evenserve up``."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from typing import Annotated
 
 import typer
 
-from evenserve.cli.main import _fail, app, err_console
+from evenserve.cli.app import err_console, fail
 from evenserve.core.errors import EvenserveError
 
 
-@app.command()
 def gateway(
     config: Annotated[Path, typer.Option("--config", "-c", help="Cluster YAML file.")],
     host: Annotated[str | None, typer.Option(help="Listen address (default: config).")] = None,
@@ -28,7 +27,7 @@ def gateway(
         cluster = load_cluster(config)
         gw = Gateway(cluster)
     except EvenserveError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     g = cluster.config.gateway
     names = ", ".join(gw.registry.names())
@@ -42,7 +41,6 @@ def gateway(
     serve(gw, host, port)
 
 
-@app.command()
 def up(
     config: Annotated[Path, typer.Argument(help="Cluster YAML file.")],
     log_dir: Annotated[
@@ -60,6 +58,6 @@ def up(
         cluster = load_cluster(config)
         code = run_up(cluster, config, log_dir=log_dir, ready_file=ready_file)
     except EvenserveError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     raise typer.Exit(code)

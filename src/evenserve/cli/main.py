@@ -1,179 +1,24 @@
-"""``evenserve``: simulate and compare scenarios (more commands join as the system grows)."""
+"""``evenserve``: the command line (each command lives in a module named for what it runs)."""
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-from typing import Annotated, Any
+from evenserve.cli import bench_cmd, gateway_cmd, sim_cmd, worker_cmd
+from evenserve.cli.app import app
 
-import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-from evenserve.core.errors import EvenserveError
-from evenserve.policy.batching import BATCHING
-from evenserve.policy.routing import ROUTING
-from evenserve.report.plots import write_plots
-from evenserve.report.summary import run_summary, summarize
-from evenserve.report.table import arm_table, compare_rows, compare_table, device_table
-from evenserve.sim.cluster import simulate as run_arm
-from evenserve.sim.loader import load_scenario, with_level
-
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    help="evenserve: serve many models on a shared GPU pool, and simulate it.",
+#: Every command, in the order ``evenserve --help`` lists them.
+COMMANDS = (
+    sim_cmd.simulate,
+    sim_cmd.compare,
+    sim_cmd.policies,
+    bench_cmd.bench,
+    bench_cmd.report,
+    gateway_cmd.gateway,
+    gateway_cmd.up,
+    worker_cmd.worker,
+    worker_cmd.profile,
 )
-# Wide tables stay readable in logs and pipes: without a terminal, do not wrap at 80 columns.
-console = Console()
-if not console.is_terminal:
-    console.width = max(console.width, 200)
-err_console = Console(stderr=True)
-
-
-def _fail(msg: str) -> None:
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    text = json.dumps(obj, indent=2, sort_keys=False) + "\n"
-    if str(path) == "-":
-        sys.stdout.write(text)
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-
-
-LevelOpt = Annotated[
-    str | None, typer.Option("--level", help="Run at a named load level of the scenario.")
-]
-SetOpt = Annotated[
-    list[str] | None,
-    typer.Option("--set", help="Override a scenario field: key.path=value (repeatable)."),
-]
-
-
-@app.command()
-def simulate(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
-    arm: Annotated[str | None, typer.Option(help="Arm to run (default: the first).")] = None,
-    set_: SetOpt = None,
-    level: LevelOpt = None,
-    seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the run summary JSON here ('-': stdout).")
-    ] = None,
-) -> None:
-    """Simulate one arm of a scenario and print its figures."""
-    try:
-        loaded = with_level(load_scenario(scenario, set_ or []), level)
-        sc = loaded.scenario
-        name = arm or next(iter(sc.arms))
-        if name not in sc.arms:
-            _fail(f"--arm: unknown arm {name!r} (arms: {', '.join(sc.arms)})")
-        s = seed if seed is not None else sc.seed
-        with console.status(f"simulating {sc.name} / {name} ..."):
-            summary_arm = summarize(run_arm(loaded, name, s))
-    except EvenserveError as exc:
-        _fail(str(exc))
-        return
-    summary = run_summary(sc.name, s, {name: summary_arm})
-    if json_path is not None:
-        _write_json(json_path, summary)
-    if json_path is None or str(json_path) != "-":
-        console.print(arm_table(name, summary["arms"][name]))
-        console.print(device_table(summary["arms"][name]))
-        a = summary["arms"][name]
-        r = a["requests"]
-        console.print(
-            f"spread {a['utilization_spread_pts']:.1f} pts, max queue depth "
-            f"{a['max_queue_depth']:.0f}; requests: {r['arrived']} arrived = {r['completed']} "
-            f"completed + {r['dropped']} dropped + {r['in_flight']} in flight"
-        )
-
-
-@app.command()
-def compare(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
-    set_: SetOpt = None,
-    level: LevelOpt = None,
-    seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the run summary JSON here ('-': stdout).")
-    ] = None,
-    plots: Annotated[Path | None, typer.Option(help="Write PNG plots into this folder.")] = None,
-) -> None:
-    """Run every arm of a scenario with the same seed; print them side by side."""
-    try:
-        loaded = with_level(load_scenario(scenario, set_ or []), level)
-        sc = loaded.scenario
-        s = seed if seed is not None else sc.seed
-        arms: dict[str, Any] = {}
-        quiet = json_path is not None and str(json_path) == "-"
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} arms"),
-            TimeElapsedColumn(),
-            console=err_console,
-            disable=quiet,
-            transient=True,
-        ) as progress:
-            task = progress.add_task(f"simulating {sc.name}", total=len(sc.arms))
-            for name in sc.arms:
-                progress.update(task, description=f"simulating {sc.name} / {name}")
-                arms[name] = summarize(run_arm(loaded, name, s))
-                progress.advance(task)
-    except EvenserveError as exc:
-        _fail(str(exc))
-        return
-    summary = run_summary(sc.name, s, arms)
-    summary["comparison"] = compare_rows(summary)
-    if json_path is not None:
-        _write_json(json_path, summary)
-    if json_path is None or str(json_path) != "-":
-        console.print(compare_table(summary))
-    if plots is not None:
-        paths = write_plots(summary, plots)
-        if json_path is None or str(json_path) != "-":
-            console.print("plots: " + ", ".join(str(p) for p in paths))
-
-
-@app.command()
-def policies(
-    json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
-) -> None:
-    """List the routing and batching policies and their parameters."""
-    data: dict[str, Any] = {"routing": {}, "batching": {}}
-    for kind, reg in (("routing", ROUTING), ("batching", BATCHING)):
-        for n in reg.names():
-            e = reg.entry(n)
-            data[kind][n] = {
-                "summary": e.summary,
-                "params": {
-                    k: (None if f.default is None else f.default)
-                    for k, f in e.params_model.model_fields.items()
-                    if not callable(f.default_factory)
-                },
-            }
-    data["routing"]["central-queue"] = {
-        "summary": "simulator reference arm: shared per-model queues, late binding",
-        "params": {},
-    }
-    if json_out:
-        _write_json(Path("-"), data)
-        return
-    for kind in ("routing", "batching"):
-        console.print(f"[bold]{kind}[/]")
-        for n, v in data[kind].items():
-            params = ", ".join(f"{k}={val}" for k, val in v["params"].items())
-            console.print(f"  {n:22s} {v['summary']}" + (f"  [dim]({params})[/]" if params else ""))
-
-
-# Commands defined in their own modules register themselves on ``app`` when imported.
-from evenserve.cli import bench_cmd, gateway_cmd, worker_cmd  # noqa: E402, F401
+for _command in COMMANDS:
+    app.command()(_command)
 
 
 def main() -> None:

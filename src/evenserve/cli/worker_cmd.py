@@ -10,16 +10,11 @@ from typing import Annotated, Any, Literal
 import typer
 import yaml
 
-from evenserve.cli.main import app, console, err_console
+from evenserve.cli.app import console, err_console, fail
 from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.errors import EvenserveError
 
 MIB = 1024 * 1024
-
-
-def _fail(msg: str) -> None:
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def _parse_batching(text: str | None) -> Any:
@@ -28,9 +23,9 @@ def _parse_batching(text: str | None) -> Any:
     try:
         spec = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        _fail(f"--batching: not valid YAML: {exc}")
+        fail(f"--batching: not valid YAML: {exc}")
     if not isinstance(spec, str | dict):
-        _fail(
+        fail(
             "--batching: expected a policy name or a mapping like '{policy: static, batch_size: 8}'"
         )
     return spec
@@ -45,11 +40,10 @@ def _parse_shapes(items: list[str] | None) -> dict[str, list[int]]:
                 raise ValueError
             out[name] = [int(d) for d in dims.replace("x", ",").split(",") if d]
         except ValueError:
-            _fail(f"--input-shape {item!r}: expected NAME=D1,D2,... (e.g. input_ids=128)")
+            fail(f"--input-shape {item!r}: expected NAME=D1,D2,... (e.g. input_ids=128)")
     return out
 
 
-@app.command()
 def worker(
     repo: Annotated[Path, typer.Option(help="Model repository: one folder per model.")],
     device: Annotated[
@@ -120,19 +114,19 @@ def worker(
     from evenserve.worker.service import WorkerOptions, WorkerService
 
     if instances < 1:
-        _fail("--instances: must be >= 1")
+        fail("--instances: must be >= 1")
     if max_queue < 1:
-        _fail("--max-queue: must be >= 1")
+        fail("--max-queue: must be >= 1")
     if max_body_bytes < 1:
-        _fail("--max-body-bytes: must be >= 1")
+        fail("--max-body-bytes: must be >= 1")
     if utilization_window_s <= 0:
-        _fail("--utilization-window-s: must be > 0")
+        fail("--utilization-window-s: must be > 0")
     if starvation_ms is not None and starvation_ms <= 0:
-        _fail("--starvation-ms: must be > 0")
+        fail("--starvation-ms: must be > 0")
     if class_headroom is not None and not 0 < class_headroom <= 1:
-        _fail("--class-headroom: must be in (0, 1]")
+        fail("--class-headroom: must be in (0, 1]")
     if not 0 <= interference <= 1:
-        _fail("--interference: must be in [0, 1]")
+        fail("--interference: must be in [0, 1]")
     try:
         dev = parse_device(device)
         only = [m.strip() for m in models.split(",") if m.strip()] if models else None
@@ -159,14 +153,14 @@ def worker(
         )
         service.load()
     except EvenserveError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
-        _fail(f"--port: cannot bind {host}:{port}: {exc}")
+        fail(f"--port: cannot bind {host}:{port}: {exc}")
     bound = sock.getsockname()[1]
     for name, desc in service.descriptions.items():
         batching_label = service.batching_specs[name]
@@ -183,7 +177,6 @@ def worker(
     make_server(service, host, bound, log_level).run(sockets=[sock])
 
 
-@app.command()
 def profile(
     repo: Annotated[Path, typer.Option(help="Model repository.")],
     model: Annotated[str, typer.Option(help="Model folder name in the repository.")],
@@ -227,13 +220,13 @@ def profile(
     try:
         sizes = sorted({int(b) for b in batch_sizes.split(",") if b.strip()})
     except ValueError:
-        _fail(f"--batch-sizes: expected integers like 1,2,4,8 (got {batch_sizes!r})")
+        fail(f"--batch-sizes: expected integers like 1,2,4,8 (got {batch_sizes!r})")
         return
     if not sizes:
-        _fail("--batch-sizes: give at least one")
+        fail("--batch-sizes: give at least one")
     shapes = _parse_shapes(input_shape)
     if clock not in ("wall", "cpu"):
-        _fail(f"--clock: {clock!r} is not wall or cpu")
+        fail(f"--clock: {clock!r} is not wall or cpu")
     clock_kind: Literal["wall", "cpu"] = "cpu" if clock == "cpu" else "wall"
     try:
         dev = parse_device(device)
@@ -282,6 +275,6 @@ def profile(
         )
         runtime.close()
     except EvenserveError as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return
     console.print(f"wrote {out} ({prof.model}, {prof.runtime}, {prof.precision}, {prof.device})")

@@ -6,12 +6,17 @@ httptools; a request caught in a keep-alive race is sent once more and counted: 
 ``resent``, the result's ``connections``); the preflight and the scraper use an aiohttp
 session. Before any load, the preflight (``target.preflight``) checks the target and fetches
 each model's metadata for its payloads. Time zero is a moment just after the preflight;
-every send has an intended time on that clock (see ``schedule``):
-- closed loop: ``users`` coroutines, each thinking (exponential, mean ``think_s``), sending one
-  request, waiting for its answer, thinking again; the first request comes after a think;
-- open loop / trace: one scheduler coroutine walks the precomputed schedule, waits for each
-  intended time and starts the request as its own task (bounded by ``max_in_flight``: a send
-  over that bound is recorded as dropped ``client-limit``, never queued in the generator).
+every send has an intended time on that clock (see ``schedule``); what is sent when comes from
+``evenserve.workload``, as in the simulator:
+- closed loop: ``users`` coroutines, each with a ``ClosedLoopUsers`` of its own (seeded
+  ``{seed}:user:{u}``): thinking (exponential, mean ``think_s``), sending one request of a
+  model drawn from the mix, waiting for its answer, thinking again; the first request comes
+  after a think;
+- open loop / trace: one scheduler coroutine walks the precomputed schedule (``--rate`` split
+  over the mix into one Poisson stream per model, seeded as a scenario's ``rates_rps``; or
+  the trace, or a scenario's arrivals passed in as one), waits for each intended time and
+  starts the request as its own task (bounded by ``max_in_flight``: a send over that bound is
+  recorded as dropped ``client-limit``, never queued in the generator).
 Every request is recorded (model, intended and actual send time, answer time, status,
 answering backend from ``x-evenserve-backend``, outcome). No new request is sent after
 ``duration_s`` or past ``max_requests``; the answers still out get ``drain_s`` to arrive, then
@@ -32,7 +37,6 @@ import contextlib
 import gc
 import math
 import os
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -46,21 +50,21 @@ import numpy as np
 from evenserve.core.errors import ConfigError
 from evenserve.loadgen.http import MAX_IDLE_S, RawHttpClient
 from evenserve.loadgen.payload import Payload, payload_from_file, payload_from_metadata
-from evenserve.loadgen.schedule import (
-    Arrival,
-    LagStats,
-    MixSampler,
-    SendClock,
-    poisson_schedule,
-    think_s,
-    trace_schedule,
-)
+from evenserve.loadgen.schedule import LagStats, SendClock
 from evenserve.loadgen.scrape import BackendScrape, Scraper
 from evenserve.loadgen.target import (
     ErrorTally,
     classify_exception,
     classify_status,
     preflight,
+)
+from evenserve.workload import (
+    Arrival,
+    ClosedLoopUsers,
+    mix_streams,
+    open_loop_arrivals,
+    replay,
+    user_rng,
 )
 
 #: Hard limits: no run may be longer or send more than this, whatever it is asked.
@@ -112,6 +116,8 @@ class LoadSpec:
             raise ConfigError("give exactly one of --users (closed loop), --rate or --trace")
         if self.users is not None and self.users < 1:
             raise ConfigError("--users: must be >= 1")
+        if self.rate_rps is not None and not (0 < self.rate_rps < math.inf):
+            raise ConfigError("--rate: must be a number > 0")
         if self.think_s < 0:
             raise ConfigError("--think-ms: must be >= 0")
         if self.timeout_s <= 0:
@@ -309,15 +315,14 @@ class LoadGenerator:
 
     async def _user(self, user: int) -> None:
         spec = self.spec
-        rng = random.Random(f"{spec.seed}:user:{user}")
-        sampler = MixSampler(spec.mix, rng)
-        nxt = self.t0 + think_s(rng, spec.think_s)
+        users = ClosedLoopUsers(spec.mix, spec.think_s, user_rng(spec.seed, user))
+        nxt = self.t0 + users.think_s()
         while self._may_send(nxt):
             await self.clock.wait_until(nxt)
             if self._stop.is_set():
                 return
-            await self._send(sampler.draw(), nxt, user=user)
-            nxt = time.perf_counter() + think_s(rng, spec.think_s)
+            await self._send(users.draw_model(), nxt, user=user)
+            nxt = time.perf_counter() + users.think_s()
 
     async def _open(self, schedule: list[Arrival]) -> None:
         for a in schedule:
@@ -345,14 +350,14 @@ class LoadGenerator:
 
     # -- the run ---------------------------------------------------------------------------
     def _schedule(self) -> list[Arrival]:
+        """Open loop: ``rate_rps`` split over the mix, one Poisson stream per model seeded as
+        the simulator seeds a scenario's ``rates_rps`` streams; or the trace, replayed."""
         spec = self.spec
-        rng = random.Random(f"{spec.seed}:arrivals")
         if spec.trace is not None:
-            return trace_schedule(
-                spec.trace, spec.duration_s, spec.max_requests, spec.trace_time_scale
-            )
+            return replay(spec.trace, spec.duration_s, spec.max_requests, spec.trace_time_scale)
         assert spec.rate_rps is not None
-        return poisson_schedule(spec.rate_rps, spec.mix, spec.duration_s, rng, spec.max_requests)
+        streams = mix_streams(spec.rate_rps, spec.mix)
+        return open_loop_arrivals(streams, spec.seed, spec.duration_s, spec.max_requests)
 
     async def run(self) -> LoadResult:
         spec = self.spec

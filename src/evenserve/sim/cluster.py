@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import RequestLog, RunRecords
-from evenserve.core.scenario import CENTRAL_QUEUE, ClosedLoop, OpenLoop, Phase, TraceWorkload
+from evenserve.core.scenario import CENTRAL_QUEUE, ClosedLoop, OpenLoop, TraceWorkload
 from evenserve.core.wire import NO_BACKEND
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import spec_label
@@ -30,7 +30,13 @@ from evenserve.sim.central import CentralQueue
 from evenserve.sim.device import SimDevice, SimRequest
 from evenserve.sim.engine import EventLoop
 from evenserve.sim.loader import LoadedScenario
-from evenserve.sim.workload import PoissonProcess, TraceEntry, read_trace
+from evenserve.workload import (
+    Arrival,
+    ClosedLoopUsers,
+    PoissonProcess,
+    open_loop_streams,
+    read_trace,
+)
 
 NAN = math.nan
 
@@ -52,7 +58,6 @@ class Simulation:
         self.warmup_s = sc.warmup_s
         self.end_s = sc.duration_s
         self.policy_rng = random.Random(f"{self.seed}:policy")
-        self.workload_rng = random.Random(f"{self.seed}:workload")
         sig = sc.signals
         self.signal_interval_s = sig.interval_ms / 1000.0
         self.utilization_window_s = sig.utilization_window_ms / 1000.0
@@ -66,10 +71,7 @@ class Simulation:
         self.hosts: dict[str, list[SimDevice]] = {m: [] for m in sc.models}
         self.router: Router | None = None
         self._slo = {m: spec.slo_ms for m, spec in sc.models.items()}
-        self._closed: ClosedLoop | None = None
-        self._mix_models: list[str] = []
-        self._mix_cum: list[float] = []
-        self._think_s = 0.0
+        self._users: ClosedLoopUsers | None = None
         self._next_id = 0
         self._open_arrival_cb = self._open_arrival  # one bound method for every event
         self.central: CentralQueue | None = None
@@ -158,27 +160,12 @@ class Simulation:
         return SimRequest(self._next_id, model, now, prio, deadline_s, 1, QUEUED, idx, user)
 
     def _start_open_loop(self, wl: OpenLoop) -> None:
-        streams: list[tuple[str, float, int | None, float | None, list[Phase]]] = [
-            (m, wl.rates_rps[m], None, None, wl.phases) for m in sorted(wl.rates_rps)
-        ]
-        for st in wl.streams:
-            streams.append(
-                (
-                    st.model,
-                    st.rate_rps,
-                    st.priority_value(),
-                    st.deadline_ms,
-                    wl.phases if st.phases is None else st.phases,
-                )
-            )
-        for i, (m, rate, prio, deadline_ms, phases) in enumerate(streams):
-            if rate <= 0:
-                continue
-            name = m if i < len(wl.rates_rps) else f"{m}:{i}"
-            proc = PoissonProcess(rate, phases, random.Random(f"{self.seed}:arrivals:{name}"))
+        for st in open_loop_streams(wl):
+            proc = st.process(self.seed)
             t = proc.next_after(0.0)
             if t < self.end_s:
-                self.loop.at(t, self._open_arrival_cb, (m, proc, prio, deadline_ms))
+                arg = (st.model, proc, st.priority, st.deadline_ms)
+                self.loop.at(t, self._open_arrival_cb, arg)
 
     def _open_arrival(self, arg: tuple[str, PoissonProcess, int | None, float | None]) -> None:
         m, proc, prio, deadline_ms = arg
@@ -188,47 +175,32 @@ class Simulation:
             self.loop.at(t, self._open_arrival_cb, arg)
 
     def _start_closed_loop(self, wl: ClosedLoop) -> None:
-        self._closed = wl
-        total = sum(wl.mix.values())
-        acc = 0.0
-        for m in sorted(wl.mix):
-            if wl.mix[m] > 0:
-                acc += wl.mix[m] / total
-                self._mix_models.append(m)
-                self._mix_cum.append(acc)
-        self._mix_cum[-1] = 1.0
-        self._think_s = wl.think_ms / 1000.0
+        self._users = ClosedLoopUsers.for_workload(wl, self.seed)
         for u in range(wl.users):
             self._schedule_user(u)
 
     def _schedule_user(self, user: int) -> None:
-        rng = self.workload_rng
-        think = rng.expovariate(1.0 / self._think_s) if self._think_s > 0 else 0.0
-        t = self.loop.now + think
+        assert self._users is not None
+        t = self.loop.now + self._users.think_s()
         if t < self.end_s:
             self.loop.at(t, self._user_arrival, user)
 
     def _user_arrival(self, user: int) -> None:
-        x = self.workload_rng.random()
-        models, cum = self._mix_models, self._mix_cum
-        i = 0
-        while cum[i] < x:
-            i += 1
-        self._arrive(self._new_request(models[i], user=user))
+        assert self._users is not None
+        self._arrive(self._new_request(self._users.draw_model(), user))
 
     def _start_trace(self, wl: TraceWorkload) -> None:
         entries = read_trace(self.loaded.resolve(wl.path), list(self.sc.models))
-        it = iter([e for e in entries if e.t_s < self.end_s])
-        self._trace_next(it)
+        self._trace_next(iter([e for e in entries if e.t_s < self.end_s]))
 
-    def _trace_next(self, it: Iterator[TraceEntry]) -> None:
+    def _trace_next(self, it: Iterator[Arrival]) -> None:
         e = next(it, None)
         if e is not None:
             self.loop.at(e.t_s, self._trace_arrival, (e, it))
 
-    def _trace_arrival(self, arg: tuple[TraceEntry, Iterator[TraceEntry]]) -> None:
+    def _trace_arrival(self, arg: tuple[Arrival, Iterator[Arrival]]) -> None:
         e, it = arg
-        self._arrive(self._new_request(e.model, deadline_ms=e.deadline_ms, priority=e.priority))
+        self._arrive(self._new_request(e.model, -1, e.deadline_ms, e.priority))
         self._trace_next(it)
 
     # -- requests and devices ---------------------------------------------------------------

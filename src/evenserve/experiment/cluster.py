@@ -1,0 +1,168 @@
+"""One arm of a scenario compiled into a local emulated cluster, and that cluster run.
+
+For an arm: the scenario's (scaled) profile sets as profile folders; a model repository whose
+``model.yaml`` carry the arm's batching (exactly as the simulator batches), SLOs, classes,
+deadlines and queue bound; and a cluster YAML with one emulated worker per device (memory,
+instances, interference, the arm's class options) behind a gateway routing with the arm's
+policy. :func:`arm_cluster` starts it with the ``evenserve up`` Launcher, on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from evenserve.core.errors import ConfigError
+from evenserve.gateway.config import parse_cluster
+from evenserve.gateway.launcher import Launcher
+from evenserve.policy.batching import BATCHING
+from evenserve.policy.registry import split_spec
+from evenserve.sim.loader import LoadedScenario
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def write_profile_sets(loaded: LoadedScenario, workdir: Path) -> dict[str, Path]:
+    """Each profile set as ``workdir/profiles/SET/MODEL.yaml``; set name -> folder."""
+    out: dict[str, Path] = {}
+    for name, profs in loaded.profile_sets.items():
+        d = workdir / "profiles" / name
+        d.mkdir(parents=True, exist_ok=True)
+        for m, p in profs.items():
+            raw = p.to_file_model().model_dump(exclude_none=True)
+            (d / f"{m}.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        out[name] = d.resolve()
+    return out
+
+
+def live_batching(spec: Any, where: str) -> tuple[dict[str, Any], int]:
+    """The batching spec for a worker's model.yaml, batching exactly as the simulator does.
+
+    A worker fills a policy's missing ``max_batch_size`` with the model's (64 for the shipped
+    models); the simulator uses the policy's default. The spec is written with the simulator's
+    value made explicit, and that value is returned for the gateway's least-expected-work.
+    """
+    policy = BATCHING.build(spec, where=where)
+    name, raw = split_spec(spec, where)
+    if "max_batch_size" in BATCHING.entry(name, where).params_model.model_fields:
+        raw.setdefault("max_batch_size", policy.max_batch_size)
+    return {"policy": name, **raw}, int(policy.max_batch_size)
+
+
+def write_arm_cluster(
+    loaded: LoadedScenario,
+    arm: str,
+    source_repo: Path,
+    workdir: Path,
+    profile_dirs: dict[str, Path],
+    seed: int,
+) -> Path:
+    """Repository and cluster YAML of one arm; returns the cluster file.
+
+    Each model's inputs and outputs come from ``source_repo/MODEL/model.yaml`` (an emulated
+    model); ``profile_dirs`` are :func:`write_profile_sets`' folders; ports are free loopback
+    ports picked now.
+    """
+    sc = loaded.scenario
+    spec = sc.arms[arm]
+    class_args: list[str] = []
+    if spec.starvation_ms is not None:
+        class_args += ["--starvation-ms", f"{spec.starvation_ms:g}"]
+    if spec.class_headroom is not None:
+        class_args += ["--class-headroom", f"{spec.class_headroom:g}"]
+    if spec.ignore_priority:
+        raise ConfigError(f"arms.{arm}.ignore_priority: not supported by the live worker")
+    repo = workdir / "repo"
+    max_batch: dict[str, int] = {}
+    for m, mspec in sc.models.items():
+        src = source_repo / m / "model.yaml"
+        if not src.is_file():
+            raise ConfigError(
+                f"models.{m}: no {src} (the live bench takes each model's inputs and outputs "
+                "from --repo; add the model there)"
+            )
+        raw = yaml.safe_load(src.read_text())
+        if not isinstance(raw, dict) or raw.get("runtime") != "emulated":
+            raise ConfigError(f"{src}: runtime: the live bench runs emulated models only")
+        raw.pop("profile", None)
+        raw["emulated"] = {"profile_name": mspec.profile or m}
+        raw["batching"], max_batch[m] = live_batching(
+            spec.batching_per_model.get(m, spec.batching), f"arms.{arm}.batching"
+        )
+        raw["max_batch_size"] = max(int(raw.get("max_batch_size") or 1), max_batch[m])
+        raw["slo_ms"] = mspec.slo_ms
+        raw["priority"] = mspec.priority
+        if mspec.deadline_ms is not None:
+            raw["queue_timeout_ms"] = mspec.deadline_ms
+        if spec.max_queue_per_model is not None:
+            raw["max_queue_size"] = spec.max_queue_per_model
+        (repo / m).mkdir(parents=True, exist_ok=True)
+        (repo / m / "model.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    util_window_s = sc.signals.utilization_window_ms / 1000.0
+    devices = []
+    for d in sc.expanded_devices():
+        devices.append(
+            {
+                "name": d.name,
+                "device": f"emulated:{profile_dirs[sc.profile_set_of(d)]}",
+                "models": list(d.models),
+                "port": free_port(),
+                "max_batch_size": {m: max_batch[m] for m in d.models},
+                "extra_args": [
+                    "--memory-gb", f"{d.memory_gb:g}",
+                    "--utilization-window-s", f"{util_window_s:g}",
+                    "--log-level", "warning",
+                    "--instances", str(d.instances),
+                    "--interference", repr(d.interference),
+                    *class_args,
+                ],
+            }
+        )  # fmt: skip
+    cluster = {
+        "name": f"bench-{sc.name}-{arm}",
+        "gateway": {
+            "host": "127.0.0.1",
+            "port": free_port(),
+            "routing": spec.routing,
+            "seed": seed,
+            "signals": {"interval_ms": sc.signals.interval_ms, "window": sc.signals.window},
+        },
+        "workers": {
+            "repo": str(repo.resolve()),
+            "devices": devices,
+            "ready_timeout_s": 60,
+            "drain_timeout_s": 3,
+            "restart": False,
+        },
+    }
+    path = workdir / "cluster.yaml"
+    path.write_text(yaml.safe_dump(cluster, sort_keys=False))
+    return path
+
+
+@contextlib.contextmanager
+def arm_cluster(
+    cluster_path: Path, log_dir: Path, say: Callable[[str], None] = print
+) -> Iterator[Launcher]:
+    """The cluster of ``cluster_path`` running (process logs in ``log_dir``); stopped after."""
+    with cluster_path.open() as f:
+        raw = yaml.safe_load(f)
+    cluster = parse_cluster(raw, cluster_path.parent, str(cluster_path))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    la = Launcher(cluster, cluster_path, log_dir, say=say)
+    la.plan()
+    try:
+        la.start()
+        yield la
+    finally:
+        la.stop()

@@ -1,0 +1,114 @@
+"""An arm compiled into a cluster: the repository, the cluster YAML, the profile folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evenserve.core.errors import ConfigError
+from evenserve.core.profile import load_profile_set
+from evenserve.experiment.cluster import live_batching, write_arm_cluster, write_profile_sets
+from evenserve.experiment.scaling import scale_scenario
+from evenserve.gateway.config import load_cluster
+from evenserve.policy.batching import BATCHING
+from evenserve.sim.loader import LoadedScenario, load_scenario
+
+from .scenarios import REPO, scenario, write
+
+
+def _scaled(tmp_path: Path, **over: object) -> LoadedScenario:
+    loaded = load_scenario(write(tmp_path, scenario(**over)))
+    return scale_scenario(loaded, 5.0, 20.0, 4.0, tmp_path)
+
+
+def test_profile_sets_are_written_as_scaled(tmp_path: Path) -> None:
+    scaled = _scaled(tmp_path)
+    dirs = write_profile_sets(scaled, tmp_path / "w")
+    assert dirs == {"a10": (tmp_path / "w" / "profiles" / "a10").resolve()}
+    back = load_profile_set(dirs["a10"])
+    for m, p in scaled.profile_sets["a10"].items():
+        assert back[m].latency_ms == pytest.approx(p.latency_ms)
+        assert back[m].batches == p.batches and back[m].weights_mb == p.weights_mb
+
+
+def test_live_batching_makes_the_simulators_batch_size_explicit() -> None:
+    default = BATCHING.build("fixed-window", where="t").max_batch_size
+    spec, n = live_batching({"policy": "fixed-window", "max_batch_delay_ms": 2}, "t")
+    assert spec == {"policy": "fixed-window", "max_batch_delay_ms": 2, "max_batch_size": default}
+    assert n == default
+    assert live_batching({"policy": "fixed-window", "max_batch_size": 3}, "t")[1] == 3
+    assert live_batching("none", "t") == ({"policy": "none"}, 1)
+    assert live_batching({"policy": "static", "batch_size": 6}, "t") == (
+        {"policy": "static", "batch_size": 6},
+        6,
+    )
+
+
+def test_an_arm_compiled_into_a_cluster(tmp_path: Path) -> None:
+    scaled = _scaled(tmp_path)
+    dirs = write_profile_sets(scaled, tmp_path / "w")
+    path = write_arm_cluster(scaled, "classes", REPO, tmp_path / "w", dirs, seed=9)
+    repo = tmp_path / "w" / "repo"
+    resnet = yaml.safe_load((repo / "resnet50" / "model.yaml").read_text())
+    bert = yaml.safe_load((repo / "bert-base" / "model.yaml").read_text())
+    source = yaml.safe_load((REPO / "resnet50" / "model.yaml").read_text())
+    assert resnet["inputs"] == source["inputs"] and resnet["outputs"] == source["outputs"]
+    assert resnet["emulated"] == {"profile_name": "resnet50"} and "profile" not in resnet
+    assert resnet["batching"] == {
+        "policy": "fixed-window",
+        "max_batch_delay_ms": 2,
+        "max_batch_size": 8,
+    }
+    assert bert["batching"] == {"policy": "none"}  # the arm's per-model batching
+    # The scaled SLO and deadline, the class, the arm's queue bound.
+    assert (resnet["slo_ms"], resnet["queue_timeout_ms"], resnet["priority"]) == (50.0, 150.0, 10)
+    assert (bert["slo_ms"], bert["priority"], "queue_timeout_ms" in bert) == (75.0, 0, False)
+    assert resnet["max_queue_size"] == bert["max_queue_size"] == 40
+    assert resnet["max_batch_size"] == max(source["max_batch_size"], 8)
+
+    raw = yaml.safe_load(path.read_text())
+    gw = raw["gateway"]
+    assert (gw["host"], gw["routing"], gw["seed"]) == ("127.0.0.1", "least-expected-work", 9)
+    assert gw["signals"] == {"interval_ms": 50, "window": 2}
+    devices = raw["workers"]["devices"]
+    assert [d["name"] for d in devices] == ["gpu0", "gpu1", "solo"]
+    gpu0, solo = devices[0], devices[2]
+    assert gpu0["device"] == f"emulated:{dirs['a10']}"
+    assert gpu0["max_batch_size"] == {"resnet50": 8, "bert-base": 1}
+    args = gpu0["extra_args"]
+    assert args[args.index("--instances") + 1] == "2"
+    assert args[args.index("--utilization-window-s") + 1] == "0.5"
+    assert args[args.index("--starvation-ms") + 1] == "500"
+    assert args[args.index("--class-headroom") + 1] == "0.5"
+    assert solo["models"] == ["resnet50"]
+    assert solo["extra_args"][solo["extra_args"].index("--memory-gb") + 1] == "16"
+    assert len({d["port"] for d in devices} | {gw["port"]}) == 4
+    # The gateway's own loader takes it.
+    cluster = load_cluster(path)
+    assert [d.name for d in cluster.config.workers.devices] == ["gpu0", "gpu1", "solo"]
+
+    base = yaml.safe_load(
+        write_arm_cluster(scaled, "baseline", REPO, tmp_path / "b", dirs, seed=9).read_text()
+    )
+    assert base["gateway"]["routing"] == "round-robin"
+    assert "--starvation-ms" not in base["workers"]["devices"][0]["extra_args"]
+
+
+def test_arms_and_repositories_the_live_bench_cannot_run(tmp_path: Path) -> None:
+    arms = {"fifo": {"routing": "round-robin", "batching": "none", "ignore_priority": True}}
+    scaled = _scaled(tmp_path, arms=arms)
+    with pytest.raises(ConfigError, match=r"arms\.fifo\.ignore_priority"):
+        write_arm_cluster(scaled, "fifo", REPO, tmp_path / "w", {}, seed=1)
+    scaled = _scaled(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"models\.resnet50: no .*--repo"):
+        write_arm_cluster(scaled, "baseline", empty, tmp_path / "w", {}, seed=1)
+    other = tmp_path / "other"
+    for m in ("resnet50", "bert-base"):
+        (other / m).mkdir(parents=True)
+        (other / m / "model.yaml").write_text("runtime: onnx\n")
+    with pytest.raises(ConfigError, match="emulated models only"):
+        write_arm_cluster(scaled, "baseline", other, tmp_path / "w", {}, seed=1)
