@@ -50,6 +50,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.scenario import OpenLoop, Phase
 from evenserve.sim.cluster import simulate
 from evenserve.sim.loader import load_scenario
@@ -255,8 +256,7 @@ def write_repo(shape: Shape, tmp: Path, arm: str) -> Path:
             "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
             "batching": {"policy": "fixed-window", "max_batch_size": 8, "max_batch_delay_ms": 0},
             "slo_ms": shape.slo_ms[model],
-            # The fifo arm serves both models as one class, as the scenario's ignore_priority.
-            "priority": CLASS_OF[model] if arm == "classes" else "online",
+            "priority": CLASS_OF[model],
         }
         if model == ONLINE:
             cfg["deadline_ms"] = shape.deadline_ms
@@ -264,11 +264,17 @@ def write_repo(shape: Shape, tmp: Path, arm: str) -> Path:
     return repo
 
 
-def worker_args(shape: Shape, arm: str) -> list[str]:
-    args = ["--max-queue", str(shape.max_queue), "--memory-gb", "16"]
+def worker_options(shape: Shape, arm: str) -> tuple[DeviceOptions, QueueOptions]:
+    """The scenario's device and arm options (the fifo arm serves every class alike)."""
     if arm == "classes":
-        args += ["--starvation-ms", str(shape.starvation_ms), "--class-headroom", "0.6"]
-    return args
+        queue = QueueOptions(
+            max_queue_per_model=shape.max_queue,
+            starvation_ms=shape.starvation_ms,
+            class_headroom=0.6,
+        )
+    else:
+        queue = QueueOptions(max_queue_per_model=shape.max_queue, ignore_priority=True)
+    return DeviceOptions(memory_gb=16), queue
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
@@ -302,7 +308,8 @@ def live_cluster(shape: Shape, tmp: Path, arm: str) -> Any:
     if shape.devices == 1:
         port = free_port()
         cmd = [*CLI, "worker", "--repo", str(repo), "--device", device, "--port", str(port)]
-        cmd += ["--log-level", "warning", *worker_args(shape, arm)]
+        run, queue = worker_options(shape, arm)
+        cmd += ["--log-level", "warning", *run.flags(), *queue.flags()]
         url = f"http://127.0.0.1:{port}"
         workers = [url]
     else:
@@ -323,9 +330,8 @@ def live_cluster(shape: Shape, tmp: Path, arm: str) -> Any:
                     {
                         "name": f"gpu{i}",
                         "device": device,
-                        "extra_args": worker_args(shape, arm),
-                        # least-expected-work predicts finish times from how devices batch
-                        "max_batch_size": {ONLINE: 8, OFFLINE: 8},
+                        **worker_options(shape, arm)[0].model_dump(),
+                        **worker_options(shape, arm)[1].model_dump(exclude_none=True),
                     }
                     for i in range(shape.devices)
                 ],

@@ -9,10 +9,12 @@ from typing import Annotated, Any, Literal
 
 import typer
 import yaml
+from pydantic import BaseModel
 
 from evenserve.cli.app import console, err_console, fail
 from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.errors import EvenserveError
+from evenserve.core.options import DeviceOptions, QueueOptions
 
 MIB = 1024 * 1024
 
@@ -44,6 +46,12 @@ def _parse_shapes(items: list[str] | None) -> dict[str, list[int]]:
     return out
 
 
+def _help(model: type[BaseModel], name: str, more: str = "") -> str:
+    """A flag's help: the option's description, as the scenario and cluster files give it."""
+    text = model.model_fields[name].description or ""
+    return text[:1].upper() + text[1:] + (f" ({more})" if more else "") + "."
+
+
 def worker(
     repo: Annotated[Path, typer.Option(help="Model repository: one folder per model.")],
     device: Annotated[
@@ -51,10 +59,14 @@ def worker(
     ] = "cpu",
     port: Annotated[int, typer.Option(help="Port (0: any free port, see --port-file).")] = 8000,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    instances: Annotated[int, typer.Option(help="Batches the device runs at once.")] = 1,
+    instances: Annotated[int, typer.Option(help=_help(DeviceOptions, "instances"))] = 1,
     max_queue: Annotated[
         int,
-        typer.Option(help="Requests waiting per model before 429 (model.yaml may set its own)."),
+        typer.Option(
+            "--max-queue-per-model",
+            "--max-queue",
+            help=_help(QueueOptions, "max_queue_per_model", "429; model.yaml may set its own"),
+        ),
     ] = 1024,
     max_body_bytes: Annotated[int, typer.Option(help="Largest request body (413 above).")] = 64
     * MIB,
@@ -71,7 +83,7 @@ def worker(
         Path, typer.Option(help="Where emulated:NAME looks for profile sets.")
     ] = Path("profiles"),
     memory_gb: Annotated[
-        float, typer.Option(help="Memory of an emulated device, GiB (24: an A10).")
+        float, typer.Option(help=_help(DeviceOptions, "memory_gb", "24: an A10"))
     ] = 24.0,
     utilization_window_s: Annotated[
         float, typer.Option(help="Window of the busy fraction in the load report, seconds.")
@@ -83,24 +95,18 @@ def worker(
         float, typer.Option(help="On shutdown, how long queued work may take to finish.")
     ] = 30.0,
     starvation_ms: Annotated[
-        float | None,
-        typer.Option(
-            help="A lower-class request waiting longer than this competes as the highest class."
-        ),
+        float | None, typer.Option(help=_help(QueueOptions, "starvation_ms"))
     ] = None,
     class_headroom: Annotated[
         float | None,
-        typer.Option(
-            help="Lower classes run only while higher classes' demand (arrival rate x profile) "
-            "is at most this fraction of the device, in (0, 1]."
-        ),
+        typer.Option(help=_help(QueueOptions, "class_headroom", "arrival rate x profile")),
     ] = None,
+    ignore_priority: Annotated[
+        bool, typer.Option(help=_help(QueueOptions, "ignore_priority"))
+    ] = False,
     interference: Annotated[
         float,
-        typer.Option(
-            help="Emulated device with --instances > 1: how much concurrent batches slow each "
-            "other, in [0, 1] (1/3: two small batches at once each run at 0.75x).",
-        ),
+        typer.Option(help=_help(DeviceOptions, "interference", "with --instances > 1")),
     ] = DEFAULT_INTERFERENCE,
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
@@ -113,38 +119,33 @@ def worker(
     from evenserve.worker.server import make_server
     from evenserve.worker.service import WorkerOptions, WorkerService
 
-    if instances < 1:
-        fail("--instances: must be >= 1")
-    if max_queue < 1:
-        fail("--max-queue: must be >= 1")
     if max_body_bytes < 1:
         fail("--max-body-bytes: must be >= 1")
     if utilization_window_s <= 0:
         fail("--utilization-window-s: must be > 0")
-    if starvation_ms is not None and starvation_ms <= 0:
-        fail("--starvation-ms: must be > 0")
-    if class_headroom is not None and not 0 < class_headroom <= 1:
-        fail("--class-headroom: must be in (0, 1]")
-    if not 0 <= interference <= 1:
-        fail("--interference: must be in [0, 1]")
     try:
+        run = DeviceOptions.from_flags(
+            instances=instances, interference=interference, memory_gb=memory_gb
+        )
+        queue = QueueOptions.from_flags(
+            max_queue_per_model=max_queue,
+            starvation_ms=starvation_ms,
+            class_headroom=class_headroom,
+            ignore_priority=ignore_priority,
+        )
         dev = parse_device(device)
         only = [m.strip() for m in models.split(",") if m.strip()] if models else None
         entries = load_repository(repo, only)
         options = WorkerOptions(
             device=dev,
-            instances=instances,
-            max_queue=max_queue,
+            run=run,
+            queue=queue,
             max_body_bytes=max_body_bytes,
             batching_override=_parse_batching(batching),
             profiles_dir=profiles_dir,
-            emulated_memory_gb=memory_gb,
             utilization_window_s=utilization_window_s,
             cpu_threads=cpu_threads,
             drain_timeout_s=drain_timeout_s,
-            starvation_ms=starvation_ms,
-            class_headroom=class_headroom,
-            interference=interference,
         )
         service = WorkerService(entries, options)
         err_console.print(

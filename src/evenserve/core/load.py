@@ -26,6 +26,9 @@ class LoadReport(BaseModel):
     memory_used_bytes: float | None = Field(default=None, ge=0)
     memory_total_bytes: float | None = Field(default=None, ge=0)
     busy_remaining_s: float = Field(default=0.0, ge=0)
+    max_batch_size_by_model: dict[str, int] = Field(
+        default_factory=dict, description="most requests one batch takes, per model, here"
+    )
     ready: bool = True
 
     def to_sample(self, received_at_s: float) -> LoadSample:
@@ -38,6 +41,7 @@ class LoadReport(BaseModel):
             memory_total_bytes=self.memory_total_bytes,
             queued_by_model={m: float(q) for m, q in self.queued_by_model.items()},
             busy_remaining_s=self.busy_remaining_s,
+            max_batch_size=self.max_batch_size_by_model,
         )
 
 

@@ -8,42 +8,29 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from evenserve.core.contention import DEFAULT_INTERFERENCE
-from evenserve.core.types import PRIORITY_CLASSES
+from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions, Strict
+from evenserve.core.wire import PRIORITY_CLASSES
 
 CENTRAL_QUEUE = "central-queue"
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DeviceSpec(DeviceOptions):
+    """A simulated device: its name, the models placed on it, its profile set, and how it
+    runs batches (``DeviceOptions``: instances, interference, memory)."""
 
-
-class DeviceSpec(Strict):
     name: str = Field(min_length=1)
     models: list[str] = Field(min_length=1)
     profile_set: str | None = None
-    memory_gb: float = Field(default=24.0, gt=0)
     count: int = Field(default=1, ge=1, description="expand into NAME0..NAME{count-1}")
-    instances: int = Field(
-        default=1, ge=1, le=64, description="batches the device runs at once (any models)"
-    )
-    interference: float = Field(
-        default=DEFAULT_INTERFERENCE,
-        ge=0,
-        le=1,
-        description="slowdown of concurrent batches (core.contention); 1/3: two at 0.75x",
-    )
 
 
-class ModelSpec(Strict):
+class ModelSpec(ModelOptions):
+    """A model: its SLO (required here), class, deadline and latency profile."""
+
     slo_ms: float = Field(gt=0)
     profile: str | None = Field(default=None, description="profile name; default: model name")
-    priority: int = 10
-    deadline_ms: float | None = Field(
-        default=None, gt=0, description="default per-request deadline (hard; None: no deadline)"
-    )
 
 
 class Phase(Strict):
@@ -121,23 +108,12 @@ class TraceWorkload(Strict):
 Workload = Annotated[OpenLoop | ClosedLoop | TraceWorkload, Field(discriminator="type")]
 
 
-class ArmSpec(Strict):
+class ArmSpec(QueueOptions):
+    """One arm: routing, batching, and the devices' queue options (``QueueOptions``)."""
+
     routing: Any
     batching: Any
     batching_per_model: dict[str, Any] = Field(default_factory=dict)
-    max_queue_per_model: int | None = Field(default=None, ge=1)
-    starvation_ms: float | None = Field(
-        default=None, gt=0, description="a lower class waiting longer than this goes first"
-    )
-    class_headroom: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="lower classes run only while higher classes' demand is at most this",
-    )
-    ignore_priority: bool = Field(
-        default=False, description="serve every class alike (FIFO baseline); figures keep classes"
-    )
     description: str | None = None
 
 

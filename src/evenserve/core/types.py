@@ -47,6 +47,9 @@ class LoadSample:
     memory_total_bytes: float | None = None
     queued_by_model: Mapping[str, float] = field(default_factory=dict)
     busy_remaining_s: float = 0.0
+    #: The most requests one batch of each model takes on this backend, as its scheduler
+    #: batches it (empty: unknown); the router passes it to policies that predict work.
+    max_batch_size: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def memory_free_bytes(self) -> float | None:

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions
 from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.launcher import Launcher
 from evenserve.policy.batching import BATCHING
@@ -50,7 +51,7 @@ def live_batching(spec: Any, where: str) -> tuple[dict[str, Any], int]:
 
     A worker fills a policy's missing ``max_batch_size`` with the model's (64 for the shipped
     models); the simulator uses the policy's default. The spec is written with the simulator's
-    value made explicit, and that value is returned for the gateway's least-expected-work.
+    value made explicit, and that value is returned (the model's own cap must admit it).
     """
     policy = BATCHING.build(spec, where=where)
     name, raw = split_spec(spec, where)
@@ -75,15 +76,7 @@ def write_arm_cluster(
     """
     sc = loaded.scenario
     spec = sc.arms[arm]
-    class_args: list[str] = []
-    if spec.starvation_ms is not None:
-        class_args += ["--starvation-ms", f"{spec.starvation_ms:g}"]
-    if spec.class_headroom is not None:
-        class_args += ["--class-headroom", f"{spec.class_headroom:g}"]
-    if spec.ignore_priority:
-        raise ConfigError(f"arms.{arm}.ignore_priority: not supported by the live worker")
     repo = workdir / "repo"
-    max_batch: dict[str, int] = {}
     for m, mspec in sc.models.items():
         src = source_repo / m / "model.yaml"
         if not src.is_file():
@@ -96,16 +89,12 @@ def write_arm_cluster(
             raise ConfigError(f"{src}: runtime: the live bench runs emulated models only")
         raw.pop("profile", None)
         raw["emulated"] = {"profile_name": mspec.profile or m}
-        raw["batching"], max_batch[m] = live_batching(
+        raw["batching"], max_batch = live_batching(
             spec.batching_per_model.get(m, spec.batching), f"arms.{arm}.batching"
         )
-        raw["max_batch_size"] = max(int(raw.get("max_batch_size") or 1), max_batch[m])
-        raw["slo_ms"] = mspec.slo_ms
-        raw["priority"] = mspec.priority
-        if mspec.deadline_ms is not None:
-            raw["queue_timeout_ms"] = mspec.deadline_ms
-        if spec.max_queue_per_model is not None:
-            raw["max_queue_size"] = spec.max_queue_per_model
+        raw["max_batch_size"] = max(int(raw.get("max_batch_size") or 1), max_batch)
+        raw.pop("queue_timeout_ms", None)
+        raw.update(mspec.model_dump(include=set(ModelOptions.model_fields)))
         (repo / m).mkdir(parents=True, exist_ok=True)
         (repo / m / "model.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     util_window_s = sc.signals.utilization_window_ms / 1000.0
@@ -117,14 +106,12 @@ def write_arm_cluster(
                 "device": f"emulated:{profile_dirs[sc.profile_set_of(d)]}",
                 "models": list(d.models),
                 "port": free_port(),
-                "max_batch_size": {m: max_batch[m] for m in d.models},
+                # The scenario's device and arm options, as the worker's own.
+                **DeviceOptions.of(d).model_dump(),
+                **QueueOptions.of(spec).model_dump(exclude_none=True),
                 "extra_args": [
-                    "--memory-gb", f"{d.memory_gb:g}",
                     "--utilization-window-s", f"{util_window_s:g}",
                     "--log-level", "warning",
-                    "--instances", str(d.instances),
-                    "--interference", repr(d.interference),
-                    *class_args,
                 ],
             }
         )  # fmt: skip

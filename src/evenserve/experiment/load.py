@@ -40,7 +40,7 @@ def scenario_load_spec(
         "max_requests": max_requests,
         "timeout_s": timeout_s,
         "scrape_interval_s": sc.signals.interval_ms / 1000.0,
-        "model_priority": {m: v.priority for m, v in sc.models.items()},
+        "model_priority": {m: v.priority_value for m, v in sc.models.items()},
         # A static batch that never fills holds its requests forever: do not wait long.
         "drain_s": 5.0,
     }

@@ -33,6 +33,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.validation import validate_document
 from evenserve.policy.routing import ROUTING
 
@@ -190,16 +191,24 @@ class BackendSpec(Strict):
         return v.rstrip("/")
 
 
-class DeviceEntry(Strict):
+class DeviceEntry(DeviceOptions, QueueOptions):
+    """One worker: its device and models, and how it runs and queues work (the scenario's
+    DeviceOptions and QueueOptions, passed to the worker as its flags). How it batches each
+    model the gateway learns from the worker's load reports."""
+
     name: Name
     device: str = Field(min_length=1, description="cpu | cuda:N | emulated:PROFILE_SET")
     models: list[str] | None = Field(default=None, description="default: every repo model")
     port: int | None = Field(default=None, ge=1, le=65535)
     extra_args: list[str] = Field(default_factory=list, description="more worker CLI args")
-    max_batch_size: dict[str, int] = Field(
-        default_factory=dict,
-        description="per model, as the worker batches it (least-expected-work; default 1)",
-    )
+
+    def option_flags(self) -> list[str]:
+        """The worker flags for this device's options (only those the file sets)."""
+        given = self.model_fields_set
+        return [
+            *DeviceOptions.of(self).flags(given),
+            *QueueOptions.of(self).flags(given),
+        ]
 
     @field_validator("device")
     @classmethod
@@ -299,7 +308,6 @@ class LoadedCluster:
                         url=f"http://{w.host}:{w.port_of(i)}",
                         models=list(models),
                         profiles=profiles,
-                        max_batch_size=dict(d.max_batch_size),
                     )
                 )
         out.extend(self.config.backends)

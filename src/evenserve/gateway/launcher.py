@@ -171,6 +171,7 @@ class Launcher:
                 "--device", dev,
                 "--port", str(port),
                 *self._models_args(i, d),
+                *d.option_flags(),
                 *d.extra_args,
             )  # fmt: skip
             self.workers.append(

@@ -24,7 +24,7 @@ from numpy.typing import NDArray
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.tensors import DATATYPES
-from evenserve.runtime.device import DeviceSpec
+from evenserve.runtime.device import DeviceTarget
 
 Array = NDArray[Any]
 
@@ -67,7 +67,7 @@ class RuntimeContext:
 
     model: str
     model_dir: Path
-    device: DeviceSpec
+    device: DeviceTarget
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int

@@ -1,10 +1,9 @@
-"""Which device a worker owns (``cpu``, ``cuda:N``, ``emulated:PROFILE_SET``) and its memory.
+"""Which device a worker owns (``cpu``, ``cuda:N``, ``emulated:PROFILE_SET``) and host memory.
 
 The emulated device has no memory of its own to read: the worker accounts it from the
 profiles (resident weights plus the working memory of running batches) against a configured
 total. The CPU's figures come from the kernel (cgroup limit when one is set, else
-/proc/meminfo); a CUDA device's from ``torch.cuda.mem_get_info`` (the driver's view, which
-includes other processes on the same GPU).
+/proc/meminfo); a CUDA device's from ``torch.cuda.mem_get_info`` (``torch_common``).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ _DEVICE_RE = re.compile(r"^(?:(cpu)|cuda:(\d+)|emulated:(.+))$")
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceSpec:
+class DeviceTarget:
     kind: DeviceKind
     index: int | None = None
     profile_set: str | None = None
@@ -41,7 +40,7 @@ class DeviceSpec:
         return f"cuda:{self.index}" if self.kind == "cuda" else "cpu"
 
 
-def parse_device(text: str) -> DeviceSpec:
+def parse_device(text: str) -> DeviceTarget:
     """Parse ``cpu``, ``cuda:N`` or ``emulated:PROFILE_SET``; ConfigError otherwise."""
     m = _DEVICE_RE.match(text.strip())
     if m is None:
@@ -49,10 +48,10 @@ def parse_device(text: str) -> DeviceSpec:
             f"--device: {text!r} is not a device (expected cpu, cuda:N or emulated:PROFILE_SET)"
         )
     if m.group(1):
-        return DeviceSpec("cpu")
+        return DeviceTarget("cpu")
     if m.group(2) is not None:
-        return DeviceSpec("cuda", index=int(m.group(2)))
-    return DeviceSpec("emulated", profile_set=m.group(3))
+        return DeviceTarget("cuda", index=int(m.group(2)))
+    return DeviceTarget("emulated", profile_set=m.group(3))
 
 
 def _read_int(path: Path) -> int | None:
@@ -87,12 +86,3 @@ def host_memory_bytes() -> tuple[float, float]:
         raise OSError("cannot read host memory from /proc/meminfo")
     available = info.get("MemAvailable", info.get("MemFree", 0))
     return float(total - available), float(total)
-
-
-def cuda_memory_bytes(index: int) -> tuple[float, float]:
-    """(used, total) bytes of one CUDA device as its driver reports them."""
-    from evenserve.runtime.base import require
-
-    torch = require("torch", "torch")
-    free, total = torch.cuda.mem_get_info(index)
-    return float(total - free), float(total)

@@ -13,7 +13,7 @@ import numpy as np
 
 from evenserve.core.errors import ConfigError
 from evenserve.runtime.base import Array, require
-from evenserve.runtime.device import DeviceSpec
+from evenserve.runtime.device import DeviceTarget
 
 Precision = Literal["fp32", "fp16", "bf16"]
 
@@ -26,7 +26,7 @@ def torch_dtype(torch: Any, precision: Precision) -> Any:
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
 
 
-def check_device(torch: Any, device: DeviceSpec) -> None:
+def check_device(torch: Any, device: DeviceTarget) -> None:
     if device.kind == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {device.name}: torch sees no CUDA device")
@@ -71,6 +71,14 @@ def module_bytes(module: Any) -> float:
     return float(total)
 
 
-def synchronize(torch: Any, device: DeviceSpec) -> None:
+def synchronize(torch: Any, device: DeviceTarget) -> None:
     if device.kind == "cuda":
         torch.cuda.synchronize(device.index)
+
+
+def cuda_memory_bytes(index: int) -> tuple[float, float]:
+    """(used, total) bytes of one CUDA device as its driver reports them (other processes on
+    the same GPU included)."""
+    torch = require("torch", "torch")
+    free, total = torch.cuda.mem_get_info(index)
+    return float(total - free), float(total)

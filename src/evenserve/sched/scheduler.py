@@ -97,6 +97,9 @@ class DeviceScheduler(Generic[R]):
             for m in names
         ]
         self._by_name = {h.mq.name: h for h in self._hosted}
+        #: The most requests one batch of each model takes here (its policy's cap; the load
+        #: snapshot carries it to routers that predict work).
+        self.max_batch_size = {h.mq.name: h.mq.policy.max_batch_size for h in self._hosted}
         self._owns_queues = len(names) == len(queues.queues)
         self._direct = (
             len(names) == 1 and queues.starvation_s is None and queues.class_headroom is None
@@ -402,6 +405,7 @@ class DeviceScheduler(Generic[R]):
             memory_total_bytes=total,
             queued_by_model={h.mq.name: float(len(h.mq.queue.items)) for h in self._hosted},
             busy_remaining_s=self.busy_remaining_s(now),
+            max_batch_size=self.max_batch_size,
         )
 
 

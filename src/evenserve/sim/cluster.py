@@ -61,12 +61,9 @@ class Simulation:
         sig = sc.signals
         self.signal_interval_s = sig.interval_ms / 1000.0
         self.utilization_window_s = sig.utilization_window_ms / 1000.0
-        self.starvation_s = None if self.arm.starvation_ms is None else self.arm.starvation_ms / 1e3
-        self._priority = {m: spec.priority for m, spec in sc.models.items()}
-        self._deadline_s = {
-            m: None if spec.deadline_ms is None else spec.deadline_ms / 1000.0
-            for m, spec in sc.models.items()
-        }
+        self.starvation_s = self.arm.starvation_s
+        self._priority = {m: spec.priority_value for m, spec in sc.models.items()}
+        self._deadline_s = {m: spec.deadline_s for m, spec in sc.models.items()}
         self.devices: list[SimDevice] = []
         self.hosts: dict[str, list[SimDevice]] = {m: [] for m in sc.models}
         self.router: Router | None = None
@@ -93,9 +90,9 @@ class Simulation:
             policy=policy,
             profile=profile,
             max_queue=self.arm.max_queue_per_model,
-            priority=spec.priority,
-            deadline_s=None if spec.deadline_ms is None else spec.deadline_ms / 1000.0,
-            slo_s=spec.slo_ms / 1000.0,
+            priority=spec.priority_value,
+            deadline_s=spec.deadline_s,
+            slo_s=spec.slo_s,
         )
 
     def add_device(self, name: str, profiles: dict[str, LatencyProfile]) -> SimDevice:
@@ -129,7 +126,7 @@ class Simulation:
                 d.name,
                 d.models,
                 profiles=d.profiles,
-                max_batch_size={m: d.sched.queues.queues[m].cap for m in d.models},
+                max_batch_size=d.sched.max_batch_size,
             )
 
     # -- workload ---------------------------------------------------------------------------

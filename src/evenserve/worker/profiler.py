@@ -32,7 +32,7 @@ import numpy as np
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import MB, LatencyProfile, dump_profile
 from evenserve.runtime.base import Array, Runtime, RuntimeContext
-from evenserve.runtime.device import DeviceSpec
+from evenserve.runtime.device import DeviceTarget
 from evenserve.runtime.factory import create_runtime
 from evenserve.worker.repository import ModelEntry
 
@@ -107,7 +107,7 @@ def _peak_rss_bytes() -> float:
 def measure(
     runtime: Runtime,
     entry: ModelEntry,
-    device: DeviceSpec,
+    device: DeviceTarget,
     batch_sizes: Sequence[int],
     *,
     warmup: int = 3,
@@ -196,7 +196,7 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def device_label(device: DeviceSpec, described: Mapping[str, Any]) -> str:
+def device_label(device: DeviceTarget, described: Mapping[str, Any]) -> str:
     if device.kind == "cuda":
         import importlib
 
@@ -228,7 +228,7 @@ def runtime_label(described: Mapping[str, Any]) -> str:
 
 def build_runtime(
     entry: ModelEntry,
-    device: DeviceSpec,
+    device: DeviceTarget,
     *,
     precision: str | None = None,
     cpu_threads: int | None = None,
@@ -261,7 +261,7 @@ def build_runtime(
 def write_profile(
     path: Path,
     entry: ModelEntry,
-    device: DeviceSpec,
+    device: DeviceTarget,
     runtime: Runtime,
     points: Sequence[MeasuredPoint],
     *,

@@ -34,9 +34,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.options import ModelOptions
 from evenserve.core.profile import LatencyProfile, format_validation_error, load_profile
 from evenserve.core.tensors import DATATYPES
-from evenserve.core.types import PRIORITY_CLASSES
 from evenserve.policy.batching import BATCHING, BatchingPolicy
 from evenserve.policy.registry import split_spec
 from evenserve.runtime.base import TensorSpec
@@ -102,8 +102,8 @@ class TensorConfig(BaseModel):
         return TensorSpec(self.name, self.datatype, tuple(self.shape))
 
 
-class ModelConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ModelConfig(ModelOptions):
+    """``model.yaml``; the class, deadline and SLO fields are the scenario's (ModelOptions)."""
 
     name: str = Field(min_length=1)
     version: str = "1"
@@ -113,23 +113,13 @@ class ModelConfig(BaseModel):
     inputs: list[TensorConfig] = Field(min_length=1)
     outputs: list[TensorConfig] = Field(min_length=1)
     batching: Any = None
-    slo_ms: float | None = Field(default=None, gt=0)
-    priority: int | str = "online"
-    deadline_ms: float | None = Field(default=None, gt=0)
-    queue_timeout_ms: float | None = Field(default=None, gt=0)
+    queue_timeout_ms: float | None = Field(default=None, gt=0, description="deadline_ms's old name")
     max_queue_size: int | None = Field(default=None, ge=1)
     profile: str | None = None
     emulated: dict[str, Any] | None = None
     transformers: dict[str, Any] | None = None
     torch: dict[str, Any] | None = None
     onnx: dict[str, Any] | None = None
-
-    @field_validator("priority")
-    @classmethod
-    def _priority(cls, v: int | str) -> int | str:
-        if isinstance(v, str) and v not in PRIORITY_CLASSES:
-            raise ValueError(f"unknown priority class {v!r} (known: {', '.join(PRIORITY_CLASSES)})")
-        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
@@ -146,13 +136,9 @@ class ModelConfig(BaseModel):
         return self
 
     @property
-    def default_deadline_s(self) -> float | None:
+    def deadline_s(self) -> float | None:
         ms = self.deadline_ms if self.deadline_ms is not None else self.queue_timeout_ms
         return None if ms is None else ms / 1000.0
-
-    @property
-    def priority_value(self) -> int:
-        return self.priority if isinstance(self.priority, int) else PRIORITY_CLASSES[self.priority]
 
 
 @dataclass

@@ -18,17 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from evenserve.core.clock import Clock, RealClock
-from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.errors import ConfigError
 from evenserve.core.load import LoadReport
+from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.nvml import NvmlSampler
 from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
 from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime, RuntimeContext
-from evenserve.runtime.device import DeviceSpec, cuda_memory_bytes, host_memory_bytes
+from evenserve.runtime.device import DeviceTarget, host_memory_bytes
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
 from evenserve.runtime.factory import create_runtime
+from evenserve.runtime.torch_common import cuda_memory_bytes
 from evenserve.sched import ModelSetup
 from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.executor import ThreadedExecutor
@@ -44,26 +45,18 @@ EMULATED_SWITCH_INTERVAL_S = 0.0002
 
 @dataclass
 class WorkerOptions:
-    device: DeviceSpec
-    instances: int = 1
-    max_queue: int = 1024
+    device: DeviceTarget
+    #: Instances, interference and (emulated) memory: the scenario's device options.
+    run: DeviceOptions = field(default_factory=DeviceOptions)
+    #: Queue bound, starvation bound, class headroom: the scenario's arm options; a model's
+    #: ``max_queue_size`` overrides the bound.
+    queue: QueueOptions = field(default_factory=lambda: QueueOptions(max_queue_per_model=1024))
     max_body_bytes: int = 64 * 1024 * 1024
     batching_override: Any = None
     profiles_dir: Path | None = Path("profiles")
-    #: Total memory of an emulated device (GiB); default 24 (an A10).
-    emulated_memory_gb: float = 24.0
     utilization_window_s: float = 1.0
     cpu_threads: int | None = None
     drain_timeout_s: float = 30.0
-    #: A lower-class request waiting longer than this competes as the highest class (the
-    #: simulator's arm option ``starvation_ms``); None: no bound.
-    starvation_ms: float | None = None
-    #: Lower classes run only while the higher classes' demand on the device is at most
-    #: this fraction (the simulator's ``class_headroom``); None: only rule 1 of the classes.
-    class_headroom: float | None = None
-    #: How much concurrent batches on an emulated device slow each other down (the
-    #: simulator's device ``interference``, ``core.contention``); used with instances > 1.
-    interference: float = DEFAULT_INTERFERENCE
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -109,14 +102,6 @@ class WorkerService:
     ) -> None:
         if not entries:
             raise ConfigError("a worker needs at least one model")
-        if options.instances < 1:
-            raise ConfigError("--instances: must be >= 1")
-        if options.starvation_ms is not None and options.starvation_ms <= 0:
-            raise ConfigError("--starvation-ms: must be > 0")
-        if options.class_headroom is not None and not 0 < options.class_headroom <= 1:
-            raise ConfigError("--class-headroom: must be in (0, 1]")
-        if not 0 <= options.interference <= 1:
-            raise ConfigError("--interference: must be in [0, 1]")
         self.entries = {e.name: e for e in entries}
         self.options = options
         self.device = options.device
@@ -133,7 +118,8 @@ class WorkerService:
         opts: dict[str, Any] = {"cpu_threads": options.cpu_threads}
         self.runtimes: dict[str, Runtime] = {}
         # Emulated models share one device when batches run at once (they slow each other).
-        shared = EmulatedDevice(options.interference) if options.instances > 1 else None
+        run = options.run
+        shared = EmulatedDevice(run.interference) if run.instances > 1 else None
         for e in entries:
             ctx = RuntimeContext(
                 model=e.name,
@@ -199,7 +185,7 @@ class WorkerService:
         self._executor = ThreadedExecutor(
             self.runtimes,
             {n: [s.name for s in e.inputs] for n, e in self.entries.items()},
-            instances=self.options.instances,
+            instances=self.options.run.instances,
         )
         models = [
             ModelSetup(
@@ -207,10 +193,10 @@ class WorkerService:
                 policy=self.policies[n],
                 profile=self.profiles[n],
                 max_batch_size=e.config.max_batch_size,
-                max_queue=e.config.max_queue_size or self.options.max_queue,
+                max_queue=e.config.max_queue_size or self.options.queue.max_queue_per_model,
                 priority=e.config.priority_value,
-                deadline_s=e.config.default_deadline_s,
-                slo_s=None if e.config.slo_ms is None else e.config.slo_ms / 1000.0,
+                deadline_s=e.config.deadline_s,
+                slo_s=e.config.slo_s,
             )
             for n, e in self.entries.items()
         ]
@@ -220,16 +206,15 @@ class WorkerService:
             self._executor,
             clock=self.clock,
             timer=RealTimer(self.clock),
-            instances=self.options.instances,
+            instances=self.options.run.instances,
             observer=self._telemetry,
             utilization_window_s=self.options.utilization_window_s,
-            starvation_s=None
-            if self.options.starvation_ms is None
-            else self.options.starvation_ms / 1000.0,
-            class_headroom=self.options.class_headroom,
-            interference=self.options.interference,
+            starvation_s=self.options.queue.starvation_s,
+            class_headroom=self.options.queue.class_headroom,
+            ignore_priority=self.options.queue.ignore_priority,
+            interference=self.options.run.interference,
             # An emulated device's memory is the profiles' account; a real one is measured.
-            memory_total_bytes=self.options.emulated_memory_gb * GIB if emulated else None,
+            memory_total_bytes=self.options.run.memory_gb * GIB if emulated else None,
             memory_probe=None if emulated else self.memory_bytes,
         )
         self.ready = True
@@ -282,7 +267,7 @@ class WorkerService:
             if self._driver is not None:
                 return self._driver.sched.memory.used_total()
             accounted = sum(rt.resident_bytes() for rt in self.runtimes.values())
-            return accounted, self.options.emulated_memory_gb * GIB
+            return accounted, self.options.run.memory_gb * GIB
         now = time.monotonic()
         if now - self._memory_cache[0] < 0.1:
             return self._memory_cache[1], self._memory_cache[2]
@@ -306,7 +291,7 @@ class WorkerService:
             busy_seconds_total=d.busy.total_s(now) if d else 0.0,
             memory_used_bytes=used,
             memory_total_bytes=total,
-            instances=self.options.instances,
+            instances=self.options.run.instances,
             queued_by_model=d.queued_by_model() if d else {m: 0 for m in self.entries},
             in_flight_by_model=d.in_flight_by_model() if d else {m: 0 for m in self.entries},
         )
@@ -327,6 +312,7 @@ class WorkerService:
             memory_used_bytes=used,
             memory_total_bytes=total,
             busy_remaining_s=d.busy_remaining_s(now),
+            max_batch_size_by_model=d.sched.max_batch_size,
             ready=self.ready,
         )
 
@@ -354,7 +340,7 @@ class WorkerService:
             "instance_group": [
                 {
                     "name": name,
-                    "count": self.options.instances,
+                    "count": self.options.run.instances,
                     "kind": "KIND_GPU" if self.device.kind == "cuda" else "KIND_CPU",
                 }
             ],

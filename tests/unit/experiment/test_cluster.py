@@ -62,10 +62,10 @@ def test_an_arm_compiled_into_a_cluster(tmp_path: Path) -> None:
         "max_batch_size": 8,
     }
     assert bert["batching"] == {"policy": "none"}  # the arm's per-model batching
-    # The scaled SLO and deadline, the class, the arm's queue bound.
-    assert (resnet["slo_ms"], resnet["queue_timeout_ms"], resnet["priority"]) == (50.0, 150.0, 10)
-    assert (bert["slo_ms"], bert["priority"], "queue_timeout_ms" in bert) == (75.0, 0, False)
-    assert resnet["max_queue_size"] == bert["max_queue_size"] == 40
+    # The scaled SLO and deadline, the class.
+    assert (resnet["slo_ms"], resnet["deadline_ms"], resnet["priority"]) == (50.0, 150.0, "online")
+    assert (bert["slo_ms"], bert["priority"], bert["deadline_ms"]) == (75.0, 0, None)
+    assert "queue_timeout_ms" not in resnet and "max_queue_size" not in resnet
     assert resnet["max_batch_size"] == max(source["max_batch_size"], 8)
 
     raw = yaml.safe_load(path.read_text())
@@ -76,31 +76,45 @@ def test_an_arm_compiled_into_a_cluster(tmp_path: Path) -> None:
     assert [d["name"] for d in devices] == ["gpu0", "gpu1", "solo"]
     gpu0, solo = devices[0], devices[2]
     assert gpu0["device"] == f"emulated:{dirs['a10']}"
-    assert gpu0["max_batch_size"] == {"resnet50": 8, "bert-base": 1}
+    # The scenario's device and arm options, under their own names.
+    assert (gpu0["instances"], gpu0["starvation_ms"], gpu0["class_headroom"]) == (2, 500, 0.5)
+    assert gpu0["max_queue_per_model"] == 40 and "max_batch_size" not in gpu0
     args = gpu0["extra_args"]
-    assert args[args.index("--instances") + 1] == "2"
     assert args[args.index("--utilization-window-s") + 1] == "0.5"
-    assert args[args.index("--starvation-ms") + 1] == "500"
-    assert args[args.index("--class-headroom") + 1] == "0.5"
-    assert solo["models"] == ["resnet50"]
-    assert solo["extra_args"][solo["extra_args"].index("--memory-gb") + 1] == "16"
+    assert (solo["models"], solo["memory_gb"]) == (["resnet50"], 16)
     assert len({d["port"] for d in devices} | {gw["port"]}) == 4
-    # The gateway's own loader takes it.
+    # The gateway's own loader takes it, and the launcher passes them as the worker's flags.
     cluster = load_cluster(path)
-    assert [d.name for d in cluster.config.workers.devices] == ["gpu0", "gpu1", "solo"]
+    workers = cluster.config.workers
+    assert workers is not None
+    assert [d.name for d in workers.devices] == ["gpu0", "gpu1", "solo"]
+    flags = workers.devices[0].option_flags()
+    for flag, value in [
+        ("--instances", "2"),
+        ("--max-queue-per-model", "40"),
+        ("--starvation-ms", "500.0"),
+        ("--class-headroom", "0.5"),
+    ]:
+        assert flags[flags.index(flag) + 1] == value
 
     base = yaml.safe_load(
         write_arm_cluster(scaled, "baseline", REPO, tmp_path / "b", dirs, seed=9).read_text()
     )
     assert base["gateway"]["routing"] == "round-robin"
-    assert "--starvation-ms" not in base["workers"]["devices"][0]["extra_args"]
+    assert "starvation_ms" not in base["workers"]["devices"][0]
 
 
-def test_arms_and_repositories_the_live_bench_cannot_run(tmp_path: Path) -> None:
+def test_a_fifo_arm_runs_live_with_every_class_alike(tmp_path: Path) -> None:
     arms = {"fifo": {"routing": "round-robin", "batching": "none", "ignore_priority": True}}
     scaled = _scaled(tmp_path, arms=arms)
-    with pytest.raises(ConfigError, match=r"arms\.fifo\.ignore_priority"):
-        write_arm_cluster(scaled, "fifo", REPO, tmp_path / "w", {}, seed=1)
+    dirs = write_profile_sets(scaled, tmp_path / "w")
+    path = write_arm_cluster(scaled, "fifo", REPO, tmp_path / "w", dirs, seed=1)
+    workers = load_cluster(path).config.workers
+    assert workers is not None
+    assert "--ignore-priority" in workers.devices[0].option_flags()
+
+
+def test_repositories_the_live_bench_cannot_run(tmp_path: Path) -> None:
     scaled = _scaled(tmp_path)
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -139,3 +139,27 @@ def test_policy_swap_takes_effect_on_next_decision() -> None:
     assert r.choose(req("m"), 0.0).name == "a"  # type: ignore[union-attr]
     r.set_policy(ROUTING.build("queue-aware"))
     assert r.choose(req("m"), 0.0).name == "b"  # type: ignore[union-attr]
+
+
+def test_how_a_backend_batches_comes_from_its_own_reports() -> None:
+    """The worker says how it batches each model; the router passes it to the policies (so a
+    cluster file cannot disagree with the worker: the least-expected-work gap of issue 10)."""
+    r = Router(ROUTING.build("least-expected-work"))
+    r.add_backend("a", ["m"], max_batch_size={"m": 1})
+    r.observe("a", LoadSample(timestamp_s=0.0, queue_depth=0.0, max_batch_size={"m": 8}))
+    assert r.view("a").max_batch_size == {"m": 8}
+    r.observe("a", LoadSample(timestamp_s=0.1, queue_depth=0.0))  # a report without it
+    assert r.view("a").max_batch_size == {"m": 8}
+
+
+def test_done_settles_several_requests_as_one_call_each() -> None:
+    one, many = make_router(), make_router()
+    for r in (one, many):
+        r.observe("a", sample(0.0, 2.0))
+        for _ in range(5):
+            r.sent("a", "m")
+    for _ in range(3):
+        one.done("a", "m")
+    many.done("a", "m", 3)
+    for field in ("in_flight", "queue_depth", "queued_by_model"):
+        assert getattr(one.view("a"), field) == getattr(many.view("a"), field)

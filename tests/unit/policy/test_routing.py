@@ -214,3 +214,17 @@ def test_bad_specs_name_the_field(spec: object, needle: str) -> None:
     with pytest.raises(PolicySpecError) as err:
         ROUTING.build(spec)
     assert needle in str(err.value)
+
+
+def test_power_of_two_draws_what_random_sample_draws() -> None:
+    """The fast path of power-of-two takes the same two backends from the same stream as
+    ``random.sample`` (so seeded runs did not change when it replaced it)."""
+    import random
+
+    from evenserve.policy.routing.power_of_two import two_distinct
+
+    for n in (2, 3, 21, 22, 64):
+        for seed in range(20):
+            a, b = random.Random(seed), random.Random(seed)
+            for _ in range(30):
+                assert tuple(a.sample(range(n), 2)) == two_distinct(b, n)

@@ -130,7 +130,7 @@ def test_open_loop_arrivals_are_the_simulators(tmp_path: Path, arm: str) -> None
     assert isinstance(sc.workload, OpenLoop)
     log = simulate(loaded, arm).requests
     arrivals = open_loop_arrivals(sc.workload, sc.seed, sc.duration_s)
-    own = {m: spec.priority for m, spec in sc.models.items()}  # a stream without a class
+    own = {m: spec.priority_value for m, spec in sc.models.items()}  # a stream without a class
     assert [
         (a.t_s, a.model, own[a.model] if a.priority is None else a.priority) for a in arrivals
     ] == (list(zip(log.arrival_s, log.model, log.priority, strict=True)))

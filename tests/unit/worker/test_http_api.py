@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from evenserve.core.load import LOAD_PATH
+from evenserve.core.options import QueueOptions
 from evenserve.runtime.device import parse_device
 from evenserve.worker.http_api import create_app
 from evenserve.worker.repository import load_model, load_repository
@@ -127,7 +128,8 @@ async def test_classes_deadlines_and_refusals_over_http(tmp_path: Path) -> None:
         )
     )
     service = WorkerService(
-        [load_model(d)], WorkerOptions(device=parse_device("cpu"), starvation_ms=60_000)
+        [load_model(d)],
+        WorkerOptions(device=parse_device("cpu"), queue=QueueOptions(starvation_ms=60_000)),
     )
     service.load()
     await service.start()

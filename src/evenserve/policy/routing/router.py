@@ -142,6 +142,9 @@ class Router:
         frees = [f for f in (s.memory_free_bytes for s in samples) if f is not None]
         v.memory_free_bytes = sum(frees) / len(frees) if frees else None
         v.busy_remaining_s = newest.busy_remaining_s
+        caps = newest.max_batch_size
+        if caps and caps is not v.max_batch_size and caps != v.max_batch_size:
+            v.max_batch_size = caps
         qbm: dict[str, float] = {}
         for s in samples:
             for m, q in s.queued_by_model.items():
