@@ -62,7 +62,8 @@ def serve_fake(ports: list[int]) -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from evenserve.core.load import LOAD_PATH, LoadReport
+    from evenserve.core.load import LoadReport
+    from evenserve.core.wire import LOAD_PATH
 
     async def infer(request: Request) -> Response:
         body = json.loads(await request.body())

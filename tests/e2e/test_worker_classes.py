@@ -17,7 +17,8 @@ import httpx
 import pytest
 import yaml
 
-from evenserve.core.load import LOAD_PATH, LoadReport
+from evenserve.core.load import LoadReport
+from evenserve.core.wire import LOAD_PATH
 
 from .test_worker_cli import _start
 

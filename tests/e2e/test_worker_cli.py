@@ -17,8 +17,8 @@ import pytest
 import tritonclient.http as triton
 import yaml
 
-from evenserve.core.load import LOAD_PATH
 from evenserve.core.profile import load_profile
+from evenserve.core.wire import LOAD_PATH
 
 from ..integration.worker_repo import MODELS, write_repo
 

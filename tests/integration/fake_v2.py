@@ -21,7 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from evenserve.core.load import LOAD_PATH, LoadReport
+from evenserve.core.load import LoadReport
+from evenserve.core.wire import LOAD_PATH
 
 
 @dataclass

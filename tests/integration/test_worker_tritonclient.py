@@ -14,7 +14,8 @@ import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from evenserve.core.load import LOAD_PATH, LoadReport
+from evenserve.core.load import LoadReport
+from evenserve.core.wire import LOAD_PATH
 from evenserve.runtime.device import parse_device
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker

@@ -43,6 +43,3 @@ class LoadReport(BaseModel):
             busy_remaining_s=self.busy_remaining_s,
             max_batch_size=self.max_batch_size_by_model,
         )
-
-
-LOAD_PATH = "/v2/evenserve/load"

@@ -14,9 +14,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from evenserve.core.profile import LatencyProfile
 
-#: Priority classes by name; higher numbers are served first.
-PRIORITY_CLASSES: Mapping[str, int] = {"offline": 0, "online": 10}
-
 
 @dataclass(slots=True)
 class RequestInfo:

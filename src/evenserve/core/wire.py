@@ -21,6 +21,12 @@ LOAD_PATH = "/v2/evenserve/load"
 METRICS_PATH = "/metrics"
 
 
+#: A model's routes (route templates), with and without a version; the model's metadata is
+#: the bare path, its ``/ready``, ``/config``, ``/stats`` and ``/infer`` follow it.
+MODEL_ROUTES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+MODEL_STATS_PATH = "/v2/models/stats"
+
+
 def infer_path(model: str, version: str | None = None) -> str:
     """``/v2/models/{model}[/versions/{version}]/infer``."""
     if version:

@@ -39,6 +39,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from evenserve.core import wire
 from evenserve.core.clock import Clock
 from evenserve.core.types import RequestInfo
 from evenserve.gateway.backends import BackendRegistry
@@ -53,24 +54,21 @@ from evenserve.gateway.forwarder import (
 )
 from evenserve.metrics.gateway import GatewayMetrics
 
-BACKEND_HEADER = "x-evenserve-backend"
 #: Request headers forwarded to the backend (lower case); others are hop-by-hop or ours.
 FORWARD_REQUEST_HEADERS = (
     "content-type",
-    "inference-header-content-length",
+    wire.HEADER_LENGTH_HEADER.lower(),
     "content-encoding",
-    "x-evenserve-priority",
-    "x-evenserve-deadline-ms",
+    wire.PRIORITY_HEADER,
+    wire.DEADLINE_HEADER,
 )
-#: Response header by which a worker names why it refused a request.
-REASON_HEADER = "x-evenserve-reason"
 #: Response headers relayed to the client.
 RELAY_RESPONSE_HEADERS = (
     "content-type",
-    "inference-header-content-length",
+    wire.HEADER_LENGTH_HEADER.lower(),
     "content-encoding",
-    "retry-after",
-    REASON_HEADER,
+    wire.RETRY_AFTER_HEADER,
+    wire.REASON_HEADER,
 )
 
 
@@ -138,7 +136,7 @@ class Dispatcher:
         self.metrics.requests.labels(ans.backend or "none", model, ans.outcome).inc()
         self.metrics.latency.labels(model).observe(time.perf_counter() - t0)
         if ans.backend is not None:
-            ans.headers[BACKEND_HEADER] = ans.backend
+            ans.headers[wire.BACKEND_HEADER] = ans.backend
         return ans
 
     async def _infer(
@@ -194,12 +192,12 @@ class Dispatcher:
                     f"backend {name} did not answer within "
                     f"{self.cfg.forward.request_timeout_s:g} s",
                     "timeout",
-                    {BACKEND_HEADER: name},
+                    {wire.BACKEND_HEADER: name},
                 )
             finally:
                 self.router.done(name, model)
             ans = Answer(reply.status, reply.body, reply.headers, name, outcome_of(reply.status))
-            if reply.status in (429, 503) and reply.headers.get(REASON_HEADER) != "shed":
+            if reply.status in (429, 503) and reply.headers.get(wire.REASON_HEADER) != wire.SHED:
                 relayed = ans
                 failures.append(f"{name}: answered {reply.status}")
                 continue
@@ -235,7 +233,7 @@ class Dispatcher:
             except ForwardError as exc:
                 failures.append(f"{name}: {type(exc).__name__} {exc}")
                 continue
-            reply.headers[BACKEND_HEADER] = name
+            reply.headers[wire.BACKEND_HEADER] = name
             return Answer(reply.status, reply.body, reply.headers, name, "ok")
         what = "; ".join(failures) if failures else "none is ready"
         return error_answer(

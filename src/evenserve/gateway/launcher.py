@@ -37,6 +37,7 @@ from typing import IO, Any
 import httpx
 
 from evenserve.core.errors import ConfigError, EvenserveError
+from evenserve.core.wire import HEALTH_READY_PATH
 from evenserve.gateway.config import DEFAULT_TOKEN_ENV, DeviceEntry, LoadedCluster
 
 #: How a child runs the CLI. Not ``-m evenserve.cli.main``: run as ``__main__`` that module
@@ -223,7 +224,7 @@ class Launcher:
                             f"(log {p.log_path}):\n{self._tail(p)}"
                         )
                     with contextlib.suppress(httpx.HTTPError):
-                        if client.get(p.url + "/v2/health/ready").status_code == 200:
+                        if client.get(p.url + HEALTH_READY_PATH).status_code == 200:
                             pending.remove(p)
                 if pending and time.monotonic() > deadline:
                     names = ", ".join(p.name for p in pending)

@@ -2,7 +2,7 @@
 
 Theory of operation. One asyncio task per backend, on its own period, plus one expiry task.
 - ``evenserve`` backends (our workers): every ``signals.interval_ms`` (100 ms) GET the load
-  endpoint (core.load.LOAD_PATH). A 200 with ``ready: true`` is fed to ``Router.observe`` as a
+  endpoint (core.wire.LOAD_PATH). A 200 with ``ready: true`` is fed to ``Router.observe`` as a
   LoadSample stamped with the gateway's receive time (two processes' clocks are not comparable)
   and readmits the backend if it was ejected; ``ready: false`` (a draining worker) ejects it.
 - ``prometheus`` backends (Triton, MLServer, ...): every signals period GET the metrics URL and
@@ -31,14 +31,13 @@ import httpx
 from pydantic import ValidationError
 
 from evenserve.core.clock import Clock
-from evenserve.core.load import LOAD_PATH, LoadReport
+from evenserve.core.load import LoadReport
+from evenserve.core.wire import HEALTH_READY_PATH, LOAD_PATH, METRICS_PATH
 from evenserve.gateway.backends import BackendRegistry, BackendState
 from evenserve.gateway.config import GatewaySection
 from evenserve.gateway.prometheus_signals import PrometheusParseError, sample_from_text
 
 log = logging.getLogger("evenserve.gateway.poller")
-
-READY_PATH = "/v2/health/ready"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -99,7 +98,7 @@ class Poller:
         name = st.spec.name
         sig = st.spec.signals
         assert sig.mapping is not None
-        url = sig.url or st.spec.url + "/metrics"
+        url = sig.url or st.spec.url + METRICS_PATH
         try:
             resp = await self.client.get(url, timeout=self.cfg.signals.timeout_ms / 1000.0)
             resp.raise_for_status()
@@ -117,7 +116,7 @@ class Poller:
         name = st.spec.name
         try:
             resp = await self.client.get(
-                st.spec.url + READY_PATH, timeout=self.cfg.health.timeout_ms / 1000.0
+                st.spec.url + HEALTH_READY_PATH, timeout=self.cfg.health.timeout_ms / 1000.0
             )
         except (httpx.HTTPError, OSError) as exc:
             self._failed(name, describe_error(exc))

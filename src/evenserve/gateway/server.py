@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from evenserve import __version__
+from evenserve.core import wire
 from evenserve.core.clock import Clock, RealClock
 from evenserve.core.errors import ProfileError
 from evenserve.core.profile import LatencyProfile, load_profile_set
@@ -36,6 +37,9 @@ from evenserve.policy.routing import ROUTING
 log = logging.getLogger("evenserve.gateway")
 
 MAX_BODY_BYTES = 256 * 1024 * 1024
+#: A model's GET routes the gateway relays from a backend that hosts it (metadata, config,
+#: statistics), after the model's route.
+PASSED_ON = ("", "/config", "/stats")
 
 
 def _answer(ans: Answer) -> Response:
@@ -169,25 +173,19 @@ class Gateway:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     def _routes(self) -> list[Route]:
-        m = "/v2/models/{model}"
-        mv = "/v2/models/{model}/versions/{version}"
         routes = [
-            Route(m + "/infer", self.infer, methods=["POST"]),
-            Route(mv + "/infer", self.infer, methods=["POST"]),
-            Route("/v2/health/live", self.live, methods=["GET"]),
-            Route("/v2/health/ready", self.server_ready, methods=["GET"]),
-            Route("/v2", self.server_metadata, methods=["GET"]),
-            Route("/v2/repository/index", self.repository_index, methods=["POST", "GET"]),
-            Route(m + "/ready", self.model_ready, methods=["GET"]),
-            Route(mv + "/ready", self.model_ready, methods=["GET"]),
-            Route(m, self.model_passthrough, methods=["GET"]),
-            Route(mv, self.model_passthrough, methods=["GET"]),
-            Route(m + "/config", self.model_passthrough, methods=["GET"]),
-            Route(mv + "/config", self.model_passthrough, methods=["GET"]),
-            Route(m + "/stats", self.model_passthrough, methods=["GET"]),
-            Route(mv + "/stats", self.model_passthrough, methods=["GET"]),
-            Route("/metrics", self.prometheus, methods=["GET"]),
+            Route(wire.HEALTH_LIVE_PATH, self.live, methods=["GET"]),
+            Route(wire.HEALTH_READY_PATH, self.server_ready, methods=["GET"]),
+            Route(wire.SERVER_METADATA_PATH, self.server_metadata, methods=["GET"]),
+            Route(wire.REPOSITORY_INDEX_PATH, self.repository_index, methods=["POST", "GET"]),
+            Route(wire.METRICS_PATH, self.prometheus, methods=["GET"]),
         ]
+        for m in wire.MODEL_ROUTES:
+            routes += [
+                Route(m + "/infer", self.infer, methods=["POST"]),
+                Route(m + "/ready", self.model_ready, methods=["GET"]),
+                *(Route(m + s, self.model_passthrough, methods=["GET"]) for s in PASSED_ON),
+            ]
         return routes + self.admin.routes()
 
 

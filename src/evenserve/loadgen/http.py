@@ -34,9 +34,10 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from evenserve.core import wire
 from evenserve.loadgen.target import BadResponseError, ConnectionLostError, TargetError
 
-BACKEND_HEADER = b"x-evenserve-backend"
+BACKEND_HEADER = wire.BACKEND_HEADER.encode()
 #: Idle pooled connections are closed, not reused, once idle this long: below uvicorn's
 #: default 5 s keep-alive timeout, as the gateway's own pool (``gateway/forwarder.py``).
 MAX_IDLE_S = 4.0

@@ -24,8 +24,9 @@ import numpy as np
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.tensors import DATATYPES
+from evenserve.core.wire import HEADER_LENGTH_HEADER
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
+HEADER_LENGTH = HEADER_LENGTH_HEADER
 
 
 #: Distinct random bodies made per model.

@@ -48,6 +48,7 @@ import aiohttp
 import numpy as np
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.wire import infer_path
 from evenserve.loadgen.http import MAX_IDLE_S, RawHttpClient
 from evenserve.loadgen.payload import Payload, payload_from_file, payload_from_metadata
 from evenserve.loadgen.schedule import LagStats, SendClock
@@ -236,7 +237,7 @@ class LoadGenerator:
             params["priority"] = priority
         if deadline_ms is not None:
             params["timeout"] = int(deadline_ms * 1000)
-        path = f"/v2/models/{model}/infer"
+        path = infer_path(model)
         if params:
             body, headers = p.with_parameters(params)
             return client.request_bytes(path, body, headers)

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-LOAD_PATH = "/v2/evenserve/load"
+from evenserve.core.wire import LOAD_PATH, METRICS_PATH
+
 BUSY_COUNTER = "evenserve_worker_device_busy_seconds_total"
 INSTANCES_GAUGE = "evenserve_worker_device_instances"
 
@@ -129,7 +130,7 @@ class Scraper:
         nxt = time.perf_counter()
         while True:
             try:
-                async with session.get(b.url + "/metrics") as resp:
+                async with session.get(b.url + METRICS_PATH) as resp:
                     text = await resp.text() if resp.status == 200 else ""
                 value = parse_busy_counter(text)
                 if value is not None:
@@ -150,7 +151,7 @@ class Scraper:
         """One last busy-counter reading per backend, so the window's end is covered."""
         for b in self.data.values():
             with contextlib.suppress(TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
-                async with session.get(b.url + "/metrics") as resp:
+                async with session.get(b.url + METRICS_PATH) as resp:
                     value = parse_busy_counter(await resp.text())
                 if value is not None:
                     b.busy_t_s.append(self.now())

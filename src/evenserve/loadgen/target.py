@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from evenserve.core.errors import EvenserveError
+from evenserve.core.wire import HEALTH_LIVE_PATH, REPOSITORY_INDEX_PATH
 
 
 class TargetError(EvenserveError):
@@ -175,7 +176,7 @@ async def preflight(
 ) -> dict[str, dict[str, Any]]:
     """Check the target and return metadata of the models in ``need_metadata``."""
     try:
-        status, _ = await _get(session, base_url + "/v2/health/live")
+        status, _ = await _get(session, base_url + HEALTH_LIVE_PATH)
     except aiohttp.ClientConnectorError as exc:
         kind = classify_exception(exc)
         raise TargetError(f"target {base_url}: {kind} ({hint(kind)}): {exc.strerror}") from None
@@ -184,7 +185,7 @@ async def preflight(
         raise TargetError(f"target {base_url}: {kind} ({hint(kind)})") from None
     if status >= 500 or status == 404:
         raise TargetError(
-            f"target {base_url}: GET /v2/health/live answered {status}; is this a KServe v2 "
+            f"target {base_url}: GET {HEALTH_LIVE_PATH} answered {status}; is this a KServe v2 "
             "server (an evenserve gateway or worker, Triton, MLServer)?"
         )
     meta: dict[str, dict[str, Any]] = {}
@@ -215,7 +216,7 @@ async def preflight(
 
 async def known_models(session: aiohttp.ClientSession, base_url: str) -> list[str]:
     try:
-        async with session.post(base_url + "/v2/repository/index", json={}) as resp:
+        async with session.post(base_url + REPOSITORY_INDEX_PATH, json={}) as resp:
             if resp.status != 200:
                 return []
             body = await resp.json(content_type=None)

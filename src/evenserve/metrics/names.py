@@ -8,6 +8,8 @@ index) for NVML figures.
 
 from __future__ import annotations
 
+from evenserve.core import wire
+
 PREFIX = "evenserve_worker"
 
 # Per model.
@@ -51,7 +53,7 @@ OUTCOMES = (
 )
 
 #: Why a request was refused (the ``reason`` label of REFUSALS; the simulator's drop reasons).
-REFUSAL_REASONS = ("queue-full", "shed", "deadline-infeasible", "deadline-expired")
+REFUSAL_REASONS = wire.REFUSAL_REASONS
 
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TIME_BUCKETS_S = (

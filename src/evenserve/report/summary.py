@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from evenserve.core.results import DeviceTrace, RunRecords
-from evenserve.core.types import PRIORITY_CLASSES
+from evenserve.core.wire import PRIORITY_CLASSES
 
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
 CDF_POINTS = 101

@@ -30,7 +30,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from evenserve import __version__ as evenserve_version
-from evenserve.core.load import LOAD_PATH
+from evenserve.core import wire
 from evenserve.worker.driver import (
     BatchFailedError,
     DeadlineExpiredError,
@@ -55,13 +55,11 @@ from evenserve.worker.service import WorkerService
 OFFLOAD_BYTES = 256 * 1024
 UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "evenserve_load"]
-#: Response header naming why a request was refused (one of the driver's REFUSAL_REASONS).
-REASON_HEADER = "x-evenserve-reason"
 
 
 def _refusal(exc: RefusedError) -> tuple[Response, str]:
     """The response and the outcome label of a refused request."""
-    headers = {REASON_HEADER: exc.reason}
+    headers = {wire.REASON_HEADER: exc.reason}
     if isinstance(exc, QueueFullError | ShedError):
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
         outcome = "rejected_queue_full" if isinstance(exc, QueueFullError) else "shed"
@@ -267,23 +265,23 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
         return Route(path, endpoint, methods=methods)
 
     routes = [
-        route("/v2/health/live", live, ["GET"]),
-        route("/v2/health/ready", ready, ["GET"]),
-        route("/v2", server_metadata, ["GET"]),
-        route("/v2/repository/index", repository_index, ["POST", "GET"]),
-        route("/v2/models/stats", model_stats, ["GET"]),
-        route("/v2/models/{model}", model_metadata, ["GET"]),
-        route("/v2/models/{model}/versions/{version}", model_metadata, ["GET"]),
-        route("/v2/models/{model}/ready", model_ready, ["GET"]),
-        route("/v2/models/{model}/versions/{version}/ready", model_ready, ["GET"]),
-        route("/v2/models/{model}/config", model_config, ["GET"]),
-        route("/v2/models/{model}/versions/{version}/config", model_config, ["GET"]),
-        route("/v2/models/{model}/stats", model_stats, ["GET"]),
-        route("/v2/models/{model}/versions/{version}/stats", model_stats, ["GET"]),
-        route("/v2/models/{model}/infer", infer, ["POST"]),
-        route("/v2/models/{model}/versions/{version}/infer", infer, ["POST"]),
-        route(LOAD_PATH, load, ["GET"]),
-        route("/metrics", prometheus, ["GET"]),
+        route(wire.HEALTH_LIVE_PATH, live, ["GET"]),
+        route(wire.HEALTH_READY_PATH, ready, ["GET"]),
+        route(wire.SERVER_METADATA_PATH, server_metadata, ["GET"]),
+        route(wire.REPOSITORY_INDEX_PATH, repository_index, ["POST", "GET"]),
+        route(wire.MODEL_STATS_PATH, model_stats, ["GET"]),
+    ]
+    for m in wire.MODEL_ROUTES:
+        routes += [
+            route(m, model_metadata, ["GET"]),
+            route(m + "/ready", model_ready, ["GET"]),
+            route(m + "/config", model_config, ["GET"]),
+            route(m + "/stats", model_stats, ["GET"]),
+            route(m + "/infer", infer, ["POST"]),
+        ]
+    routes += [
+        route(wire.LOAD_PATH, load, ["GET"]),
+        route(wire.METRICS_PATH, prometheus, ["GET"]),
     ]
 
     @contextlib.asynccontextmanager

@@ -13,9 +13,10 @@ import pytest
 
 from evenserve.core.clock import FakeClock
 from evenserve.core.types import LoadSample
+from evenserve.core.wire import BACKEND_HEADER
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import parse_cluster
-from evenserve.gateway.dispatcher import BACKEND_HEADER, RELAY_RESPONSE_HEADERS, Dispatcher
+from evenserve.gateway.dispatcher import RELAY_RESPONSE_HEADERS, Dispatcher
 from evenserve.gateway.forwarder import HttpxForwarder
 from evenserve.metrics.gateway import GatewayMetrics
 from evenserve.policy.routing import ROUTING

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 
 from evenserve.core.clock import FakeClock
-from evenserve.core.load import LOAD_PATH, LoadReport
+from evenserve.core.load import LoadReport
+from evenserve.core.wire import LOAD_PATH
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.poller import Poller

@@ -11,8 +11,8 @@ import httpx
 import pytest
 import yaml
 
-from evenserve.core.load import LOAD_PATH
 from evenserve.core.options import QueueOptions
+from evenserve.core.wire import LOAD_PATH
 from evenserve.runtime.device import parse_device
 from evenserve.worker.http_api import create_app
 from evenserve.worker.repository import load_model, load_repository
