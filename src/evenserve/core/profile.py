@@ -120,10 +120,6 @@ class LatencyProfile:
             sequence_length=f.sequence_length,
         )
 
-    @property
-    def max_measured_batch(self) -> int:
-        return self.batches[-1]
-
     def _interp(self, values: Sequence[float], batch: float) -> float:
         xs = self.batches
         if len(xs) == 1 or batch <= xs[0]:

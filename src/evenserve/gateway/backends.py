@@ -29,7 +29,6 @@ class BackendState:
     changed_at_s: float = 0.0
     ejections: int = 0
     last_error: str | None = None
-    last_ok_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,6 @@ class BackendRegistry:
         """Put ``name`` (back) into routing; True if it was not routable."""
         st = self.states[name]
         now = self.clock.now()
-        st.last_ok_s = now
         if st.healthy:
             return False
         first = st.reason == "starting"

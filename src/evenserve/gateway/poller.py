@@ -67,8 +67,6 @@ class Poller:
             trust_env=False,
         )
         self._tasks: list[asyncio.Task[None]] = []
-        self.polls_ok = 0
-        self.polls_failed = 0
 
     # -- one probe of each kind (also used directly by tests) -------------------------------
     async def probe_load(self, st: BackendState) -> None:
@@ -87,7 +85,6 @@ class Poller:
         except ValidationError as exc:
             self._failed(name, f"bad load report: {exc.errors()[0]['msg']}")
             return
-        self.polls_ok += 1
         if not report.ready:
             self.registry.eject(name, "not-ready")
             return
@@ -105,10 +102,8 @@ class Poller:
             sample = sample_from_text(resp.text, sig.mapping, self.clock.now())
         except (httpx.HTTPError, OSError, PrometheusParseError) as exc:
             # Metrics are advisory here: readiness decides health; signals just go stale.
-            self.polls_failed += 1
             self.registry.states[name].last_error = f"metrics: {describe_error(exc)}"
             return
-        self.polls_ok += 1
         if sample is not None:
             self.registry.router.observe(name, sample)
 
@@ -127,7 +122,6 @@ class Poller:
             self.registry.eject(name, f"not-ready ({resp.status_code})")
 
     def _failed(self, name: str, reason: str) -> None:
-        self.polls_failed += 1
         self.registry.eject(name, reason)
 
     async def probe_all(self) -> None:

@@ -39,7 +39,6 @@ class BackendScrape:
     utilization: list[float] = field(default_factory=list)
     busy_t_s: list[float] = field(default_factory=list)
     busy_total_s: list[float] = field(default_factory=list)
-    busy_source: str = "counter"
     errors: int = 0
     last_error: str = ""
 
@@ -49,7 +48,6 @@ class BackendScrape:
             return self.busy_t_s, self.busy_total_s
         if len(self.queue_t_s) < 2:
             return [], []
-        self.busy_source = "load-endpoint-utilization"
         t, acc, cum = self.queue_t_s, 0.0, [0.0]
         for i in range(1, len(t)):
             acc += self.utilization[i] * (t[i] - t[i - 1])

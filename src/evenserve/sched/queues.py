@@ -300,8 +300,3 @@ class QueueSet(Generic[R]):
                 n += 1
                 self._leave(r, now, reason)
         return n
-
-    # -- rates ------------------------------------------------------------------------------
-    @property
-    def tracks_rates(self) -> bool:
-        return self._track_rates

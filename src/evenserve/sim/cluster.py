@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import RequestLog, RunRecords
@@ -293,7 +293,3 @@ class Simulation:
 
 def simulate(loaded: LoadedScenario, arm: str, seed: int | None = None) -> RunRecords:
     return Simulation(loaded, arm, seed).run()
-
-
-def arm_names(loaded: LoadedScenario) -> Sequence[str]:
-    return list(loaded.scenario.arms)

@@ -108,7 +108,6 @@ class WorkerService:
         self.clock: Clock = clock or RealClock()
         self.ready = False
         self.draining = False
-        self.started_at = time.time()
         self.signatures = {
             e.name: ModelSignature(
                 e.name, e.config.version, e.inputs, e.outputs, e.config.max_batch_size

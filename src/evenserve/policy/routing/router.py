@@ -82,10 +82,6 @@ class Router:
         )
         self._rebuild()
 
-    def remove_backend(self, name: str) -> None:
-        self._backends.pop(name, None)
-        self._rebuild()
-
     def set_policy(self, policy: RoutingPolicy) -> None:
         self.policy = policy
         self._judge = policy.overloaded if isinstance(policy, OverloadAware) else None
@@ -95,12 +91,6 @@ class Router:
         if st.healthy != healthy:
             st.healthy = healthy
             self._rebuild()
-
-    def backend_names(self) -> list[str]:
-        return list(self._backends)
-
-    def models_of(self, name: str) -> frozenset[str]:
-        return self._backends[name].models
 
     def view(self, name: str) -> BackendView:
         return self._backends[name].view
