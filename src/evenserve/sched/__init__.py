@@ -6,6 +6,7 @@ from evenserve.sched.queue import Offer, RequestQueue
 from evenserve.sched.queues import (
     DISPATCHED,
     GONE,
+    NO_QUEUE_OPTIONS,
     QUEUED,
     SHUTDOWN,
     ModelQueue,
@@ -13,12 +14,14 @@ from evenserve.sched.queues import (
     QueuedRequest,
     QueueSet,
 )
-from evenserve.sched.scheduler import DRAINING, DeviceScheduler, scheduler_for
+from evenserve.sched.scheduler import DRAINING, ONE_INSTANCE, DeviceScheduler, scheduler_for
 
 __all__ = [
     "DISPATCHED",
     "DRAINING",
     "GONE",
+    "NO_QUEUE_OPTIONS",
+    "ONE_INSTANCE",
     "QUEUED",
     "SHUTDOWN",
     "Batch",

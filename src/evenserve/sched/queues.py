@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from evenserve.core.options import QueueOptions
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import RequestInfo
 from evenserve.core.wire import DEADLINE_EXPIRED, ONLINE, SHED
@@ -36,6 +37,9 @@ from evenserve.policy.batching import BatchingPolicy
 from evenserve.policy.batching.base import BatchingPolicyBase
 from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S, RateEstimator
 from evenserve.sched.queue import ADMITTED, RequestQueue
+
+#: Queue options when none are given: unbounded (per model bounds aside), no class rules.
+NO_QUEUE_OPTIONS = QueueOptions()
 
 _NOOP_ARRIVAL = BatchingPolicyBase.on_arrival
 _NOOP_DISPATCH = BatchingPolicyBase.on_dispatch
@@ -141,16 +145,10 @@ class QueueSet(Generic[R]):
         self,
         models: Sequence[ModelSetup],
         on_drop: Callable[[R, str], None],
-        *,
-        starvation_s: float | None = None,
-        class_headroom: float | None = None,
-        ignore_priority: bool = False,
+        options: QueueOptions = NO_QUEUE_OPTIONS,
         stats_since_s: float = 0.0,
     ) -> None:
-        if starvation_s is not None and starvation_s <= 0:
-            raise ValueError("starvation_s must be > 0")
-        if class_headroom is not None and not 0 < class_headroom <= 1:
-            raise ValueError("class_headroom must be in (0, 1]")
+        starvation_s = options.starvation_s
         names = [m.name for m in models]
         if len(set(names)) != len(names):
             raise ValueError("a model is listed twice")
@@ -159,9 +157,9 @@ class QueueSet(Generic[R]):
         }
         self.on_drop = on_drop
         self.starvation_s = starvation_s
-        self.class_headroom = class_headroom
-        self.ignore_priority = ignore_priority
-        self._track_rates = class_headroom is not None
+        self.class_headroom = options.class_headroom
+        self.ignore_priority = options.ignore_priority
+        self._track_rates = options.class_headroom is not None
         self._watch: list[tuple[float, int, R]] = []
         self._seq = itertools.count()
         self.waiting = 0

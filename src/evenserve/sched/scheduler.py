@@ -43,7 +43,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
-from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice
+from evenserve.core.contention import SharedDevice
+from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import Dispatch, LoadSample
 from evenserve.policy.batching.device import next_batch
@@ -52,12 +53,14 @@ from evenserve.sched.actions import Batch, SchedulerActions
 from evenserve.sched.busy import BusyClock
 from evenserve.sched.hosted import Flush, Hosted
 from evenserve.sched.memory import MemoryAccount
-from evenserve.sched.queues import ModelSetup, QueuedRequest, QueueSet
+from evenserve.sched.queues import NO_QUEUE_OPTIONS, ModelSetup, QueuedRequest, QueueSet
 
 R = TypeVar("R", bound=QueuedRequest)
 
 #: ``offer``'s answer while the device drains (the worker answers 503).
 DRAINING = "draining"
+#: Device options when none are given: one instance.
+ONE_INSTANCE = DeviceOptions()
 
 
 class DeviceScheduler(Generic[R]):
@@ -71,16 +74,14 @@ class DeviceScheduler(Generic[R]):
         actions: SchedulerActions[R],
         *,
         models: Sequence[str] | None = None,
-        instances: int = 1,
-        interference: float = DEFAULT_INTERFERENCE,
+        device: DeviceOptions = ONE_INSTANCE,
         memory_total_bytes: float | None = None,
         utilization_window_s: float = 1.0,
         origin_s: float = 0.0,
         watch_deadlines: bool = True,
         profiles: Mapping[str, LatencyProfile | None] | None = None,
     ) -> None:
-        if instances < 1:
-            raise ValueError("instances must be >= 1")
+        instances = device.instances
         names = sorted(queues.queues if models is None else models)
         for m in names:
             if m not in queues:
@@ -107,7 +108,7 @@ class DeviceScheduler(Generic[R]):
         self.instances = instances
         self._free = list(range(instances))
         self._running: dict[int, Batch[R]] = {}
-        self._shared = SharedDevice(interference) if instances > 1 else None
+        self._shared = SharedDevice(device.interference) if instances > 1 else None
         self._end_token = 0
         self._ends_moved = False
         self.busy = BusyClock(instances, utilization_window_s, origin_s)
@@ -412,31 +413,19 @@ class DeviceScheduler(Generic[R]):
 def scheduler_for(
     models: Sequence[ModelSetup],
     actions: SchedulerActions[R],
+    device: DeviceOptions = ONE_INSTANCE,
+    queue: QueueOptions = NO_QUEUE_OPTIONS,
     *,
-    starvation_s: float | None = None,
-    class_headroom: float | None = None,
-    ignore_priority: bool = False,
     stats_since_s: float = 0.0,
-    instances: int = 1,
-    interference: float = DEFAULT_INTERFERENCE,
     memory_total_bytes: float | None = None,
     utilization_window_s: float = 1.0,
     origin_s: float = 0.0,
 ) -> DeviceScheduler[R]:
     """A device with queues of its own (the usual case)."""
-    queues: QueueSet[R] = QueueSet(
-        models,
-        actions.drop,
-        starvation_s=starvation_s,
-        class_headroom=class_headroom,
-        ignore_priority=ignore_priority,
-        stats_since_s=stats_since_s,
-    )
     return DeviceScheduler(
-        queues,
+        QueueSet(models, actions.drop, queue, stats_since_s),
         actions,
-        instances=instances,
-        interference=interference,
+        device=device,
         memory_total_bytes=memory_total_bytes,
         utilization_window_s=utilization_window_s,
         origin_s=origin_s,

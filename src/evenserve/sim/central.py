@@ -27,10 +27,8 @@ class CentralQueue:
         self.queues: QueueSet[SimRequest] = QueueSet(
             [sim.model_setup(m, first[m]) for m in sc.models],
             lambda r, reason: sim.drop(r, reason, None),
-            starvation_s=sim.starvation_s,
-            class_headroom=arm.class_headroom,
-            ignore_priority=arm.ignore_priority,
-            stats_since_s=sim.warmup_s,
+            arm,
+            sim.warmup_s,
         )
         for spec in specs:
             d = sim.add_device(spec.name, profiles[spec.name])
@@ -39,8 +37,7 @@ class CentralQueue:
                 self.queues,
                 d,
                 models=d.models,
-                instances=spec.instances,
-                interference=spec.interference,
+                device=spec,
                 memory_total_bytes=spec.memory_gb * 1024.0**3,
                 utilization_window_s=sim.utilization_window_s,
                 watch_deadlines=False,

@@ -39,6 +39,7 @@ from evenserve.workload import (
 )
 
 NAN = math.nan
+GIB = 1024.0**3
 
 
 class Simulation:
@@ -110,13 +111,10 @@ class Simulation:
             d.sched = scheduler_for(
                 [self.model_setup(m, d.profiles[m]) for m in d.models],
                 d,
-                starvation_s=self.starvation_s,
-                class_headroom=arm.class_headroom,
-                ignore_priority=arm.ignore_priority,
+                spec,  # a scenario device has the DeviceOptions, an arm the QueueOptions
+                arm,
                 stats_since_s=self.warmup_s,
-                instances=spec.instances,
-                interference=spec.interference,
-                memory_total_bytes=spec.memory_gb * 1024.0**3,
+                memory_total_bytes=spec.memory_gb * GIB,
                 utilization_window_s=self.utilization_window_s,
             )
         self.by_name = {d.name: d for d in self.devices}

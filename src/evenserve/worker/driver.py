@@ -32,11 +32,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from evenserve.core.clock import Clock
-from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.errors import EvenserveError
+from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.wire import DEADLINE_EXPIRED, DEADLINE_INFEASIBLE, QUEUE_FULL, SHED
 from evenserve.sched import (
     DRAINING,
+    NO_QUEUE_OPTIONS,
+    ONE_INSTANCE,
     QUEUED,
     Batch,
     BusyClock,
@@ -178,13 +180,10 @@ class BatchDriver:
         *,
         clock: Clock,
         timer: Timer,
-        instances: int = 1,
+        device: DeviceOptions = ONE_INSTANCE,
+        queue: QueueOptions = NO_QUEUE_OPTIONS,
         observer: DriverObserver | None = None,
         utilization_window_s: float = 1.0,
-        starvation_s: float | None = None,
-        class_headroom: float | None = None,
-        ignore_priority: bool = False,
-        interference: float = DEFAULT_INTERFERENCE,
         memory_total_bytes: float | None = None,
         memory_probe: Callable[[], tuple[float | None, float | None]] | None = None,
     ) -> None:
@@ -196,11 +195,8 @@ class BatchDriver:
         self.sched: DeviceScheduler[PendingRequest] = scheduler_for(
             models,
             self,
-            starvation_s=starvation_s,
-            class_headroom=class_headroom,
-            ignore_priority=ignore_priority,
-            instances=instances,
-            interference=interference,
+            device,
+            queue,
             memory_total_bytes=memory_total_bytes,
             utilization_window_s=utilization_window_s,
             origin_s=clock.now(),

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evenserve.core.clock import FakeClock
+from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import LatencyProfile
 from evenserve.policy.batching import BATCHING
 from evenserve.sched import ModelSetup
@@ -77,9 +78,11 @@ def make_driver(
         VirtualExecutor(),
         clock=clock,
         timer=timer,
-        instances=instances,
+        device=DeviceOptions(instances=instances),
+        queue=QueueOptions(
+            starvation_ms=None if starvation_s is None else starvation_s * 1000.0,
+            class_headroom=class_headroom,
+        ),
         observer=rec,
-        starvation_s=starvation_s,
-        class_headroom=class_headroom,
     )
     return Harness(clock, timer, driver, rec)
