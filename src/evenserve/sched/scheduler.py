@@ -27,33 +27,28 @@ Theory of operation.
   new one only when none of those comes soon enough for the next pending wake-up or the next
   deadline-watch time. A wake-up that finds nothing due does nothing, so drivers never cancel
   timers (an event heap cannot) and both drivers see the same calls at the same times.
-- Timing: a batch alone takes its profile's time (or the observed time without a profile).
-  With several instances, batches running at once share the device (``core.contention``):
-  every start or end moves the others' ends, and the next end is announced again. One
-  instance keeps a direct path: a batch ends at start + its time.
-- Busy time is exact (``sched.busy``); memory is the profiles' account (resident weights plus
-  the running batches' working memory) unless the driver reports measured figures.
+- Timing and busy time: ``sched.slots`` (a batch alone takes its profile's time, or the
+  observed time without a profile; batches running at once share the device). Memory is the
+  profiles' account unless the driver reports measured figures (``sched.memory``).
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
-from evenserve.core.contention import SharedDevice
 from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import Dispatch, LoadSample
 from evenserve.policy.batching.device import next_batch
 from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S
 from evenserve.sched.actions import Batch, SchedulerActions
-from evenserve.sched.busy import BusyClock
 from evenserve.sched.hosted import Flush, Hosted
 from evenserve.sched.memory import MemoryAccount
 from evenserve.sched.queues import NO_QUEUE_OPTIONS, ModelSetup, QueuedRequest, QueueSet
+from evenserve.sched.slots import Slots
 
 R = TypeVar("R", bound=QueuedRequest)
 
@@ -106,12 +101,9 @@ class DeviceScheduler(Generic[R]):
             len(names) == 1 and queues.starvation_s is None and queues.class_headroom is None
         )
         self.instances = instances
-        self._free = list(range(instances))
-        self._running: dict[int, Batch[R]] = {}
-        self._shared = SharedDevice(device.interference) if instances > 1 else None
-        self._end_token = 0
-        self._ends_moved = False
-        self.busy = BusyClock(instances, utilization_window_s, origin_s)
+        self.slots: Slots[R] = Slots(device, actions, utilization_window_s, origin_s)
+        self._free = self.slots.free
+        self.busy = self.slots.busy
         self.in_flight = 0
         self.batches_started = 0
         self.memory = MemoryAccount(
@@ -145,39 +137,23 @@ class DeviceScheduler(Generic[R]):
 
     def finished(self, batch: Batch[R], now: float, took_s: float | None = None) -> None:
         """``batch`` ended at ``now`` (``took_s``: its measured compute time, if known)."""
-        inst = batch.instance
-        if self._running.pop(inst, None) is not batch:
-            raise ValueError(f"batch {batch.index} is not running")
-        self.busy.stop(now)
-        if self._shared is not None:
-            self._shared.finish(inst, now)
-            bisect.insort(self._free, inst)
-            self._ends_moved = True
-        else:
-            self._free.append(inst)
+        self.slots.finish(batch, now)
         h = self._by_name[batch.model]
         k = len(batch.requests)
         h.mq.in_flight -= k
         self.in_flight -= k
         mem = self.memory
-        mem.batches_bytes = mem.batches_bytes - batch.memory_bytes if self._running else 0.0
+        mem.batches_bytes = mem.batches_bytes - batch.memory_bytes if self.slots.running else 0.0
         if took_s is not None and h.profile is None:
             obs = h.mq.observed_s
             prev = obs.get(batch.items)
             obs[batch.items] = took_s if prev is None else prev + 0.2 * (took_s - prev)
-        batch.end_s = now
         self._plan(now)
 
     def announced(self, token: int) -> Batch[R] | None:
         """The batch whose end was announced with ``token`` (``end_at``); None when a later
         announcement superseded it. The driver then reports it ``finished``."""
-        if token != self._end_token or not self._running:
-            return None
-        if self._shared is None:
-            return next(iter(self._running.values()))
-        nxt = self._shared.next_end()
-        assert nxt is not None
-        return self._running[nxt[0]]  # type: ignore[index]
+        return self.slots.announced(token)
 
     def wake(self, at_s: float, now: float) -> None:
         """The wake-up asked for at ``at_s`` came (``now`` may be a hair earlier live)."""
@@ -235,9 +211,7 @@ class DeviceScheduler(Generic[R]):
                 self._plan_once(now)
         finally:
             self._planning = False
-        if self._ends_moved:
-            self._ends_moved = False
-            self._announce_end()
+        self.slots.announce()
         self._ensure_timer()
 
     def _plan_once(self, now: float) -> None:
@@ -302,31 +276,13 @@ class DeviceScheduler(Generic[R]):
         k = len(taken)
         h.mq.in_flight += k
         self.in_flight += k
-        inst = self._free.pop(0)
         solo, mem, occ = h.cost(items)
+        inst = self._free.pop(0)
         batch = Batch(h.mq.name, taken, items, inst, now, solo, mem, self.batches_started)
         self.batches_started += 1
-        self._running[inst] = batch
         self.memory.batches_bytes += mem
-        self.busy.start(now)
-        if self._shared is None:
-            batch.end_s = now + solo
-            self._end_token += 1
-            self.actions.start_batch(batch)
-            self.actions.end_at(batch.end_s, self._end_token)
-            return
-        self._shared.start(inst, now, solo, occ)
-        self._ends_moved = True
+        self.slots.start(batch, occ, now)
         self.actions.start_batch(batch)
-
-    def _announce_end(self) -> None:
-        assert self._shared is not None
-        nxt = self._shared.next_end()
-        if nxt is None:
-            return
-        self._running[nxt[0]].end_s = nxt[1]  # type: ignore[index]
-        self._end_token += 1
-        self.actions.end_at(nxt[1], self._end_token)
 
     def _ensure_timer(self) -> None:
         need = self._plan_wake
@@ -344,7 +300,7 @@ class DeviceScheduler(Generic[R]):
 
     # -- readings -------------------------------------------------------------------------
     def running(self) -> list[Batch[R]]:
-        return list(self._running.values())
+        return list(self.slots.running.values())
 
     @property
     def free_instances(self) -> int:
@@ -352,16 +308,7 @@ class DeviceScheduler(Generic[R]):
 
     def busy_remaining_s(self, now: float) -> float:
         """Seconds until an instance is free (0 when one is free now), from estimates."""
-        if self._free:
-            return 0.0
-        if self._shared is None:
-            end = next(iter(self._running.values())).end_s
-        else:
-            nxt = self._shared.next_end()
-            if nxt is None:
-                return 0.0
-            end = nxt[1]
-        return end - now if end > now else 0.0
+        return self.slots.busy_remaining_s(now)
 
     def estimate_batch_s(self, model: str, items: int) -> float:
         """Expected seconds for a batch of ``items`` of ``model`` alone on this device."""
@@ -391,7 +338,7 @@ class DeviceScheduler(Generic[R]):
 
     @property
     def idle(self) -> bool:
-        return not self._running and self.waiting == 0
+        return not self.slots.running and self.waiting == 0
 
     def snapshot(self, now: float) -> LoadSample:
         """The load signals the router reads (the worker's load report, the simulator's

@@ -4,20 +4,20 @@ Theory of operation. Every decision (admission, refusals, which batch to start w
 deadline watch, instance slots, busy time) is the scheduler's, the very object the
 simulator's devices drive; this module only carries out its actions on the event loop:
 - ``submit`` makes a PendingRequest with a future and offers it; a refusal raises at once
-  (QueueFullError, DeadlineInfeasibleError, DrainingError).
+  (RefusedError with its reason, or DrainingError).
 - ``start_batch``: the executor runs the batch (a thread running the runtime); it calls back
   on the loop with the outputs, which resolve each request's future exactly once, and the
   scheduler hears ``finished``. With a VirtualExecutor (tests and replays) nothing runs: the
   batch ends when the scheduler's timing says (``end_at``), as in the simulator.
-- ``drop``: a queued request that will not run gets its error (ShedError,
-  DeadlineExpiredError, or DrainingError at shutdown).
+- ``drop``: a queued request that will not run gets its error (RefusedError: ``shed``,
+  ``deadline-expired``; DrainingError at shutdown).
 - ``wake_at``: a timer (asyncio's live, a FakeTimer in tests) calls ``wake`` back.
 Clock and timer are injected: on a FakeClock with a FakeTimer and a VirtualExecutor the
 driver makes exactly the decisions the simulator makes for the same arrival trace (a golden
 test checks it).
 
 Every request submitted is either refused at once or gets exactly one outcome on its
-future: outputs, or one of ShedError, DeadlineExpiredError, BatchFailedError, DrainingError.
+future: outputs, or a RefusedError (shed, deadline-expired), BatchFailedError, DrainingError.
 A request whose caller went away (future cancelled) leaves the queue at once and is never
 run. Every refusal is reported once to the observer with its reason (``REFUSAL_REASONS``).
 """
@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from evenserve.core.clock import Clock
 from evenserve.core.errors import EvenserveError
 from evenserve.core.options import DeviceOptions, QueueOptions
-from evenserve.core.wire import DEADLINE_EXPIRED, DEADLINE_INFEASIBLE, QUEUE_FULL, SHED
+from evenserve.core.wire import DEADLINE_EXPIRED, DEADLINE_INFEASIBLE, SHED
 from evenserve.sched import (
     DRAINING,
     NO_QUEUE_OPTIONS,
@@ -56,55 +56,14 @@ class UnknownModelError(EvenserveError):
 
 
 class RefusedError(EvenserveError):
-    """The worker will not run this request; ``reason`` is one of REFUSAL_REASONS."""
+    """The worker will not run this request. ``reason`` is one of ``core.wire``'s
+    REFUSAL_REASONS (its HTTP status: ``REFUSAL_STATUS``) and starts the message; refusals a
+    retry may cure (429) carry ``retry_after_s``."""
 
-    reason = ""
-
-
-class QueueFullError(RefusedError):
-    reason = QUEUE_FULL
-
-    def __init__(self, model: str, depth: int, retry_after_s: float) -> None:
-        super().__init__(
-            f"queue-full: model {model!r}: queue full ({depth} requests waiting); none is of "
-            f"a lower class than this one; retry after {retry_after_s:.3f} s"
-        )
+    def __init__(self, reason: str, detail: str, retry_after_s: float | None = None) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
         self.retry_after_s = retry_after_s
-
-
-class ShedError(RefusedError):
-    reason = SHED
-
-    def __init__(self, model: str, priority: int, by_priority: int, retry_after_s: float) -> None:
-        super().__init__(
-            f"shed: model {model!r}: the queue was full and this request (priority "
-            f"{priority}) was the lowest class; a request of priority {by_priority} took its "
-            f"place. Retry after {retry_after_s:.3f} s"
-        )
-        self.retry_after_s = retry_after_s
-
-
-class DeadlineInfeasibleError(RefusedError):
-    reason = DEADLINE_INFEASIBLE
-
-    def __init__(self, model: str, deadline_in_s: float, earliest_end_in_s: float) -> None:
-        super().__init__(
-            f"deadline-infeasible: model {model!r}: the request's deadline is "
-            f"{deadline_in_s * 1000:.1f} ms away, but even alone right after the running "
-            f"batch it would end in {earliest_end_in_s * 1000:.1f} ms (latency profile)"
-        )
-
-
-class DeadlineExpiredError(RefusedError):
-    reason = DEADLINE_EXPIRED
-
-    def __init__(self, model: str, waited_s: float, deadline_in_s: float) -> None:
-        super().__init__(
-            f"deadline-expired: model {model!r}: the request can no longer finish by its "
-            f"deadline, so it will not run (waited {waited_s * 1000:.1f} ms in the queue, "
-            f"deadline {deadline_in_s * 1000:.1f} ms after arrival)"
-        )
-        self.waited_s = waited_s
 
 
 class DrainingError(EvenserveError):
@@ -269,9 +228,9 @@ class BatchDriver:
         """Queue one request; its future resolves exactly once. ``deadline_in_s``: it must
         finish within this many seconds of arriving (default: the model's deadline).
 
-        Raises on refusal: QueueFullError (the queue is full of requests of its class or
-        higher), DeadlineInfeasibleError (the profile says its deadline cannot be met),
-        DrainingError, ValueError (items out of range), UnknownModelError.
+        Raises on refusal: RefusedError (``queue-full``: the queue is full of requests of
+        its class or higher; ``deadline-infeasible``: the profile says its deadline cannot
+        be met), DrainingError, ValueError (items out of range), UnknownModelError.
         """
         mq = self._queue(model)
         if self.sched.draining:
@@ -306,9 +265,20 @@ class BatchDriver:
             self.observer.request_dropped(model, reason, 0.0)
             if reason == DEADLINE_INFEASIBLE:
                 assert req.deadline_s is not None
-                one = self.sched.estimate_batch_s(model, 1)
-                raise DeadlineInfeasibleError(model, req.deadline_s - now, busy + one)
-            raise QueueFullError(model, len(mq.queue), self.estimate_wait_s(model))
+                end = busy + self.sched.estimate_batch_s(model, 1)
+                raise RefusedError(
+                    reason,
+                    f"model {model!r}: the request's deadline is "
+                    f"{(req.deadline_s - now) * 1000:.1f} ms away, but even alone right after "
+                    f"the running batch it would end in {end * 1000:.1f} ms (latency profile)",
+                )
+            wait = self.estimate_wait_s(model)
+            raise RefusedError(
+                reason,
+                f"model {model!r}: queue full ({len(mq.queue)} requests waiting); none is of a "
+                f"lower class than this one; retry after {wait:.3f} s",
+                wait,
+            )
         fut.add_done_callback(functools.partial(self._on_future_done, req))
         return req
 
@@ -330,21 +300,29 @@ class BatchDriver:
         waited = now - request.arrival_s
         fut = request.future
         if fut is not None and not fut.done():
+            model = request.model
             if reason == SHED:
                 by = self._submitting
+                wait = self.estimate_wait_s(model)
                 fut.set_exception(
-                    ShedError(
-                        request.model,
-                        request.priority,
-                        by.priority if by is not None else request.priority,
-                        self.estimate_wait_s(request.model),
+                    RefusedError(
+                        reason,
+                        f"model {model!r}: the queue was full and this request (priority "
+                        f"{request.priority}) was the lowest class; a request of priority "
+                        f"{request.priority if by is None else by.priority} took its place. "
+                        f"Retry after {wait:.3f} s",
+                        wait,
                     )
                 )
             elif reason == DEADLINE_EXPIRED:
                 assert request.deadline_s is not None
+                deadline_ms = (request.deadline_s - request.arrival_s) * 1000
                 fut.set_exception(
-                    DeadlineExpiredError(
-                        request.model, waited, request.deadline_s - request.arrival_s
+                    RefusedError(
+                        reason,
+                        f"model {model!r}: the request can no longer finish by its deadline, so "
+                        f"it will not run (waited {waited * 1000:.1f} ms in the queue, deadline "
+                        f"{deadline_ms:.1f} ms after arrival)",
                     )
                 )
             else:

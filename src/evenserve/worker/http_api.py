@@ -33,12 +33,8 @@ from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
 from evenserve.worker.driver import (
     BatchFailedError,
-    DeadlineExpiredError,
-    DeadlineInfeasibleError,
     DrainingError,
-    QueueFullError,
     RefusedError,
-    ShedError,
 )
 from evenserve.worker.kserve import (
     HEADER_LENGTH,
@@ -57,16 +53,21 @@ UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "evenserve_load"]
 
 
+#: The ``outcome`` label of each refusal (metrics.names.OUTCOMES).
+REFUSAL_OUTCOMES = {
+    wire.QUEUE_FULL: "rejected_queue_full",
+    wire.SHED: "shed",
+    wire.DEADLINE_INFEASIBLE: "deadline_infeasible",
+    wire.DEADLINE_EXPIRED: "deadline_expired",
+}
+
+
 def _refusal(exc: RefusedError) -> tuple[Response, str]:
     """The response and the outcome label of a refused request."""
     headers = {wire.REASON_HEADER: exc.reason}
-    if isinstance(exc, QueueFullError | ShedError):
+    if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
-        outcome = "rejected_queue_full" if isinstance(exc, QueueFullError) else "shed"
-        return _error(str(exc), 429, headers), outcome
-    if isinstance(exc, DeadlineInfeasibleError):
-        return _error(str(exc), 504, headers), "deadline_infeasible"
-    return _error(str(exc), 504, headers), "deadline_expired"
+    return _error(str(exc), wire.REFUSAL_STATUS[exc.reason], headers), REFUSAL_OUTCOMES[exc.reason]
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -246,7 +247,7 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
         assert pending.future is not None
         try:
             outputs = await pending.future
-        except (ShedError, DeadlineExpiredError) as exc:
+        except RefusedError as exc:
             return _refusal(exc)
         except DrainingError as exc:
             return _error(str(exc), 503), "unavailable"

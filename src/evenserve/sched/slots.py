@@ -1,0 +1,101 @@
+"""A device's instance slots: which are free, the batch on each, when each ends, busy time.
+
+A batch alone takes its solo time. With several instances, batches running at once share
+the device (``core.contention``): every start or end moves the others' ends, so after a
+change the earliest end is announced again (``end_at`` with a new token); ``announced``
+answers with the batch a token stands for, or None once a later announcement superseded it.
+One instance keeps a direct path: a batch ends at its start plus its solo time, announced
+when it starts.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Generic, TypeVar
+
+from evenserve.core.contention import SharedDevice
+from evenserve.core.options import DeviceOptions
+from evenserve.sched.actions import Batch, SchedulerActions
+from evenserve.sched.busy import BusyClock
+from evenserve.sched.queues import QueuedRequest
+
+R = TypeVar("R", bound=QueuedRequest)
+
+
+class Slots(Generic[R]):
+    __slots__ = ("_actions", "_moved", "_shared", "_token", "busy", "free", "instances", "running")
+
+    def __init__(
+        self,
+        device: DeviceOptions,
+        actions: SchedulerActions[R],
+        utilization_window_s: float,
+        origin_s: float,
+    ) -> None:
+        self.instances = device.instances
+        self._actions = actions
+        self.free = list(range(device.instances))
+        self.running: dict[int, Batch[R]] = {}
+        self._shared = SharedDevice(device.interference) if device.instances > 1 else None
+        self._token = 0
+        self._moved = False
+        self.busy = BusyClock(device.instances, utilization_window_s, origin_s)
+
+    def start(self, batch: Batch[R], occupancy: float, now: float) -> None:
+        """``batch`` starts on ``batch.instance`` (taken from ``free``)."""
+        self.running[batch.instance] = batch
+        self.busy.start(now)
+        if self._shared is None:
+            batch.end_s = now + batch.solo_s
+            self._token += 1
+            self._actions.end_at(batch.end_s, self._token)
+        else:
+            self._shared.start(batch.instance, now, batch.solo_s, occupancy)
+            self._moved = True
+
+    def finish(self, batch: Batch[R], now: float) -> None:
+        inst = batch.instance
+        if self.running.pop(inst, None) is not batch:
+            raise ValueError(f"batch {batch.index} is not running")
+        self.busy.stop(now)
+        if self._shared is None:
+            self.free.append(inst)
+        else:
+            self._shared.finish(inst, now)
+            bisect.insort(self.free, inst)
+            self._moved = True
+        batch.end_s = now
+
+    def announce(self) -> None:
+        """After a change: announce the earliest end if starts or ends moved it."""
+        if not self._moved or self._shared is None:
+            return
+        self._moved = False
+        nxt = self._shared.next_end()
+        if nxt is not None:
+            self.running[nxt[0]].end_s = nxt[1]  # type: ignore[index]
+            self._token += 1
+            self._actions.end_at(nxt[1], self._token)
+
+    def announced(self, token: int) -> Batch[R] | None:
+        """The batch whose end was announced with ``token``; None when superseded."""
+        if token != self._token or not self.running:
+            return None
+        if self._shared is None:
+            return next(iter(self.running.values()))
+        nxt = self._shared.next_end()
+        assert nxt is not None
+        return self.running[nxt[0]]  # type: ignore[index]
+
+    def busy_remaining_s(self, now: float) -> float:
+        """Seconds until an instance is free (0 when one is free now), from estimates."""
+        if self.free:
+            return 0.0
+        if self._shared is None:
+            end = next(iter(self.running.values())).end_s
+        else:
+            nxt = self._shared.next_end()
+            if nxt is None:
+                return 0.0
+            end = nxt[1]
+        return end - now if end > now else 0.0
