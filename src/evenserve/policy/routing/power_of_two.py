@@ -35,7 +35,12 @@ class PowerOfTwo:
         if n == 1:
             return backends[0]
         k = min(self.params.choices, n)
-        picks = two_distinct(self._rng, n) if k == 2 else self._rng.sample(range(n), k)
+        if k == 2:  # the common case, without tuples (it is on the simulator's request path)
+            i, j = two_distinct(self._rng, n)
+            a, b = backends[i], backends[j]
+            ka, kb = a.queue_depth + a.in_flight, b.queue_depth + b.in_flight
+            return b if kb < ka or (kb == ka and b.in_flight < a.in_flight) else a
+        picks = self._rng.sample(range(n), k)
         best = backends[picks[0]]
         best_key = (best.queue_depth + best.in_flight, best.in_flight)
         for i in picks[1:]:
