@@ -1,9 +1,9 @@
 """Golden test: one arrival trace, the same batch decisions in the simulator and the live driver.
 
-The simulator (sim.cluster, event heap, virtual clock) and the worker's BatchDriver (asyncio
-callbacks, FakeClock + FakeTimer, virtual device) both drive the same batching policy
-objects through policy.batching.device.next_batch; for the same arrivals they must start the
-same batches, in the same order, at the same times.
+The simulator's devices (sim.device, event heap, virtual clock) and the worker's BatchDriver
+(asyncio callbacks, FakeClock + FakeTimer, a virtual executor) are both thin drivers of one
+DeviceScheduler (sched); for the same arrivals they must start the same batches, in the
+same order, at the same times.
 
 The second test adds what issue 6 brought: two priority classes (per model and per request),
 deadlines, a queue bound (queue-full refusals and sheds), a starvation bound, the class
@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from evenserve.core.results import RunRecords
 from evenserve.policy.batching import BATCHING
-from evenserve.sim.cluster import simulate
+from evenserve.sched import DeviceScheduler
+from evenserve.sim.cluster import Simulation
 from evenserve.sim.loader import load_scenario
 from evenserve.worker.driver import PendingRequest, RefusedError
 
@@ -50,6 +52,12 @@ def _trace(path: Path, n: int = 400, seed: int = 11) -> list[tuple[float, str]]:
         out.append((round(t, 9), rng.choice(["fast", "slow"])))
     path.write_text("".join(json.dumps({"t_s": t, "model": m}) + "\n" for t, m in out))
     return out
+
+
+def simulate_on_the_scheduler(tmp_path: Path, arm: str) -> RunRecords:
+    sim = Simulation(load_scenario(tmp_path / "sc.yaml"), arm)
+    assert [type(d.sched) for d in sim.devices] == [DeviceScheduler]
+    return sim.run()
 
 
 def _write_profiles(tmp_path: Path) -> None:
@@ -94,11 +102,12 @@ async def test_simulator_and_live_driver_make_the_same_batches(
             }
         )
     )
-    records = simulate(load_scenario(tmp_path / "sc.yaml"), arm)
+    records = simulate_on_the_scheduler(tmp_path, arm)
     sim_dev = records.devices[0]
 
     profiles = {m: profile(m, pts) for m, pts in PROFILES.items()}
     h = make_driver({m: ARMS[arm] for m in PROFILES}, profiles, instances=instances)
+    assert type(h.driver.sched) is DeviceScheduler
     for t, m in trace:
         h.timer.advance_to(t)
         h.driver.submit(m, None)
@@ -210,7 +219,7 @@ async def test_classes_deadlines_and_bounds_make_the_same_decisions(
             }
         )
     )
-    records = simulate(load_scenario(tmp_path / "sc.yaml"), "arm")
+    records = simulate_on_the_scheduler(tmp_path, "arm")
     sim_dev = records.devices[0]
     sim_log = records.requests
 
@@ -226,6 +235,7 @@ async def test_classes_deadlines_and_bounds_make_the_same_decisions(
         class_headroom=None if "class_headroom" not in opts else float(opts["class_headroom"]),
         instances=instances,
     )
+    assert type(h.driver.sched) is DeviceScheduler
     fates: list[PendingRequest | str] = []
     for e in trace:
         h.timer.advance_to(float(e["t_s"]))  # type: ignore[arg-type]
