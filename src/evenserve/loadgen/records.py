@@ -24,8 +24,8 @@ from typing import Any
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.results import DeviceTrace, RequestLog, RunRecords
-from evenserve.loadgen.runner import LoadResult, Sample
 from evenserve.loadgen.scrape import BackendScrape
+from evenserve.loadgen.spec import LoadResult, Sample
 
 SAMPLES = "samples.jsonl"
 SCRAPES = "scrapes.jsonl"
