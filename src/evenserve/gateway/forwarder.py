@@ -47,8 +47,6 @@ class Reply:
 
 
 class Forwarder(Protocol):
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Reply: ...
-
     async def request(
         self, method: str, url: str, body: bytes, headers: Mapping[str, str]
     ) -> Reply: ...
@@ -108,9 +106,6 @@ class AiohttpForwarder:
             raise ResponseTimeout(str(exc)) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise ConnectionLost(type(exc).__name__) from exc
-
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Reply:
-        return await self.request("POST", url, body, headers)
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -32,8 +32,5 @@ class HttpxForwarder:
         kept = {h: resp.headers[h] for h in self._keep if h in resp.headers}
         return Reply(resp.status_code, kept, resp.content)
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> Reply:
-        return await self.request("POST", url, body, headers)
-
     async def aclose(self) -> None:
         await self.client.aclose()
