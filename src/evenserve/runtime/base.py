@@ -70,7 +70,6 @@ class RuntimeContext:
     device: DeviceTarget
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    max_batch_size: int
     #: The runtime's own section of model.yaml, already validated by its params model.
     params: Any = None
     #: Extra knobs from the command line (e.g. ``cpu_threads``).

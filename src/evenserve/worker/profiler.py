@@ -246,7 +246,6 @@ def build_runtime(
         device=device,
         inputs=entry.inputs,
         outputs=entry.outputs,
-        max_batch_size=entry.config.max_batch_size,
         params=params,
         options={"cpu_threads": cpu_threads},
     )

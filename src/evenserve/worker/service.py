@@ -126,7 +126,6 @@ class WorkerService:
                 device=options.device,
                 inputs=e.inputs,
                 outputs=e.outputs,
-                max_batch_size=e.config.max_batch_size,
                 params=e.runtime_params,
                 options=opts,
             )
