@@ -31,9 +31,8 @@ import numpy as np
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import MB, LatencyProfile, dump_profile
-from evenserve.runtime.base import Array, Runtime, RuntimeContext
+from evenserve.runtime.base import Array, Runtime
 from evenserve.runtime.device import DeviceTarget
-from evenserve.runtime.factory import create_runtime
 from evenserve.worker.repository import ModelEntry
 
 
@@ -240,20 +239,8 @@ def build_runtime(
             raise ConfigError(f"--precision: runtime {entry.config.runtime} has no precision")
         params = params.model_copy(update={"precision": precision})
         type(params).model_validate(params.model_dump())
-    ctx = RuntimeContext(
-        model=entry.name,
-        model_dir=entry.directory,
-        device=device,
-        inputs=entry.inputs,
-        outputs=entry.outputs,
-        params=params,
-        options={"cpu_threads": cpu_threads},
-    )
-    return create_runtime(
-        entry.config.runtime,
-        ctx,
-        emulated_params=entry.emulated_params,
-        profile_sets_dir=profiles_dir,
+    return entry.create_runtime(
+        device, cpu_threads=cpu_threads, profiles_dir=profiles_dir, params=params
     )
 
 

@@ -25,10 +25,9 @@ from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.nvml import NvmlSampler
 from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
 from evenserve.policy.registry import spec_label
-from evenserve.runtime.base import Runtime, RuntimeContext
+from evenserve.runtime.base import Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
-from evenserve.runtime.factory import create_runtime
 from evenserve.runtime.torch_common import cuda_memory_bytes
 from evenserve.sched import ModelSetup
 from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
@@ -114,27 +113,16 @@ class WorkerService:
             )
             for e in entries
         }
-        opts: dict[str, Any] = {"cpu_threads": options.cpu_threads}
         self.runtimes: dict[str, Runtime] = {}
         # Emulated models share one device when batches run at once (they slow each other).
         run = options.run
         shared = EmulatedDevice(run.interference) if run.instances > 1 else None
         for e in entries:
-            ctx = RuntimeContext(
-                model=e.name,
-                model_dir=e.directory,
-                device=options.device,
-                inputs=e.inputs,
-                outputs=e.outputs,
-                params=e.runtime_params,
-                options=opts,
-            )
             try:
-                self.runtimes[e.name] = create_runtime(
-                    e.config.runtime,
-                    ctx,
-                    emulated_params=e.emulated_params,
-                    profile_sets_dir=options.profiles_dir,
+                self.runtimes[e.name] = e.create_runtime(
+                    options.device,
+                    cpu_threads=options.cpu_threads,
+                    profiles_dir=options.profiles_dir,
                     emulated_device=shared,
                 )
             except ConfigError as exc:
