@@ -25,7 +25,7 @@ from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.nvml import NvmlSampler
 from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
 from evenserve.policy.registry import spec_label
-from evenserve.runtime.base import Runtime
+from evenserve.runtime.base import TRITON_CONFIG_TYPES, Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
 from evenserve.runtime.torch_common import cuda_memory_bytes
@@ -302,8 +302,6 @@ class WorkerService:
     # -- descriptions ------------------------------------------------------------------------
     def model_config_json(self, name: str) -> dict[str, Any]:
         """The model's configuration in the shape of Triton's model config JSON."""
-        from evenserve.runtime.base import TRITON_CONFIG_TYPES
-
         e = self.entries[name]
         spec = self.batching_specs[name]
         policy = self.policies[name]
