@@ -56,7 +56,6 @@ class WorkerOptions:
     utilization_window_s: float = 1.0
     cpu_threads: int | None = None
     drain_timeout_s: float = 30.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _Telemetry(DriverObserver):
