@@ -79,7 +79,7 @@ class LoadGenerator:
         self.t0 = 0.0
         self._stop = asyncio.Event()
         self._aborted: str | None = None
-        self._client: RawHttpClient | None = None
+        self._client = RawHttpClient(spec.target, spec.timeout_s, min(5.0, spec.timeout_s))
         self._prebuilt: dict[str, list[bytes]] = {}
         self._turn: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -89,7 +89,6 @@ class LoadGenerator:
     def _wire(self, model: str, priority: int | None, deadline_ms: float | None) -> bytes:
         """The whole HTTP request for one send; prebuilt unless it carries parameters."""
         client = self._client
-        assert client is not None
         p = self.payloads[model]
         params: dict[str, Any] = {}
         if priority is not None:
@@ -119,8 +118,6 @@ class LoadGenerator:
         s = Sample(model, intended_abs - self.t0, user=user, priority=prio)
         self.samples.append(s)
         wire = self._wire(model, prio, deadline_ms)
-        client = self._client
-        assert client is not None
         sent = time.perf_counter()
         s.sent_s = sent - self.t0
         if s.intended_s >= self.spec.warmup_s:
@@ -129,7 +126,7 @@ class LoadGenerator:
         st.sent += 1
         st.in_flight += 1
         try:
-            s.status, s.backend, data, s.resent = await client.post(wire)
+            s.status, s.backend, data, s.resent = await self._client.post(wire)
             done = time.perf_counter()
             if s.status == 200:
                 s.done_s = done - self.t0
@@ -230,7 +227,6 @@ class LoadGenerator:
         async with aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False
         ) as session:
-            self._client = RawHttpClient(spec.target, spec.timeout_s, min(5.0, spec.timeout_s))
             models = spec.models()
             need_meta = {m for m in models if m not in spec.payload_files}
             meta = await preflight(session, spec.target, models, need_meta)
