@@ -287,15 +287,13 @@ def write_profile(
         ),
     )
     prof = dataclasses.replace(prof, sequence_length=sequence_length)
-    if device.kind == "cuda":
-        memory_source = "torch.cuda peak allocated during the batch above the allocation before it"
-    elif device.kind == "cpu":
-        memory_source = (
+    memory_source = {
+        "cuda": "torch.cuda peak allocated during the batch above the allocation before it",
+        "cpu": (
             "CPU: growth of the process's peak resident set (ru_maxrss) over its size after "
             "loading, batch sizes in ascending order; approximate (the allocator reuses memory)"
-        )
-    else:
-        memory_source = "the emulated runtime's own profile"
+        ),
+    }.get(device.kind, "the emulated runtime's own profile")
     spread = ", ".join(
         f"b{p.batch} p10 {p.p10_ms:.2f} / p90 {p.p90_ms:.2f} (median wall {p.wall_median_ms:.2f},"
         f" cpu {p.cpu_median_ms:.2f})"
