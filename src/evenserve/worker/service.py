@@ -21,6 +21,7 @@ from evenserve.core.clock import Clock, RealClock
 from evenserve.core.errors import ConfigError
 from evenserve.core.load import LoadReport
 from evenserve.core.options import DeviceOptions, QueueOptions
+from evenserve.core.profile import LatencyProfile
 from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.nvml import NvmlSampler
 from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
@@ -128,11 +129,11 @@ class WorkerService:
                 raise ConfigError(f"{e.source}: {exc}") from exc
         self.policies = {e.name: e.build_policy(options.batching_override) for e in entries}
         self.batching_specs = {e.name: e.batching_spec(options.batching_override) for e in entries}
-        self.profiles = {e.name: e.latency_profile() for e in entries}
-        for name, rt in self.runtimes.items():
-            prof = getattr(rt, "profile", None)
-            if self.profiles[name] is None and prof is not None:
-                self.profiles[name] = prof
+        # A model without a profile file of its own has its emulated runtime's, if any.
+        self.profiles: dict[str, LatencyProfile | None] = {
+            e.name: e.latency_profile() or getattr(self.runtimes[e.name], "profile", None)
+            for e in entries
+        }
         self.stats = {e.name: ModelStats(e.name, e.config.version) for e in entries}
         self.nvml = (
             NvmlSampler.open(options.device.index or 0) if options.device.kind == "cuda" else None
