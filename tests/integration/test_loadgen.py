@@ -15,7 +15,8 @@ import pytest
 
 from evenserve.loadgen.http import RawHttpClient
 from evenserve.loadgen.records import RunLabels, result_records
-from evenserve.loadgen.runner import LoadGenerator, LoadSpec, run_load
+from evenserve.loadgen.runner import LoadGenerator, run_load
+from evenserve.loadgen.spec import LoadSpec
 from evenserve.loadgen.target import TargetError, error_lines
 from evenserve.report.summary import summarize
 from evenserve.runtime.device import parse_device

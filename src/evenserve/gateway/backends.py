@@ -17,7 +17,6 @@ from typing import Any
 from evenserve.core.clock import Clock
 from evenserve.core.profile import LatencyProfile
 from evenserve.gateway.config import BackendSpec
-from evenserve.policy.registry import PolicySpecError
 from evenserve.policy.routing import ROUTING, Router, RoutingPolicy
 
 
@@ -131,11 +130,6 @@ class BackendRegistry:
         return self.states[name].healthy
 
     # -- policy -----------------------------------------------------------------------------
-    def replace_policy(self, spec: Any, seed: int) -> RoutingPolicy:
+    def replace_policy(self, spec: Any, seed: int) -> None:
         """Build and install a policy from a spec; PolicySpecError names the bad field."""
-        policy = ROUTING.build(spec, random.Random(seed), where="routing")
-        self.router.set_policy(policy)
-        return policy
-
-
-__all__ = ["BackendRegistry", "BackendState", "HealthEvent", "PolicySpecError"]
+        self.router.set_policy(ROUTING.build(spec, random.Random(seed), where="routing"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -264,12 +265,12 @@ class ClusterConfig(Strict):
         return self
 
 
+@dataclass
 class LoadedCluster:
     """A validated cluster file plus the directory its relative paths are resolved against."""
 
-    def __init__(self, config: ClusterConfig, base_dir: Path) -> None:
-        self.config = config
-        self.base_dir = base_dir
+    config: ClusterConfig
+    base_dir: Path
 
     def resolve(self, relative: str) -> Path:
         p = Path(relative)
@@ -299,9 +300,8 @@ class LoadedCluster:
                     models = all_models
                 if not models:
                     raise ConfigError(f"workers.devices.{i}.models: the repository has no models")
-                profiles = None
-                if d.device.startswith("emulated:"):
-                    profiles = d.device.split(":", 1)[1]
+                emulated = d.device.startswith("emulated:")
+                profiles = d.device.removeprefix("emulated:") if emulated else None
                 out.append(
                     BackendSpec(
                         name=d.name,

@@ -177,7 +177,8 @@ class Dispatcher:
                 self.metrics.retries.labels(model).inc()
             self.router.sent(name, model)
             try:
-                reply = await self.forwarder.post(self.registry.url(name) + path, body, fwd_headers)
+                url = self.registry.url(name) + path
+                reply = await self.forwarder.request("POST", url, body, fwd_headers)
             except Unreachable as exc:
                 self.registry.eject(name, exc.reason)
                 failures.append(f"{name}: {exc.reason}")

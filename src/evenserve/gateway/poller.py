@@ -38,6 +38,7 @@ from evenserve.gateway.config import GatewaySection
 from evenserve.gateway.prometheus_signals import PrometheusParseError, sample_from_text
 
 log = logging.getLogger("evenserve.gateway.poller")
+Probe = Callable[[], Awaitable[None]]
 
 
 def describe_error(exc: BaseException) -> str:
@@ -75,15 +76,15 @@ class Poller:
         try:
             resp = await self.client.get(url, timeout=self.cfg.signals.timeout_ms / 1000.0)
         except (httpx.HTTPError, OSError) as exc:
-            self._failed(name, describe_error(exc))
+            self.registry.eject(name, describe_error(exc))
             return
         if resp.status_code != 200:
-            self._failed(name, f"load endpoint answered {resp.status_code}")
+            self.registry.eject(name, f"load endpoint answered {resp.status_code}")
             return
         try:
             report = LoadReport.model_validate_json(resp.content)
         except ValidationError as exc:
-            self._failed(name, f"bad load report: {exc.errors()[0]['msg']}")
+            self.registry.eject(name, f"bad load report: {exc.errors()[0]['msg']}")
             return
         if not report.ready:
             self.registry.eject(name, "not-ready")
@@ -114,31 +115,32 @@ class Poller:
                 st.spec.url + HEALTH_READY_PATH, timeout=self.cfg.health.timeout_ms / 1000.0
             )
         except (httpx.HTTPError, OSError) as exc:
-            self._failed(name, describe_error(exc))
+            self.registry.eject(name, describe_error(exc))
             return
         if resp.status_code == 200:
             self.registry.admit(name)
         else:
             self.registry.eject(name, f"not-ready ({resp.status_code})")
 
-    def _failed(self, name: str, reason: str) -> None:
-        self.registry.eject(name, reason)
+    def _probes(self, st: BackendState) -> list[tuple[float, Probe]]:
+        """A backend's probes with their periods (seconds), by its signal source."""
+        own_s = (st.spec.signals.interval_ms or self.cfg.signals.interval_ms) / 1000.0
+        src = st.spec.signals.source
+        if src == "evenserve":
+            return [(own_s, partial(self.probe_load, st))]
+        health_s = self.cfg.health.interval_ms / 1000.0
+        probes: list[tuple[float, Probe]] = [(health_s, partial(self.probe_ready, st))]
+        if src == "prometheus":
+            probes.append((own_s, partial(self.probe_metrics, st)))
+        return probes
 
     async def probe_all(self) -> None:
         """One round of every probe, concurrently (used once at startup)."""
-        jobs: list[Awaitable[None]] = []
-        for st in self.registry.states.values():
-            src = st.spec.signals.source
-            if src == "evenserve":
-                jobs.append(self.probe_load(st))
-            else:
-                jobs.append(self.probe_ready(st))
-                if src == "prometheus":
-                    jobs.append(self.probe_metrics(st))
-        await asyncio.gather(*jobs)
+        states = self.registry.states.values()
+        await asyncio.gather(*(probe() for st in states for _, probe in self._probes(st)))
 
     # -- loops ------------------------------------------------------------------------------
-    async def _every(self, period_s: float, probe: Callable[[], Awaitable[None]]) -> None:
+    async def _every(self, period_s: float, probe: Probe) -> None:
         loop = asyncio.get_running_loop()
         next_t = loop.time()
         while True:
@@ -159,19 +161,11 @@ class Poller:
             await asyncio.sleep(period_s)
 
     def start(self) -> None:
-        sig_s = self.cfg.signals.interval_ms / 1000.0
-        health_s = self.cfg.health.interval_ms / 1000.0
         spawn = asyncio.get_running_loop().create_task
         for st in self.registry.states.values():
-            src = st.spec.signals.source
-            own_s = (st.spec.signals.interval_ms or self.cfg.signals.interval_ms) / 1000.0
-            if src == "evenserve":
-                self._tasks.append(spawn(self._every(own_s, partial(self.probe_load, st))))
-            else:
-                self._tasks.append(spawn(self._every(health_s, partial(self.probe_ready, st))))
-                if src == "prometheus":
-                    self._tasks.append(spawn(self._every(own_s, partial(self.probe_metrics, st))))
-        self._tasks.append(spawn(self._expire_loop(sig_s / 2)))
+            for period_s, probe in self._probes(st):
+                self._tasks.append(spawn(self._every(period_s, probe)))
+        self._tasks.append(spawn(self._expire_loop(self.cfg.signals.interval_ms / 1000.0 / 2)))
 
     async def stop(self) -> None:
         for t in self._tasks:

@@ -10,7 +10,7 @@ in-flight counts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from evenserve.core.types import LoadSample
 from evenserve.gateway.config import MetricRef, PrometheusMapping
@@ -85,25 +85,17 @@ def parse_samples(text: str, names: Iterable[str]) -> dict[str, Series]:
     return out
 
 
-def _select(series: Series, ref: MetricRef) -> list[float]:
-    want = ref.labels
-    if not want:
-        return [v for _, v in series]
-    return [v for labels, v in series if all(labels.get(k) == x for k, x in want.items())]
+#: How the samples a MetricRef selects become one figure.
+AGGREGATES: dict[str, Callable[[list[float]], float]] = {
+    "sum": sum,
+    "mean": lambda values: sum(values) / len(values),
+    "max": max,
+    "min": min,
+}
 
 
 def _aggregate(values: list[float], ref: MetricRef) -> float | None:
-    if not values:
-        return None
-    if ref.aggregate == "sum":
-        agg = sum(values)
-    elif ref.aggregate == "mean":
-        agg = sum(values) / len(values)
-    elif ref.aggregate == "max":
-        agg = max(values)
-    else:
-        agg = min(values)
-    return agg * ref.scale
+    return AGGREGATES[ref.aggregate](values) * ref.scale if values else None
 
 
 def mapped_metric_names(mapping: PrometheusMapping) -> list[str]:
@@ -123,13 +115,14 @@ def sample_from_text(
     """The LoadSample a metrics text describes, or None if it lacks the queue metric."""
     series = parse_samples(text, mapped_metric_names(mapping))
 
+    def selected(ref: MetricRef) -> Series:
+        return [(lb, v) for lb, v in series[ref.metric] if _matches(lb, ref.labels)]
+
     def value(ref: MetricRef | None) -> float | None:
-        if ref is None:
-            return None
-        return _aggregate(_select(series[ref.metric], ref), ref)
+        return None if ref is None else _aggregate([v for _, v in selected(ref)], ref)
 
     q_ref = mapping.queue_depth
-    q_series = [(lb, v) for lb, v in series[q_ref.metric] if _matches(lb, q_ref.labels)]
+    q_series = selected(q_ref)
     queue = _aggregate([v for _, v in q_series], q_ref)
     if queue is None:
         return None

@@ -13,7 +13,6 @@ import logging
 import random
 import secrets
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -189,23 +188,18 @@ class Gateway:
         return routes + self.admin.routes()
 
 
-def uvicorn_config(app: Any, host: str, port: int, **kw: Any) -> uvicorn.Config:
-    return uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=kw.pop("log_level", "warning"),
-        access_log=False,
-        timeout_graceful_shutdown=kw.pop("timeout_graceful_shutdown", 10),
-        **kw,
-    )
-
-
 def serve(gateway: Gateway, host: str | None = None, port: int | None = None) -> None:
     """Run the gateway until SIGINT/SIGTERM (uvicorn drains in-flight requests first).
 
     uvicorn picks uvloop and httptools when they are installed (``loop``/``http`` auto).
     """
     cfg = gateway.cfg
-    server = uvicorn.Server(uvicorn_config(gateway.app, host or cfg.host, port or cfg.port))
-    server.run()
+    config = uvicorn.Config(
+        gateway.app,
+        host=host or cfg.host,
+        port=port or cfg.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+    uvicorn.Server(config).run()

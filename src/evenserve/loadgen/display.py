@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from evenserve.loadgen.runner import LiveStats
+from evenserve.loadgen.spec import LiveStats
 
 
 def render(stats: LiveStats, title: str = "") -> Text:

@@ -16,21 +16,24 @@ run: target, mode, arm labels, window, SLOs, lag, errors, the send path's connec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.results import DeviceTrace, RequestLog, RunRecords
-from evenserve.loadgen.runner import LoadResult, Sample
 from evenserve.loadgen.scrape import BackendScrape
+from evenserve.loadgen.spec import LoadResult, Sample
 
 SAMPLES = "samples.jsonl"
 SCRAPES = "scrapes.jsonl"
 RUN_META = "run.json"
 DEFAULT_PRIORITY = 10
+T = TypeVar("T")
 
 
 @dataclass
@@ -103,34 +106,10 @@ def write_run(folder: Path, result: LoadResult, labels: RunLabels, extra: dict[s
             f.write(json.dumps(s.to_json()) + "\n")
     with (folder / SCRAPES).open("w") as f:
         for b in result.scrapes.values():
-            f.write(
-                json.dumps(
-                    {
-                        "name": b.name,
-                        "url": b.url,
-                        "queue_t_s": b.queue_t_s,
-                        "queue_depth": b.queue_depth,
-                        "in_flight": b.in_flight,
-                        "utilization": b.utilization,
-                        "busy_t_s": b.busy_t_s,
-                        "busy_total_s": b.busy_total_s,
-                        "errors": b.errors,
-                        "last_error": b.last_error,
-                    }
-                )
-                + "\n"
-            )
+            f.write(json.dumps(dataclasses.asdict(b)) + "\n")
     spec = result.spec
     meta = {
-        "labels": {
-            "scenario": labels.scenario,
-            "arm": labels.arm,
-            "routing": labels.routing,
-            "batching": labels.batching,
-            "seed": labels.seed,
-            "slo_ms": labels.slo_ms,
-            "timeseries_interval_s": labels.timeseries_interval_s,
-        },
+        "labels": dataclasses.asdict(labels),
         "target": spec.target,
         "mode": spec.mode(),
         "users": spec.users,
@@ -152,6 +131,45 @@ def write_run(folder: Path, result: LoadResult, labels: RunLabels, extra: dict[s
 
 def _num(x: Any) -> float:
     return math.nan if x is None else float(x)
+
+
+def _sample(o: dict[str, Any]) -> Sample:
+    return Sample(
+        model=str(o["model"]),
+        intended_s=float(o["intended_s"]),
+        sent_s=_num(o.get("sent_s")),
+        done_s=_num(o.get("done_s")),
+        status=int(o.get("status", 0)),
+        outcome=str(o["outcome"]),
+        backend=str(o.get("backend", "")),
+        user=int(o.get("user", -1)),
+        priority=None if o.get("priority") is None else int(o["priority"]),
+        resent=int(o.get("resent", 0)),
+    )
+
+
+def _scrape(o: dict[str, Any]) -> BackendScrape:
+    b = BackendScrape(name=str(o["name"]), url=str(o.get("url", "")))
+    b.queue_t_s = [float(x) for x in o["queue_t_s"]]
+    b.queue_depth = [float(x) for x in o["queue_depth"]]
+    b.in_flight = [float(x) for x in o.get("in_flight", [])]
+    b.utilization = [float(x) for x in o.get("utilization", [])]
+    b.busy_t_s = [float(x) for x in o.get("busy_t_s", [])]
+    b.busy_total_s = [float(x) for x in o.get("busy_total_s", [])]
+    return b
+
+
+def _read_jsonl(path: Path, what: str, parse: Callable[[Any], T]) -> list[T]:
+    """Every non-blank line parsed; a bad one is a ConfigError naming the file and line."""
+    out: list[T] = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append(parse(json.loads(line)))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}:{n}: bad {what} ({type(exc).__name__}: {exc})") from None
+    return out
 
 
 def read_run(folder: Path) -> tuple[RunRecords, dict[str, Any]]:
@@ -177,51 +195,10 @@ def read_run(folder: Path) -> tuple[RunRecords, dict[str, Any]]:
         warmup_s, end_s = float(meta["warmup_s"]), float(meta["end_s"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ConfigError(f"{meta_path}: missing or bad field {exc}") from None
-    samples: list[Sample] = []
-    path = folder / SAMPLES
     try:
-        lines = path.read_text().splitlines()
+        samples = _read_jsonl(folder / SAMPLES, "sample", _sample)
     except FileNotFoundError:
         raise ConfigError(f"{folder}: no {SAMPLES}") from None
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            o = json.loads(line)
-            samples.append(
-                Sample(
-                    model=str(o["model"]),
-                    intended_s=float(o["intended_s"]),
-                    sent_s=_num(o.get("sent_s")),
-                    done_s=_num(o.get("done_s")),
-                    status=int(o.get("status", 0)),
-                    outcome=str(o["outcome"]),
-                    backend=str(o.get("backend", "")),
-                    user=int(o.get("user", -1)),
-                    priority=None if o.get("priority") is None else int(o["priority"]),
-                    resent=int(o.get("resent", 0)),
-                )
-            )
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"{path}:{n}: bad sample ({type(exc).__name__}: {exc})") from None
-    scrapes: dict[str, BackendScrape] = {}
     spath = folder / SCRAPES
-    if spath.is_file():
-        for n, line in enumerate(spath.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                o = json.loads(line)
-                b = BackendScrape(name=str(o["name"]), url=str(o.get("url", "")))
-                b.queue_t_s = [float(x) for x in o["queue_t_s"]]
-                b.queue_depth = [float(x) for x in o["queue_depth"]]
-                b.in_flight = [float(x) for x in o.get("in_flight", [])]
-                b.utilization = [float(x) for x in o.get("utilization", [])]
-                b.busy_t_s = [float(x) for x in o.get("busy_t_s", [])]
-                b.busy_total_s = [float(x) for x in o.get("busy_total_s", [])]
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise ConfigError(
-                    f"{spath}:{n}: bad scrape ({type(exc).__name__}: {exc})"
-                ) from None
-            scrapes[b.name] = b
+    scrapes = {b.name: b for b in _read_jsonl(spath, "scrape", _scrape)} if spath.is_file() else {}
     return to_records(samples, scrapes, labels, warmup_s, end_s), meta

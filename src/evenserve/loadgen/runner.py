@@ -27,7 +27,7 @@ The scraper (``scrape``) polls every backend meanwhile. Latency is measured from
 send time, so the generator's own lateness is never hidden (it is also reported on its own).
 While the load runs the garbage collector is off (a full collection would be lag) and
 ``run_load`` lifts the sending thread to real-time priority where permitted (see
-:func:`sender_priority`).
+``schedule.sender_priority``). What a run is asked and gives back: ``spec``.
 """
 
 from __future__ import annotations
@@ -35,24 +35,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import math
-import os
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import numpy as np
 
-from evenserve.core.errors import ConfigError
 from evenserve.core.wire import infer_path
 from evenserve.loadgen.http import MAX_IDLE_S, RawHttpClient
 from evenserve.loadgen.payload import Payload, payload_from_file, payload_from_metadata
-from evenserve.loadgen.schedule import LagStats, SendClock
-from evenserve.loadgen.scrape import BackendScrape, Scraper
+from evenserve.loadgen.schedule import LagStats, SendClock, sender_priority
+from evenserve.loadgen.scrape import Scraper
+from evenserve.loadgen.spec import LiveStats, LoadResult, LoadSpec, Sample
 from evenserve.loadgen.target import (
     ErrorTally,
     classify_exception,
@@ -68,143 +62,8 @@ from evenserve.workload import (
     user_rng,
 )
 
-#: Hard limits: no run may be longer or send more than this, whatever it is asked.
-MAX_DURATION_S = 3600.0
-MAX_REQUESTS = 10_000_000
-
-
-@dataclass
-class LoadSpec:
-    target: str
-    mix: dict[str, float]
-    duration_s: float
-    warmup_s: float = 0.0
-    users: int | None = None
-    think_s: float = 0.0
-    rate_rps: float | None = None
-    trace: list[Arrival] | None = None
-    trace_time_scale: float = 1.0
-    max_requests: int = 1_000_000
-    timeout_s: float = 30.0
-    drain_s: float = 10.0
-    seed: int = 0
-    var_dim: int = 1
-    payload_files: dict[str, Path] = field(default_factory=dict)
-    scrape: dict[str, str] = field(default_factory=dict)
-    scrape_interval_s: float = 0.1
-    metrics_interval_s: float = 1.0
-    max_in_flight: int = 4096
-    abort_after: int = 100
-    #: Per-model request parameters (``priority``) added to every body of that model.
-    model_priority: dict[str, int] = field(default_factory=dict)
-
-    def mode(self) -> str:
-        if self.trace is not None:
-            return "trace"
-        if self.rate_rps is not None:
-            return "open-loop"
-        return "closed-loop"
-
-    def validate(self) -> None:
-        if not (0 < self.duration_s <= MAX_DURATION_S):
-            raise ConfigError(f"--duration: must be > 0 and at most {MAX_DURATION_S:g} s")
-        if not (0 <= self.warmup_s < self.duration_s):
-            raise ConfigError("--warmup: must be >= 0 and less than --duration")
-        if not (1 <= self.max_requests <= MAX_REQUESTS):
-            raise ConfigError(f"--max-requests: must be between 1 and {MAX_REQUESTS}")
-        modes = [self.trace is not None, self.rate_rps is not None, self.users is not None]
-        if sum(modes) != 1:
-            raise ConfigError("give exactly one of --users (closed loop), --rate or --trace")
-        if self.users is not None and self.users < 1:
-            raise ConfigError("--users: must be >= 1")
-        if self.rate_rps is not None and not (0 < self.rate_rps < math.inf):
-            raise ConfigError("--rate: must be a number > 0")
-        if self.think_s < 0:
-            raise ConfigError("--think-ms: must be >= 0")
-        if self.timeout_s <= 0:
-            raise ConfigError("--timeout: must be > 0")
-        if self.var_dim < 1:
-            raise ConfigError("--var-dim: must be >= 1")
-
-    def models(self) -> list[str]:
-        if self.trace is not None:
-            return sorted({a.model for a in self.trace})
-        return sorted(m for m, w in self.mix.items() if w > 0)
-
-
-@dataclass(slots=True)
-class Sample:
-    """One request as the generator saw it; times are seconds from time zero."""
-
-    model: str
-    intended_s: float
-    sent_s: float = math.nan
-    done_s: float = math.nan
-    status: int = 0
-    outcome: str = "unfinished"
-    backend: str = ""
-    user: int = -1
-    priority: int | None = None
-    #: 1 when the request was sent a second time, on a fresh connection, because the reused
-    #: keep-alive connection it went out on was closed before any answer byte (see
-    #: ``http.RawHttpClient.post``); the latency still counts from the first intended time.
-    resent: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        # Full precision: ``evenserve report`` recomputes the very same figures from these.
-        def num(x: float) -> float | None:
-            return None if math.isnan(x) else x
-
-        return {
-            "model": self.model,
-            "intended_s": self.intended_s,
-            "sent_s": num(self.sent_s),
-            "done_s": num(self.done_s),
-            "status": self.status,
-            "outcome": self.outcome,
-            "backend": self.backend,
-            "user": self.user,
-            "priority": self.priority,
-            "resent": self.resent,
-        }
-
-
-@dataclass
-class LiveStats:
-    """What the progress display shows."""
-
-    elapsed_s: float = 0.0
-    duration_s: float = 0.0
-    sent: int = 0
-    ok: int = 0
-    failed: int = 0
-    in_flight: int = 0
-    recent_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
-    failures: dict[str, int] = field(default_factory=dict)
-    draining: bool = False
-
-    def percentiles(self) -> tuple[float | None, float | None]:
-        if not self.recent_ms:
-            return None, None
-        a = np.fromiter(self.recent_ms, dtype=float)
-        return float(np.percentile(a, 50)), float(np.percentile(a, 99))
-
-
-@dataclass
-class LoadResult:
-    spec: LoadSpec
-    samples: list[Sample]
-    scrapes: dict[str, BackendScrape]
-    errors: dict[str, Any]
-    lag_ms: dict[str, Any]
-    started_unix_s: float
-    end_s: float
-    aborted: str | None = None
-    #: The generator thread's scheduling while it ran (see ``sender_priority``).
-    priority: str = "normal"
-    #: The send path's connections: opened, idle ones retired before reuse, requests resent
-    #: after a keep-alive race (``http.RawHttpClient.stats``).
-    connections: dict[str, int] = field(default_factory=dict)
+# The run's data types live in ``spec``; the experiment layer and the CLI import them here too.
+__all__ = ["LiveStats", "LoadGenerator", "LoadResult", "LoadSpec", "Sample", "run_load"]
 
 
 class LoadGenerator:
@@ -220,7 +79,7 @@ class LoadGenerator:
         self.t0 = 0.0
         self._stop = asyncio.Event()
         self._aborted: str | None = None
-        self._client: RawHttpClient | None = None
+        self._client = RawHttpClient(spec.target, spec.timeout_s, min(5.0, spec.timeout_s))
         self._prebuilt: dict[str, list[bytes]] = {}
         self._turn: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -230,7 +89,6 @@ class LoadGenerator:
     def _wire(self, model: str, priority: int | None, deadline_ms: float | None) -> bytes:
         """The whole HTTP request for one send; prebuilt unless it carries parameters."""
         client = self._client
-        assert client is not None
         p = self.payloads[model]
         params: dict[str, Any] = {}
         if priority is not None:
@@ -260,8 +118,6 @@ class LoadGenerator:
         s = Sample(model, intended_abs - self.t0, user=user, priority=prio)
         self.samples.append(s)
         wire = self._wire(model, prio, deadline_ms)
-        client = self._client
-        assert client is not None
         sent = time.perf_counter()
         s.sent_s = sent - self.t0
         if s.intended_s >= self.spec.warmup_s:
@@ -270,7 +126,7 @@ class LoadGenerator:
         st.sent += 1
         st.in_flight += 1
         try:
-            s.status, s.backend, data, s.resent = await client.post(wire)
+            s.status, s.backend, data, s.resent = await self._client.post(wire)
             done = time.perf_counter()
             if s.status == 200:
                 s.done_s = done - self.t0
@@ -371,7 +227,6 @@ class LoadGenerator:
         async with aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False
         ) as session:
-            self._client = RawHttpClient(spec.target, spec.timeout_s, min(5.0, spec.timeout_s))
             models = spec.models()
             need_meta = {m for m in models if m not in spec.payload_files}
             meta = await preflight(session, spec.target, models, need_meta)
@@ -438,44 +293,6 @@ class LoadGenerator:
             aborted=self._aborted,
             connections=self._client.stats(),
         )
-
-
-@contextlib.contextmanager
-def sender_priority(enabled: bool = True) -> Iterator[str]:
-    """Run the calling thread at real-time round-robin priority 1 when permitted, else nice -10.
-
-    On a host shared with the system under test, a woken generator can wait milliseconds for
-    a CPU behind the gateway and the workers (the kernel's wake-up granularity), which is
-    scheduling lag that has nothing to do with the generator. The lowest real-time priority
-    removes that wait; the generator sleeps between sends (it never spins), so it takes only
-    the CPU it needs. Only this thread is changed, and only while the load runs: the cluster's
-    processes, started before, keep their normal priority. Yields what was obtained.
-    """
-    if not enabled or not hasattr(os, "sched_setscheduler"):
-        yield "normal"
-        return
-    try:
-        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
-    except (OSError, AttributeError):
-        pass
-    else:
-        try:
-            yield "real-time (SCHED_RR 1)"
-        finally:
-            with contextlib.suppress(OSError):
-                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-        return
-    old = os.getpriority(os.PRIO_PROCESS, 0)
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, -10)
-    except OSError:
-        yield "normal"
-        return
-    try:
-        yield "nice -10"
-    finally:
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, 0, old)
 
 
 def run_load(

@@ -91,15 +91,12 @@ class Scraper:
         t0: float,
         interval_s: float = 0.1,
         metrics_interval_s: float = 1.0,
-        timeout_s: float = 1.0,
     ) -> None:
         self.data = {n: BackendScrape(n, u.rstrip("/")) for n, u in backends.items()}
         self.t0 = t0
         self.interval_s = interval_s
         self.metrics_interval_s = metrics_interval_s
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._tasks: list[asyncio.Task[None]] = []
-        self._no_load: set[str] = set()
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -110,8 +107,7 @@ class Scraper:
             try:
                 async with session.get(b.url + LOAD_PATH) as resp:
                     if resp.status == 404:
-                        self._no_load.add(b.name)
-                        return
+                        return  # no load endpoint (not our worker): its /metrics only
                     body = await resp.json(content_type=None)
                 t = self.now()
                 b.queue_t_s.append(t)
@@ -124,16 +120,19 @@ class Scraper:
             nxt += self.interval_s
             await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
 
+    async def _read_busy(self, session: aiohttp.ClientSession, b: BackendScrape) -> None:
+        async with session.get(b.url + METRICS_PATH) as resp:
+            text = await resp.text() if resp.status == 200 else ""
+        value = parse_busy_counter(text)
+        if value is not None:
+            b.busy_t_s.append(self.now())
+            b.busy_total_s.append(value)
+
     async def _metrics_loop(self, session: aiohttp.ClientSession, b: BackendScrape) -> None:
         nxt = time.perf_counter()
         while True:
             try:
-                async with session.get(b.url + METRICS_PATH) as resp:
-                    text = await resp.text() if resp.status == 200 else ""
-                value = parse_busy_counter(text)
-                if value is not None:
-                    b.busy_t_s.append(self.now())
-                    b.busy_total_s.append(value)
+                await self._read_busy(session, b)
             except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError) as exc:
                 b.errors += 1
                 b.last_error = f"/metrics: {type(exc).__name__}: {exc}"[:200]
@@ -149,11 +148,7 @@ class Scraper:
         """One last busy-counter reading per backend, so the window's end is covered."""
         for b in self.data.values():
             with contextlib.suppress(TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
-                async with session.get(b.url + METRICS_PATH) as resp:
-                    value = parse_busy_counter(await resp.text())
-                if value is not None:
-                    b.busy_t_s.append(self.now())
-                    b.busy_total_s.append(value)
+                await self._read_busy(session, b)
 
     async def stop(self) -> None:
         for t in self._tasks:

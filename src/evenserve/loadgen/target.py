@@ -133,10 +133,6 @@ class ErrorTally:
         self.by_model[(kind, model)] += 1
         self.example.setdefault(kind, message[:300])
 
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
     def to_json(self) -> dict[str, Any]:
         return {
             kind: {

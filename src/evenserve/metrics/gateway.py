@@ -29,22 +29,20 @@ from prometheus_client.registry import Collector
 
 from evenserve.metrics import names
 
-# prometheus_client adds ``_total`` to counters itself.
-REQUESTS_TOTAL = names.GATEWAY_REQUESTS + "_total"
-REQUEST_DURATION_SECONDS = names.GATEWAY_REQUEST_DURATION
-ROUTING_DECISION_SECONDS = names.GATEWAY_ROUTING_DECISION
-RETRIES_TOTAL = names.GATEWAY_RETRIES + "_total"
-BACKEND_HEALTHY = names.GATEWAY_BACKEND_HEALTHY
-BACKEND_EJECTIONS_TOTAL = names.GATEWAY_BACKEND_EJECTIONS + "_total"
-BACKEND_SIGNAL_AGE_SECONDS = names.GATEWAY_BACKEND_SIGNAL_AGE
-BACKEND_IN_FLIGHT = names.GATEWAY_BACKEND_IN_FLIGHT
-BACKEND_QUEUE_DEPTH = names.GATEWAY_BACKEND_QUEUE_DEPTH
-LATENCY_BUCKETS_S = names.GATEWAY_LATENCY_BUCKETS_S
-DECISION_BUCKETS_S = names.GATEWAY_DECISION_BUCKETS_S
-
 #: One backend's live figures for the scrape-time collector:
 #: (name, healthy, signal age in seconds or None, in-flight count, queue estimate).
 BackendFigures = tuple[str, bool, float | None, int, float]
+
+#: The scrape-time gauges, in the order of BackendFigures after the name.
+BACKEND_GAUGES = (
+    (names.GATEWAY_BACKEND_HEALTHY, "1 if the backend is routable, 0 if ejected"),
+    (
+        names.GATEWAY_BACKEND_SIGNAL_AGE,
+        "seconds since the newest load sample (NaN before the first)",
+    ),
+    (names.GATEWAY_BACKEND_IN_FLIGHT, "requests the gateway has outstanding"),
+    (names.GATEWAY_BACKEND_QUEUE_DEPTH, "router's queue estimate for the backend"),
+)
 
 
 class _BackendCollector(Collector):
@@ -54,29 +52,12 @@ class _BackendCollector(Collector):
         self._source = source
 
     def collect(self) -> Iterator[Metric]:
-        healthy = GaugeMetricFamily(
-            BACKEND_HEALTHY, "1 if the backend is routable, 0 if ejected", labels=["backend"]
-        )
-        age = GaugeMetricFamily(
-            BACKEND_SIGNAL_AGE_SECONDS,
-            "seconds since the newest load sample (NaN before the first)",
-            labels=["backend"],
-        )
-        in_flight = GaugeMetricFamily(
-            BACKEND_IN_FLIGHT, "requests the gateway has outstanding", labels=["backend"]
-        )
-        queue = GaugeMetricFamily(
-            BACKEND_QUEUE_DEPTH, "router's queue estimate for the backend", labels=["backend"]
-        )
-        for name, ok, age_s, n, q in self._source():
-            healthy.add_metric([name], 1.0 if ok else 0.0)
-            age.add_metric([name], math.nan if age_s is None else age_s)
-            in_flight.add_metric([name], float(n))
-            queue.add_metric([name], q)
-        yield healthy
-        yield age
-        yield in_flight
-        yield queue
+        families = [GaugeMetricFamily(n, doc, labels=["backend"]) for n, doc in BACKEND_GAUGES]
+        for name, ok, age_s, in_flight, q in self._source():
+            age = math.nan if age_s is None else age_s
+            for family, value in zip(families, (float(ok), age, float(in_flight), q), strict=True):
+                family.add_metric([name], value)
+        yield from families
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
@@ -85,33 +66,35 @@ class _BackendCollector(Collector):
 class GatewayMetrics:
     def __init__(self, backends: Callable[[], Iterable[BackendFigures]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        # prometheus_client adds ``_total`` to a counter's name itself.
         self.requests = Counter(
-            REQUESTS_TOTAL,
+            names.GATEWAY_REQUESTS,
             "requests answered by the gateway",
             ["backend", "model", "outcome"],
-            registry=self.registry,
+            registry=r,
         )
         self.latency = Histogram(
-            REQUEST_DURATION_SECONDS,
+            names.GATEWAY_REQUEST_DURATION,
             "end-to-end latency at the gateway",
             ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=self.registry,
+            buckets=names.TIME_BUCKETS_S,
+            registry=r,
         )
         self.decision = Histogram(
-            ROUTING_DECISION_SECONDS,
+            names.GATEWAY_ROUTING_DECISION,
             "time inside the routing policy per decision",
-            buckets=DECISION_BUCKETS_S,
-            registry=self.registry,
+            buckets=names.GATEWAY_DECISION_BUCKETS_S,
+            registry=r,
         )
         self.retries = Counter(
-            RETRIES_TOTAL, "requests sent to a second backend", ["model"], registry=self.registry
+            names.GATEWAY_RETRIES, "requests sent to a second backend", ["model"], registry=r
         )
         self.ejections = Counter(
-            BACKEND_EJECTIONS_TOTAL,
+            names.GATEWAY_BACKEND_EJECTIONS,
             "times a backend was taken out of routing",
             ["backend", "reason"],
-            registry=self.registry,
+            registry=r,
         )
         self.registry.register(_BackendCollector(backends))
 

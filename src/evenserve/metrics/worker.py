@@ -28,6 +28,16 @@ class DeviceSnapshot:
     in_flight_by_model: Mapping[str, int] = field(default_factory=dict)
 
 
+Family = type[GaugeMetricFamily | CounterMetricFamily]
+
+
+def _one(kind: Family, name: str, doc: str, label: str, key: str, value: float) -> Metric:
+    """A family of one series, ``label=key``."""
+    family = kind(name, doc, labels=[label])
+    family.add_metric([key], value)
+    return family
+
+
 class _LiveCollector(Collector):
     def __init__(
         self, device: str, snapshot: Callable[[], DeviceSnapshot], nvml: NvmlSampler | None
@@ -38,57 +48,47 @@ class _LiveCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.snapshot()
-        dev = [self.device]
-        q = GaugeMetricFamily(names.QUEUE_DEPTH, "Requests waiting, per model.", labels=["model"])
-        for m, v in s.queued_by_model.items():
-            q.add_metric([m], v)
-        yield q
-        f = GaugeMetricFamily(
-            names.IN_FLIGHT, "Requests inside running batches, per model.", labels=["model"]
-        )
-        for m, v in s.in_flight_by_model.items():
-            f.add_metric([m], v)
-        yield f
-        g = GaugeMetricFamily(
-            names.DEVICE_BUSY_RATIO,
-            "Busy fraction of the device's batch slots over the utilization window.",
-            labels=["device"],
-        )
-        g.add_metric(dev, s.busy_ratio)
-        yield g
-        c = CounterMetricFamily(
-            names.DEVICE_BUSY_SECONDS,
-            "Seconds the device ran batches, summed over its slots.",
-            labels=["device"],
-        )
-        c.add_metric(dev, s.busy_seconds_total)
-        yield c
-        inst = GaugeMetricFamily(
-            names.DEVICE_INSTANCES,
-            "Batch slots (concurrent batches) of the device.",
-            labels=["device"],
-        )
-        inst.add_metric(dev, s.instances)
-        yield inst
-        if s.memory_used_bytes is not None:
-            mu = GaugeMetricFamily(
-                names.DEVICE_MEMORY_USED, "Device memory in use.", labels=["device"]
-            )
-            mu.add_metric(dev, s.memory_used_bytes)
-            yield mu
-        if s.memory_total_bytes is not None:
-            mt = GaugeMetricFamily(names.DEVICE_MEMORY_TOTAL, "Device memory.", labels=["device"])
-            mt.add_metric(dev, s.memory_total_bytes)
-            yield mt
+        for name, doc, by_model in (
+            (names.QUEUE_DEPTH, "Requests waiting, per model.", s.queued_by_model),
+            (names.IN_FLIGHT, "Requests inside running batches, per model.", s.in_flight_by_model),
+        ):
+            per_model = GaugeMetricFamily(name, doc, labels=["model"])
+            for m, v in by_model.items():
+                per_model.add_metric([m], v)
+            yield per_model
+        gauge, counter = GaugeMetricFamily, CounterMetricFamily
+        device: list[tuple[Family, str, str, float | None]] = [
+            (
+                gauge,
+                names.DEVICE_BUSY_RATIO,
+                "Busy fraction of the device's batch slots over the utilization window.",
+                s.busy_ratio,
+            ),
+            (
+                counter,
+                names.DEVICE_BUSY_SECONDS,
+                "Seconds the device ran batches, summed over its slots.",
+                s.busy_seconds_total,
+            ),
+            (
+                gauge,
+                names.DEVICE_INSTANCES,
+                "Batch slots (concurrent batches) of the device.",
+                s.instances,
+            ),
+            (gauge, names.DEVICE_MEMORY_USED, "Device memory in use.", s.memory_used_bytes),
+            (gauge, names.DEVICE_MEMORY_TOTAL, "Device memory.", s.memory_total_bytes),
+        ]
+        for kind, name, doc, value in device:
+            if value is not None:  # memory an unmeasured device does not know is left out
+                yield _one(kind, name, doc, "device", self.device, value)
         if self.nvml is not None:
-            yield from self._nvml()
+            yield from self._nvml(self.nvml)
 
-    def _nvml(self) -> Iterator[Metric]:
-        assert self.nvml is not None
-        ns = self.nvml.sample()
+    def _nvml(self, nvml: NvmlSampler) -> Iterator[Metric]:
+        ns = nvml.sample()
         if ns is None:
             return
-        gpu = [str(self.nvml.index)]
         for name, doc, value in (
             (
                 names.GPU_SM_UTILIZATION,
@@ -100,11 +100,8 @@ class _LiveCollector(Collector):
             (names.GPU_PCIE_TX, "NVML PCIe transmit throughput.", ns.pcie_tx_bytes_per_second),
             (names.GPU_PCIE_RX, "NVML PCIe receive throughput.", ns.pcie_rx_bytes_per_second),
         ):
-            if value is None:
-                continue
-            fam = GaugeMetricFamily(name, doc, labels=["gpu"])
-            fam.add_metric(gpu, value)
-            yield fam
+            if value is not None:
+                yield _one(GaugeMetricFamily, name, doc, "gpu", str(nvml.index), value)
 
 
 class WorkerMetrics:
@@ -119,33 +116,25 @@ class WorkerMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.batch_size = Histogram(
-            names.BATCH_SIZE,
-            "Items per batch.",
-            ["model"],
-            buckets=names.BATCH_SIZE_BUCKETS,
-            registry=r,
-        )
-        self.queue_time = Histogram(
+
+        def per_model(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, doc, ["model"], buckets=buckets, registry=r)
+
+        self.batch_size = per_model(names.BATCH_SIZE, "Items per batch.", names.BATCH_SIZE_BUCKETS)
+        self.queue_time = per_model(
             names.QUEUE_TIME,
             "Time from arrival to the start of the request's batch.",
-            ["model"],
-            buckets=names.TIME_BUCKETS_S,
-            registry=r,
+            names.TIME_BUCKETS_S,
         )
-        self.compute_time = Histogram(
+        self.compute_time = per_model(
             names.COMPUTE_TIME,
             "Time one batch took on the device (assemble, run, split).",
-            ["model"],
-            buckets=names.TIME_BUCKETS_S,
-            registry=r,
+            names.TIME_BUCKETS_S,
         )
-        self.latency = Histogram(
+        self.latency = per_model(
             names.REQUEST_LATENCY,
             "Time from receiving a request to answering it.",
-            ["model"],
-            buckets=names.TIME_BUCKETS_S,
-            registry=r,
+            names.TIME_BUCKETS_S,
         )
         self.requests = Counter(
             names.REQUESTS, "Requests answered, by outcome.", ["model", "outcome"], registry=r
@@ -158,14 +147,17 @@ class WorkerMetrics:
             ["model", "reason"],
             registry=r,
         )
-        self.nvml = nvml
         r.register(_LiveCollector(device, snapshot, nvml))
+        # Every series of a served model exists from the start, at zero.
         for m in models:
-            self.batch_size.labels(m)
-            self.queue_time.labels(m)
-            self.compute_time.labels(m)
-            self.latency.labels(m)
-            self.batches.labels(m)
+            for series in (
+                self.batch_size,
+                self.queue_time,
+                self.compute_time,
+                self.latency,
+                self.batches,
+            ):
+                series.labels(m)
             for o in names.OUTCOMES:
                 self.requests.labels(m, o)
             for reason in names.REFUSAL_REASONS:

@@ -9,33 +9,46 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _per_arm(
+    summary: dict[str, Any], series: str, height: float, scale: float, ylabel: str, legend: str
+) -> tuple[Figure, list[Any]]:
+    """One panel per arm (in order), one line per device: ``timeseries[series]`` over time."""
+    arms = summary["arms"]
+    n = len(arms)
+    fig, axes = plt.subplots(n, 1, figsize=(10, height * n), sharex=True, squeeze=False)
+    for ax, a in zip(axes[:, 0], arms.values(), strict=True):
+        ts = a.get("timeseries") or {}
+        t = ts.get("t_s", [])
+        for dev, values in ts.get(series, {}).items():
+            ax.plot(t[: len(values)], [scale * x for x in values], label=dev, linewidth=1)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=4, loc=legend)
+    axes[-1, 0].set_xlabel("time (s)")
+    return fig, list(axes[:, 0])
 
 
 def plot_utilization(summary: dict[str, Any], out: Path) -> Path:
-    arms = summary["arms"]
-    n = len(arms)
-    fig, axes = plt.subplots(n, 1, figsize=(10, 2.6 * n), sharex=True, squeeze=False)
-    for ax, (name, a) in zip(axes[:, 0], arms.items(), strict=True):
-        ts = a.get("timeseries") or {}
-        t = ts.get("t_s", [])
-        for dev, series in ts.get("utilization", {}).items():
-            ax.plot(t[: len(series)], [100 * x for x in series], label=dev, linewidth=1)
+    fig, axes = _per_arm(summary, "utilization", 2.6, 100.0, "busy %", "lower right")
+    for ax, (name, a) in zip(axes, summary["arms"].items(), strict=True):
         ax.set_ylim(0, 105)
-        ax.set_ylabel("busy %")
         ax.set_title(
             f"{name}: {a['routing']} + {a['batching']}  "
             f"(spread {a['utilization_spread_pts']:.1f} pts)",
             fontsize=9,
         )
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=4, loc="lower right")
-    axes[-1, 0].set_xlabel("time (s)")
     fig.suptitle(f"{summary['scenario']}: device utilization over time", fontsize=11)
-    fig.tight_layout()
-    path = out / "utilization.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "utilization.png")
 
 
 def plot_latency_cdf(summary: dict[str, Any], out: Path) -> Path:
@@ -52,32 +65,14 @@ def plot_latency_cdf(summary: dict[str, Any], out: Path) -> Path:
     ax.set_title(f"{summary['scenario']}: latency CDF per arm")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "latency_cdf.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "latency_cdf.png")
 
 
 def plot_queue_depth(summary: dict[str, Any], out: Path) -> Path:
-    arms = summary["arms"]
-    n = len(arms)
-    fig, axes = plt.subplots(n, 1, figsize=(10, 2.4 * n), sharex=True, squeeze=False)
-    for ax, (name, a) in zip(axes[:, 0], arms.items(), strict=True):
-        ts = a.get("timeseries") or {}
-        t = ts.get("t_s", [])
-        for dev, series in ts.get("queue_depth", {}).items():
-            ax.plot(t[: len(series)], series, label=dev, linewidth=1)
-        ax.set_ylabel("queued")
+    fig, axes = _per_arm(summary, "queue_depth", 2.4, 1.0, "queued", "upper right")
+    for ax, (name, a) in zip(axes, summary["arms"].items(), strict=True):
         ax.set_title(f"{name}: queue depth per device (max {a['max_queue_depth']:.0f})", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=4, loc="upper right")
-    axes[-1, 0].set_xlabel("time (s)")
-    fig.tight_layout()
-    path = out / "queue_depth.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "queue_depth.png")
 
 
 def write_plots(summary: dict[str, Any], out: Path) -> list[Path]:

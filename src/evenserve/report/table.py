@@ -105,31 +105,21 @@ def arm_table(name: str, arm: dict[str, Any]) -> Table:
     t.add_column("model")
     for col in ("rps", "P50 ms", "P95 ms", "P99 ms", "max ms", "SLO ms", "SLO met", "goodput"):
         t.add_column(col, justify="right")
+
+    def latencies(lat: dict[str, Any]) -> list[str]:
+        return [_fmt(lat[k], 2) for k in ("p50", "p95", "p99", "max")]
+
     for m, v in arm["models"].items():
-        lat = v["latency_ms"]
         t.add_row(
             m,
             _fmt(v["throughput_rps"]),
-            _fmt(lat["p50"], 2),
-            _fmt(lat["p95"], 2),
-            _fmt(lat["p99"], 2),
-            _fmt(lat["max"], 2),
+            *latencies(v["latency_ms"]),
             _fmt(v["slo_ms"], 0),
             _fmt(v["slo_attainment"], 2, pct=True),
             _fmt(v["goodput_rps"]),
         )
-    lat = arm["latency_ms"]
     t.add_row(
-        "all",
-        _fmt(arm["throughput_rps"]),
-        _fmt(lat["p50"], 2),
-        _fmt(lat["p95"], 2),
-        _fmt(lat["p99"], 2),
-        _fmt(lat["max"], 2),
-        "",
-        "",
-        "",
-        style="bold",
+        "all", _fmt(arm["throughput_rps"]), *latencies(arm["latency_ms"]), "", "", "", style="bold"
     )
     return t
 

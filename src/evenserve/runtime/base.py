@@ -70,7 +70,6 @@ class RuntimeContext:
     device: DeviceTarget
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    max_batch_size: int
     #: The runtime's own section of model.yaml, already validated by its params model.
     params: Any = None
     #: Extra knobs from the command line (e.g. ``cpu_threads``).
@@ -117,16 +116,16 @@ def output_array(spec: TensorSpec, value: Any, batch: int) -> Array:
     return arr.astype(spec.dtype, copy=False)
 
 
-def warm_up(runtime: Runtime, ctx: RuntimeContext, variable_dim: int = 8) -> None:
-    """Run one batch of zeros (variable dims set to ``variable_dim``) so a model that cannot
-    run fails at load time with a clear error, not on the first request."""
+def warm_up(runtime: Runtime, ctx: RuntimeContext, where: str = "") -> None:
+    """Run one batch of zeros (variable dims set to 8) so a model that cannot run fails at
+    load time with a clear error, not on the first request; ``where`` adds to the message."""
     batch = {
-        s.name: np.zeros([1, *[variable_dim if d == -1 else d for d in s.shape]], dtype=s.dtype)
+        s.name: np.zeros([1, *[8 if d == -1 else d for d in s.shape]], dtype=s.dtype)
         for s in ctx.inputs
     }
     try:
         runtime.run(batch)
     except Exception as exc:
         raise ConfigError(
-            f"model {ctx.model!r}: warm-up batch failed: {type(exc).__name__}: {exc}"
+            f"model {ctx.model!r}: warm-up batch failed{where}: {type(exc).__name__}: {exc}"
         ) from exc

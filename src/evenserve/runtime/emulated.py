@@ -62,20 +62,13 @@ class EmulatedParams(BaseModel):
 class PreciseSleeper:
     """Sleeps until a deadline: a learned-short ``time.sleep``, then a tight spin."""
 
-    def __init__(self, margin_s: float = SPIN_MARGIN_S) -> None:
-        self.margin_s = margin_s
+    def __init__(self) -> None:
         self._overshoot_s = 0.0001
-
-    def sleep(self, duration_s: float) -> float:
-        """Sleep ``duration_s``; return the seconds actually slept."""
-        start = time.perf_counter()
-        self.sleep_until(start + duration_s)
-        return time.perf_counter() - start
 
     def sleep_until(self, end: float) -> None:
         """Return as soon after ``end`` (a perf_counter time) as the host allows."""
         before = time.perf_counter()
-        coarse = end - before - self._overshoot_s - self.margin_s
+        coarse = end - before - self._overshoot_s - SPIN_MARGIN_S
         if coarse > 0:
             time.sleep(coarse)
             # The overshoot includes getting the GIL back; learn it slowly, so one late

@@ -44,7 +44,7 @@ def create_runtime(
     ``emulated_device``: the device an emulated model shares with the worker's other models
     when it runs several batches at once (None: one batch at a time, no sharing)."""
     if ctx.device.kind == "emulated" or kind == "emulated":
-        params = emulated_params if emulated_params is not None else None
+        params = emulated_params
         if params is None and isinstance(ctx.params, EmulatedParams):
             params = ctx.params
         return EmulatedRuntime(ctx, resolve_profile(ctx, params, profile_sets_dir), emulated_device)

@@ -67,22 +67,18 @@ class OnnxRuntime:
             session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         except Exception as exc:
             raise ConfigError(f"model {ctx.model!r}: onnx.file: cannot load {path}: {exc}") from exc
-        graph_inputs = {i.name for i in session.get_inputs()}
-        for s in ctx.inputs:
-            name = self.params.input_map.get(s.name, s.name)
-            if name not in graph_inputs:
-                raise ConfigError(
-                    f"model {ctx.model!r}: inputs.{s.name}: the ONNX graph has no input "
-                    f"{name!r} (graph inputs: {', '.join(sorted(graph_inputs))})"
-                )
-        graph_outputs = {o.name for o in session.get_outputs()}
-        for s in ctx.outputs:
-            name = self.params.output_map.get(s.name, s.name)
-            if name not in graph_outputs:
-                raise ConfigError(
-                    f"model {ctx.model!r}: outputs.{s.name}: the ONNX graph has no output "
-                    f"{name!r} (graph outputs: {', '.join(sorted(graph_outputs))})"
-                )
+        for kind, specs, graph, renamed in (
+            ("input", ctx.inputs, session.get_inputs(), self.params.input_map),
+            ("output", ctx.outputs, session.get_outputs(), self.params.output_map),
+        ):
+            known = {t.name for t in graph}
+            for s in specs:
+                name = renamed.get(s.name, s.name)
+                if name not in known:
+                    raise ConfigError(
+                        f"model {ctx.model!r}: {kind}s.{s.name}: the ONNX graph has no {kind} "
+                        f"{name!r} (graph {kind}s: {', '.join(sorted(known))})"
+                    )
         self._ort = ort
         self._session = session
         self._providers = list(session.get_providers())

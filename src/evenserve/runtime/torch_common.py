@@ -1,79 +1,22 @@
-"""Helpers shared by the torch-based runtimes (transformers, TorchScript / torch.export).
+"""What the torch-based runtimes (transformers, TorchScript / torch.export) share.
 
-Imported only by those runtimes, and it imports torch only inside functions, so the core
-install never needs torch.
+:class:`TorchModuleRuntime` holds one loaded ``torch.nn.Module`` on one device: the device
+and thread checks before loading, numpy <-> torch conversion at the declared precision, the
+inference-mode call with a device synchronisation, its parameter bytes and the provenance
+both report. Imported only by those runtimes (and the worker, for CUDA memory), and it imports
+torch only inside functions, so the core install never needs torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
 
 from evenserve.core.errors import ConfigError
-from evenserve.runtime.base import Array, require
-from evenserve.runtime.device import DeviceTarget
+from evenserve.runtime.base import Array, RuntimeContext, TensorSpec, output_array, require
 
 Precision = Literal["fp32", "fp16", "bf16"]
-
-
-def import_torch(extra: str = "torch") -> Any:
-    return require("torch", extra)
-
-
-def torch_dtype(torch: Any, precision: Precision) -> Any:
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
-
-
-def check_device(torch: Any, device: DeviceTarget) -> None:
-    if device.kind == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {device.name}: torch sees no CUDA device")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"--device {device.name}: only {torch.cuda.device_count()} CUDA device(s)"
-            )
-
-
-def configure_threads(torch: Any, options: Mapping[str, Any]) -> None:
-    threads = options.get("cpu_threads")
-    if threads:
-        torch.set_num_threads(int(threads))
-
-
-def to_torch(torch: Any, arr: Array, device: str, float_dtype: Any) -> Any:
-    arr = np.ascontiguousarray(arr)
-    if not arr.flags.writeable:
-        # Binary request tensors are read-only views of the body; torch wants writable memory.
-        arr = arr.copy()
-    t = torch.from_numpy(arr)
-    if t.is_floating_point():
-        t = t.to(dtype=float_dtype)
-    return t.to(device, non_blocking=False)
-
-
-def to_numpy(torch: Any, value: Any) -> Array:
-    t = value.detach()
-    if t.dtype in (torch.float16, torch.bfloat16):
-        t = t.float()
-    out: Array = t.cpu().numpy()
-    return out
-
-
-def module_bytes(module: Any) -> float:
-    """Bytes of a module's parameters and buffers."""
-    total = 0
-    for p in module.parameters():
-        total += p.numel() * p.element_size()
-    for b in module.buffers():
-        total += b.numel() * b.element_size()
-    return float(total)
-
-
-def synchronize(torch: Any, device: DeviceTarget) -> None:
-    if device.kind == "cuda":
-        torch.cuda.synchronize(device.index)
 
 
 def cuda_memory_bytes(index: int) -> tuple[float, float]:
@@ -82,3 +25,92 @@ def cuda_memory_bytes(index: int) -> tuple[float, float]:
     torch = require("torch", "torch")
     free, total = torch.cuda.mem_get_info(index)
     return float(total - free), float(total)
+
+
+class TorchModuleRuntime:
+    """One torch module on one device; subclasses build it in ``load`` and map its outputs."""
+
+    #: The optional extra that brings what this runtime imports (named in install hints).
+    extra = "torch"
+
+    def __init__(self, ctx: RuntimeContext) -> None:
+        self.ctx = ctx
+        self._torch: Any = None
+        self._module: Any = None
+        self._float_dtype: Any = None
+        self._resident = 0.0
+
+    def _prepare(self, precision: Precision) -> tuple[Any, Any]:
+        """torch, checked against the device and set to the configured threads, and the
+        float dtype of ``precision``."""
+        torch = require("torch", self.extra)
+        device = self.ctx.device
+        if device.kind == "cuda":
+            if not torch.cuda.is_available():
+                raise ConfigError(f"--device {device.name}: torch sees no CUDA device")
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise ConfigError(
+                    f"--device {device.name}: only {torch.cuda.device_count()} CUDA device(s)"
+                )
+        threads = self.ctx.options.get("cpu_threads")
+        if threads:
+            torch.set_num_threads(int(threads))
+        self._torch = torch
+        self._float_dtype = {
+            "fp32": torch.float32,
+            "fp16": torch.float16,
+            "bf16": torch.bfloat16,
+        }[precision]
+        return torch, self._float_dtype
+
+    def _loaded(self, module: Any) -> None:
+        self._module = module
+        # Bytes of the module's parameters and buffers.
+        tensors = [*module.parameters(), *module.buffers()]
+        self._resident = float(sum(t.numel() * t.element_size() for t in tensors))
+
+    def _tensor(self, arr: Array) -> Any:
+        arr = np.ascontiguousarray(arr)
+        if not arr.flags.writeable:
+            # Binary request tensors are read-only views of the body; torch wants writable memory.
+            arr = arr.copy()
+        t = self._torch.from_numpy(arr)
+        if t.is_floating_point():
+            t = t.to(dtype=self._float_dtype)
+        return t.to(self.ctx.device.torch_device, non_blocking=False)
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        """The module on one batch, finished on the device before it returns."""
+        torch, device = self._torch, self.ctx.device
+        with torch.inference_mode():
+            result = self._module(*args, **kwargs)
+            if device.kind == "cuda":
+                torch.cuda.synchronize(device.index)
+        return result
+
+    def _output(self, spec: TensorSpec, value: Any, batch: int) -> Array:
+        t = value.detach()
+        if t.dtype in (self._torch.float16, self._torch.bfloat16):
+            t = t.float()
+        return output_array(spec, t.cpu().numpy(), batch)
+
+    def _describe(self, own: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:
+        """Provenance: the runtime's ``own`` fields, then device, versions, threads, bytes."""
+        torch = self._torch or require("torch", self.extra)
+        return {
+            **own,
+            "device": self.ctx.device.name,
+            "torch_version": str(torch.__version__),
+            **versions,
+            "torch_threads": int(torch.get_num_threads()),
+            "parameters_bytes": self._resident,
+        }
+
+    def resident_bytes(self) -> float:
+        return self._resident
+
+    def batch_memory_bytes(self, batch: int) -> float | None:
+        return None
+
+    def close(self) -> None:
+        self._module = None

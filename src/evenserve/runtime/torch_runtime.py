@@ -17,18 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from evenserve.core.errors import ConfigError
-from evenserve.runtime.base import Array, RuntimeContext, output_array, warm_up
-from evenserve.runtime.torch_common import (
-    Precision,
-    check_device,
-    configure_threads,
-    import_torch,
-    module_bytes,
-    synchronize,
-    to_numpy,
-    to_torch,
-    torch_dtype,
-)
+from evenserve.runtime.base import Array, RuntimeContext, warm_up
+from evenserve.runtime.torch_common import Precision, TorchModuleRuntime
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +33,12 @@ class TorchParams(BaseModel):
     precision: Precision = "fp32"
 
 
-class TorchRuntime:
+class TorchRuntime(TorchModuleRuntime):
     def __init__(self, ctx: RuntimeContext) -> None:
         if not isinstance(ctx.params, TorchParams):
             raise ConfigError(f"model {ctx.model!r}: torch: section required")
-        self.ctx = ctx
+        super().__init__(ctx)
         self.params: TorchParams = ctx.params
-        self._torch: Any = None
-        self._module: Any = None
-        self._float_dtype: Any = None
-        self._resident = 0.0
         self._format = ""
         self._notes: list[str] = []
 
@@ -61,10 +47,8 @@ class TorchRuntime:
         return p if p.is_absolute() else self.ctx.model_dir / p
 
     def load(self) -> None:
-        torch = import_torch("torch")
+        torch, dtype = self._prepare(self.params.precision)
         ctx = self.ctx
-        check_device(torch, ctx.device)
-        configure_threads(torch, ctx.options)
         path = self._path()
         if not path.is_file():
             raise ConfigError(f"model {ctx.model!r}: torch.file: not found: {path}")
@@ -72,7 +56,6 @@ class TorchRuntime:
         if fmt == "auto":
             fmt = "export" if path.suffix == ".pt2" else "torchscript"
         dev = ctx.device.torch_device
-        dtype = torch_dtype(torch, self.params.precision)
         try:
             if fmt == "export":
                 module = torch.export.load(str(path)).module()
@@ -94,21 +77,14 @@ class TorchRuntime:
             module = module.to(dtype)
         if fmt == "torchscript":
             module = module.eval()
-        self._torch = torch
-        self._module = module
-        self._float_dtype = dtype
         self._format = fmt
-        self._resident = module_bytes(module)
+        self._loaded(module)
         warm_up(self, ctx)
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
-        torch = self._torch
-        dev = self.ctx.device.torch_device
-        args = [to_torch(torch, inputs[s.name], dev, self._float_dtype) for s in self.ctx.inputs]
+        args = [self._tensor(inputs[s.name]) for s in self.ctx.inputs]
         batch = int(args[0].shape[0])
-        with torch.inference_mode():
-            result = self._module(*args)
-            synchronize(torch, self.ctx.device)
+        result = self._call(*args)
         specs = self.ctx.outputs
         values: Sequence[Any]
         if isinstance(result, Mapping):
@@ -124,30 +100,16 @@ class TorchRuntime:
             values = result
         else:
             values = [result]
-        return {
-            s.name: output_array(s, to_numpy(torch, v), batch)
-            for s, v in zip(specs, values, strict=False)
-        }
-
-    def resident_bytes(self) -> float:
-        return self._resident
-
-    def batch_memory_bytes(self, batch: int) -> float | None:
-        return None
+        return {s.name: self._output(s, v, batch) for s, v in zip(specs, values, strict=False)}
 
     def describe(self) -> dict[str, Any]:
-        torch = self._torch or import_torch("torch")
-        return {
+        own = {
             "runtime": "torch",
             "format": self._format or self.params.format,
             "file": self.params.file,
             "precision": self.params.precision,
-            "device": self.ctx.device.name,
-            "torch_version": str(torch.__version__),
-            "torch_threads": int(torch.get_num_threads()),
-            "parameters_bytes": self._resident,
-            **({"notes": "; ".join(self._notes)} if self._notes else {}),
         }
-
-    def close(self) -> None:
-        self._module = None
+        described = self._describe(own, {})
+        if self._notes:
+            described["notes"] = "; ".join(self._notes)
+        return described

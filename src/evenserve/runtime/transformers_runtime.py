@@ -17,22 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from evenserve.core.errors import ConfigError
-from evenserve.runtime.base import Array, RuntimeContext, output_array, require
-from evenserve.runtime.torch_common import (
-    Precision,
-    check_device,
-    configure_threads,
-    import_torch,
-    module_bytes,
-    synchronize,
-    to_numpy,
-    to_torch,
-    torch_dtype,
-)
+from evenserve.runtime.base import Array, RuntimeContext, require, warm_up
+from evenserve.runtime.torch_common import Precision, TorchModuleRuntime
 
 
 class TransformersParams(BaseModel):
@@ -58,7 +47,9 @@ class TransformersParams(BaseModel):
     )
 
 
-class TransformersRuntime:
+class TransformersRuntime(TorchModuleRuntime):
+    extra = "transformers"
+
     def __init__(self, ctx: RuntimeContext) -> None:
         if not isinstance(ctx.params, TransformersParams):
             raise ConfigError(f"model {ctx.model!r}: transformers: section required")
@@ -67,20 +58,14 @@ class TransformersRuntime:
                 f"model {ctx.model!r}: transformers.config_class: required when "
                 "transformers.pretrained_dir is not given"
             )
-        self.ctx = ctx
+        super().__init__(ctx)
         self.params: TransformersParams = ctx.params
-        self._torch: Any = None
-        self._model: Any = None
-        self._float_dtype: Any = None
-        self._resident = 0.0
 
     def load(self) -> None:
-        torch = import_torch("transformers")
+        torch, dtype = self._prepare(self.params.precision)
         transformers = require("transformers", "transformers")
         p = self.params
         ctx = self.ctx
-        check_device(torch, ctx.device)
-        configure_threads(torch, ctx.options)
         try:
             arch = getattr(transformers, p.architecture)
         except AttributeError:
@@ -88,7 +73,6 @@ class TransformersRuntime:
                 f"model {ctx.model!r}: transformers.architecture: transformers has no "
                 f"class {p.architecture!r}"
             ) from None
-        dtype = torch_dtype(torch, p.precision)
         if p.pretrained_dir is not None:
             path = Path(p.pretrained_dir)
             path = path if path.is_absolute() else ctx.model_dir / path
@@ -119,36 +103,13 @@ class TransformersRuntime:
                     f"{p.architecture} from this config: {exc}"
                 ) from None
         model = model.to(device=ctx.device.torch_device, dtype=dtype).eval()
-        self._torch = torch
-        self._model = model
-        self._float_dtype = dtype
-        self._resident = module_bytes(model)
-        self._warm_up()
-
-    def _warm_up(self) -> None:
-        batch: dict[str, Array] = {}
-        for spec in self.ctx.inputs:
-            dims = [8 if d == -1 else d for d in spec.shape]
-            batch[spec.name] = np.zeros([1, *dims], dtype=spec.dtype)
-        try:
-            self.run(batch)
-        except Exception as exc:
-            raise ConfigError(
-                f"model {self.ctx.model!r}: warm-up batch failed on {self.ctx.device.name} at "
-                f"precision {self.params.precision}: {type(exc).__name__}: {exc}"
-            ) from exc
+        self._loaded(model)
+        warm_up(self, ctx, f" on {ctx.device.name} at precision {p.precision}")
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
-        torch = self._torch
-        dev = self.ctx.device.torch_device
-        kwargs = {
-            self.params.input_map.get(name, name): to_torch(torch, arr, dev, self._float_dtype)
-            for name, arr in inputs.items()
-        }
+        kwargs = {self.params.input_map.get(n, n): self._tensor(a) for n, a in inputs.items()}
         batch = int(next(iter(inputs.values())).shape[0])
-        with torch.inference_mode():
-            result = self._model(**kwargs)
-            synchronize(torch, self.ctx.device)
+        result = self._call(**kwargs)
         out: dict[str, Array] = {}
         for spec in self.ctx.outputs:
             attr = self.params.output_map.get(spec.name, spec.name)
@@ -157,31 +118,18 @@ class TransformersRuntime:
                 value = result.get(attr)
             if value is None:
                 raise RuntimeError(f"output {spec.name!r}: model output has no {attr!r}")
-            out[spec.name] = output_array(spec, to_numpy(torch, value), batch)
+            out[spec.name] = self._output(spec, value, batch)
         return out
 
-    def resident_bytes(self) -> float:
-        return self._resident
-
-    def batch_memory_bytes(self, batch: int) -> float | None:
-        return None
-
     def describe(self) -> dict[str, Any]:
-        torch = self._torch or import_torch("transformers")
-        transformers = require("transformers", "transformers")
-        return {
+        p = self.params
+        own = {
             "runtime": "transformers",
-            "architecture": self.params.architecture,
-            "weights": "pretrained:" + self.params.pretrained_dir
-            if self.params.pretrained_dir
-            else f"random (seed {self.params.seed}) from {self.params.config_class}",
-            "precision": self.params.precision,
-            "device": self.ctx.device.name,
-            "torch_version": str(torch.__version__),
-            "transformers_version": str(transformers.__version__),
-            "torch_threads": int(torch.get_num_threads()),
-            "parameters_bytes": self._resident,
+            "architecture": p.architecture,
+            "weights": "pretrained:" + p.pretrained_dir
+            if p.pretrained_dir
+            else f"random (seed {p.seed}) from {p.config_class}",
+            "precision": p.precision,
         }
-
-    def close(self) -> None:
-        self._model = None
+        transformers = require("transformers", "transformers")
+        return self._describe(own, {"transformers_version": str(transformers.__version__)})

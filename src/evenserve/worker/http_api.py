@@ -51,6 +51,7 @@ from evenserve.worker.service import WorkerService
 OFFLOAD_BYTES = 256 * 1024
 UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "evenserve_load"]
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 #: The ``outcome`` label of each refusal (metrics.names.OUTCOMES).
@@ -146,33 +147,22 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
     async def server_metadata(request: Request) -> Response:
         return _json({"name": "evenserve", "version": evenserve_version, "extensions": EXTENSIONS})
 
-    async def model_metadata(request: Request) -> Response:
-        found = lookup(request)
-        if isinstance(found, Response):
-            return found
-        return _json(service.model_metadata_json(found[0]))
+    def per_model(answer: Callable[[str], Response]) -> Endpoint:
+        """An endpoint of one served model: 404 for an unknown model or version."""
 
-    async def model_ready(request: Request) -> Response:
-        found = lookup(request)
-        if isinstance(found, Response):
-            return found
-        return Response(status_code=200 if service.ready else 503)
-
-    async def model_config(request: Request) -> Response:
-        found = lookup(request)
-        if isinstance(found, Response):
-            return found
-        return _json(service.model_config_json(found[0]))
-
-    async def model_stats(request: Request) -> Response:
-        if "model" in request.path_params:
+        async def endpoint(request: Request) -> Response:
             found = lookup(request)
-            if isinstance(found, Response):
-                return found
-            names = [found[0]]
-        else:
-            names = list(service.stats)
-        return _json({"model_stats": [service.stats[n].json() for n in names]})
+            return found if isinstance(found, Response) else answer(found[0])
+
+        return endpoint
+
+    model_metadata = per_model(lambda name: _json(service.model_metadata_json(name)))
+    model_config = per_model(lambda name: _json(service.model_config_json(name)))
+    model_ready = per_model(lambda name: Response(status_code=200 if service.ready else 503))
+    model_stats = per_model(lambda name: _json({"model_stats": [service.stats[name].json()]}))
+
+    async def all_stats(request: Request) -> Response:
+        return _json({"model_stats": [s.json() for s in service.stats.values()]})
 
     async def repository_index(request: Request) -> Response:
         state = "READY" if service.ready else "UNAVAILABLE"
@@ -260,29 +250,24 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
         data, headers = await asyncio.to_thread(encode) if big else encode()
         return Response(data, headers=headers), "success"
 
-    def route(
-        path: str, endpoint: Callable[[Request], Awaitable[Response]], methods: list[str]
-    ) -> Route:
-        return Route(path, endpoint, methods=methods)
-
     routes = [
-        route(wire.HEALTH_LIVE_PATH, live, ["GET"]),
-        route(wire.HEALTH_READY_PATH, ready, ["GET"]),
-        route(wire.SERVER_METADATA_PATH, server_metadata, ["GET"]),
-        route(wire.REPOSITORY_INDEX_PATH, repository_index, ["POST", "GET"]),
-        route(wire.MODEL_STATS_PATH, model_stats, ["GET"]),
+        Route(wire.HEALTH_LIVE_PATH, live, methods=["GET"]),
+        Route(wire.HEALTH_READY_PATH, ready, methods=["GET"]),
+        Route(wire.SERVER_METADATA_PATH, server_metadata, methods=["GET"]),
+        Route(wire.REPOSITORY_INDEX_PATH, repository_index, methods=["POST", "GET"]),
+        Route(wire.MODEL_STATS_PATH, all_stats, methods=["GET"]),
     ]
     for m in wire.MODEL_ROUTES:
         routes += [
-            route(m, model_metadata, ["GET"]),
-            route(m + "/ready", model_ready, ["GET"]),
-            route(m + "/config", model_config, ["GET"]),
-            route(m + "/stats", model_stats, ["GET"]),
-            route(m + "/infer", infer, ["POST"]),
+            Route(m, model_metadata, methods=["GET"]),
+            Route(m + "/ready", model_ready, methods=["GET"]),
+            Route(m + "/config", model_config, methods=["GET"]),
+            Route(m + "/stats", model_stats, methods=["GET"]),
+            Route(m + "/infer", infer, methods=["POST"]),
         ]
     routes += [
-        route(wire.LOAD_PATH, load, ["GET"]),
-        route(wire.METRICS_PATH, prometheus, ["GET"]),
+        Route(wire.LOAD_PATH, load, methods=["GET"]),
+        Route(wire.METRICS_PATH, prometheus, methods=["GET"]),
     ]
 
     @contextlib.asynccontextmanager

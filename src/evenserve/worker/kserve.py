@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from evenserve.runtime.base import Array, TensorSpec
 JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 HEADER_LENGTH = wire.HEADER_LENGTH_HEADER
+T = TypeVar("T")
 
 
 class ProtocolError(EvenserveError):
@@ -258,14 +259,14 @@ def parse_infer_request(
                 raise ProtocolError(f"output {o['name']!r}: binary_data must be a boolean")
             requested.append(RequestedOutput(o["name"], b))
 
-    priority = parse_priority(params.get("priority"), "parameters.priority")
+    priority = _parsed(wire.parse_priority, params, "priority", "parameters.")
     timeout = params.get("timeout")
     deadline_in_s = None
     if timeout is not None:
         if not _is_int(timeout) or timeout < 0:
             raise ProtocolError("parameters.timeout: must be an integer of microseconds >= 0")
         deadline_in_s = timeout / 1e6 if timeout > 0 else None
-    deadline_ms = parse_deadline_ms(params.get("deadline_ms"), "parameters.deadline_ms")
+    deadline_ms = _parsed(wire.parse_deadline_ms, params, "deadline_ms", "parameters.")
     if deadline_ms is not None:
         own = deadline_ms / 1000.0
         deadline_in_s = own if deadline_in_s is None else min(deadline_in_s, own)
@@ -281,18 +282,12 @@ def parse_infer_request(
     )
 
 
-def parse_priority(value: Any, where: str) -> int | None:
-    """A priority class (``core.wire.parse_priority``); a bad one is a 400 naming ``where``."""
+def _parsed(
+    parse: Callable[[Any, str], T], source: Mapping[str, Any], key: str, prefix: str = ""
+) -> T:
+    """``source[key]`` read by a ``core.wire`` parser; a bad one is a 400 naming it."""
     try:
-        return wire.parse_priority(value, where)
-    except ValueError as exc:
-        raise ProtocolError(str(exc)) from None
-
-
-def parse_deadline_ms(value: Any, where: str) -> float | None:
-    """A deadline in ms (``core.wire.parse_deadline_ms``); a bad one is a 400 naming ``where``."""
-    try:
-        return wire.parse_deadline_ms(value, where)
+        return parse(source.get(key), prefix + key)
     except ValueError as exc:
         raise ProtocolError(str(exc)) from None
 
@@ -302,10 +297,10 @@ def request_class(req: InferRequest, headers: Mapping[str, str]) -> tuple[int | 
     ``x-evenserve-*`` headers; None where neither gives one (the model's default holds)."""
     priority = req.priority
     if priority is None:
-        priority = parse_priority(headers.get(wire.PRIORITY_HEADER), wire.PRIORITY_HEADER)
+        priority = _parsed(wire.parse_priority, headers, wire.PRIORITY_HEADER)
     deadline_in_s = req.deadline_in_s
     if "deadline_ms" not in req.parameters:
-        header_ms = parse_deadline_ms(headers.get(wire.DEADLINE_HEADER), wire.DEADLINE_HEADER)
+        header_ms = _parsed(wire.parse_deadline_ms, headers, wire.DEADLINE_HEADER)
         if header_ms is not None:
             header_s = header_ms / 1000.0
             deadline_in_s = header_s if deadline_in_s is None else min(deadline_in_s, header_s)

@@ -31,9 +31,8 @@ import numpy as np
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import MB, LatencyProfile, dump_profile
-from evenserve.runtime.base import Array, Runtime, RuntimeContext
+from evenserve.runtime.base import Array, Runtime
 from evenserve.runtime.device import DeviceTarget
-from evenserve.runtime.factory import create_runtime
 from evenserve.worker.repository import ModelEntry
 
 
@@ -240,21 +239,8 @@ def build_runtime(
             raise ConfigError(f"--precision: runtime {entry.config.runtime} has no precision")
         params = params.model_copy(update={"precision": precision})
         type(params).model_validate(params.model_dump())
-    ctx = RuntimeContext(
-        model=entry.name,
-        model_dir=entry.directory,
-        device=device,
-        inputs=entry.inputs,
-        outputs=entry.outputs,
-        max_batch_size=entry.config.max_batch_size,
-        params=params,
-        options={"cpu_threads": cpu_threads},
-    )
-    return create_runtime(
-        entry.config.runtime,
-        ctx,
-        emulated_params=entry.emulated_params,
-        profile_sets_dir=profiles_dir,
+    return entry.create_runtime(
+        device, cpu_threads=cpu_threads, profiles_dir=profiles_dir, params=params
     )
 
 
@@ -301,15 +287,13 @@ def write_profile(
         ),
     )
     prof = dataclasses.replace(prof, sequence_length=sequence_length)
-    if device.kind == "cuda":
-        memory_source = "torch.cuda peak allocated during the batch above the allocation before it"
-    elif device.kind == "cpu":
-        memory_source = (
+    memory_source = {
+        "cuda": "torch.cuda peak allocated during the batch above the allocation before it",
+        "cpu": (
             "CPU: growth of the process's peak resident set (ru_maxrss) over its size after "
             "loading, batch sizes in ascending order; approximate (the allocator reuses memory)"
-        )
-    else:
-        memory_source = "the emulated runtime's own profile"
+        ),
+    }.get(device.kind, "the emulated runtime's own profile")
     spread = ", ".join(
         f"b{p.batch} p10 {p.p10_ms:.2f} / p90 {p.p90_ms:.2f} (median wall {p.wall_median_ms:.2f},"
         f" cpu {p.cpu_median_ms:.2f})"

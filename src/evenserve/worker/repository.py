@@ -39,9 +39,10 @@ from evenserve.core.profile import LatencyProfile, format_validation_error, load
 from evenserve.core.tensors import DATATYPES
 from evenserve.policy.batching import BATCHING, BatchingPolicy
 from evenserve.policy.registry import split_spec
-from evenserve.runtime.base import TensorSpec
-from evenserve.runtime.emulated import EmulatedParams
-from evenserve.runtime.factory import RUNTIME_PARAMS
+from evenserve.runtime.base import Runtime, RuntimeContext, TensorSpec
+from evenserve.runtime.device import DeviceTarget
+from evenserve.runtime.emulated import EmulatedDevice, EmulatedParams
+from evenserve.runtime.factory import RUNTIME_PARAMS, create_runtime
 
 RuntimeName = Literal["emulated", "transformers", "torch", "onnx"]
 
@@ -162,6 +163,34 @@ class ModelEntry:
     @property
     def outputs(self) -> tuple[TensorSpec, ...]:
         return tuple(t.spec() for t in self.config.outputs)
+
+    def create_runtime(
+        self,
+        device: DeviceTarget,
+        *,
+        cpu_threads: int | None,
+        profiles_dir: Path | None,
+        emulated_device: EmulatedDevice | None = None,
+        params: BaseModel | None = None,
+    ) -> Runtime:
+        """Build (not load) this model's runtime on ``device``; ``params`` replaces the
+        model.yaml section of its runtime (the profiler's ``--precision``)."""
+        ctx = RuntimeContext(
+            model=self.name,
+            model_dir=self.directory,
+            device=device,
+            inputs=self.inputs,
+            outputs=self.outputs,
+            params=self.runtime_params if params is None else params,
+            options={"cpu_threads": cpu_threads},
+        )
+        return create_runtime(
+            self.config.runtime,
+            ctx,
+            emulated_params=self.emulated_params,
+            profile_sets_dir=profiles_dir,
+            emulated_device=emulated_device,
+        )
 
     def batching_spec(self, override: Any = None) -> Any:
         """The policy spec with the model's max_batch_size filled in where the policy has one."""

@@ -21,14 +21,14 @@ from evenserve.core.clock import Clock, RealClock
 from evenserve.core.errors import ConfigError
 from evenserve.core.load import LoadReport
 from evenserve.core.options import DeviceOptions, QueueOptions
+from evenserve.core.profile import LatencyProfile
 from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.nvml import NvmlSampler
 from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
 from evenserve.policy.registry import spec_label
-from evenserve.runtime.base import Runtime, RuntimeContext
+from evenserve.runtime.base import TRITON_CONFIG_TYPES, Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
-from evenserve.runtime.factory import create_runtime
 from evenserve.runtime.torch_common import cuda_memory_bytes
 from evenserve.sched import ModelSetup
 from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
@@ -57,7 +57,6 @@ class WorkerOptions:
     utilization_window_s: float = 1.0
     cpu_threads: int | None = None
     drain_timeout_s: float = 30.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _Telemetry(DriverObserver):
@@ -114,39 +113,27 @@ class WorkerService:
             )
             for e in entries
         }
-        opts: dict[str, Any] = {"cpu_threads": options.cpu_threads}
         self.runtimes: dict[str, Runtime] = {}
         # Emulated models share one device when batches run at once (they slow each other).
         run = options.run
         shared = EmulatedDevice(run.interference) if run.instances > 1 else None
         for e in entries:
-            ctx = RuntimeContext(
-                model=e.name,
-                model_dir=e.directory,
-                device=options.device,
-                inputs=e.inputs,
-                outputs=e.outputs,
-                max_batch_size=e.config.max_batch_size,
-                params=e.runtime_params,
-                options=opts,
-            )
             try:
-                self.runtimes[e.name] = create_runtime(
-                    e.config.runtime,
-                    ctx,
-                    emulated_params=e.emulated_params,
-                    profile_sets_dir=options.profiles_dir,
+                self.runtimes[e.name] = e.create_runtime(
+                    options.device,
+                    cpu_threads=options.cpu_threads,
+                    profiles_dir=options.profiles_dir,
                     emulated_device=shared,
                 )
             except ConfigError as exc:
                 raise ConfigError(f"{e.source}: {exc}") from exc
         self.policies = {e.name: e.build_policy(options.batching_override) for e in entries}
         self.batching_specs = {e.name: e.batching_spec(options.batching_override) for e in entries}
-        self.profiles = {e.name: e.latency_profile() for e in entries}
-        for name, rt in self.runtimes.items():
-            prof = getattr(rt, "profile", None)
-            if self.profiles[name] is None and prof is not None:
-                self.profiles[name] = prof
+        # A model without a profile file of its own has its emulated runtime's, if any.
+        self.profiles: dict[str, LatencyProfile | None] = {
+            e.name: e.latency_profile() or getattr(self.runtimes[e.name], "profile", None)
+            for e in entries
+        }
         self.stats = {e.name: ModelStats(e.name, e.config.version) for e in entries}
         self.nvml = (
             NvmlSampler.open(options.device.index or 0) if options.device.kind == "cuda" else None
@@ -315,8 +302,6 @@ class WorkerService:
     # -- descriptions ------------------------------------------------------------------------
     def model_config_json(self, name: str) -> dict[str, Any]:
         """The model's configuration in the shape of Triton's model config JSON."""
-        from evenserve.runtime.base import TRITON_CONFIG_TYPES
-
         e = self.entries[name]
         spec = self.batching_specs[name]
         policy = self.policies[name]

@@ -29,10 +29,24 @@ class Duration:
 
 
 @dataclass
-class BatchStat:
+class Phases:
+    """Time in a batch's three phases: assembling its inputs, running it, splitting outputs."""
+
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
+
+    def add(self, input_s: float, infer_s: float, output_s: float, count: int = 1) -> None:
+        self.compute_input.add(input_s, count)
+        self.compute_infer.add(infer_s, count)
+        self.compute_output.add(output_s, count)
+
+    def json(self) -> dict[str, dict[str, int]]:
+        return {
+            "compute_input": self.compute_input.json(),
+            "compute_infer": self.compute_infer.json(),
+            "compute_output": self.compute_output.json(),
+        }
 
 
 @dataclass
@@ -45,10 +59,8 @@ class ModelStats:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
-    compute_input: Duration = field(default_factory=Duration)
-    compute_infer: Duration = field(default_factory=Duration)
-    compute_output: Duration = field(default_factory=Duration)
-    batches: dict[int, BatchStat] = field(default_factory=dict)
+    compute: Phases = field(default_factory=Phases)
+    batches: dict[int, Phases] = field(default_factory=dict)
 
     def record_batch(
         self,
@@ -64,13 +76,9 @@ class ModelStats:
         self.execution_count += 1
         for q in queue_s:
             self.queue.add(q)
-        self.compute_input.add(compute_input_s, requests)
-        self.compute_infer.add(compute_infer_s, requests)
-        self.compute_output.add(compute_output_s, requests)
-        b = self.batches.setdefault(items, BatchStat())
-        b.compute_input.add(compute_input_s)
-        b.compute_infer.add(compute_infer_s)
-        b.compute_output.add(compute_output_s)
+        phases = (compute_input_s, compute_infer_s, compute_output_s)
+        self.compute.add(*phases, count=requests)
+        self.batches.setdefault(items, Phases()).add(*phases)
 
     def record_request(self, ok: bool, duration_s: float) -> None:
         (self.success if ok else self.fail).add(duration_s)
@@ -86,21 +94,13 @@ class ModelStats:
                 "success": self.success.json(),
                 "fail": self.fail.json(),
                 "queue": self.queue.json(),
-                "compute_input": self.compute_input.json(),
-                "compute_infer": self.compute_infer.json(),
-                "compute_output": self.compute_output.json(),
+                **self.compute.json(),
                 "cache_hit": {"count": 0, "ns": 0},
                 "cache_miss": {"count": 0, "ns": 0},
             },
             "response_stats": {},
             "batch_stats": [
-                {
-                    "batch_size": size,
-                    "compute_input": b.compute_input.json(),
-                    "compute_infer": b.compute_infer.json(),
-                    "compute_output": b.compute_output.json(),
-                }
-                for size, b in sorted(self.batches.items())
+                {"batch_size": size, **b.json()} for size, b in sorted(self.batches.items())
             ],
             "memory_usage": [],
         }

@@ -17,9 +17,9 @@ from evenserve.core.wire import BACKEND_HEADER
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.dispatcher import RELAY_RESPONSE_HEADERS, Dispatcher
-from evenserve.gateway.forwarder import HttpxForwarder
 from evenserve.metrics.gateway import GatewayMetrics
 from evenserve.policy.routing import ROUTING
+from tests.unit.gateway.fakes import HttpxForwarder
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

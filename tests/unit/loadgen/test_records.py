@@ -10,8 +10,8 @@ import pytest
 
 from evenserve.core.errors import ConfigError
 from evenserve.loadgen.records import RunLabels, read_run, to_records, write_run
-from evenserve.loadgen.runner import LoadResult, LoadSpec, Sample
 from evenserve.loadgen.scrape import BackendScrape, parse_busy_counter
+from evenserve.loadgen.spec import LoadResult, LoadSpec, Sample
 from evenserve.report.summary import summarize
 
 LABELS = RunLabels(

@@ -25,7 +25,6 @@ def _ctx(device: str = "cpu", model: str = "resnet50", model_dir: Path = ROOT) -
         device=parse_device(device),
         inputs=(TensorSpec("ids", "INT64", (-1,)),),
         outputs=(TensorSpec("logits", "FP32", (3,)), TensorSpec("hidden", "FP16", (-1, 2))),
-        max_batch_size=64,
     )
 
 

@@ -34,7 +34,7 @@ def _ctx(
     outputs: tuple[TensorSpec, ...],
     model_dir: Path = Path("."),
 ) -> RuntimeContext:
-    return RuntimeContext("m", model_dir, parse_device("cpu"), inputs, outputs, 8, params)
+    return RuntimeContext("m", model_dir, parse_device("cpu"), inputs, outputs, params)
 
 
 BERT_IO = (

@@ -28,7 +28,6 @@ def _ctx(params: object) -> RuntimeContext:
         device=parse_device("cpu"),
         inputs=(TensorSpec("x", "FP32", (2,)),),
         outputs=(TensorSpec("y", "FP32", (2,)),),
-        max_batch_size=4,
         params=params,
     )
 

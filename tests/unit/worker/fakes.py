@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +16,55 @@ from evenserve.policy.batching import BATCHING
 from evenserve.sched import ModelSetup
 from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.executor import VirtualExecutor
-from evenserve.worker.timer import FakeTimer
+from evenserve.worker.timer import TimerHandle
+
+
+class _FakeHandle:
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeTimer:
+    """A timer heap on a FakeClock; ``advance_to`` fires due callbacks in (time, order) order."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self._heap: list[tuple[float, int, _FakeHandle, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    def call_at(self, t_s: float, callback: Callable[[], None]) -> TimerHandle:
+        h = _FakeHandle()
+        heapq.heappush(self._heap, (max(t_s, self.clock.now()), next(self._seq), h, callback))
+        return h
+
+    def next_time(self) -> float:
+        while self._heap and self._heap[0][2].cancelled:
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else math.inf
+
+    def advance_to(self, t_s: float) -> None:
+        """Move the clock to ``t_s``, firing every callback due on the way, in time order."""
+        while True:
+            nxt = self.next_time()
+            if nxt > t_s:
+                break
+            when, _, _handle, cb = heapq.heappop(self._heap)
+            self.clock.set(max(when, self.clock.now()))
+            cb()
+        self.clock.set(max(t_s, self.clock.now()))
+
+    def run_until_idle(self, limit_s: float = math.inf) -> None:
+        """Fire callbacks until none is left (or the next one is after ``limit_s``)."""
+        while True:
+            nxt = self.next_time()
+            if nxt == math.inf or nxt > limit_s:
+                return
+            self.advance_to(nxt)
 
 
 @dataclass
