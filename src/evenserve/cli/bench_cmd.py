@@ -20,7 +20,7 @@ from evenserve.experiment.report import rebuild_report
 from evenserve.experiment.scaling import DEFAULT_TIME_SCALE
 from evenserve.experiment.scenario_bench import ScenarioBench, run_scenario_bench
 from evenserve.experiment.target_bench import TargetBench, run_target_bench
-from evenserve.loadgen.runner import LoadSpec
+from evenserve.loadgen.spec import LoadSpec
 from evenserve.loadgen.target import check_url
 from evenserve.workload import Arrival, parse_mix, read_trace
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.scenario import ClosedLoop, OpenLoop, TraceWorkload
-from evenserve.loadgen.runner import LoadSpec
+from evenserve.loadgen.spec import LoadSpec
 from evenserve.sim.loader import LoadedScenario
 from evenserve.workload import Arrival, open_loop_arrivals, read_trace, with_default_deadlines
 

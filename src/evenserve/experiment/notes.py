@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from evenserve.loadgen.runner import LoadResult
+from evenserve.loadgen.spec import LoadResult
 from evenserve.loadgen.target import error_lines
 
 

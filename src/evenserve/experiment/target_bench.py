@@ -22,7 +22,8 @@ from evenserve.experiment.notes import lag_line, print_errors
 from evenserve.experiment.report import finish_report
 from evenserve.loadgen.display import live_progress
 from evenserve.loadgen.records import RunLabels, result_records, write_run
-from evenserve.loadgen.runner import LoadResult, LoadSpec, run_load
+from evenserve.loadgen.runner import run_load
+from evenserve.loadgen.spec import LoadResult, LoadSpec
 from evenserve.loadgen.target import check_url
 from evenserve.report.summary import run_summary, summarize
 from evenserve.report.table import compare_rows

@@ -63,7 +63,6 @@ from evenserve.workload import (
 )
 
 # The run's data types live in ``spec``; the experiment layer and the CLI import them here too.
-__all__ = ["LiveStats", "LoadGenerator", "LoadResult", "LoadSpec", "Sample", "run_load"]
 
 
 class LoadGenerator:
