@@ -41,7 +41,6 @@ from evenserve.sched import (
     ONE_INSTANCE,
     QUEUED,
     Batch,
-    BusyClock,
     DeviceScheduler,
     ModelQueue,
     ModelSetup,
@@ -164,51 +163,7 @@ class BatchDriver:
         self._submitting: PendingRequest | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
 
-    # -- readings ---------------------------------------------------------------------------
-    @property
-    def models(self) -> list[str]:
-        return list(self.sched.models)
-
-    @property
-    def instances(self) -> int:
-        return self.sched.instances
-
-    @property
-    def draining(self) -> bool:
-        return self.sched.draining
-
-    @property
-    def busy(self) -> BusyClock:
-        return self.sched.busy
-
-    @property
-    def waiting_total(self) -> int:
-        """Requests waiting for a batch."""
-        return self.sched.waiting
-
-    def setup(self, model: str) -> ModelSetup:
-        return self._queue(model).setup
-
-    def queued_by_model(self) -> dict[str, int]:
-        return self.sched.queued_by_model()
-
-    def in_flight_by_model(self) -> dict[str, int]:
-        return self.sched.in_flight_by_model()
-
-    def in_flight_total(self) -> int:
-        return self.sched.in_flight
-
-    def running(self) -> list[RunningBatch]:
-        return self.sched.running()
-
-    def busy_remaining_s(self, now_s: float) -> float:
-        """Seconds until an instance frees up (0 when one is free now), from estimates."""
-        return self.sched.busy_remaining_s(now_s)
-
-    def estimate_wait_s(self, model: str) -> float:
-        """Rough time for the queue of ``model`` to clear (used for Retry-After)."""
-        return self.sched.estimate_wait_s(model, self.clock.now())
-
+    # The device's figures are the scheduler's: ``self.sched`` (queued_by_model, busy, ...).
     def _queue(self, model: str) -> ModelQueue[PendingRequest]:
         try:
             return self.sched.queues.queues[model]
@@ -272,7 +227,7 @@ class BatchDriver:
                     f"{(req.deadline_s - now) * 1000:.1f} ms away, but even alone right after "
                     f"the running batch it would end in {end * 1000:.1f} ms (latency profile)",
                 )
-            wait = self.estimate_wait_s(model)
+            wait = self.sched.estimate_wait_s(model, now)
             raise RefusedError(
                 reason,
                 f"model {model!r}: queue full ({len(mq.queue)} requests waiting); none is of a "
@@ -303,7 +258,7 @@ class BatchDriver:
             model = request.model
             if reason == SHED:
                 by = self._submitting
-                wait = self.estimate_wait_s(model)
+                wait = self.sched.estimate_wait_s(model, now)
                 fut.set_exception(
                     RefusedError(
                         reason,

@@ -270,13 +270,13 @@ class WorkerService:
         d = self._driver
         now = self.clock.now()
         return DeviceSnapshot(
-            busy_ratio=d.busy.fraction(now) if d else 0.0,
-            busy_seconds_total=d.busy.total_s(now) if d else 0.0,
+            busy_ratio=d.sched.busy.fraction(now) if d else 0.0,
+            busy_seconds_total=d.sched.busy.total_s(now) if d else 0.0,
             memory_used_bytes=used,
             memory_total_bytes=total,
             instances=self.options.run.instances,
-            queued_by_model=d.queued_by_model() if d else {m: 0 for m in self.entries},
-            in_flight_by_model=d.in_flight_by_model() if d else {m: 0 for m in self.entries},
+            queued_by_model=d.sched.queued_by_model() if d else {m: 0 for m in self.entries},
+            in_flight_by_model=d.sched.in_flight_by_model() if d else {m: 0 for m in self.entries},
         )
 
     def load_report(self) -> LoadReport:
@@ -286,15 +286,15 @@ class WorkerService:
         return LoadReport(
             timestamp_s=time.time(),
             device=self.device.name,
-            queue_depth=d.waiting_total,
-            in_flight=d.in_flight_total(),
-            queued_by_model=d.queued_by_model(),
-            in_flight_by_model=d.in_flight_by_model(),
-            utilization=d.busy.fraction(now),
+            queue_depth=d.sched.waiting,
+            in_flight=d.sched.in_flight,
+            queued_by_model=d.sched.queued_by_model(),
+            in_flight_by_model=d.sched.in_flight_by_model(),
+            utilization=d.sched.busy.fraction(now),
             utilization_window_s=self.options.utilization_window_s,
             memory_used_bytes=used,
             memory_total_bytes=total,
-            busy_remaining_s=d.busy_remaining_s(now),
+            busy_remaining_s=d.sched.busy_remaining_s(now),
             max_batch_size_by_model=d.sched.max_batch_size,
             ready=self.ready,
         )

@@ -43,8 +43,8 @@ async def test_full_batch_goes_at_once_and_the_next_waits_for_the_device() -> No
     for i in range(6):
         h.driver.submit("a", i)
     assert h.rec.started == [(0.0, "a", 4)]
-    assert h.driver.queued_by_model() == {"a": 2}
-    assert h.driver.in_flight_by_model() == {"a": 4}
+    assert h.driver.sched.queued_by_model() == {"a": 2}
+    assert h.driver.sched.in_flight_by_model() == {"a": 4}
     h.timer.run_until_idle()
     # The remaining 2 wait for the device (16 ms), then for their window (50 ms from arrival).
     assert [s[2] for s in h.rec.started] == [4, 2]
@@ -93,13 +93,13 @@ async def test_deadline_expires_while_the_device_is_busy() -> None:
     with pytest.raises(RefusedError, match=r"^deadline-expired: "):
         late.future.result()  # type: ignore[union-attr]
     assert h.rec.dropped == [("a", "deadline-expired")]
-    assert h.driver.queued_by_model() == {"a": 1}
+    assert h.driver.sched.queued_by_model() == {"a": 1}
     h.timer.run_until_idle()
     assert first.future.result() == "first"  # type: ignore[union-attr]
     assert urgent.future.result() == "urgent"  # type: ignore[union-attr]
     assert ok.future.result() == "ok"  # type: ignore[union-attr]
     assert [s[2] for s in h.rec.started] == [1, 1, 1]
-    assert h.driver.idle and h.driver.waiting_total == 0
+    assert h.driver.idle and h.driver.sched.waiting == 0
 
 
 async def test_infeasible_deadline_is_refused_at_once() -> None:
@@ -108,7 +108,7 @@ async def test_infeasible_deadline_is_refused_at_once() -> None:
     with pytest.raises(RefusedError, match=r"^deadline-infeasible: .* 15.0 ms away, .* 20.0 ms"):
         h.driver.submit("a", "late", deadline_in_s=0.015)  # alone after it: ends at 20 ms
     assert h.rec.dropped == [("a", "deadline-infeasible")]
-    assert h.driver.queued_by_model() == {"a": 0}
+    assert h.driver.sched.queued_by_model() == {"a": 0}
     h.driver.submit("a", "fits", deadline_in_s=0.020)
     h.timer.run_until_idle()
     assert [s[2] for s in h.rec.started] == [1, 1]
@@ -155,7 +155,7 @@ async def test_cancelled_request_leaves_the_queue_and_never_runs() -> None:
     r1 = h.driver.submit("a", "gone")
     r1.future.cancel()  # type: ignore[union-attr]
     await asyncio.sleep(0)  # done-callbacks run on the loop
-    assert h.driver.queued_by_model() == {"a": 0}
+    assert h.driver.sched.queued_by_model() == {"a": 0}
     h.driver.submit("a", "x")
     h.driver.submit("a", "y")
     assert h.rec.started == [(0.0, "a", 2)]
@@ -170,11 +170,13 @@ async def test_two_instances_run_two_batches_at_once() -> None:
     # Two batches of 1 (occupancy 2.5 / 10 = 0.25 each) share the device: each runs at 0.75
     # of its solo speed (core.contention), so both end at 10 / 0.75 ms.
     shared = 0.010 / 0.75
-    assert h.driver.busy_remaining_s(0.0) == pytest.approx(shared)
+    assert h.driver.sched.busy_remaining_s(0.0) == pytest.approx(shared)
     h.timer.advance_to(0.020)
     assert [s[0] for s in h.rec.started] == [0.0, 0.0, pytest.approx(shared)]
     # busy instance-time over the first 20 ms: 2 x 13.3 ms + 1 x 6.7 ms, of 2 x 20 ms
-    assert h.driver.busy.fraction(0.020) == pytest.approx((2 * shared + 0.020 - shared) / 0.040)
+    assert h.driver.sched.busy.fraction(0.020) == pytest.approx(
+        (2 * shared + 0.020 - shared) / 0.040
+    )
     h.timer.run_until_idle()
     assert h.driver.idle
 
@@ -198,12 +200,12 @@ async def test_busy_fraction_over_the_window() -> None:
     h.driver.submit("a", 0)
     h.timer.run_until_idle()  # busy 0 .. 10 ms
     h.timer.advance_to(0.02)
-    assert h.driver.busy.fraction(0.02) == pytest.approx(0.5)
+    assert h.driver.sched.busy.fraction(0.02) == pytest.approx(0.5)
     h.timer.advance_to(0.5)
-    assert h.driver.busy.fraction(0.5) == pytest.approx(0.02)
-    assert h.driver.busy.total_s(0.5) == pytest.approx(0.01)
+    assert h.driver.sched.busy.fraction(0.5) == pytest.approx(0.02)
+    assert h.driver.sched.busy.total_s(0.5) == pytest.approx(0.01)
     h.timer.advance_to(2.0)
-    assert h.driver.busy.fraction(2.0) == 0.0
+    assert h.driver.sched.busy.fraction(2.0) == 0.0
 
 
 async def test_every_request_gets_exactly_one_outcome() -> None:

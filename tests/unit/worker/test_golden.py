@@ -264,6 +264,6 @@ async def test_classes_deadlines_and_bounds_make_the_same_decisions(
     assert reasons == {"queue-full", "shed", "deadline-infeasible", "deadline-expired"}
     assert max(live_sizes) > 1
     assert _overlapping(sim_dev.busy_start_s, sim_dev.busy_end_s) == (instances > 1)
-    assert h.driver.idle and h.driver.waiting_total == 0
+    assert h.driver.idle and h.driver.sched.waiting == 0
     # Refusals are reported to the observer once each, with the same reasons.
     assert sorted(r for _, r in h.rec.dropped) == sorted(r for r in live_fate if r is not None)

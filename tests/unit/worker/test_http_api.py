@@ -136,7 +136,7 @@ async def test_classes_deadlines_and_refusals_over_http(tmp_path: Path) -> None:
     url = "/v2/models/m/infer"
     async with _client(service) as c:
         offline = [asyncio.ensure_future(c.post(url, json=BODY)) for _ in range(2)]
-        while service.driver.queued_by_model()["m"] < 2:
+        while service.driver.sched.queued_by_model()["m"] < 2:
             await asyncio.sleep(0.001)
         online = asyncio.ensure_future(
             c.post(url, json=BODY, headers={"x-evenserve-priority": "online"})
