@@ -6,34 +6,18 @@ from typing import Generic, TypeVar
 
 from evenserve.core.contention import occupancy
 from evenserve.core.profile import LatencyProfile
-from evenserve.core.types import BatchDecision, Dispatch, QueueView, WaitUntil
-from evenserve.policy.batching import BatchingPolicy
+from evenserve.core.types import QueueView
+from evenserve.policy.batching import BATCHING, BatchingPolicy
 from evenserve.sched.queues import ModelQueue, QueuedRequest
 
 R = TypeVar("R", bound=QueuedRequest)
 
 
-class Flush:
-    """Drain mode: dispatch whatever is queued, up to the policy's batch cap."""
-
-    name = "flush"
-
-    def __init__(self, inner: BatchingPolicy) -> None:
-        self._cap = inner.max_batch_size
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._cap
-
-    def decide(self, queue: QueueView, now_s: float) -> BatchDecision:
-        n = len(queue)
-        return Dispatch(min(n, self._cap)) if n else WaitUntil()
-
-    def on_arrival(self, now_s: float) -> None:
-        return None
-
-    def on_dispatch(self, n: int, now_s: float) -> None:
-        return None
+def flush(policy: BatchingPolicy) -> BatchingPolicy:
+    """Drain mode: dispatch whatever is queued at once, up to ``policy``'s batch cap (the
+    fixed-window policy with no window)."""
+    spec = {"policy": "fixed-window", "max_batch_size": policy.max_batch_size}
+    return BATCHING.build({**spec, "max_batch_delay_ms": 0})
 
 
 class Hosted(Generic[R]):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -97,12 +96,6 @@ class RequestQueue(Generic[R]):
 
     def __bool__(self) -> bool:
         return bool(self.items)
-
-    def __iter__(self) -> Iterator[R]:
-        return iter(self.items)
-
-    def __getitem__(self, i: int) -> R:
-        return self.items[i]
 
     def _emptied(self) -> None:
         if not self.items:

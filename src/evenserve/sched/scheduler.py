@@ -45,7 +45,7 @@ from evenserve.core.types import Dispatch, LoadSample
 from evenserve.policy.batching.device import next_batch
 from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S
 from evenserve.sched.actions import Batch, SchedulerActions
-from evenserve.sched.hosted import Flush, Hosted
+from evenserve.sched.hosted import Hosted, flush
 from evenserve.sched.memory import MemoryAccount
 from evenserve.sched.queues import NO_QUEUE_OPTIONS, ModelSetup, QueuedRequest, QueueSet
 from evenserve.sched.slots import Slots
@@ -186,7 +186,7 @@ class DeviceScheduler(Generic[R]):
         """Refuse new requests; run what is queued now without waiting for windows."""
         self.draining = True
         for h in self._hosted:
-            h.policy = Flush(h.mq.policy)
+            h.policy = flush(h.mq.policy)
         self._direct = len(self._hosted) == 1
         self._plan(now)
 

@@ -109,7 +109,7 @@ def test_queue_orders_by_class_then_deadline_then_arrival() -> None:
     d = RequestInfo(4, "m", 0.3, priority=10)
     for r in (a, b, c, d):
         assert q.offer(r, 0.3).admitted
-    assert [r.request_id for r in q] == [3, 2, 4, 1]
+    assert [r.request_id for r in q.items] == [3, 2, 4, 1]
     assert [r.request_id for r in q.pop(2)] == [3, 2]
     assert len(q) == 2
 
@@ -149,7 +149,7 @@ def test_full_queue_first_lets_go_of_hopeless_requests() -> None:
     # At 45 ms a batch of one (10 ms) cannot end by 50 ms: it leaves rather than hold a place.
     o = q.offer(RequestInfo(3, "m", 0.045, priority=0), 0.045, profile=PROF)
     assert o.admitted and o.evicted is None and o.expired == (hopeless,)
-    assert [r.request_id for r in q] == [2, 3]
+    assert [r.request_id for r in q.items] == [2, 3]
     full = q.offer(RequestInfo(4, "m", 0.05, priority=0), 0.05, profile=PROF)
     assert full.reason == "queue-full" and full.expired == ()
 
@@ -160,10 +160,10 @@ def test_queue_starvation_bound_promotes() -> None:
     q.offer(old, 0.0)
     for i in range(5):
         q.offer(RequestInfo(10 + i, "m", 0.5 + i * 0.1, priority=10), 0.9)
-    assert q[0].priority == 10
+    assert q.items[0].priority == 10
     assert q.promote_starved(0.9) == 0
     assert q.promote_starved(1.5) == 1
-    assert q[0] is old
+    assert q.items[0] is old
 
 
 def fw(delay_ms: float) -> object:
