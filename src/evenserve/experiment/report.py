@@ -14,7 +14,6 @@ from evenserve.core.errors import ConfigError
 from evenserve.experiment.fidelity import FIDELITY_TOLERANCE, fidelity
 from evenserve.experiment.stats import headline, repeat_stats
 from evenserve.experiment.tables import (
-    arms_rows,
     fidelity_rows,
     fidelity_table,
     repeats_rows,
@@ -24,7 +23,7 @@ from evenserve.loadgen.records import read_run
 from evenserve.report.html import Section, write_html
 from evenserve.report.plots import write_plots
 from evenserve.report.summary import clean_json, run_summary, summarize
-from evenserve.report.table import compare_rows, compare_table
+from evenserve.report.table import compare_rows, compare_table, compare_table_rows
 
 SUMMARY = "summary.json"
 
@@ -57,7 +56,7 @@ def finish_report(
     images: list[Path] = []
     if plots:
         images = write_plots(summary, out / "plots")
-    header, rows = arms_rows(summary["comparison"])
+    header, rows = compare_table_rows(summary)
     sections = [
         Section("Arms side by side", text=" ".join(notes[:2]), header=header, rows=rows),
     ]

@@ -48,16 +48,39 @@ def compare_rows(summary: dict[str, Any], baseline: str = "baseline") -> list[di
     return rows
 
 
-def compare_table(summary: dict[str, Any], title: str | None = None) -> Table:
+def rich_table(
+    title: str,
+    header: list[str],
+    rows: list[list[str]],
+    marks: dict[tuple[int, int], str] | None = None,
+    left: int = 1,
+) -> Table:
+    """A printed table of ``rows`` (the first ``left`` columns left-aligned, a cell marked
+    ``bad`` in red): the same rows the HTML report shows."""
+    t = Table(title=title)
+    for i, h in enumerate(header):
+        first = i == 0
+        t.add_column(
+            h, justify="left" if i < left else "right", style="bold" if first else "", no_wrap=first
+        )
+    for i, row in enumerate(rows):
+        t.add_row(
+            *[
+                f"[bold red]{c}[/]" if marks and marks.get((i, j)) == "bad" else c
+                for j, c in enumerate(row)
+            ]
+        )
+    return t
+
+
+def compare_table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The arms side by side, a figure per row: header and rows (printed and in HTML)."""
     rows = compare_rows(summary)
     arms = summary["arms"]
-    t = Table(title=title or f"{summary['scenario']} (seed {summary['seed']})")
-    t.add_column("figure", style="bold", no_wrap=True)
-    for r in rows:
-        t.add_column(r["arm"], justify="right")
+    out: list[list[str]] = []
 
     def add(label: str, values: list[str]) -> None:
-        t.add_row(label, *values)
+        out.append([label, *values])
 
     add("routing", [r["routing"] for r in rows])
     add("batching", [r["batching"] for r in rows])
@@ -96,7 +119,13 @@ def compare_table(summary: dict[str, Any], title: str | None = None) -> Table:
         add("P99 / baseline", [_fmt(r.get("p99_vs_baseline"), 3) for r in rows])
     if any("p99_vs_central_queue" in r for r in rows):
         add("P99 / central-queue", [_fmt(r.get("p99_vs_central_queue"), 3) for r in rows])
-    return t
+    return ["figure", *[r["arm"] for r in rows]], out
+
+
+def compare_table(summary: dict[str, Any], title: str | None = None) -> Table:
+    return rich_table(
+        title or f"{summary['scenario']} (seed {summary['seed']})", *compare_table_rows(summary)
+    )
 
 
 def arm_table(name: str, arm: dict[str, Any]) -> Table:
