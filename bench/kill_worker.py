@@ -172,7 +172,25 @@ def main() -> None:
                                victim["url"]))  # fmt: skip
         import httpx
 
-        ev = httpx.get(f"{gw}/admin/events", headers={"authorization": f"Bearer {token}"}).json()
+        tk = res["t"]["kill"]
+        auth = {"authorization": f"Bearer {token}"}
+
+        def events_since_kill() -> list[dict[str, Any]]:
+            ev = httpx.get(f"{gw}/admin/events", headers=auth, timeout=30).json()
+            return [e for e in ev["events"] if e["backend"] == args.victim and e["t_s"] > tk - 1]
+
+        # The watcher returns when the restarted worker answers ready; the gateway readmits
+        # it at its next poll after that. On a slow machine the restart can end after the
+        # load does, so wait (up to 60 s) for the readmission rather than read the log early.
+        mine = events_since_kill()
+        give_up = time.monotonic() + 60
+        while (
+            "victim_ready_again" in res["t"]
+            and not any(e["event"] == "admitted" for e in mine)
+            and time.monotonic() < give_up
+        ):
+            time.sleep(0.1)
+            mine = events_since_kill()
         metrics = httpx.get(f"{gw}/metrics").text.splitlines()
         res["gateway_retries"] = sum(
             float(ln.rsplit(" ", 1)[1])
@@ -182,8 +200,6 @@ def main() -> None:
         res["gateway_ejections"] = [
             ln for ln in metrics if ln.startswith("evenserve_gateway_backend_ejections_total{")
         ]
-        tk = res["t"]["kill"]
-        mine = [e for e in ev["events"] if e["backend"] == args.victim and e["t_s"] > tk - 1]
         ejected = next((e for e in mine if e["event"] == "ejected"), None)
         admitted = next((e for e in mine if e["event"] == "admitted"), None)
         ready_again = res["t"].get("victim_ready_again")

@@ -118,14 +118,23 @@ async def test_gateway_routes_to_mlserver_on_fallback_signals(
     mlservers: list[str], routing: str
 ) -> None:
     raw = {
-        "gateway": {"routing": routing, "admin": {"token": "mlserver-test-token"}},
+        # Readiness polled at the default period, with a time limit no loaded machine's
+        # MLServer needs: a probe that times out ejects the backend and moves the counts.
+        "gateway": {
+            "routing": routing,
+            "admin": {"token": "mlserver-test-token"},
+            "health": {"timeout_ms": 10_000},
+        },
         "backends": [
             {"name": f"mls{i}", "url": u, "models": ["doubler"], "signals": {"source": "none"}}
             for i, u in enumerate(mlservers)
         ],
     }
     g = Gateway(parse_cluster(raw, Path(".")))
-    async with serving(g.app) as served, httpx.AsyncClient(base_url=served.url) as client:
+    async with (
+        serving(g.app) as served,
+        httpx.AsyncClient(base_url=served.url, timeout=60) as client,
+    ):
         assert (await client.get("/v2/health/ready")).status_code == 200
         meta = await client.get("/v2/models/doubler")
         assert meta.status_code == 200 and meta.json()["name"] == "doubler"

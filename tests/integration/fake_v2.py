@@ -37,6 +37,8 @@ class FakeBackend:
     received: int = 0
     in_flight: int = 0
     max_in_flight: int = 0
+    #: When set, every inference waits for this event before answering (a test releases it).
+    gate: asyncio.Event | None = None
     seen_headers: list[dict[str, str]] = field(default_factory=list)
 
     def app(self) -> Starlette:
@@ -89,6 +91,8 @@ class FakeBackend:
         try:
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
+            if self.gate is not None:
+                await self.gate.wait()
         finally:
             self.in_flight -= 1
         if request.headers.get("inference-header-content-length") is not None:

@@ -23,6 +23,7 @@ from evenserve.runtime.device import parse_device
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
 from evenserve.worker.service import WorkerOptions, WorkerService
+from evenserve.workload import ClosedLoopUsers, user_rng
 
 from .fake_v2 import FakeBackend, serving
 from .worker_repo import MODELS, write_repo
@@ -37,26 +38,47 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundWorke
 
 
 def test_closed_loop_against_a_real_worker(worker: BackgroundWorker) -> None:
+    # Bounded by a request count, not by what the machine manages in a time: the duration is
+    # only a guard against hangs.
+    users, cap = 8, 120
     spec = LoadSpec(
         target=worker.url,
         mix={"em": 3.0, "pair": 1.0},
-        duration_s=1.5,
-        warmup_s=0.3,
-        users=8,
+        duration_s=60.0,
+        users=users,
         think_s=0.01,
         seed=4,
         var_dim=16,
         scrape={"w": worker.url},
+        max_requests=cap,
     )
     result = run_load(spec, realtime=False)
     ok = [s for s in result.samples if s.outcome == "ok"]
     assert result.errors == {} and result.aborted is None
-    assert len(ok) == len(result.samples) > 50
-    assert {s.model for s in ok} == {"em", "pair"}
+    assert len(ok) == len(result.samples)
+    # The cap is checked before each user waits for its next send time, so each of the other
+    # users may still send the one it was waiting for.
+    assert cap <= len(ok) <= cap + users - 1
     assert all(s.sent_s >= s.intended_s and s.done_s > s.sent_s for s in ok)
-    assert result.lag_ms["count"] > 0
+    # Every user's requests follow its own seeded draws, whatever the timing: think, model,
+    # think, model... from ``{seed}:user:{u}``; its first send is at its first think time.
+    for u in range(users):
+        mine = [s for s in ok if s.user == u]
+        draws = ClosedLoopUsers(spec.mix, spec.think_s, user_rng(spec.seed, u))
+        first_think = draws.think_s()
+        expected = [draws.draw_model()]
+        for _ in mine[1:]:
+            draws.think_s()
+            expected.append(draws.draw_model())
+        assert [s.model for s in mine] == expected, u
+        assert mine[0].intended_s == pytest.approx(first_think, abs=1e-9)
+    # Every user sends at least once (a batch takes at least 4 ms, so 120 answers take longer
+    # than any user's first think here), and seed 4's users 0 and 3 start with em and pair.
+    assert {s.model for s in ok} == {"em", "pair"}
+    assert result.lag_ms["count"] == len(ok)
     scrape = result.scrapes["w"]
-    assert len(scrape.queue_t_s) >= 5 and len(scrape.busy_t_s) >= 2
+    # One load-endpoint reading at the start; the busy counter at the start and at the end.
+    assert len(scrape.queue_t_s) >= 1 and len(scrape.busy_t_s) >= 2
     labels = RunLabels("t", "live", "-", "-", 4, {"em": 50.0, "pair": 50.0})
     summary = summarize(result_records(result, labels))
     assert summary["requests"]["completed"] == len(ok)
@@ -93,7 +115,7 @@ def test_refused_connection_is_one_clear_error() -> None:
 async def test_a_server_answering_500_gets_an_error_summary(tmp_path: Path) -> None:
     fake = FakeBackend("bad", ["m"], infer_status=500)
     async with serving(fake.app()) as srv:
-        spec = LoadSpec(target=srv.url, mix={"m": 1}, duration_s=5.0, users=4, abort_after=30)
+        spec = LoadSpec(target=srv.url, mix={"m": 1}, duration_s=60.0, users=4, abort_after=30)
         result = await LoadGenerator(spec).run()
     assert result.aborted is not None and "first 30 requests all failed" in result.aborted
     assert list(result.errors) == ["http-500"]

@@ -55,14 +55,19 @@ def test_model_not_in_repo_is_named(tmp_path: Path) -> None:
 def test_busy_port_and_dying_worker_fail_clearly(tmp_path: Path) -> None:
     (tmp_path / "repo" / "a").mkdir(parents=True)
     (tmp_path / "repo" / "a" / "model.yaml").write_text("runtime: emulated\n")
+    # The worker's port is one the kernel just handed out, not busy + 1: on a shared machine
+    # the port after a free one may well be taken by someone else.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         busy = s.getsockname()[1]
         raw = {
             "gateway": {"port": busy},
-            "workers": {"repo": "repo", "base_port": busy + 1 if busy < 65000 else 20000,
-                        "devices": [{"name": "g0", "device": "cpu"}]},
+            "workers": {"repo": "repo", "base_port": free,
+                        "devices": [{"name": "g0", "device": "cpu", "port": free}]},
         }  # fmt: skip
         la = Launcher(parse_cluster(raw, tmp_path), tmp_path / "c.yaml", tmp_path)
         la.plan()

@@ -50,9 +50,16 @@ async def test_send_clock_wakes_for_an_earlier_sender() -> None:
         await clock.wait_until(t)
         released.append(name)
 
-    late = asyncio.create_task(sender("late", time.perf_counter() + 0.2))
+    # "late" is far out (never reached: the clock is stopped first), so however slowly this
+    # machine runs the steps below, the clock is still sleeping for "late" when "early"
+    # registers, and only a wake-up for the earlier time can release "early" at all.
+    late = asyncio.create_task(sender("late", time.perf_counter() + 3600.0))
     await asyncio.sleep(0.01)  # the clock now sleeps for "late"
     early = asyncio.create_task(sender("early", time.perf_counter() + 0.01))
-    await asyncio.gather(early, late)
-    await clock.stop()
-    assert released == ["early", "late"]
+    await asyncio.wait_for(early, 60)
+    assert released == ["early"]
+    assert not late.done()
+    await clock.stop()  # cancels what is still waiting
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert released == ["early"]

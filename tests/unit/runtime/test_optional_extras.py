@@ -64,7 +64,7 @@ def test_core_modules_import_without_heavy_frameworks() -> None:
         "from evenserve.runtime.emulated import EmulatedRuntime\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
     assert np is not None
