@@ -83,7 +83,7 @@ async def test_32_clients_keep_every_batch_full_and_the_device_busy() -> None:
     assert [t for t, _, _ in h.rec.started] == pytest.approx([k * full for k in range(total // 8)])
     assert h.rec.dropped == []
     assert h.driver.idle
-    assert h.driver.busy.total_s(h.clock.now()) == pytest.approx(total // 8 * full)
+    assert h.driver.sched.busy.total_s(h.clock.now()) == pytest.approx(total // 8 * full)
 
 
 async def test_4_clients_wait_out_the_window_every_time() -> None:
