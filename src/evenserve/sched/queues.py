@@ -147,6 +147,7 @@ class QueueSet(Generic[R]):
         on_drop: Callable[[R, str], None],
         options: QueueOptions = NO_QUEUE_OPTIONS,
         stats_since_s: float = 0.0,
+        watch_deadlines: bool = True,
     ) -> None:
         starvation_s = options.starvation_s
         names = [m.name for m in models]
@@ -160,6 +161,8 @@ class QueueSet(Generic[R]):
         self.class_headroom = options.class_headroom
         self.ignore_priority = options.ignore_priority
         self._track_rates = options.class_headroom is not None
+        #: Whether the deadline watch runs (a device drives it; shared queues have none).
+        self.watches = watch_deadlines
         self._watch: list[tuple[float, int, R]] = []
         self._seq = itertools.count()
         self.waiting = 0
@@ -211,7 +214,7 @@ class QueueSet(Generic[R]):
         self.waiting += 1
         if self.waiting > self.depth_max and now >= since:
             self.depth_max = self.waiting
-        if r.deadline_s is not None:
+        if r.deadline_s is not None and self.watches:
             # Hopeless once deadline - lead < now: the first double after deadline - lead.
             at = math.nextafter(r.deadline_s - mq.lead_s, math.inf)
             heapq.heappush(self._watch, (at, next(self._seq), r))

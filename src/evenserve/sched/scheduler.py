@@ -73,7 +73,6 @@ class DeviceScheduler(Generic[R]):
         memory_total_bytes: float | None = None,
         utilization_window_s: float = 1.0,
         origin_s: float = 0.0,
-        watch_deadlines: bool = True,
         profiles: Mapping[str, LatencyProfile | None] | None = None,
     ) -> None:
         instances = device.instances
@@ -109,7 +108,7 @@ class DeviceScheduler(Generic[R]):
         self.memory = MemoryAccount(
             sum(h.profile.weights_bytes for h in self._hosted if h.profile), memory_total_bytes
         )
-        self._watch = watch_deadlines
+        self._watch = queues.watches
         self._plan_wake = math.inf
         self._timers: list[float] = []
         self._planning = False

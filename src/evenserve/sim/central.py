@@ -29,6 +29,7 @@ class CentralQueue:
             lambda r, reason: sim.drop(r, reason, None),
             arm,
             sim.warmup_s,
+            watch_deadlines=False,
         )
         for spec in specs:
             d = sim.add_device(spec.name, profiles[spec.name])
@@ -40,7 +41,6 @@ class CentralQueue:
                 device=spec,
                 memory_total_bytes=spec.memory_gb * 1024.0**3,
                 utilization_window_s=sim.utilization_window_s,
-                watch_deadlines=False,
                 profiles=d.profiles,
             )
 

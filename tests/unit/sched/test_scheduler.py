@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from evenserve.core.options import DeviceOptions, QueueOptions
+from evenserve.core.options import DeviceOptions
 from evenserve.core.profile import LatencyProfile
 from evenserve.policy.batching import BATCHING
 from evenserve.sched import (
@@ -106,10 +106,10 @@ def test_a_queue_set_shared_by_two_devices_is_served_by_the_free_one() -> None:
     act_a, act_b = Actions(), Actions()
     dropped: list[str] = []
     queues: QueueSet[QueuedRequest] = QueueSet(
-        [setup("none")], lambda r, reason: dropped.append(reason), QueueOptions()
+        [setup("none")], lambda r, reason: dropped.append(reason), watch_deadlines=False
     )
-    a = DeviceScheduler(queues, act_a, watch_deadlines=False)
-    b = DeviceScheduler(queues, act_b, watch_deadlines=False)
+    a = DeviceScheduler(queues, act_a)
+    b = DeviceScheduler(queues, act_b)
     for i, dev in ((1, a), (2, b), (3, a)):
         assert queues.offer(req(i, 0.0), 0.0) is None
         dev.queues_changed(0.0)
