@@ -20,9 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evenserve.core.errors import ProfileError
-from evenserve.core.validation import format_validation_error, validate_document
-
-__all__ = ["LatencyProfile", "ProfileFile", "format_validation_error", "load_profile"]
+from evenserve.core.validation import read_yaml, validate_document
 
 MB = 1024.0 * 1024.0
 
@@ -169,12 +167,7 @@ class LatencyProfile:
 
 def load_profile(path: Path) -> LatencyProfile:
     """Read one profile YAML; raise ProfileError naming the file and field on any problem."""
-    try:
-        raw: Any = yaml.safe_load(path.read_text())
-    except FileNotFoundError as exc:
-        raise ProfileError(f"profile file not found: {path}") from exc
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
+    raw = read_yaml(path, f"profile file not found: {path}", ProfileError)
     return LatencyProfile.from_file_model(
         validate_document(ProfileFile, raw, str(path), ProfileError)
     )

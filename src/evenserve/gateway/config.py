@@ -30,12 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, QueueOptions
-from evenserve.core.validation import validate_document
+from evenserve.core.validation import read_yaml, validate_document
 from evenserve.policy.routing import ROUTING
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -336,10 +335,5 @@ def parse_cluster(raw: Any, base_dir: Path, where: str = "cluster") -> LoadedClu
 
 
 def load_cluster(path: Path) -> LoadedCluster:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"cluster file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    raw = read_yaml(path, f"cluster file not found: {path}")
     return parse_cluster(raw, path.resolve().parent, str(path))

@@ -16,7 +16,7 @@ import yaml
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.core.scenario import CENTRAL_QUEUE, DeviceSpec, Scenario
-from evenserve.core.validation import validate_document
+from evenserve.core.validation import read_yaml, validate_document
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.routing import ROUTING
 
@@ -121,12 +121,7 @@ def with_level(loaded: LoadedScenario, level: str | None) -> LoadedScenario:
 
 def load_scenario(path: Path | str, overrides: Iterable[str] = ()) -> LoadedScenario:
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"scenario file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    raw = read_yaml(path, f"scenario file not found: {path}")
     if isinstance(raw, dict):
         raw = apply_overrides(raw, overrides)
     return parse_scenario(raw, path.parent, str(path))

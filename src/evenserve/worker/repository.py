@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import ModelOptions
-from evenserve.core.profile import LatencyProfile, format_validation_error, load_profile
+from evenserve.core.profile import LatencyProfile, load_profile
 from evenserve.core.tensors import DATATYPES
+from evenserve.core.validation import format_validation_error, read_yaml, validate_document
 from evenserve.policy.batching import BATCHING, BatchingPolicy
 from evenserve.policy.registry import split_spec
 from evenserve.runtime.base import Runtime, RuntimeContext, TensorSpec
@@ -235,19 +235,10 @@ def _validate_section(source: Path, section: str, raw: dict[str, Any] | None) ->
 def load_model(directory: Path, check_profile: bool = True) -> ModelEntry:
     """Read and validate ``directory/model.yaml`` (and its ``profile``, if ``check_profile``)."""
     source = directory / MODEL_FILE
-    try:
-        raw: Any = yaml.safe_load(source.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{directory}: no {MODEL_FILE} in this model folder") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level")
-    raw.setdefault("name", directory.name)
-    try:
-        cfg = ModelConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: {format_validation_error(exc)}") from exc
+    raw = read_yaml(source, f"{directory}: no {MODEL_FILE} in this model folder")
+    if isinstance(raw, dict):
+        raw.setdefault("name", directory.name)
+    cfg = validate_document(ModelConfig, raw, str(source))
     if cfg.name != directory.name:
         raise ConfigError(
             f"{source}: name: {cfg.name!r} differs from its folder {directory.name!r}"
