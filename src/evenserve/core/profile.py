@@ -17,26 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from evenserve.core.errors import ProfileError
+from evenserve.core.options import Strict
 from evenserve.core.validation import read_yaml, validate_document
 
 MB = 1024.0 * 1024.0
 
 
-class ProfilePoint(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ProfilePoint(Strict):
     batch: int = Field(ge=1)
     latency_ms: float = Field(gt=0)
     memory_mb: float | None = Field(default=None, ge=0)
 
 
-class ProfileFile(BaseModel):
+class ProfileFile(Strict):
     """The YAML schema of one profile (``profiles/<set>/<model>.yaml``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str
     device: str

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.options import DeviceOptions, QueueOptions
+from evenserve.core.options import DeviceOptions, QueueOptions, Strict
 from evenserve.core.validation import read_yaml, validate_document
 from evenserve.policy.routing import ROUTING
 
@@ -49,10 +49,6 @@ def _check_name(v: str) -> str:
 #: A backend or device name: it becomes a metric label, a header value and a log file name.
 Name = Annotated[str, Field(min_length=1), AfterValidator(_check_name)]
 DEFAULT_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class SignalsConfig(Strict):

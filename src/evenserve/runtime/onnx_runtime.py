@@ -11,16 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.options import Strict
 from evenserve.runtime.base import Array, RuntimeContext, output_array, require, warm_up
 
 
-class OnnxParams(BaseModel):
+class OnnxParams(Strict):
     """The ``onnx:`` section of model.yaml."""
-
-    model_config = ConfigDict(extra="forbid")
 
     file: str = Field(min_length=1, description="model.onnx, relative to the model folder")
     intra_op_threads: int | None = Field(default=None, ge=1)

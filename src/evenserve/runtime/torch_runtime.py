@@ -14,19 +14,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.options import Strict
 from evenserve.runtime.base import Array, RuntimeContext, warm_up
 from evenserve.runtime.torch_common import Precision, TorchModuleRuntime
 
 log = logging.getLogger(__name__)
 
 
-class TorchParams(BaseModel):
+class TorchParams(Strict):
     """The ``torch:`` section of model.yaml."""
-
-    model_config = ConfigDict(extra="forbid")
 
     file: str = Field(min_length=1, description="model file, relative to the model folder")
     format: Literal["auto", "torchscript", "export"] = "auto"

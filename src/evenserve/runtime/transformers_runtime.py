@@ -17,17 +17,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.options import Strict
 from evenserve.runtime.base import Array, RuntimeContext, require, warm_up
 from evenserve.runtime.torch_common import Precision, TorchModuleRuntime
 
 
-class TransformersParams(BaseModel):
+class TransformersParams(Strict):
     """The ``transformers:`` section of model.yaml."""
-
-    model_config = ConfigDict(extra="forbid")
 
     architecture: str = Field(min_length=1, description="transformers model class name")
     config_class: str | None = Field(

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.options import ModelOptions
+from evenserve.core.options import ModelOptions, Strict
 from evenserve.core.profile import LatencyProfile, load_profile
 from evenserve.core.tensors import DATATYPES
 from evenserve.core.validation import format_validation_error, read_yaml, validate_document
@@ -49,9 +49,7 @@ RuntimeName = Literal["emulated", "transformers", "torch", "onnx"]
 MODEL_FILE = "model.yaml"
 
 
-class SyntheticRange(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SyntheticRange(Strict):
     low: float = 0.0
     high: float = 1.0
 
@@ -62,9 +60,7 @@ class SyntheticRange(BaseModel):
         return self
 
 
-class TensorConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TensorConfig(Strict):
     name: str = Field(min_length=1)
     datatype: str
     shape: list[int]
