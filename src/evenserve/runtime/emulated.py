@@ -201,5 +201,4 @@ def resolve_profile(
             f"model {ctx.model!r}: emulated.profile: required on device {dev.name} "
             "(a profile YAML relative to the model folder)"
         )
-    path = Path(p.profile)
-    return load_profile(path if path.is_absolute() else ctx.model_dir / path)
+    return load_profile(ctx.model_dir / p.profile)  # an absolute path stays as it is

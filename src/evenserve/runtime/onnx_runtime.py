@@ -7,7 +7,6 @@ say otherwise. fp16 models are served as they are (no conversion here): declare 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,8 +40,7 @@ class OnnxRuntime:
     def load(self) -> None:
         ort = require("onnxruntime", "onnx")
         ctx = self.ctx
-        path = Path(self.params.file)
-        path = path if path.is_absolute() else ctx.model_dir / path
+        path = ctx.model_dir / self.params.file  # an absolute file stays as it is
         if not path.is_file():
             raise ConfigError(f"model {ctx.model!r}: onnx.file: not found: {path}")
         available = ort.get_available_providers()

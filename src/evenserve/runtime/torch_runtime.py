@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -41,14 +40,10 @@ class TorchRuntime(TorchModuleRuntime):
         self._format = ""
         self._notes: list[str] = []
 
-    def _path(self) -> Path:
-        p = Path(self.params.file)
-        return p if p.is_absolute() else self.ctx.model_dir / p
-
     def load(self) -> None:
         torch, dtype = self._prepare(self.params.precision)
         ctx = self.ctx
-        path = self._path()
+        path = ctx.model_dir / self.params.file  # an absolute file stays as it is
         if not path.is_file():
             raise ConfigError(f"model {ctx.model!r}: torch.file: not found: {path}")
         fmt = self.params.format

@@ -14,7 +14,6 @@ precision the device cannot run fails at startup with a clear error, not on the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field
@@ -73,8 +72,7 @@ class TransformersRuntime(TorchModuleRuntime):
                 f"class {p.architecture!r}"
             ) from None
         if p.pretrained_dir is not None:
-            path = Path(p.pretrained_dir)
-            path = path if path.is_absolute() else ctx.model_dir / path
+            path = ctx.model_dir / p.pretrained_dir  # an absolute folder stays as it is
             if not path.is_dir():
                 raise ConfigError(
                     f"model {ctx.model!r}: transformers.pretrained_dir: not a folder: {path}"

@@ -36,8 +36,7 @@ class LoadedScenario:
         return out
 
     def resolve(self, relative: str) -> Path:
-        p = Path(relative)
-        return p if p.is_absolute() else self.base_dir / p
+        return self.base_dir / relative  # an absolute path stays as it is
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
@@ -91,9 +90,8 @@ def parse_scenario(raw: Any, base_dir: Path, source: str = "scenario") -> Loaded
             BATCHING.parse(b, f"{source}: arms.{arm}.batching_per_model.{m}")
     sets: dict[str, dict[str, LatencyProfile]] = {}
     for name, rel in sc.profile_sets.items():
-        p = Path(rel)
         try:
-            sets[name] = load_profile_set(p if p.is_absolute() else base_dir / p)
+            sets[name] = load_profile_set(base_dir / rel)
         except ConfigError as exc:
             raise ConfigError(f"{source}: profile_sets.{name}: {exc}") from exc
     for _i, d in enumerate(sc.expanded_devices()):

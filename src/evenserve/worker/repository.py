@@ -212,9 +212,8 @@ class ModelEntry:
     def latency_profile(self) -> LatencyProfile | None:
         if self.config.profile is None:
             return None
-        p = Path(self.config.profile)
         try:
-            return load_profile(p if p.is_absolute() else self.directory / p)
+            return load_profile(self.directory / self.config.profile)  # absolute: as it is
         except ConfigError as exc:
             raise ConfigError(f"{self.source}: profile: {exc}") from exc
 
