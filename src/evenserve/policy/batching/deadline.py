@@ -23,7 +23,6 @@ Params: ``max_batch_size`` (8), ``margin_ms`` (1), ``max_delay_ms`` (0),
 from __future__ import annotations
 
 import math
-import random
 
 from pydantic import Field
 
@@ -49,6 +48,7 @@ def deadline_of(r: RequestInfo, slo_s: float | None) -> float:
     return math.inf if slo_s is None else r.arrival_s + slo_s
 
 
+@BATCHING.register("deadline", DeadlineParams, "largest batch meeting the earliest deadline")
 class DeadlineBatching(BatchingPolicyBase):
     name = "deadline"
 
@@ -94,8 +94,3 @@ class DeadlineBatching(BatchingPolicyBase):
 
     def on_arrival(self, now_s: float) -> None:
         self.rate.observe(now_s)
-
-
-@BATCHING.register("deadline", DeadlineParams, "largest batch meeting the earliest deadline")
-def _make(params: DeadlineParams, rng: random.Random) -> DeadlineBatching:
-    return DeadlineBatching(params)

@@ -26,6 +26,9 @@ class WeightedRandomParams(PolicyParams):
                 raise ValueError(f"weights.{name}: must be >= 0")
 
 
+@ROUTING.register(
+    "weighted-random", WeightedRandomParams, "static weights, seeded draw", seeded=True
+)
 class WeightedRandom:
     name = "weighted-random"
 
@@ -47,8 +50,3 @@ class WeightedRandom:
             if x < acc:
                 return b
         return backends[-1]
-
-
-@ROUTING.register("weighted-random", WeightedRandomParams, "static weights, seeded draw")
-def _make(params: WeightedRandomParams, rng: random.Random) -> WeightedRandom:
-    return WeightedRandom(params, rng)
