@@ -55,8 +55,6 @@ class AdaptiveParams(PolicyParams):
 
 @BATCHING.register("adaptive", AdaptiveParams, "window from arrival rate, profile and memory")
 class Adaptive(BatchingPolicyBase):
-    name = "adaptive"
-
     def __init__(self, params: AdaptiveParams) -> None:
         self.params = params
         self.rate = RateEstimator(params.tau_ms / 1000.0)

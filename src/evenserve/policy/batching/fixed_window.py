@@ -34,8 +34,6 @@ class FixedWindowParams(PolicyParams):
 
 @BATCHING.register("fixed-window", FixedWindowParams, "dispatch when full or oldest waited delay")
 class FixedWindow(BatchingPolicyBase):
-    name = "fixed-window"
-
     def __init__(self, params: FixedWindowParams) -> None:
         self.params = params
         self._delay_s = params.max_batch_delay_ms / 1000.0

@@ -16,7 +16,6 @@ class NoBatchingParams(PolicyParams):
 
 @BATCHING.register("none", NoBatchingParams, "batch of one, no waiting")
 class NoBatching(BatchingPolicyBase):
-    name = "none"
     max_batch_size = 1
 
     def __init__(self, params: NoBatchingParams) -> None:

@@ -35,8 +35,6 @@ class StepDownParams(PolicyParams):
 
 @BATCHING.register("step-down", StepDownParams, "articles' rule: 100 -> 50 -> 30 ms when unfilled")
 class StepDown(BatchingPolicyBase):
-    name = "step-down"
-
     def __init__(self, params: StepDownParams) -> None:
         self.params = params
         self.level = 0

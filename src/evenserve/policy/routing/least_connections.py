@@ -19,8 +19,6 @@ class LeastConnectionsParams(PolicyParams):
 
 @ROUTING.register("least-connections", LeastConnectionsParams, "fewest outstanding requests")
 class LeastConnections:
-    name = "least-connections"
-
     def __init__(self, params: LeastConnectionsParams) -> None:
         self.params = params
         self._tick = 0

@@ -48,8 +48,6 @@ def queue_work_s(
 
 @ROUTING.register("least-expected-work", LeastExpectedWorkParams, "soonest predicted finish")
 class LeastExpectedWork:
-    name = "least-expected-work"
-
     def __init__(self, params: LeastExpectedWorkParams) -> None:
         self.params = params
         self._tick = 0

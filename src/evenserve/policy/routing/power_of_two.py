@@ -23,8 +23,6 @@ class PowerOfTwoParams(PolicyParams):
 
 @ROUTING.register("power-of-two", PowerOfTwoParams, "best of two random choices", seeded=True)
 class PowerOfTwo:
-    name = "power-of-two"
-
     def __init__(self, params: PowerOfTwoParams, rng: random.Random) -> None:
         self.params = params
         self._rng = rng

@@ -47,8 +47,6 @@ def memory_used_fraction(b: BackendView) -> float:
 
 @ROUTING.register("queue-aware", QueueAwareParams, "articles' weighted queue/util/memory score")
 class QueueAware:
-    name = "queue-aware"
-
     def __init__(self, params: QueueAwareParams) -> None:
         self.params = params
         self._tick = 0

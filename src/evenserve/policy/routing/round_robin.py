@@ -19,8 +19,6 @@ class RoundRobinParams(PolicyParams):
 
 @ROUTING.register("round-robin", RoundRobinParams, "each model's hosts in turn")
 class RoundRobin:
-    name = "round-robin"
-
     def __init__(self, params: RoundRobinParams) -> None:
         self.params = params
         self._cursor: dict[str, int] = {}

@@ -30,8 +30,6 @@ class WeightedRandomParams(PolicyParams):
     "weighted-random", WeightedRandomParams, "static weights, seeded draw", seeded=True
 )
 class WeightedRandom:
-    name = "weighted-random"
-
     def __init__(self, params: WeightedRandomParams, rng: random.Random) -> None:
         self.params = params
         self._rng = rng
