@@ -226,16 +226,11 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
         except ProtocolError as exc:
             outcome = {413: "too_large"}.get(exc.status, "bad_request")
             return _error(str(exc), exc.status), outcome
-        try:
+        try:  # refused or draining at once, or while it waited; or its batch failed
             pending = service.driver.submit(
                 name, req.inputs, items=req.items, priority=priority, deadline_in_s=deadline_in_s
             )
-        except RefusedError as exc:
-            return _refusal(exc)
-        except DrainingError as exc:
-            return _error(str(exc), 503), "unavailable"
-        assert pending.future is not None
-        try:
+            assert pending.future is not None
             outputs = await pending.future
         except RefusedError as exc:
             return _refusal(exc)
