@@ -22,6 +22,7 @@ import math
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from starlette.applications import Starlette
@@ -238,9 +239,7 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
             return _error(str(exc), 503), "unavailable"
         except BatchFailedError as exc:
             return _error(f"inference failed: {exc}", 500), "error"
-        encode: Callable[[], tuple[bytes, dict[str, str]]] = lambda: encode_infer_response(  # noqa: E731
-            sig, req.id, outputs, req.outputs
-        )
+        encode = partial(encode_infer_response, sig, req.id, outputs, req.outputs)
         big = sum(int(a.nbytes) for a in outputs.values()) > OFFLOAD_BYTES
         data, headers = await asyncio.to_thread(encode) if big else encode()
         return Response(data, headers=headers), "success"
