@@ -29,10 +29,6 @@ from evenserve.runtime.device import DeviceTarget
 Array = NDArray[Any]
 
 
-#: Triton model-config spelling of each datatype (``TYPE_FP32``...).
-TRITON_CONFIG_TYPES: Mapping[str, str] = {k: f"TYPE_{k}" for k in DATATYPES}
-
-
 class RuntimeMissingError(ConfigError):
     """An optional framework a runtime needs is not installed."""
 
