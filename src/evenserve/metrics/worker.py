@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from evenserve.core import wire
 from evenserve.metrics import names
 from evenserve.metrics.nvml import NvmlSampler
 
@@ -160,7 +161,7 @@ class WorkerMetrics:
                 series.labels(m)
             for o in names.OUTCOMES:
                 self.requests.labels(m, o)
-            for reason in names.REFUSAL_REASONS:
+            for reason in wire.REFUSAL_REASONS:
                 self.refusals.labels(m, reason)
 
     def observe_batch(self, model: str, items: int, queue_times_s: Sequence[float]) -> None:
