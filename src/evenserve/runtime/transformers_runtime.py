@@ -64,13 +64,16 @@ class TransformersRuntime(TorchModuleRuntime):
         transformers = require("transformers", "transformers")
         p = self.params
         ctx = self.ctx
-        try:
-            arch = getattr(transformers, p.architecture)
-        except AttributeError:
-            raise ConfigError(
-                f"model {ctx.model!r}: transformers.architecture: transformers has no "
-                f"class {p.architecture!r}"
-            ) from None
+
+        def named_class(field: str, name: str) -> Any:
+            try:
+                return getattr(transformers, name)
+            except AttributeError:
+                raise ConfigError(
+                    f"model {ctx.model!r}: transformers.{field}: transformers has no class {name!r}"
+                ) from None
+
+        arch = named_class("architecture", p.architecture)
         if p.pretrained_dir is not None:
             path = ctx.model_dir / p.pretrained_dir  # an absolute folder stays as it is
             if not path.is_dir():
@@ -81,14 +84,7 @@ class TransformersRuntime(TorchModuleRuntime):
         else:
             assert p.config_class is not None
             try:
-                config_cls = getattr(transformers, p.config_class)
-            except AttributeError:
-                raise ConfigError(
-                    f"model {ctx.model!r}: transformers.config_class: transformers has no "
-                    f"class {p.config_class!r}"
-                ) from None
-            try:
-                config = config_cls(**p.config)
+                config = named_class("config_class", p.config_class)(**p.config)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"model {ctx.model!r}: transformers.config: {exc}") from None
             torch.manual_seed(p.seed)
