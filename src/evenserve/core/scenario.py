@@ -175,20 +175,14 @@ class Scenario(Strict):
         for m in self.models:
             if m not in placed:
                 raise ValueError(f"models.{m}: not placed on any device")
-        wl = self.workload
-        names = (
-            wl.rates_rps
-            if isinstance(wl, OpenLoop)
-            else (wl.mix if isinstance(wl, ClosedLoop) else {})
-        )
+        wl = self.workload  # a trace names its models in its file, checked when it is read
         field = "rates_rps" if isinstance(wl, OpenLoop) else "mix"
-        for m in names:
+        for m in getattr(wl, field, {}):
             if m not in self.models:
                 raise ValueError(f"workload.{field}.{m}: unknown model")
-        if isinstance(wl, OpenLoop):
-            for i, st in enumerate(wl.streams):
-                if st.model not in self.models:
-                    raise ValueError(f"workload.streams[{i}].model: unknown model {st.model!r}")
+        for i, st in enumerate(getattr(wl, "streams", [])):
+            if st.model not in self.models:
+                raise ValueError(f"workload.streams[{i}].model: unknown model {st.model!r}")
         for arm, spec in self.arms.items():
             for m in spec.batching_per_model:
                 if m not in self.models:
