@@ -30,10 +30,7 @@ class LoadedScenario:
     def profiles_for(self, device: DeviceSpec) -> dict[str, LatencyProfile]:
         """Model name -> profile for the models placed on ``device``."""
         ps = self.profile_sets[self.scenario.profile_set_of(device)]
-        out = {}
-        for m in device.models:
-            out[m] = ps[self.scenario.models[m].profile or m]
-        return out
+        return {m: ps[self.scenario.models[m].profile or m] for m in device.models}
 
     def resolve(self, relative: str) -> Path:
         return self.base_dir / relative  # an absolute path stays as it is
@@ -94,7 +91,7 @@ def parse_scenario(raw: Any, base_dir: Path, source: str = "scenario") -> Loaded
             sets[name] = load_profile_set(base_dir / rel)
         except ConfigError as exc:
             raise ConfigError(f"{source}: profile_sets.{name}: {exc}") from exc
-    for _i, d in enumerate(sc.expanded_devices()):
+    for d in sc.expanded_devices():
         ps_name = sc.profile_set_of(d)
         for m in d.models:
             prof = sc.models[m].profile or m
