@@ -85,8 +85,7 @@ class DeadlineBatching(BatchingPolicyBase):
         if p.max_delay_ms <= 0 or r <= 0 or keeps_up(prof, n, r, p.target_utilization):
             return Dispatch(best)
         b = size_to_keep_up(prof, n + 1, cap, r, p.target_utilization)
-        head_deadline = min(deadline_of(x, slo) for x in list(reqs)[:k_max])
-        latest_start = head_deadline - prof.latency_s(b) - self._margin_s
+        latest_start = earliest - prof.latency_s(b) - self._margin_s  # earliest of the first k_max
         due = min(now_s + (b - n) / r, latest_start, reqs[0].arrival_s + p.max_delay_ms / 1000.0)
         return Dispatch(best) if now_s >= due else WaitUntil(due)
 
