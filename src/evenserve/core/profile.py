@@ -117,11 +117,10 @@ class LatencyProfile:
 
     def _interp(self, values: Sequence[float], batch: float) -> float:
         xs = self.batches
-        if len(xs) == 1 or batch <= xs[0]:
-            if len(xs) == 1 and batch > xs[0]:
-                # One point: assume per-item cost stays constant beyond it.
-                return values[0] * batch / xs[0]
+        if batch <= xs[0]:
             return values[0]
+        if len(xs) == 1:  # one point: assume per-item cost stays constant beyond it
+            return values[0] * batch / xs[0]
         i = bisect.bisect_left(xs, batch)
         if i < len(xs) and xs[i] == batch:
             return values[i]
