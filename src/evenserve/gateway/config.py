@@ -286,13 +286,9 @@ class LoadedCluster:
         out: list[BackendSpec] = []
         w = self.config.workers
         if w is not None:
-            all_models: list[str] | None = None
+            all_models = self.repo_models() if any(d.models is None for d in w.devices) else []
             for i, d in enumerate(w.devices):
-                models = d.models
-                if models is None:
-                    if all_models is None:
-                        all_models = self.repo_models()
-                    models = all_models
+                models = d.models if d.models is not None else all_models
                 if not models:
                     raise ConfigError(f"workers.devices.{i}.models: the repository has no models")
                 emulated = d.device.startswith("emulated:")
