@@ -146,19 +146,14 @@ class BackendSignals(Strict):
         if not isinstance(raw, dict):
             return raw
         mapping = raw.get("mapping")
-        preset_name: str | None = None
-        overrides: dict[str, Any] = {}
-        if isinstance(mapping, str):
-            preset_name = mapping
-        elif isinstance(mapping, dict) and "preset" in mapping:
-            overrides = {k: v for k, v in mapping.items() if k != "preset"}
-            preset_name = str(mapping["preset"])
-        if preset_name is not None:
-            if preset_name not in PRESETS:
-                raise ValueError(
-                    f"mapping: unknown preset {preset_name!r} (known: {', '.join(PRESETS)})"
-                )
-            raw = {**raw, "mapping": {**PRESETS[preset_name], **overrides}}
+        if isinstance(mapping, str):  # a preset's name: its mapping
+            mapping = {"preset": mapping}
+        if isinstance(mapping, dict) and "preset" in mapping:  # a preset and overrides
+            overrides = dict(mapping)
+            name = str(overrides.pop("preset"))
+            if name not in PRESETS:
+                raise ValueError(f"mapping: unknown preset {name!r} (known: {', '.join(PRESETS)})")
+            raw = {**raw, "mapping": {**PRESETS[name], **overrides}}
         if raw.get("source") == "prometheus" and raw.get("mapping") is None:
             raw = {**raw, "mapping": dict(TRITON_MAPPING)}
         return raw
