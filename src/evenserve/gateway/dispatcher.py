@@ -157,10 +157,7 @@ class Dispatcher:
                 {"retry-after": str(ov.retry_after_s)},
             )
         fwd_headers = {"accept-encoding": "identity"}
-        for h in FORWARD_REQUEST_HEADERS:
-            v = headers.get(h)
-            if v is not None:
-                fwd_headers[h] = v
+        fwd_headers.update((h, headers[h]) for h in FORWARD_REQUEST_HEADERS if h in headers)
         req = RequestInfo(request_id=next(self._ids), model=model, arrival_s=self.clock.now())
         tried: list[str] = []
         failures: list[str] = []
