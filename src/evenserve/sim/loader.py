@@ -55,13 +55,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is not a mapping")
             nxt = node.get(p)
-            if nxt is None:
-                nxt = {}
-                node[p] = nxt
-            elif isinstance(nxt, str):
-                # A bare policy name gains parameters: "static" -> {policy: static, ...}.
-                nxt = {"policy": nxt}
-                node[p] = nxt
+            if nxt is None or isinstance(nxt, str):
+                # A new mapping; a bare policy name gains parameters: {policy: static, ...}.
+                nxt = node[p] = {} if nxt is None else {"policy": nxt}
             node = nxt
         try:
             parsed = yaml.safe_load(value)
