@@ -57,9 +57,9 @@ class OnnxRuntime:
         else:
             providers = ["CPUExecutionProvider"]
         opts = ort.SessionOptions()
-        threads = self.params.intra_op_threads or ctx.options.get("cpu_threads")
+        threads = self.params.intra_op_threads or ctx.cpu_threads
         if threads:
-            opts.intra_op_num_threads = int(threads)
+            opts.intra_op_num_threads = threads
         try:
             session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         except Exception as exc:
@@ -106,7 +106,7 @@ class OnnxRuntime:
             "device": self.ctx.device.name,
             "onnxruntime_version": str(ort.__version__),
             "providers": self._providers,
-            "intra_op_threads": self.params.intra_op_threads or self.ctx.options.get("cpu_threads"),
+            "intra_op_threads": self.params.intra_op_threads or self.ctx.cpu_threads,
             "weights_bytes_estimate": self._resident,
         }
 

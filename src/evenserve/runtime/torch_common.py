@@ -52,9 +52,8 @@ class TorchModuleRuntime:
                 raise ConfigError(
                     f"--device {device.name}: only {torch.cuda.device_count()} CUDA device(s)"
                 )
-        threads = self.ctx.options.get("cpu_threads")
-        if threads:
-            torch.set_num_threads(int(threads))
+        if self.ctx.cpu_threads:
+            torch.set_num_threads(self.ctx.cpu_threads)
         self._torch = torch
         self._float_dtype = {
             "fp32": torch.float32,

@@ -178,7 +178,7 @@ class ModelEntry:
             inputs=self.inputs,
             outputs=self.outputs,
             params=self.runtime_params if params is None else params,
-            options={"cpu_threads": cpu_threads},
+            cpu_threads=cpu_threads,
         )
         return create_runtime(
             self.config.runtime,
