@@ -168,12 +168,10 @@ async def preflight(
     """Check the target and return metadata of the models in ``need_metadata``."""
     try:
         status, _ = await _get(session, base_url + HEALTH_LIVE_PATH)
-    except aiohttp.ClientConnectorError as exc:
-        kind = classify_exception(exc)
-        raise TargetError(f"target {base_url}: {kind} ({hint(kind)}): {exc.strerror}") from None
     except (TimeoutError, aiohttp.ClientError) as exc:
         kind = classify_exception(exc)
-        raise TargetError(f"target {base_url}: {kind} ({hint(kind)})") from None
+        why = f": {exc.strerror}" if isinstance(exc, aiohttp.ClientConnectorError) else ""
+        raise TargetError(f"target {base_url}: {kind} ({hint(kind)}){why}") from None
     if status >= 500 or status == 404:
         raise TargetError(
             f"target {base_url}: GET {HEALTH_LIVE_PATH} answered {status}; is this a KServe v2 "
