@@ -199,14 +199,11 @@ class Scenario(Strict):
         return self.model_copy(update={"workload": wl})
 
     def expanded_devices(self) -> list[DeviceSpec]:
-        out: list[DeviceSpec] = []
-        for d in self.devices:
-            if d.count == 1:
-                out.append(d)
-            else:
-                for k in range(d.count):
-                    out.append(d.model_copy(update={"name": f"{d.name}{k}", "count": 1}))
-        return out
+        return [
+            d if d.count == 1 else d.model_copy(update={"name": f"{d.name}{k}", "count": 1})
+            for d in self.devices
+            for k in range(d.count)
+        ]
 
     def profile_set_of(self, device: DeviceSpec) -> str:
         ps = device.profile_set or self.default_profile_set
