@@ -173,10 +173,7 @@ def load_profile_set(directory: Path) -> dict[str, LatencyProfile]:
     """All profiles of one set (one YAML per model), keyed by model name."""
     if not directory.is_dir():
         raise ProfileError(f"profile set not found: {directory}")
-    out: dict[str, LatencyProfile] = {}
-    for p in sorted(directory.glob("*.yaml")):
-        prof = load_profile(p)
-        out[prof.model] = prof
+    out = {prof.model: prof for prof in map(load_profile, sorted(directory.glob("*.yaml")))}
     if not out:
         raise ProfileError(f"profile set {directory} holds no *.yaml profiles")
     return out
