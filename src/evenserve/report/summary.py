@@ -84,11 +84,11 @@ def utilization_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list
         return [0.0] * (edges.size - 1)
     s = np.asarray(tr.busy_start_s)
     e = np.asarray(tr.busy_end_s)
-    out = []
-    for a, b in itertools.pairwise(edges):
-        busy = np.clip(np.minimum(e, b) - np.maximum(s, a), 0.0, None).sum()
-        out.append(_r(float(busy / ((b - a) * max(1, tr.instances)))))
-    return out
+    n = max(1, tr.instances)
+    return [
+        _r(float(np.clip(np.minimum(e, b) - np.maximum(s, a), 0.0, None).sum() / ((b - a) * n)))
+        for a, b in itertools.pairwise(edges)
+    ]
 
 
 def queue_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list[float]:
@@ -97,11 +97,8 @@ def queue_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list[float
         return []
     t = np.asarray(tr.queue_t_s)
     q = np.asarray(tr.queue_depth)
-    out = []
-    for a, b in itertools.pairwise(edges):
-        sel = q[(t >= a) & (t < b)]
-        out.append(_r(float(sel.mean())) if sel.size else 0.0)
-    return out
+    in_bins = (q[(t >= a) & (t < b)] for a, b in itertools.pairwise(edges))
+    return [_r(float(sel.mean())) if sel.size else 0.0 for sel in in_bins]
 
 
 def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
