@@ -254,13 +254,11 @@ def load_repository(
     """Every model folder of ``repo`` (folders starting with '.' or '_' are skipped)."""
     if not repo.is_dir():
         raise ConfigError(f"--repo: not a folder: {repo}")
-    models: list[ModelEntry] = []
-    for d in sorted(p for p in repo.iterdir() if p.is_dir()):
-        if d.name.startswith((".", "_")):
-            continue
-        if only is not None and d.name not in only:
-            continue
-        models.append(load_model(d, check_profiles))
+    models = [
+        load_model(d, check_profiles)
+        for d in sorted(p for p in repo.iterdir() if p.is_dir())
+        if not d.name.startswith((".", "_")) and (only is None or d.name in only)
+    ]
     if only is not None:
         missing = sorted(set(only) - {m.name for m in models})
         if missing:
