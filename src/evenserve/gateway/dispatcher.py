@@ -177,8 +177,8 @@ class Dispatcher:
                 url = self.registry.url(name) + path
                 reply = await self.forwarder.request("POST", url, body, fwd_headers)
             except Unreachable as exc:
-                self.registry.eject(name, exc.reason)
-                failures.append(f"{name}: {exc.reason}")
+                self.registry.eject(name, str(exc))
+                failures.append(f"{name}: {exc}")
                 continue
             except ConnectionLost as exc:
                 failures.append(f"{name}: connection lost ({exc})")
