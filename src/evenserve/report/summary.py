@@ -238,10 +238,8 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
 
 
 def class_name(priority: int) -> str:
-    for name, value in PRIORITY_CLASSES.items():
-        if value == priority:
-            return name
-    return f"priority-{priority}"
+    named = (name for name, value in PRIORITY_CLASSES.items() if value == priority)
+    return next(named, f"priority-{priority}")
 
 
 def clean_json(obj: Any) -> Any:
