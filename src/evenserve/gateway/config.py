@@ -245,11 +245,9 @@ class ClusterConfig(Strict):
                     f"gateway.port: {self.gateway.port} also used by worker "
                     f"{ports[self.gateway.port]}"
                 )
-        seen: set[str] = set()
-        for n in names:
-            if n in seen:
-                raise ValueError(f"backend/device name {n!r} used twice")
-            seen.add(n)
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            raise ValueError(f"backend/device name {twice!r} used twice")
         if not names:
             raise ValueError("no backends: give workers.devices or backends")
         return self
