@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from evenserve.core.profile import LatencyProfile
+if TYPE_CHECKING:
+    from evenserve.core.profile import LatencyProfile
 
 #: Each of two concurrent small batches runs at 1 / (1 + 1/3) = 0.75 of its solo speed.
 DEFAULT_INTERFERENCE = 1.0 / 3.0

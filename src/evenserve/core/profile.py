@@ -17,28 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from evenserve.core.errors import ProfileError
-from evenserve.core.validation import format_validation_error, validate_document
-
-__all__ = ["LatencyProfile", "ProfileFile", "format_validation_error", "load_profile"]
+from evenserve.core.options import Strict
+from evenserve.core.validation import read_yaml, validate_document
 
 MB = 1024.0 * 1024.0
 
 
-class ProfilePoint(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ProfilePoint(Strict):
     batch: int = Field(ge=1)
     latency_ms: float = Field(gt=0)
     memory_mb: float | None = Field(default=None, ge=0)
 
 
-class ProfileFile(BaseModel):
+class ProfileFile(Strict):
     """The YAML schema of one profile (``profiles/<set>/<model>.yaml``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str
     device: str
@@ -122,11 +117,10 @@ class LatencyProfile:
 
     def _interp(self, values: Sequence[float], batch: float) -> float:
         xs = self.batches
-        if len(xs) == 1 or batch <= xs[0]:
-            if len(xs) == 1 and batch > xs[0]:
-                # One point: assume per-item cost stays constant beyond it.
-                return values[0] * batch / xs[0]
+        if batch <= xs[0]:
             return values[0]
+        if len(xs) == 1:  # one point: assume per-item cost stays constant beyond it
+            return values[0] * batch / xs[0]
         i = bisect.bisect_left(xs, batch)
         if i < len(xs) and xs[i] == batch:
             return values[i]
@@ -169,12 +163,7 @@ class LatencyProfile:
 
 def load_profile(path: Path) -> LatencyProfile:
     """Read one profile YAML; raise ProfileError naming the file and field on any problem."""
-    try:
-        raw: Any = yaml.safe_load(path.read_text())
-    except FileNotFoundError as exc:
-        raise ProfileError(f"profile file not found: {path}") from exc
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{path}: not valid YAML: {exc}") from exc
+    raw = read_yaml(path, f"profile file not found: {path}", ProfileError)
     return LatencyProfile.from_file_model(
         validate_document(ProfileFile, raw, str(path), ProfileError)
     )
@@ -184,10 +173,7 @@ def load_profile_set(directory: Path) -> dict[str, LatencyProfile]:
     """All profiles of one set (one YAML per model), keyed by model name."""
     if not directory.is_dir():
         raise ProfileError(f"profile set not found: {directory}")
-    out: dict[str, LatencyProfile] = {}
-    for p in sorted(directory.glob("*.yaml")):
-        prof = load_profile(p)
-        out[prof.model] = prof
+    out = {prof.model: prof for prof in map(load_profile, sorted(directory.glob("*.yaml")))}
     if not out:
         raise ProfileError(f"profile set {directory} holds no *.yaml profiles")
     return out

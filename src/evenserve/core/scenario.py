@@ -175,20 +175,14 @@ class Scenario(Strict):
         for m in self.models:
             if m not in placed:
                 raise ValueError(f"models.{m}: not placed on any device")
-        wl = self.workload
-        names = (
-            wl.rates_rps
-            if isinstance(wl, OpenLoop)
-            else (wl.mix if isinstance(wl, ClosedLoop) else {})
-        )
+        wl = self.workload  # a trace names its models in its file, checked when it is read
         field = "rates_rps" if isinstance(wl, OpenLoop) else "mix"
-        for m in names:
+        for m in getattr(wl, field, {}):
             if m not in self.models:
                 raise ValueError(f"workload.{field}.{m}: unknown model")
-        if isinstance(wl, OpenLoop):
-            for i, st in enumerate(wl.streams):
-                if st.model not in self.models:
-                    raise ValueError(f"workload.streams[{i}].model: unknown model {st.model!r}")
+        for i, st in enumerate(getattr(wl, "streams", [])):
+            if st.model not in self.models:
+                raise ValueError(f"workload.streams[{i}].model: unknown model {st.model!r}")
         for arm, spec in self.arms.items():
             for m in spec.batching_per_model:
                 if m not in self.models:
@@ -205,14 +199,11 @@ class Scenario(Strict):
         return self.model_copy(update={"workload": wl})
 
     def expanded_devices(self) -> list[DeviceSpec]:
-        out: list[DeviceSpec] = []
-        for d in self.devices:
-            if d.count == 1:
-                out.append(d)
-            else:
-                for k in range(d.count):
-                    out.append(d.model_copy(update={"name": f"{d.name}{k}", "count": 1}))
-        return out
+        return [
+            d if d.count == 1 else d.model_copy(update={"name": f"{d.name}{k}", "count": 1})
+            for d in self.devices
+            for k in range(d.count)
+        ]
 
     def profile_set_of(self, device: DeviceSpec) -> str:
         ps = device.profile_set or self.default_profile_set

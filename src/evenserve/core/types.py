@@ -63,19 +63,20 @@ class BackendView:
     plus the requests this router sent since the newest sample (so bursts between two polls
     spread out). ``signals_fresh`` is False when the newest sample is older than the staleness
     bound: then utilization and memory are None and queue depth is only the router's own count.
+    The defaults are a backend nothing is known of yet.
     """
 
     name: str
-    queue_depth: float
-    in_flight: int
-    utilization: float | None
-    memory_free_bytes: float | None
-    memory_total_bytes: float | None
-    signals_fresh: bool
-    queued_by_model: Mapping[str, float]
-    busy_remaining_s: float
-    profiles: Mapping[str, LatencyProfile]
-    max_batch_size: Mapping[str, int]
+    queue_depth: float = 0.0
+    in_flight: int = 0
+    utilization: float | None = None
+    memory_free_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    signals_fresh: bool = False
+    queued_by_model: Mapping[str, float] = field(default_factory=dict)
+    busy_remaining_s: float = 0.0
+    profiles: Mapping[str, LatencyProfile] = field(default_factory=dict)
+    max_batch_size: Mapping[str, int] = field(default_factory=dict)
     weight: float = 1.0
 
 

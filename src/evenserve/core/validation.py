@@ -1,14 +1,26 @@
-"""Typed config documents: validate a parsed YAML/JSON mapping, one clear error naming fields."""
+"""Typed config documents: read YAML, validate a parsed mapping, one clear error naming fields."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 from evenserve.core.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+def read_yaml(path: Path, missing: str, error: type[ConfigError] = ConfigError) -> Any:
+    """The parsed YAML of ``path``; ``missing`` is the message when the file does not exist."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise error(missing) from None
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: not valid YAML: {exc}") from exc
 
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:

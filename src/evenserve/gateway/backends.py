@@ -82,10 +82,7 @@ class BackendRegistry:
         return list(self.states)
 
     def models(self) -> list[str]:
-        ms: set[str] = set()
-        for st in self.states.values():
-            ms.update(st.spec.models)
-        return sorted(ms)
+        return sorted({m for st in self.states.values() for m in st.spec.models})
 
     def hosts_model(self, model: str) -> bool:
         return any(model in st.spec.models for st in self.states.values())

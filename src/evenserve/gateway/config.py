@@ -30,12 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.options import DeviceOptions, QueueOptions
-from evenserve.core.validation import validate_document
+from evenserve.core.options import DeviceOptions, QueueOptions, Strict
+from evenserve.core.validation import read_yaml, validate_document
 from evenserve.policy.routing import ROUTING
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -50,10 +49,6 @@ def _check_name(v: str) -> str:
 #: A backend or device name: it becomes a metric label, a header value and a log file name.
 Name = Annotated[str, Field(min_length=1), AfterValidator(_check_name)]
 DEFAULT_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class SignalsConfig(Strict):
@@ -151,19 +146,14 @@ class BackendSignals(Strict):
         if not isinstance(raw, dict):
             return raw
         mapping = raw.get("mapping")
-        preset_name: str | None = None
-        overrides: dict[str, Any] = {}
-        if isinstance(mapping, str):
-            preset_name = mapping
-        elif isinstance(mapping, dict) and "preset" in mapping:
-            overrides = {k: v for k, v in mapping.items() if k != "preset"}
-            preset_name = str(mapping["preset"])
-        if preset_name is not None:
-            if preset_name not in PRESETS:
-                raise ValueError(
-                    f"mapping: unknown preset {preset_name!r} (known: {', '.join(PRESETS)})"
-                )
-            raw = {**raw, "mapping": {**PRESETS[preset_name], **overrides}}
+        if isinstance(mapping, str):  # a preset's name: its mapping
+            mapping = {"preset": mapping}
+        if isinstance(mapping, dict) and "preset" in mapping:  # a preset and overrides
+            overrides = dict(mapping)
+            name = str(overrides.pop("preset"))
+            if name not in PRESETS:
+                raise ValueError(f"mapping: unknown preset {name!r} (known: {', '.join(PRESETS)})")
+            raw = {**raw, "mapping": {**PRESETS[name], **overrides}}
         if raw.get("source") == "prometheus" and raw.get("mapping") is None:
             raw = {**raw, "mapping": dict(TRITON_MAPPING)}
         return raw
@@ -255,11 +245,9 @@ class ClusterConfig(Strict):
                     f"gateway.port: {self.gateway.port} also used by worker "
                     f"{ports[self.gateway.port]}"
                 )
-        seen: set[str] = set()
-        for n in names:
-            if n in seen:
-                raise ValueError(f"backend/device name {n!r} used twice")
-            seen.add(n)
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            raise ValueError(f"backend/device name {twice!r} used twice")
         if not names:
             raise ValueError("no backends: give workers.devices or backends")
         return self
@@ -291,13 +279,9 @@ class LoadedCluster:
         out: list[BackendSpec] = []
         w = self.config.workers
         if w is not None:
-            all_models: list[str] | None = None
+            all_models = self.repo_models() if any(d.models is None for d in w.devices) else []
             for i, d in enumerate(w.devices):
-                models = d.models
-                if models is None:
-                    if all_models is None:
-                        all_models = self.repo_models()
-                    models = all_models
+                models = d.models if d.models is not None else all_models
                 if not models:
                     raise ConfigError(f"workers.devices.{i}.models: the repository has no models")
                 emulated = d.device.startswith("emulated:")
@@ -336,10 +320,5 @@ def parse_cluster(raw: Any, base_dir: Path, where: str = "cluster") -> LoadedClu
 
 
 def load_cluster(path: Path) -> LoadedCluster:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"cluster file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    raw = read_yaml(path, f"cluster file not found: {path}")
     return parse_cluster(raw, path.resolve().parent, str(path))

@@ -157,10 +157,7 @@ class Dispatcher:
                 {"retry-after": str(ov.retry_after_s)},
             )
         fwd_headers = {"accept-encoding": "identity"}
-        for h in FORWARD_REQUEST_HEADERS:
-            v = headers.get(h)
-            if v is not None:
-                fwd_headers[h] = v
+        fwd_headers.update((h, headers[h]) for h in FORWARD_REQUEST_HEADERS if h in headers)
         req = RequestInfo(request_id=next(self._ids), model=model, arrival_s=self.clock.now())
         tried: list[str] = []
         failures: list[str] = []
@@ -180,8 +177,8 @@ class Dispatcher:
                 url = self.registry.url(name) + path
                 reply = await self.forwarder.request("POST", url, body, fwd_headers)
             except Unreachable as exc:
-                self.registry.eject(name, exc.reason)
-                failures.append(f"{name}: {exc.reason}")
+                self.registry.eject(name, str(exc))
+                failures.append(f"{name}: {exc}")
                 continue
             except ConnectionLost as exc:
                 failures.append(f"{name}: connection lost ({exc})")

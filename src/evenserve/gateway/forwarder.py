@@ -24,11 +24,8 @@ class ForwardError(Exception):
 
 
 class Unreachable(ForwardError):
-    """Could not connect (refused, unreachable, connect timeout): the request never left."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    """Could not connect (refused, unreachable, connect timeout): the request never left.
+    The message is the reason (``connect-refused``, ``timeout``)."""
 
 
 class ConnectionLost(ForwardError):

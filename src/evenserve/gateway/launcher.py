@@ -161,8 +161,7 @@ class Launcher:
         w = self.cluster.config.workers
         if w is None:
             raise ConfigError("workers: `evenserve up` needs a workers section with devices")
-        base_env = dict(os.environ)
-        base_env["PYTHONUNBUFFERED"] = "1"
+        base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         for i, d in enumerate(w.devices):
             port = w.port_of(i)
             dev, env = worker_env(self._device_arg(d.device), base_env)
@@ -179,9 +178,11 @@ class Launcher:
                 Proc(d.name, cmd, env, f"http://{w.host}:{port}", self.log_dir / f"{d.name}.log")
             )
         g = self.cluster.config.gateway
-        genv = dict(base_env)
-        genv[DEFAULT_TOKEN_ENV] = self.admin_token
-        genv[g.admin.token_env] = self.admin_token
+        genv = {
+            **base_env,
+            DEFAULT_TOKEN_ENV: self.admin_token,
+            g.admin.token_env: self.admin_token,
+        }
         gcmd = cli_cmd(self.python, "gateway", "--config", str(self.config_path.resolve()))
         self.gateway = Proc(
             "gateway", gcmd, genv, f"http://{g.host}:{g.port}", self.log_dir / "gateway.log"

@@ -10,7 +10,7 @@ in-flight counts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 from evenserve.core.types import LoadSample
 from evenserve.gateway.config import MetricRef, PrometheusMapping
@@ -116,7 +116,8 @@ def sample_from_text(
     series = parse_samples(text, mapped_metric_names(mapping))
 
     def selected(ref: MetricRef) -> Series:
-        return [(lb, v) for lb, v in series[ref.metric] if _matches(lb, ref.labels)]
+        want = ref.labels.items()
+        return [(lb, v) for lb, v in series[ref.metric] if all(lb.get(k) == x for k, x in want)]
 
     def value(ref: MetricRef | None) -> float | None:
         return None if ref is None else _aggregate([v for _, v in selected(ref)], ref)
@@ -144,7 +145,3 @@ def sample_from_text(
         memory_total_bytes=value(mapping.memory_total_bytes),
         queued_by_model=by_model,
     )
-
-
-def _matches(labels: Mapping[str, str], want: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == x for k, x in want.items())

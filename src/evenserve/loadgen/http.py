@@ -246,16 +246,10 @@ class RawHttpClient:
         except ConnectionLostError:
             if conn.got_bytes:
                 raise  # the server had begun to answer: it took the request and failed
-        # A reused keep-alive connection was closed before a single byte of the answer came
-        # back. That is the keep-alive race, not a failed request: the server closed the
-        # connection because it was idle (uvicorn's ``timeout_keep_alive`` timer, which fires
-        # only when no byte of a new request has been read: reading one cancels it) while this
-        # request was on its way, and it discards what it has not read. The server never
-        # started on the request, so sending it again is safe (and inference has no side
-        # effects anyway); browsers and HTTP client libraries resend in this one case too.
-        # Once, on a fresh connection: a fresh connection cannot race a keep-alive timeout, so
-        # if it is lost as well, that is the server's failure and is raised. Counted, so a
-        # server that really drops requests on reused connections shows up in the stats.
+        # The keep-alive race (module docstring): the server closed this idle connection as
+        # the request went out, before reading any of it, so sending it again is safe (HTTP
+        # clients resend in this one case too). Once, on a fresh connection, which cannot race
+        # a keep-alive timeout: if that is lost as well, it is the server's failure. Counted.
         self.resent_stale += 1
         fresh = await self._connect()
         try:

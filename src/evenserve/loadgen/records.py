@@ -67,31 +67,20 @@ def to_records(
             log.drop_reason[i] = s.outcome
         slo.setdefault(s.model, math.inf)
     devices = []
-    for name in sorted(scrapes):
-        b = scrapes[name]
+    for name, b in sorted(scrapes.items()):
         bt, bc = b.busy_series()
         devices.append(
             DeviceTrace(
-                name=name,
+                name,
                 queue_t_s=list(b.queue_t_s),
                 queue_depth=list(b.queue_depth),
                 busy_t_s=list(bt),
                 busy_total_s=list(bc),
             )
         )
-    return RunRecords(
-        scenario=labels.scenario,
-        arm=labels.arm,
-        routing=labels.routing,
-        batching=labels.batching,
-        seed=labels.seed,
-        warmup_s=warmup_s,
-        end_s=end_s,
-        slo_ms=slo,
-        requests=log,
-        devices=devices,
-        timeseries_interval_s=labels.timeseries_interval_s,
-    )
+    # The run's labels name the records; the SLOs cover every model that was sent.
+    named = {**dataclasses.asdict(labels), "slo_ms": slo}
+    return RunRecords(**named, warmup_s=warmup_s, end_s=end_s, requests=log, devices=devices)
 
 
 def result_records(result: LoadResult, labels: RunLabels) -> RunRecords:

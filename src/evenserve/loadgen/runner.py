@@ -1,13 +1,11 @@
 """The load generator: closed-loop users, open-loop Poisson or trace replay against a v2 target.
 
 Theory of operation. One asyncio loop (uvloop when installed). Requests go out through
-``http.RawHttpClient`` (prebuilt requests on pooled keep-alive connections, answers parsed by
-httptools; a request caught in a keep-alive race is sent once more and counted: the sample's
-``resent``, the result's ``connections``); the preflight and the scraper use an aiohttp
-session. Before any load, the preflight (``target.preflight``) checks the target and fetches
-each model's metadata for its payloads. Time zero is a moment just after the preflight;
-every send has an intended time on that clock (see ``schedule``); what is sent when comes from
-``evenserve.workload``, as in the simulator:
+``http.RawHttpClient`` (prebuilt requests on pooled keep-alive connections); the preflight
+and the scraper use an aiohttp session. Before any load, the preflight (``target.preflight``)
+checks the target and fetches each model's metadata for its payloads. Time zero is a moment
+just after the preflight; every send has an intended time on that clock (see ``schedule``);
+what is sent when comes from ``evenserve.workload``, as in the simulator:
 - closed loop: ``users`` coroutines, each with a ``ClosedLoopUsers`` of its own (seeded
   ``{seed}:user:{u}``): thinking (exponential, mean ``think_s``), sending one request of a
   model drawn from the mix, waiting for its answer, thinking again; the first request comes
@@ -61,8 +59,6 @@ from evenserve.workload import (
     replay,
     user_rng,
 )
-
-# The run's data types live in ``spec``; the experiment layer and the CLI import them here too.
 
 
 class LoadGenerator:

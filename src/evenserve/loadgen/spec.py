@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,22 +104,12 @@ class Sample:
     resent: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        # Full precision: ``evenserve report`` recomputes the very same figures from these.
-        def num(x: float) -> float | None:
-            return None if math.isnan(x) else x
-
-        return {
-            "model": self.model,
-            "intended_s": self.intended_s,
-            "sent_s": num(self.sent_s),
-            "done_s": num(self.done_s),
-            "status": self.status,
-            "outcome": self.outcome,
-            "backend": self.backend,
-            "user": self.user,
-            "priority": self.priority,
-            "resent": self.resent,
-        }
+        """Every field at full precision (``evenserve report`` recomputes the very same figures
+        from these); a time not reached (NaN) is null."""
+        out = asdict(self)
+        for k in ("sent_s", "done_s"):
+            out[k] = None if math.isnan(out[k]) else out[k]
+        return out
 
 
 @dataclass

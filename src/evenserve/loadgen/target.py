@@ -10,7 +10,6 @@ during the run (500s, 429s, timeouts) are counted by kind and summarized, never 
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import socket
@@ -65,30 +64,26 @@ def is_loopback(host: str) -> bool:
     return bool(addrs) and all(ipaddress.ip_address(a).is_loopback for a in addrs)
 
 
+#: A failed request's kind by the class of the client's exception (ours or aiohttp's), first
+#: match first; aiohttp's timeouts are TimeoutErrors, its connect errors ClientOSErrors.
+EXCEPTION_KINDS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
+    (ConnectionRefusedError, "connection-refused"),
+    (TimeoutError, "timeout"),
+    ((ConnectionLostError, ConnectionResetError, BrokenPipeError), "connection-lost"),
+    ((BadResponseError, aiohttp.ClientPayloadError), "bad-response"),
+    (aiohttp.ClientConnectorError, "connect-error"),
+    ((aiohttp.ServerDisconnectedError, aiohttp.ClientOSError), "connection-lost"),
+    (OSError, "connect-error"),
+)
+
+
 def classify_exception(exc: BaseException) -> str:
-    """A failed request's kind, from the client's exception (ours or aiohttp's)."""
-    if isinstance(exc, ConnectionRefusedError):
+    """A failed request's kind (EXCEPTION_KINDS; a connect error that was a refusal is one)."""
+    if isinstance(exc, aiohttp.ClientConnectorError) and (
+        isinstance(exc.os_error, ConnectionRefusedError) or "refused" in str(exc).lower()
+    ):
         return "connection-refused"
-    if isinstance(exc, TimeoutError):
-        return "timeout"
-    if isinstance(exc, ConnectionLostError | ConnectionResetError | BrokenPipeError):
-        return "connection-lost"
-    if isinstance(exc, BadResponseError):
-        return "bad-response"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        os_err = exc.os_error
-        if isinstance(os_err, ConnectionRefusedError) or "refused" in str(exc).lower():
-            return "connection-refused"
-        return "connect-error"
-    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
-        return "timeout"
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError):
-        return "connection-lost"
-    if isinstance(exc, aiohttp.ClientPayloadError):
-        return "bad-response"
-    if isinstance(exc, OSError):
-        return "connect-error"
-    return "client-error"
+    return next((kind for types, kind in EXCEPTION_KINDS if isinstance(exc, types)), "client-error")
 
 
 def classify_status(status: int) -> str:
@@ -173,12 +168,10 @@ async def preflight(
     """Check the target and return metadata of the models in ``need_metadata``."""
     try:
         status, _ = await _get(session, base_url + HEALTH_LIVE_PATH)
-    except aiohttp.ClientConnectorError as exc:
-        kind = classify_exception(exc)
-        raise TargetError(f"target {base_url}: {kind} ({hint(kind)}): {exc.strerror}") from None
     except (TimeoutError, aiohttp.ClientError) as exc:
         kind = classify_exception(exc)
-        raise TargetError(f"target {base_url}: {kind} ({hint(kind)})") from None
+        why = f": {exc.strerror}" if isinstance(exc, aiohttp.ClientConnectorError) else ""
+        raise TargetError(f"target {base_url}: {kind} ({hint(kind)}){why}") from None
     if status >= 500 or status == 404:
         raise TargetError(
             f"target {base_url}: GET {HEALTH_LIVE_PATH} answered {status}; is this a KServe v2 "

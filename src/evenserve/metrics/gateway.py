@@ -1,21 +1,7 @@
-"""The gateway's Prometheus collectors, on a registry the gateway owns (names: metrics.names).
+"""The gateway's Prometheus collectors (names and labels: ``metrics.names``).
 
-Names follow Prometheus conventions (``_total``, ``_seconds``). Each gateway builds its own
-``CollectorRegistry`` so several gateways in one process (tests) do not collide.
-
-- ``evenserve_gateway_requests_total{backend,model,outcome}``: requests answered, by the backend
-  that answered (``none`` when no backend did) and the outcome (``ok``, ``client_error``,
-  ``backend_error``, ``backend_overloaded``, ``overloaded``, ``unavailable``, ``timeout``,
-  ``unknown_model``).
-- ``evenserve_gateway_request_duration_seconds{model}``: end-to-end latency at the gateway.
-- ``evenserve_gateway_routing_decision_seconds``: time inside the routing policy per decision.
-- ``evenserve_gateway_retries_total{model}``: requests sent to a second backend.
-- ``evenserve_gateway_backend_healthy{backend}``: 1 routable, 0 ejected.
-- ``evenserve_gateway_backend_ejections_total{backend,reason}``.
-- ``evenserve_gateway_backend_signal_age_seconds{backend}``: age of the newest load sample
-  (NaN before the first one).
-- ``evenserve_gateway_backend_in_flight{backend}``: requests the gateway has outstanding there.
-- ``evenserve_gateway_backend_queue_depth{backend}``: the router's queue estimate.
+Each gateway builds its own ``CollectorRegistry``, so several gateways in one process (tests)
+do not collide; the per-backend gauges are read at scrape time.
 """
 
 from __future__ import annotations

@@ -2,13 +2,11 @@
 
 Units are in the names (``_seconds``, ``_bytes``, ``_ratio``); counters end in ``_total``.
 Labels: ``model`` for per-model series, ``device`` for per-device ones, ``outcome`` for
-request outcomes (see OUTCOMES), ``reason`` for refusals (see REFUSAL_REASONS), ``gpu`` (NVML
-index) for NVML figures.
+request outcomes (see OUTCOMES), ``reason`` for refusals (``core.wire.REFUSAL_REASONS``, the
+simulator's drop reasons), ``gpu`` (NVML index) for NVML figures.
 """
 
 from __future__ import annotations
-
-from evenserve.core import wire
 
 PREFIX = "evenserve_worker"
 
@@ -52,27 +50,8 @@ OUTCOMES = (
     "cancelled",  # the client went away before its batch started
 )
 
-#: Why a request was refused (the ``reason`` label of REFUSALS; the simulator's drop reasons).
-REFUSAL_REASONS = wire.REFUSAL_REASONS
-
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-TIME_BUCKETS_S = (
-    0.0005,
-    0.001,
-    0.002,
-    0.005,
-    0.01,
-    0.02,
-    0.05,
-    0.1,
-    0.2,
-    0.5,
-    1.0,
-    2.0,
-    5.0,
-    10.0,
-    30.0,
-)
+TIME_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30)
 
 # Gateway (collectors in evenserve.metrics.gateway). Labels: ``backend`` (a backend's name,
 # ``none`` when no backend answered), ``model``, ``outcome`` (GATEWAY_OUTCOMES), ``reason``.

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from evenserve.core import wire
 from evenserve.metrics import names
 from evenserve.metrics.nvml import NvmlSampler
 
@@ -117,24 +118,20 @@ class WorkerMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
 
-        def per_model(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+        def per_model(
+            name: str, doc: str, buckets: Sequence[float] = names.TIME_BUCKETS_S
+        ) -> Histogram:
             return Histogram(name, doc, ["model"], buckets=buckets, registry=r)
 
         self.batch_size = per_model(names.BATCH_SIZE, "Items per batch.", names.BATCH_SIZE_BUCKETS)
         self.queue_time = per_model(
-            names.QUEUE_TIME,
-            "Time from arrival to the start of the request's batch.",
-            names.TIME_BUCKETS_S,
+            names.QUEUE_TIME, "Time from arrival to the start of the request's batch."
         )
         self.compute_time = per_model(
-            names.COMPUTE_TIME,
-            "Time one batch took on the device (assemble, run, split).",
-            names.TIME_BUCKETS_S,
+            names.COMPUTE_TIME, "Time one batch took on the device (assemble, run, split)."
         )
         self.latency = per_model(
-            names.REQUEST_LATENCY,
-            "Time from receiving a request to answering it.",
-            names.TIME_BUCKETS_S,
+            names.REQUEST_LATENCY, "Time from receiving a request to answering it."
         )
         self.requests = Counter(
             names.REQUESTS, "Requests answered, by outcome.", ["model", "outcome"], registry=r
@@ -160,7 +157,7 @@ class WorkerMetrics:
                 series.labels(m)
             for o in names.OUTCOMES:
                 self.requests.labels(m, o)
-            for reason in names.REFUSAL_REASONS:
+            for reason in wire.REFUSAL_REASONS:
                 self.refusals.labels(m, reason)
 
     def observe_batch(self, model: str, items: int, queue_times_s: Sequence[float]) -> None:

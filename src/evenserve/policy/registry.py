@@ -19,6 +19,7 @@ from evenserve.core.errors import ConfigError
 from evenserve.core.validation import format_validation_error
 
 P = TypeVar("P")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class PolicySpecError(ConfigError):
@@ -35,8 +36,9 @@ class PolicyParams(BaseModel):
 class RegistryEntry(Generic[P]):
     name: str
     params_model: type[PolicyParams]
-    factory: Callable[[Any, random.Random], P]
+    factory: Callable[..., P]
     summary: str
+    seeded: bool
 
 
 class Registry(Generic[P]):
@@ -45,12 +47,15 @@ class Registry(Generic[P]):
         self._entries: dict[str, RegistryEntry[P]] = {}
 
     def register(
-        self, name: str, params_model: type[PolicyParams], summary: str
-    ) -> Callable[[Callable[[Any, random.Random], P]], Callable[[Any, random.Random], P]]:
-        def deco(factory: Callable[[Any, random.Random], P]) -> Callable[[Any, random.Random], P]:
+        self, name: str, params_model: type[PolicyParams], summary: str, *, seeded: bool = False
+    ) -> Callable[[F], F]:
+        """Register a policy class, built as ``cls(params)``, or ``cls(params, rng)`` with
+        ``seeded`` (a randomized policy gets the seeded generator)."""
+
+        def deco(factory: F) -> F:
             if name in self._entries:
                 raise ValueError(f"{self.kind} policy {name!r} registered twice")
-            self._entries[name] = RegistryEntry(name, params_model, factory, summary)
+            self._entries[name] = RegistryEntry(name, params_model, factory, summary, seeded)
             return factory
 
         return deco
@@ -78,7 +83,10 @@ class Registry(Generic[P]):
 
     def build(self, spec: Any, rng: random.Random | None = None, where: str = "policy") -> P:
         name, params = self.parse(spec, where)
-        return self._entries[name].factory(params, rng or random.Random(0))
+        entry = self._entries[name]
+        if entry.seeded:
+            return entry.factory(params, rng or random.Random(0))
+        return entry.factory(params)
 
 
 def split_spec(spec: Any, where: str) -> tuple[str, dict[str, Any]]:

@@ -84,11 +84,11 @@ def utilization_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list
         return [0.0] * (edges.size - 1)
     s = np.asarray(tr.busy_start_s)
     e = np.asarray(tr.busy_end_s)
-    out = []
-    for a, b in itertools.pairwise(edges):
-        busy = np.clip(np.minimum(e, b) - np.maximum(s, a), 0.0, None).sum()
-        out.append(_r(float(busy / ((b - a) * max(1, tr.instances)))))
-    return out
+    n = max(1, tr.instances)
+    return [
+        _r(float(np.clip(np.minimum(e, b) - np.maximum(s, a), 0.0, None).sum() / ((b - a) * n)))
+        for a, b in itertools.pairwise(edges)
+    ]
 
 
 def queue_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list[float]:
@@ -97,11 +97,8 @@ def queue_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list[float
         return []
     t = np.asarray(tr.queue_t_s)
     q = np.asarray(tr.queue_depth)
-    out = []
-    for a, b in itertools.pairwise(edges):
-        sel = q[(t >= a) & (t < b)]
-        out.append(_r(float(sel.mean())) if sel.size else 0.0)
-    return out
+    in_bins = (q[(t >= a) & (t < b)] for a, b in itertools.pairwise(edges))
+    return [_r(float(sel.mean())) if sel.size else 0.0 for sel in in_bins]
 
 
 def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
@@ -116,25 +113,41 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
     lat_ms = (fin - arr) * 1000.0
     measured = arr >= t0
     fin_in_window = done & (fin >= t0) & (fin <= t1)
+    slo_ms = np.asarray([rec.slo_ms.get(m, math.inf) for m in log.model], dtype=float)
+    in_slo = lat_ms <= slo_ms
+    # Decided: completed, dropped, or unfinished at the end but already older than the SLO.
+    decided = measured & (done | dropped | ((t1 - arr) * 1000.0 > slo_ms))
+
+    def served(g: np.ndarray) -> tuple[float, dict[str, float | None], float | None]:
+        """Throughput, latency figures and SLO attainment of the requests ``g`` selects."""
+        n_decided = int((g & decided).sum())
+        attained = int((g & measured & done & in_slo).sum())
+        return (
+            _r(float((g & fin_in_window).sum()) / window),
+            latency_figures(lat_ms[g & measured & done]),
+            _r(attained / n_decided) if n_decided else None,
+        )
+
+    def counts(g: np.ndarray) -> dict[str, Any]:
+        reasons = Counter(r for r, k in zip(log.drop_reason, g, strict=True) if k and r is not None)
+        return {
+            "arrived": int(g.sum()),
+            "completed": int((g & done).sum()),
+            "dropped": int((g & dropped).sum()),
+            "in_flight": int((g & ~done & ~dropped).sum()),
+            "dropped_by_reason": dict(sorted(reasons.items())),
+        }
 
     models_out: dict[str, Any] = {}
     for m in sorted(rec.slo_ms):
-        slo = rec.slo_ms[m]
         is_m = model == m
-        lm = lat_ms[is_m & measured & done]
-        met_window = is_m & fin_in_window & (lat_ms <= slo)
-        unfinished = is_m & measured & ~done & ~dropped
-        aged_out = unfinished & ((t1 - arr) * 1000.0 > slo)
-        decided = int(
-            (is_m & measured & done).sum() + (is_m & measured & dropped).sum() + aged_out.sum()
-        )
-        attained = int((is_m & measured & done & (lat_ms <= slo)).sum())
+        throughput, latency, attainment = served(is_m)
         models_out[m] = {
-            "throughput_rps": _r(float((is_m & fin_in_window).sum()) / window),
-            "latency_ms": latency_figures(lm),
-            "slo_ms": slo,
-            "slo_attainment": _r(attained / decided, 6) if decided else None,
-            "goodput_rps": _r(float(met_window.sum()) / window),
+            "throughput_rps": throughput,
+            "latency_ms": latency,
+            "slo_ms": rec.slo_ms[m],
+            "slo_attainment": attainment,
+            "goodput_rps": _r(float((is_m & fin_in_window & in_slo).sum()) / window),
             "completed": int((is_m & done).sum()),
             "dropped": int((is_m & dropped).sum()),
         }
@@ -165,54 +178,35 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
     if rec.central_max_queue_depth is not None:
         max_q_all = max(max_q_all, rec.central_max_queue_depth)
 
-    drop_reasons = Counter(r for r in log.drop_reason if r is not None)
-    n_arrived = len(log)
-    n_completed = int(done.sum())
-    n_dropped = int(dropped.sum())
+    everyone = np.ones(len(log), dtype=bool)
     all_lat = lat_ms[measured & done]
+    throughput, latency, _ = served(everyone)
     out: dict[str, Any] = {
         "routing": rec.routing,
         "batching": rec.batching,
-        "throughput_rps": _r(float(fin_in_window.sum()) / window),
-        "latency_ms": latency_figures(all_lat),
+        "throughput_rps": throughput,
+        "latency_ms": latency,
         "models": models_out,
         "devices": devices_out,
         "utilization_mean": _r(float(np.mean(utils))) if utils else 0.0,
         "utilization_spread_pts": _r((max(utils) - min(utils)) * 100.0) if utils else 0.0,
         "max_queue_depth": _r(max_q_all),
-        "requests": {
-            "arrived": n_arrived,
-            "completed": n_completed,
-            "dropped": n_dropped,
-            "in_flight": n_arrived - n_completed - n_dropped,
-            "dropped_by_reason": dict(sorted(drop_reasons.items())),
-        },
+        "requests": counts(everyone),
         "window_s": {"start": t0, "end": t1},
     }
     prio = np.asarray(log.priority, dtype=int) if len(log.priority) == len(log) else None
     classes = sorted(set(log.priority), reverse=True) if prio is not None else []
     if len(classes) > 1 and prio is not None:
-        slo_ms = np.asarray([rec.slo_ms.get(m, math.inf) for m in log.model], dtype=float)
         out["classes"] = {}
         for c in classes:
             is_c = prio == c
-            lat_c = lat_ms[is_c & measured & done]
-            met = is_c & measured & done & (lat_ms <= slo_ms)
-            aged = is_c & measured & ~done & ~dropped & ((t1 - arr) * 1000.0 > slo_ms)
-            decided = int((is_c & measured & (done | dropped)).sum() + aged.sum())
-            reasons = Counter(
-                r for r, k in zip(log.drop_reason, is_c, strict=True) if k and r is not None
-            )
+            throughput, latency, attainment = served(is_c)
             out["classes"][class_name(c)] = {
                 "priority": c,
-                "arrived": int(is_c.sum()),
-                "completed": int((is_c & done).sum()),
-                "dropped": int((is_c & dropped).sum()),
-                "in_flight": int((is_c & ~done & ~dropped).sum()),
-                "dropped_by_reason": dict(sorted(reasons.items())),
-                "throughput_rps": _r(float((is_c & fin_in_window).sum()) / window),
-                "latency_ms": latency_figures(lat_c),
-                "slo_attainment": _r(int(met.sum()) / decided) if decided else None,
+                **counts(is_c),
+                "throughput_rps": throughput,
+                "latency_ms": latency,
+                "slo_attainment": attainment,
             }
     if rec.central_max_queue_depth is not None:
         out["central_queue"] = {
@@ -244,10 +238,8 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
 
 
 def class_name(priority: int) -> str:
-    for name, value in PRIORITY_CLASSES.items():
-        if value == priority:
-            return name
-    return f"priority-{priority}"
+    named = (name for name, value in PRIORITY_CLASSES.items() if value == priority)
+    return next(named, f"priority-{priority}")
 
 
 def clean_json(obj: Any) -> Any:

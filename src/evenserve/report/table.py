@@ -96,12 +96,7 @@ def compare_table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[st
     models = list(next(iter(arms.values()))["models"])
     for m in models:
         add(f"SLO met {m}", [_fmt(r["slo_attainment"].get(m), 2, pct=True) for r in rows])
-    class_names: list[str] = []
-    for a in arms.values():
-        for c in a.get("classes", {}):
-            if c not in class_names:
-                class_names.append(c)
-    for c in class_names:
+    for c in dict.fromkeys(c for a in arms.values() for c in a.get("classes", {})):
         cls = [arms[r["arm"]].get("classes", {}).get(c) for r in rows]
         add(f"SLO met {c}", [_fmt(x["slo_attainment"], 2, pct=True) if x else "-" for x in cls])
         add(f"completed {c}", [str(x["completed"]) if x else "-" for x in cls])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -27,10 +27,6 @@ from evenserve.core.tensors import DATATYPES
 from evenserve.runtime.device import DeviceTarget
 
 Array = NDArray[Any]
-
-
-#: Triton model-config spelling of each datatype (``TYPE_FP32``...).
-TRITON_CONFIG_TYPES: Mapping[str, str] = {k: f"TYPE_{k}" for k in DATATYPES}
 
 
 class RuntimeMissingError(ConfigError):
@@ -72,8 +68,8 @@ class RuntimeContext:
     outputs: tuple[TensorSpec, ...]
     #: The runtime's own section of model.yaml, already validated by its params model.
     params: Any = None
-    #: Extra knobs from the command line (e.g. ``cpu_threads``).
-    options: Mapping[str, Any] = field(default_factory=dict)
+    #: CPU threads the framework may use (``--cpu-threads``; None: its default).
+    cpu_threads: int | None = None
 
 
 class Runtime(Protocol):

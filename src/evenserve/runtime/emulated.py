@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice, occupancy
 from evenserve.core.errors import ConfigError
+from evenserve.core.options import Strict
 from evenserve.core.profile import LatencyProfile, load_profile
 from evenserve.runtime.base import Array, RuntimeContext
 
@@ -44,10 +45,8 @@ SPIN_MARGIN_S = 0.00005
 MAX_OVERSHOOT_S = 0.002
 
 
-class EmulatedParams(BaseModel):
+class EmulatedParams(Strict):
     """The ``emulated:`` section of model.yaml (all optional)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     profile: str | None = Field(
         default=None,
@@ -202,5 +201,4 @@ def resolve_profile(
             f"model {ctx.model!r}: emulated.profile: required on device {dev.name} "
             "(a profile YAML relative to the model folder)"
         )
-    path = Path(p.profile)
-    return load_profile(path if path.is_absolute() else ctx.model_dir / path)
+    return load_profile(ctx.model_dir / p.profile)  # an absolute path stays as it is

@@ -7,20 +7,18 @@ say otherwise. fp16 models are served as they are (no conversion here): declare 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.options import Strict
 from evenserve.runtime.base import Array, RuntimeContext, output_array, require, warm_up
 
 
-class OnnxParams(BaseModel):
+class OnnxParams(Strict):
     """The ``onnx:`` section of model.yaml."""
-
-    model_config = ConfigDict(extra="forbid")
 
     file: str = Field(min_length=1, description="model.onnx, relative to the model folder")
     intra_op_threads: int | None = Field(default=None, ge=1)
@@ -42,8 +40,7 @@ class OnnxRuntime:
     def load(self) -> None:
         ort = require("onnxruntime", "onnx")
         ctx = self.ctx
-        path = Path(self.params.file)
-        path = path if path.is_absolute() else ctx.model_dir / path
+        path = ctx.model_dir / self.params.file  # an absolute file stays as it is
         if not path.is_file():
             raise ConfigError(f"model {ctx.model!r}: onnx.file: not found: {path}")
         available = ort.get_available_providers()
@@ -60,9 +57,9 @@ class OnnxRuntime:
         else:
             providers = ["CPUExecutionProvider"]
         opts = ort.SessionOptions()
-        threads = self.params.intra_op_threads or ctx.options.get("cpu_threads")
+        threads = self.params.intra_op_threads or ctx.cpu_threads
         if threads:
-            opts.intra_op_num_threads = int(threads)
+            opts.intra_op_num_threads = threads
         try:
             session = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
         except Exception as exc:
@@ -109,7 +106,7 @@ class OnnxRuntime:
             "device": self.ctx.device.name,
             "onnxruntime_version": str(ort.__version__),
             "providers": self._providers,
-            "intra_op_threads": self.params.intra_op_threads or self.ctx.options.get("cpu_threads"),
+            "intra_op_threads": self.params.intra_op_threads or self.ctx.cpu_threads,
             "weights_bytes_estimate": self._resident,
         }
 

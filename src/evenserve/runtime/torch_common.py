@@ -17,6 +17,8 @@ from evenserve.core.errors import ConfigError
 from evenserve.runtime.base import Array, RuntimeContext, TensorSpec, output_array, require
 
 Precision = Literal["fp32", "fp16", "bf16"]
+#: The torch float dtype of each precision.
+TORCH_FLOATS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def cuda_memory_bytes(index: int) -> tuple[float, float]:
@@ -52,15 +54,10 @@ class TorchModuleRuntime:
                 raise ConfigError(
                     f"--device {device.name}: only {torch.cuda.device_count()} CUDA device(s)"
                 )
-        threads = self.ctx.options.get("cpu_threads")
-        if threads:
-            torch.set_num_threads(int(threads))
+        if self.ctx.cpu_threads:
+            torch.set_num_threads(self.ctx.cpu_threads)
         self._torch = torch
-        self._float_dtype = {
-            "fp32": torch.float32,
-            "fp16": torch.float16,
-            "bf16": torch.bfloat16,
-        }[precision]
+        self._float_dtype = getattr(torch, TORCH_FLOATS[precision])
         return torch, self._float_dtype
 
     def _loaded(self, module: Any) -> None:

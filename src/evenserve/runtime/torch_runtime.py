@@ -11,22 +11,20 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.options import Strict
 from evenserve.runtime.base import Array, RuntimeContext, warm_up
 from evenserve.runtime.torch_common import Precision, TorchModuleRuntime
 
 log = logging.getLogger(__name__)
 
 
-class TorchParams(BaseModel):
+class TorchParams(Strict):
     """The ``torch:`` section of model.yaml."""
-
-    model_config = ConfigDict(extra="forbid")
 
     file: str = Field(min_length=1, description="model file, relative to the model folder")
     format: Literal["auto", "torchscript", "export"] = "auto"
@@ -42,14 +40,10 @@ class TorchRuntime(TorchModuleRuntime):
         self._format = ""
         self._notes: list[str] = []
 
-    def _path(self) -> Path:
-        p = Path(self.params.file)
-        return p if p.is_absolute() else self.ctx.model_dir / p
-
     def load(self) -> None:
         torch, dtype = self._prepare(self.params.precision)
         ctx = self.ctx
-        path = self._path()
+        path = ctx.model_dir / self.params.file  # an absolute file stays as it is
         if not path.is_file():
             raise ConfigError(f"model {ctx.model!r}: torch.file: not found: {path}")
         fmt = self.params.format

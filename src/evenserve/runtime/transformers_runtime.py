@@ -14,20 +14,18 @@ precision the device cannot run fails at startup with a clear error, not on the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.options import Strict
 from evenserve.runtime.base import Array, RuntimeContext, require, warm_up
 from evenserve.runtime.torch_common import Precision, TorchModuleRuntime
 
 
-class TransformersParams(BaseModel):
+class TransformersParams(Strict):
     """The ``transformers:`` section of model.yaml."""
-
-    model_config = ConfigDict(extra="forbid")
 
     architecture: str = Field(min_length=1, description="transformers model class name")
     config_class: str | None = Field(
@@ -66,16 +64,18 @@ class TransformersRuntime(TorchModuleRuntime):
         transformers = require("transformers", "transformers")
         p = self.params
         ctx = self.ctx
-        try:
-            arch = getattr(transformers, p.architecture)
-        except AttributeError:
-            raise ConfigError(
-                f"model {ctx.model!r}: transformers.architecture: transformers has no "
-                f"class {p.architecture!r}"
-            ) from None
+
+        def named_class(field: str, name: str) -> Any:
+            try:
+                return getattr(transformers, name)
+            except AttributeError:
+                raise ConfigError(
+                    f"model {ctx.model!r}: transformers.{field}: transformers has no class {name!r}"
+                ) from None
+
+        arch = named_class("architecture", p.architecture)
         if p.pretrained_dir is not None:
-            path = Path(p.pretrained_dir)
-            path = path if path.is_absolute() else ctx.model_dir / path
+            path = ctx.model_dir / p.pretrained_dir  # an absolute folder stays as it is
             if not path.is_dir():
                 raise ConfigError(
                     f"model {ctx.model!r}: transformers.pretrained_dir: not a folder: {path}"
@@ -84,14 +84,7 @@ class TransformersRuntime(TorchModuleRuntime):
         else:
             assert p.config_class is not None
             try:
-                config_cls = getattr(transformers, p.config_class)
-            except AttributeError:
-                raise ConfigError(
-                    f"model {ctx.model!r}: transformers.config_class: transformers has no "
-                    f"class {p.config_class!r}"
-                ) from None
-            try:
-                config = config_cls(**p.config)
+                config = named_class("config_class", p.config_class)(**p.config)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(f"model {ctx.model!r}: transformers.config: {exc}") from None
             torch.manual_seed(p.seed)

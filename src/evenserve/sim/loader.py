@@ -16,7 +16,7 @@ import yaml
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.core.scenario import CENTRAL_QUEUE, DeviceSpec, Scenario
-from evenserve.core.validation import validate_document
+from evenserve.core.validation import read_yaml, validate_document
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.routing import ROUTING
 
@@ -30,14 +30,10 @@ class LoadedScenario:
     def profiles_for(self, device: DeviceSpec) -> dict[str, LatencyProfile]:
         """Model name -> profile for the models placed on ``device``."""
         ps = self.profile_sets[self.scenario.profile_set_of(device)]
-        out = {}
-        for m in device.models:
-            out[m] = ps[self.scenario.models[m].profile or m]
-        return out
+        return {m: ps[self.scenario.models[m].profile or m] for m in device.models}
 
     def resolve(self, relative: str) -> Path:
-        p = Path(relative)
-        return p if p.is_absolute() else self.base_dir / p
+        return self.base_dir / relative  # an absolute path stays as it is
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
@@ -59,13 +55,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {'.'.join(parts[:i])} is not a mapping")
             nxt = node.get(p)
-            if nxt is None:
-                nxt = {}
-                node[p] = nxt
-            elif isinstance(nxt, str):
-                # A bare policy name gains parameters: "static" -> {policy: static, ...}.
-                nxt = {"policy": nxt}
-                node[p] = nxt
+            if nxt is None or isinstance(nxt, str):
+                # A new mapping; a bare policy name gains parameters: {policy: static, ...}.
+                nxt = node[p] = {} if nxt is None else {"policy": nxt}
             node = nxt
         try:
             parsed = yaml.safe_load(value)
@@ -91,12 +83,11 @@ def parse_scenario(raw: Any, base_dir: Path, source: str = "scenario") -> Loaded
             BATCHING.parse(b, f"{source}: arms.{arm}.batching_per_model.{m}")
     sets: dict[str, dict[str, LatencyProfile]] = {}
     for name, rel in sc.profile_sets.items():
-        p = Path(rel)
         try:
-            sets[name] = load_profile_set(p if p.is_absolute() else base_dir / p)
+            sets[name] = load_profile_set(base_dir / rel)
         except ConfigError as exc:
             raise ConfigError(f"{source}: profile_sets.{name}: {exc}") from exc
-    for _i, d in enumerate(sc.expanded_devices()):
+    for d in sc.expanded_devices():
         ps_name = sc.profile_set_of(d)
         for m in d.models:
             prof = sc.models[m].profile or m
@@ -121,12 +112,7 @@ def with_level(loaded: LoadedScenario, level: str | None) -> LoadedScenario:
 
 def load_scenario(path: Path | str, overrides: Iterable[str] = ()) -> LoadedScenario:
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"scenario file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    raw = read_yaml(path, f"scenario file not found: {path}")
     if isinstance(raw, dict):
         raw = apply_overrides(raw, overrides)
     return parse_scenario(raw, path.parent, str(path))

@@ -22,6 +22,7 @@ import math
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from starlette.applications import Starlette
@@ -226,16 +227,11 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
         except ProtocolError as exc:
             outcome = {413: "too_large"}.get(exc.status, "bad_request")
             return _error(str(exc), exc.status), outcome
-        try:
+        try:  # refused or draining at once, or while it waited; or its batch failed
             pending = service.driver.submit(
                 name, req.inputs, items=req.items, priority=priority, deadline_in_s=deadline_in_s
             )
-        except RefusedError as exc:
-            return _refusal(exc)
-        except DrainingError as exc:
-            return _error(str(exc), 503), "unavailable"
-        assert pending.future is not None
-        try:
+            assert pending.future is not None
             outputs = await pending.future
         except RefusedError as exc:
             return _refusal(exc)
@@ -243,9 +239,7 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
             return _error(str(exc), 503), "unavailable"
         except BatchFailedError as exc:
             return _error(f"inference failed: {exc}", 500), "error"
-        encode: Callable[[], tuple[bytes, dict[str, str]]] = lambda: encode_infer_response(  # noqa: E731
-            sig, req.id, outputs, req.outputs
-        )
+        encode = partial(encode_infer_response, sig, req.id, outputs, req.outputs)
         big = sum(int(a.nbytes) for a in outputs.values()) > OFFLOAD_BYTES
         data, headers = await asyncio.to_thread(encode) if big else encode()
         return Response(data, headers=headers), "success"

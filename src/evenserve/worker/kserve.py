@@ -36,6 +36,8 @@ JSON_CONTENT_TYPE = "application/json"
 BINARY_CONTENT_TYPE = "application/octet-stream"
 HEADER_LENGTH = wire.HEADER_LENGTH_HEADER
 T = TypeVar("T")
+#: The numpy kinds of JSON data a datatype of each kind takes (an integer fits a float...).
+JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 
 
 class ProtocolError(EvenserveError):
@@ -86,14 +88,7 @@ def _json_array(name: str, spec: TensorSpec, data: Any, shape: list[int]) -> Arr
     except (ValueError, TypeError) as exc:
         raise ProtocolError(f"input {name!r}: data is not a regular array: {exc}") from None
     want = spec.dtype
-    kind = raw.dtype.kind
-    ok = {
-        "b": kind == "b",
-        "i": kind in "iu",
-        "u": kind in "iu",
-        "f": kind in "iuf",
-    }.get(want.kind, False)
-    if raw.size and not ok:
+    if raw.size and raw.dtype.kind not in JSON_KINDS.get(want.kind, ""):
         raise ProtocolError(
             f"input {name!r}: data of type {raw.dtype} does not fit datatype {spec.datatype}"
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import importlib
 import os
 import platform
 import resource
@@ -131,11 +132,7 @@ def measure(
         raise ConfigError("--clock cpu: needs --device cpu and --cpu-threads 1")
     rng = np.random.default_rng(seed)
     overrides = input_shapes or {}
-    torch: Any = None
-    if device.kind == "cuda":
-        import importlib
-
-        torch = importlib.import_module("torch")
+    torch: Any = importlib.import_module("torch") if device.kind == "cuda" else None
     base_rss = _rss_bytes()
     points: list[MeasuredPoint] = []
     for b in sorted(set(batch_sizes)):
@@ -197,10 +194,7 @@ def cpu_name() -> str:
 
 def device_label(device: DeviceTarget, described: Mapping[str, Any]) -> str:
     if device.kind == "cuda":
-        import importlib
-
-        torch = importlib.import_module("torch")
-        return str(torch.cuda.get_device_name(device.index))
+        return str(importlib.import_module("torch").cuda.get_device_name(device.index))
     if device.kind == "cpu":
         threads = described.get("torch_threads") or described.get("intra_op_threads")
         t = f"{threads} thread{'s' if threads != 1 else ''}, " if threads else ""

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.options import ModelOptions
-from evenserve.core.profile import LatencyProfile, format_validation_error, load_profile
+from evenserve.core.options import ModelOptions, Strict
+from evenserve.core.profile import LatencyProfile, load_profile
 from evenserve.core.tensors import DATATYPES
+from evenserve.core.validation import format_validation_error, read_yaml, validate_document
 from evenserve.policy.batching import BATCHING, BatchingPolicy
 from evenserve.policy.registry import split_spec
 from evenserve.runtime.base import Runtime, RuntimeContext, TensorSpec
@@ -49,9 +49,7 @@ RuntimeName = Literal["emulated", "transformers", "torch", "onnx"]
 MODEL_FILE = "model.yaml"
 
 
-class SyntheticRange(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SyntheticRange(Strict):
     low: float = 0.0
     high: float = 1.0
 
@@ -62,9 +60,7 @@ class SyntheticRange(BaseModel):
         return self
 
 
-class TensorConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TensorConfig(Strict):
     name: str = Field(min_length=1)
     datatype: str
     shape: list[int]
@@ -182,7 +178,7 @@ class ModelEntry:
             inputs=self.inputs,
             outputs=self.outputs,
             params=self.runtime_params if params is None else params,
-            options={"cpu_threads": cpu_threads},
+            cpu_threads=cpu_threads,
         )
         return create_runtime(
             self.config.runtime,
@@ -216,9 +212,8 @@ class ModelEntry:
     def latency_profile(self) -> LatencyProfile | None:
         if self.config.profile is None:
             return None
-        p = Path(self.config.profile)
         try:
-            return load_profile(p if p.is_absolute() else self.directory / p)
+            return load_profile(self.directory / self.config.profile)  # absolute: as it is
         except ConfigError as exc:
             raise ConfigError(f"{self.source}: profile: {exc}") from exc
 
@@ -235,19 +230,10 @@ def _validate_section(source: Path, section: str, raw: dict[str, Any] | None) ->
 def load_model(directory: Path, check_profile: bool = True) -> ModelEntry:
     """Read and validate ``directory/model.yaml`` (and its ``profile``, if ``check_profile``)."""
     source = directory / MODEL_FILE
-    try:
-        raw: Any = yaml.safe_load(source.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{directory}: no {MODEL_FILE} in this model folder") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level")
-    raw.setdefault("name", directory.name)
-    try:
-        cfg = ModelConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: {format_validation_error(exc)}") from exc
+    raw = read_yaml(source, f"{directory}: no {MODEL_FILE} in this model folder")
+    if isinstance(raw, dict):
+        raw.setdefault("name", directory.name)
+    cfg = validate_document(ModelConfig, raw, str(source))
     if cfg.name != directory.name:
         raise ConfigError(
             f"{source}: name: {cfg.name!r} differs from its folder {directory.name!r}"
@@ -268,13 +254,11 @@ def load_repository(
     """Every model folder of ``repo`` (folders starting with '.' or '_' are skipped)."""
     if not repo.is_dir():
         raise ConfigError(f"--repo: not a folder: {repo}")
-    models: list[ModelEntry] = []
-    for d in sorted(p for p in repo.iterdir() if p.is_dir()):
-        if d.name.startswith((".", "_")):
-            continue
-        if only is not None and d.name not in only:
-            continue
-        models.append(load_model(d, check_profiles))
+    models = [
+        load_model(d, check_profiles)
+        for d in sorted(p for p in repo.iterdir() if p.is_dir())
+        if not d.name.startswith((".", "_")) and (only is None or d.name in only)
+    ]
     if only is not None:
         missing = sorted(set(only) - {m.name for m in models})
         if missing:

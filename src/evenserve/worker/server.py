@@ -64,12 +64,6 @@ def make_server(
     return GracefulServer(config, service)
 
 
-def serve(service: WorkerService, host: str, port: int, log_level: str = "info") -> None:
-    """Load the models, then serve until SIGTERM/Ctrl-C (blocking)."""
-    service.load()
-    make_server(service, host, port, log_level).run()
-
-
 class BackgroundWorker:
     """A worker serving on a thread (tests, notebooks, in-process clusters).
 

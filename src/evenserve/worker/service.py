@@ -26,7 +26,7 @@ from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.nvml import NvmlSampler
 from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
 from evenserve.policy.registry import spec_label
-from evenserve.runtime.base import TRITON_CONFIG_TYPES, Runtime
+from evenserve.runtime.base import Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
 from evenserve.runtime.torch_common import cuda_memory_bytes
@@ -310,14 +310,12 @@ class WorkerService:
             "platform": f"evenserve_{e.config.runtime}",
             "backend": "evenserve",
             "max_batch_size": e.config.max_batch_size,
-            "input": [
-                {"name": t.name, "data_type": TRITON_CONFIG_TYPES[t.datatype], "dims": t.shape}
-                for t in e.config.inputs
-            ],
-            "output": [
-                {"name": t.name, "data_type": TRITON_CONFIG_TYPES[t.datatype], "dims": t.shape}
-                for t in e.config.outputs
-            ],
+            **{
+                kind: [
+                    {"name": t.name, "data_type": f"TYPE_{t.datatype}", "dims": t.shape} for t in ts
+                ]
+                for kind, ts in (("input", e.config.inputs), ("output", e.config.outputs))
+            },
             "instance_group": [
                 {
                     "name": name,
@@ -350,12 +348,10 @@ class WorkerService:
             "name": name,
             "versions": [e.config.version],
             "platform": f"evenserve_{e.config.runtime}",
-            "inputs": [
-                {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]}
-                for t in e.config.inputs
-            ],
-            "outputs": [
-                {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]}
-                for t in e.config.outputs
-            ],
+            **{
+                kind: [
+                    {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in ts
+                ]
+                for kind, ts in (("inputs", e.config.inputs), ("outputs", e.config.outputs))
+            },
         }

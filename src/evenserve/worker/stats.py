@@ -11,7 +11,7 @@ nanoseconds, as Triton does: ``success``/``fail`` time a request from receipt to
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -23,9 +23,6 @@ class Duration:
     def add(self, seconds: float, count: int = 1) -> None:
         self.count += count
         self.ns += int(seconds * 1e9) * count
-
-    def json(self) -> dict[str, int]:
-        return {"count": self.count, "ns": self.ns}
 
 
 @dataclass
@@ -40,13 +37,6 @@ class Phases:
         self.compute_input.add(input_s, count)
         self.compute_infer.add(infer_s, count)
         self.compute_output.add(output_s, count)
-
-    def json(self) -> dict[str, dict[str, int]]:
-        return {
-            "compute_input": self.compute_input.json(),
-            "compute_infer": self.compute_infer.json(),
-            "compute_output": self.compute_output.json(),
-        }
 
 
 @dataclass
@@ -91,16 +81,16 @@ class ModelStats:
             "inference_count": self.inference_count,
             "execution_count": self.execution_count,
             "inference_stats": {
-                "success": self.success.json(),
-                "fail": self.fail.json(),
-                "queue": self.queue.json(),
-                **self.compute.json(),
+                "success": asdict(self.success),
+                "fail": asdict(self.fail),
+                "queue": asdict(self.queue),
+                **asdict(self.compute),
                 "cache_hit": {"count": 0, "ns": 0},
                 "cache_miss": {"count": 0, "ns": 0},
             },
             "response_stats": {},
             "batch_stats": [
-                {"batch_size": size, **b.json()} for size, b in sorted(self.batches.items())
+                {"batch_size": size, **asdict(b)} for size, b in sorted(self.batches.items())
             ],
             "memory_usage": [],
         }

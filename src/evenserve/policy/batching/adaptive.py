@@ -28,8 +28,6 @@ Params: ``max_batch_size`` (8), ``max_batch_cap`` (32), ``slo_fraction`` (0.5),
 
 from __future__ import annotations
 
-import random
-
 from pydantic import Field, model_validator
 
 from evenserve.core.types import BatchDecision, Dispatch, QueueView, WaitUntil
@@ -55,9 +53,8 @@ class AdaptiveParams(PolicyParams):
         return self
 
 
+@BATCHING.register("adaptive", AdaptiveParams, "window from arrival rate, profile and memory")
 class Adaptive(BatchingPolicyBase):
-    name = "adaptive"
-
     def __init__(self, params: AdaptiveParams) -> None:
         self.params = params
         self.rate = RateEstimator(params.tau_ms / 1000.0)
@@ -95,8 +92,3 @@ class Adaptive(BatchingPolicyBase):
 
     def on_arrival(self, now_s: float) -> None:
         self.rate.observe(now_s)
-
-
-@BATCHING.register("adaptive", AdaptiveParams, "window from arrival rate, profile and memory")
-def _make(params: AdaptiveParams, rng: random.Random) -> Adaptive:
-    return Adaptive(params)

@@ -17,8 +17,6 @@ from evenserve.policy.registry import Registry
 
 @runtime_checkable
 class BatchingPolicy(Protocol):
-    name: str
-
     @property
     def max_batch_size(self) -> int: ...
 
@@ -31,8 +29,6 @@ class BatchingPolicy(Protocol):
 
 class BatchingPolicyBase:
     """No-op hooks for policies that keep no state."""
-
-    name = "base"
 
     def on_arrival(self, now_s: float) -> None:
         return None

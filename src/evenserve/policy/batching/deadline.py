@@ -23,7 +23,6 @@ Params: ``max_batch_size`` (8), ``margin_ms`` (1), ``max_delay_ms`` (0),
 from __future__ import annotations
 
 import math
-import random
 
 from pydantic import Field
 
@@ -49,9 +48,8 @@ def deadline_of(r: RequestInfo, slo_s: float | None) -> float:
     return math.inf if slo_s is None else r.arrival_s + slo_s
 
 
+@BATCHING.register("deadline", DeadlineParams, "largest batch meeting the earliest deadline")
 class DeadlineBatching(BatchingPolicyBase):
-    name = "deadline"
-
     def __init__(self, params: DeadlineParams) -> None:
         self.params = params
         self.rate = RateEstimator(params.tau_ms / 1000.0)
@@ -87,15 +85,9 @@ class DeadlineBatching(BatchingPolicyBase):
         if p.max_delay_ms <= 0 or r <= 0 or keeps_up(prof, n, r, p.target_utilization):
             return Dispatch(best)
         b = size_to_keep_up(prof, n + 1, cap, r, p.target_utilization)
-        head_deadline = min(deadline_of(x, slo) for x in list(reqs)[:k_max])
-        latest_start = head_deadline - prof.latency_s(b) - self._margin_s
+        latest_start = earliest - prof.latency_s(b) - self._margin_s  # earliest of the first k_max
         due = min(now_s + (b - n) / r, latest_start, reqs[0].arrival_s + p.max_delay_ms / 1000.0)
         return Dispatch(best) if now_s >= due else WaitUntil(due)
 
     def on_arrival(self, now_s: float) -> None:
         self.rate.observe(now_s)
-
-
-@BATCHING.register("deadline", DeadlineParams, "largest batch meeting the earliest deadline")
-def _make(params: DeadlineParams, rng: random.Random) -> DeadlineBatching:
-    return DeadlineBatching(params)

@@ -40,9 +40,6 @@ class NextBatch:
     wake_s: float = math.inf
 
 
-IDLE = NextBatch(None, 0)
-
-
 def next_batch(
     queues: Iterable[tuple[QueueView, BatchingPolicy]],
     now_s: float,

@@ -7,8 +7,6 @@ Params: ``max_batch_size`` (8), ``max_batch_delay_ms`` (80, the articles' settin
 
 from __future__ import annotations
 
-import random
-
 from pydantic import Field
 
 from evenserve.core.types import BatchDecision, Dispatch, QueueView, WaitUntil
@@ -34,9 +32,8 @@ class FixedWindowParams(PolicyParams):
     max_batch_delay_ms: float = Field(default=80.0, ge=0)
 
 
+@BATCHING.register("fixed-window", FixedWindowParams, "dispatch when full or oldest waited delay")
 class FixedWindow(BatchingPolicyBase):
-    name = "fixed-window"
-
     def __init__(self, params: FixedWindowParams) -> None:
         self.params = params
         self._delay_s = params.max_batch_delay_ms / 1000.0
@@ -47,8 +44,3 @@ class FixedWindow(BatchingPolicyBase):
 
     def decide(self, queue: QueueView, now_s: float) -> BatchDecision:
         return window_decision(queue, now_s, self.params.max_batch_size, self._delay_s)
-
-
-@BATCHING.register("fixed-window", FixedWindowParams, "dispatch when full or oldest waited delay")
-def _make(params: FixedWindowParams, rng: random.Random) -> FixedWindow:
-    return FixedWindow(params)

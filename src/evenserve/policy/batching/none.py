@@ -5,8 +5,6 @@ Formula: Dispatch(1) when the queue is non-empty. Params: none.
 
 from __future__ import annotations
 
-import random
-
 from evenserve.core.types import BatchDecision, Dispatch, QueueView, WaitUntil
 from evenserve.policy.batching.base import BATCHING, BatchingPolicyBase
 from evenserve.policy.registry import PolicyParams
@@ -16,14 +14,12 @@ class NoBatchingParams(PolicyParams):
     pass
 
 
+@BATCHING.register("none", NoBatchingParams, "batch of one, no waiting")
 class NoBatching(BatchingPolicyBase):
-    name = "none"
     max_batch_size = 1
+
+    def __init__(self, params: NoBatchingParams) -> None:
+        self.params = params
 
     def decide(self, queue: QueueView, now_s: float) -> BatchDecision:
         return Dispatch(1) if len(queue) else WaitUntil()
-
-
-@BATCHING.register("none", NoBatchingParams, "batch of one, no waiting")
-def _make(params: NoBatchingParams, rng: random.Random) -> NoBatching:
-    return NoBatching()

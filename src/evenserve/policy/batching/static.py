@@ -9,7 +9,6 @@ Params: ``batch_size`` (4), ``max_wait_ms`` (None: wait for a full batch).
 from __future__ import annotations
 
 import math
-import random
 
 from pydantic import Field
 
@@ -23,9 +22,8 @@ class StaticParams(PolicyParams):
     max_wait_ms: float | None = Field(default=None, gt=0)
 
 
+@BATCHING.register("static", StaticParams, "exactly N per batch")
 class StaticBatching(BatchingPolicyBase):
-    name = "static"
-
     def __init__(self, params: StaticParams) -> None:
         self.params = params
         self._max_wait_s = None if params.max_wait_ms is None else params.max_wait_ms / 1000.0
@@ -42,8 +40,3 @@ class StaticBatching(BatchingPolicyBase):
             return WaitUntil(math.inf)
         due = queue.requests[0].arrival_s + self._max_wait_s
         return Dispatch(n) if now_s >= due else WaitUntil(due)
-
-
-@BATCHING.register("static", StaticParams, "exactly N per batch")
-def _make(params: StaticParams, rng: random.Random) -> StaticBatching:
-    return StaticBatching(params)

@@ -10,8 +10,6 @@ Params: ``max_batch_size`` (8), ``delays_ms`` ([100, 50, 30]), ``fill_threshold`
 
 from __future__ import annotations
 
-import random
-
 from pydantic import Field, field_validator
 
 from evenserve.core.types import BatchDecision, QueueView
@@ -35,9 +33,8 @@ class StepDownParams(PolicyParams):
         return v
 
 
+@BATCHING.register("step-down", StepDownParams, "articles' rule: 100 -> 50 -> 30 ms when unfilled")
 class StepDown(BatchingPolicyBase):
-    name = "step-down"
-
     def __init__(self, params: StepDownParams) -> None:
         self.params = params
         self.level = 0
@@ -65,8 +62,3 @@ class StepDown(BatchingPolicyBase):
             self.level += 1
         elif fill >= p.step_up_threshold and self.level > 0:
             self.level -= 1
-
-
-@BATCHING.register("step-down", StepDownParams, "articles' rule: 100 -> 50 -> 30 ms when unfilled")
-def _make(params: StepDownParams, rng: random.Random) -> StepDown:
-    return StepDown(params)

@@ -16,8 +16,6 @@ from evenserve.policy.registry import Registry
 
 @runtime_checkable
 class RoutingPolicy(Protocol):
-    name: str
-
     def choose(
         self, request: RequestInfo, backends: Sequence[BackendView], now_s: float
     ) -> BackendView:

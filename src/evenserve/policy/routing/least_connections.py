@@ -6,7 +6,6 @@ Formula: argmin_b in_flight(b); ties rotate. Signals read: the router's own in-f
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from evenserve.core.types import BackendView, RequestInfo
@@ -18,10 +17,10 @@ class LeastConnectionsParams(PolicyParams):
     pass
 
 
+@ROUTING.register("least-connections", LeastConnectionsParams, "fewest outstanding requests")
 class LeastConnections:
-    name = "least-connections"
-
-    def __init__(self) -> None:
+    def __init__(self, params: LeastConnectionsParams) -> None:
+        self.params = params
         self._tick = 0
 
     def choose(
@@ -29,8 +28,3 @@ class LeastConnections:
     ) -> BackendView:
         self._tick += 1
         return backends[rotating_argmin([b.in_flight for b in backends], self._tick)]
-
-
-@ROUTING.register("least-connections", LeastConnectionsParams, "fewest outstanding requests")
-def _make(params: LeastConnectionsParams, rng: random.Random) -> LeastConnections:
-    return LeastConnections()

@@ -15,7 +15,6 @@ Params: ``fallback_item_ms`` (10), ``stale_penalty_ms`` (50).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from pydantic import Field
@@ -47,9 +46,8 @@ def queue_work_s(
     return work
 
 
+@ROUTING.register("least-expected-work", LeastExpectedWorkParams, "soonest predicted finish")
 class LeastExpectedWork:
-    name = "least-expected-work"
-
     def __init__(self, params: LeastExpectedWorkParams) -> None:
         self.params = params
         self._tick = 0
@@ -73,8 +71,3 @@ class LeastExpectedWork:
         self._tick += 1
         keys = [self.finish_s(request, b) for b in backends]
         return backends[rotating_argmin(keys, self._tick)]
-
-
-@ROUTING.register("least-expected-work", LeastExpectedWorkParams, "soonest predicted finish")
-def _make(params: LeastExpectedWorkParams, rng: random.Random) -> LeastExpectedWork:
-    return LeastExpectedWork(params)

@@ -21,9 +21,8 @@ class PowerOfTwoParams(PolicyParams):
     choices: int = Field(default=2, ge=1)
 
 
+@ROUTING.register("power-of-two", PowerOfTwoParams, "best of two random choices", seeded=True)
 class PowerOfTwo:
-    name = "power-of-two"
-
     def __init__(self, params: PowerOfTwoParams, rng: random.Random) -> None:
         self.params = params
         self._rng = rng
@@ -74,8 +73,3 @@ def two_distinct(rng: random.Random, n: int) -> tuple[int, int]:
         while j >= n:
             j = getrandbits(bits)
     return i, j
-
-
-@ROUTING.register("power-of-two", PowerOfTwoParams, "best of two random choices")
-def _make(params: PowerOfTwoParams, rng: random.Random) -> PowerOfTwo:
-    return PowerOfTwo(params, rng)

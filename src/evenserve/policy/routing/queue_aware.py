@@ -19,7 +19,6 @@ Params (defaults are the articles'): ``queue_weight`` 0.5, ``utilization_weight`
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from pydantic import Field
@@ -46,9 +45,8 @@ def memory_used_fraction(b: BackendView) -> float:
     return min(1.0, max(0.0, 1.0 - b.memory_free_bytes / b.memory_total_bytes))
 
 
+@ROUTING.register("queue-aware", QueueAwareParams, "articles' weighted queue/util/memory score")
 class QueueAware:
-    name = "queue-aware"
-
     def __init__(self, params: QueueAwareParams) -> None:
         self.params = params
         self._tick = 0
@@ -88,8 +86,3 @@ class QueueAware:
         overloaded = self.overloaded
         candidates = [b for b in backends if not overloaded(b)] or backends
         return candidates[rotating_argmin(self.scores(candidates), self._tick)]
-
-
-@ROUTING.register("queue-aware", QueueAwareParams, "articles' weighted queue/util/memory score")
-def _make(params: QueueAwareParams, rng: random.Random) -> QueueAware:
-    return QueueAware(params)

@@ -6,7 +6,6 @@ Signals read: none. Params: none.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 
 from evenserve.core.types import BackendView, RequestInfo
@@ -18,10 +17,10 @@ class RoundRobinParams(PolicyParams):
     pass
 
 
+@ROUTING.register("round-robin", RoundRobinParams, "each model's hosts in turn")
 class RoundRobin:
-    name = "round-robin"
-
-    def __init__(self) -> None:
+    def __init__(self, params: RoundRobinParams) -> None:
+        self.params = params
         self._cursor: dict[str, int] = {}
 
     def choose(
@@ -30,8 +29,3 @@ class RoundRobin:
         k = self._cursor.get(request.model, 0)
         self._cursor[request.model] = k + 1
         return backends[k % len(backends)]
-
-
-@ROUTING.register("round-robin", RoundRobinParams, "each model's hosts in turn")
-def _make(params: RoundRobinParams, rng: random.Random) -> RoundRobin:
-    return RoundRobin()

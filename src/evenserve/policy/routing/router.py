@@ -64,15 +64,7 @@ class Router:
         if name in self._backends:
             raise ValueError(f"backend {name!r} added twice")
         view = BackendView(
-            name=name,
-            queue_depth=0.0,
-            in_flight=0,
-            utilization=None,
-            memory_free_bytes=None,
-            memory_total_bytes=None,
-            signals_fresh=False,
-            queued_by_model={},
-            busy_remaining_s=0.0,
+            name,
             profiles=dict(profiles or {}),
             max_batch_size=dict(max_batch_size or {}),
             weight=weight,

@@ -26,9 +26,10 @@ class WeightedRandomParams(PolicyParams):
                 raise ValueError(f"weights.{name}: must be >= 0")
 
 
+@ROUTING.register(
+    "weighted-random", WeightedRandomParams, "static weights, seeded draw", seeded=True
+)
 class WeightedRandom:
-    name = "weighted-random"
-
     def __init__(self, params: WeightedRandomParams, rng: random.Random) -> None:
         self.params = params
         self._rng = rng
@@ -47,8 +48,3 @@ class WeightedRandom:
             if x < acc:
                 return b
         return backends[-1]
-
-
-@ROUTING.register("weighted-random", WeightedRandomParams, "static weights, seeded draw")
-def _make(params: WeightedRandomParams, rng: random.Random) -> WeightedRandom:
-    return WeightedRandom(params, rng)
