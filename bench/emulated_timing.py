@@ -56,7 +56,6 @@ def runtime_rows(profile_names: list[str], runs: int) -> list[dict[str, Any]]:
         device=parse_device("cpu"),
         inputs=(TensorSpec("ids", "INT64", (-1,)),),
         outputs=(TensorSpec("logits", "FP32", (2,)),),
-        max_batch_size=1024,
     )
     rows = []
     for name in profile_names:

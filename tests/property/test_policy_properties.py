@@ -70,7 +70,7 @@ def test_batches_fit_in_memory_cap(
         policy.on_arrival(t)
     reqs = [RequestInfo(request_id=i, model="m", arrival_s=0.0) for i in range(n)]
     free = free_mb * 1024 * 1024
-    dec = policy.decide(QueueView("m", reqs, MEM_PROFILE, free, True, 0.05), 0.06)
+    dec = policy.decide(QueueView("m", reqs, MEM_PROFILE, free, 0.05), 0.06)
     if isinstance(dec, Dispatch):
         assert 1 <= dec.n <= min(n, policy.max_batch_size)
         if isinstance(spec, dict) and spec["policy"] in ("adaptive", "deadline") and dec.n > 1:

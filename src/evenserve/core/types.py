@@ -82,17 +82,13 @@ class BackendView:
 
 @dataclass(slots=True)
 class QueueView:
-    """A batching policy's view of one model's queue on one device, oldest request first.
-
-    ``device_idle`` says whether the device could start a batch now; ``memory_free_bytes`` is
-    the device's free memory (None when unknown).
-    """
+    """A batching policy's view of one model's queue on a device that could start a batch
+    now, in service order; ``memory_free_bytes`` is the device's free memory (None: unknown)."""
 
     model: str
     requests: Sequence[RequestInfo]
     profile: LatencyProfile | None
     memory_free_bytes: float | None = None
-    device_idle: bool = True
     #: The model's latency SLO in seconds (requests without a deadline default to
     #: arrival + SLO for deadline-aware policies); None when unknown.
     slo_s: float | None = None

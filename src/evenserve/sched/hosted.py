@@ -35,7 +35,7 @@ class Hosted(Generic[R]):
         #: (seconds alone, working memory, occupancy) of a batch, by its items.
         self.costs: dict[int, tuple[float, float, float]] = {}
         self.view = QueueView(
-            mq.name, mq.queue.items, profile, None, True, mq.setup.slo_s, None, mq.setup.priority
+            mq.name, mq.queue.items, profile, None, mq.setup.slo_s, None, mq.setup.priority
         )
 
     def cost(self, items: int) -> tuple[float, float, float]:

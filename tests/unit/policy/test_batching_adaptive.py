@@ -33,7 +33,7 @@ def reqs(
 def view(
     rs: list[RequestInfo], free_mb: float | None = None, slo_s: float | None = None
 ) -> QueueView:
-    return QueueView("m", rs, PROF, None if free_mb is None else free_mb * MB, True, slo_s)
+    return QueueView("m", rs, PROF, None if free_mb is None else free_mb * MB, slo_s)
 
 
 def test_rate_estimator_tracks_and_decays() -> None:
@@ -201,8 +201,8 @@ def test_work_held_back_by_the_headroom_wakes_when_the_demand_has_decayed() -> N
 
     def choose(now: float, rate_rps: float, tau: float | None) -> NextBatch:
         views: list[tuple[QueueView, BatchingPolicy]] = [
-            (QueueView("off", off, PROF, None, True, 1.0, 0.0, 0), policy),
-            (QueueView("on", [], PROF, None, True, 0.1, rate_rps, 10), policy),
+            (QueueView("off", off, PROF, None, 1.0, 0.0, 0), policy),
+            (QueueView("on", [], PROF, None, 0.1, rate_rps, 10), policy),
         ]
         return next_batch(views, now, class_headroom=0.5, rate_tau_s=tau)
 
