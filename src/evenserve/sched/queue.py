@@ -192,11 +192,13 @@ class RequestQueue(Generic[R]):
         top = self.items[0].priority
         limit = now_s - self.starvation_s
         starved = [i for i, r in enumerate(self.items) if r.priority < top and r.arrival_s <= limit]
-        for i in reversed(starved):
-            r = self._remove_at(i)
+        # All out first, then back in: a promoted request goes ahead of the rest, so putting
+        # each back at once would shift the positions of those still to take out.
+        promoted = [self._remove_at(i) for i in reversed(starved)]
+        for r in promoted:
             r.priority = top
             self._insert(r)
-        return len(starved)
+        return len(promoted)
 
     def pop(self, n: int) -> list[R]:
         """Remove and return the ``n`` requests at the head."""

@@ -214,3 +214,18 @@ def test_work_held_back_by_the_headroom_wakes_when_the_demand_has_decayed() -> N
     assert held.wake_s == pytest.approx(1.0 + 0.2 * math.log(2.0), abs=1e-5)
     decayed = rate * math.exp(-(held.wake_s - 1.0) / 0.2)
     assert choose(held.wake_s, decayed, 0.2).model == "off"
+
+
+def test_every_starved_request_is_promoted_however_the_promoted_sort() -> None:
+    """Regression: promoting one request moved it ahead of the others still to promote, and
+    the next removal by position took the wrong request (the oldest stayed unpromoted)."""
+    q: RequestQueue[RequestInfo] = RequestQueue(slo_s=1.0, starvation_s=0.5)
+    low1, low2, top = (
+        RequestInfo(1, "m", 0.0, 0),
+        RequestInfo(2, "m", 0.1, 0),
+        RequestInfo(3, "m", 0.2, 10),
+    )
+    for r in (low1, low2, top):
+        q.offer(r, r.arrival_s)
+    assert q.promote_starved(1.0) == 2
+    assert [(r.request_id, r.priority) for r in q.items] == [(1, 10), (2, 10), (3, 10)]
