@@ -213,18 +213,8 @@ class RequestQueue(Generic[R]):
 
     def remove(self, r: R) -> bool:
         """Remove one request (its caller went away, or it expired); False if not queued."""
-        items = self.items
-        keys = self._keys
-        if keys is not None:
-            k = self.key(r)
-            i = bisect.bisect_left(keys, k)
-            while i < len(items) and keys[i] == k:
-                if items[i] is r:
-                    self._remove_at(i)
-                    return True
-                i += 1
-        for j, x in enumerate(items):  # arrival order, or its key changed since it was queued
+        for i, x in enumerate(self.items):
             if x is r:
-                self._remove_at(j)
+                self._remove_at(i)
                 return True
         return False

@@ -1,35 +1,27 @@
 """The device scheduler: one device's queues, instance slots, timing and load, sans I/O.
 
-One object decides everything a device does, for the simulator and the live worker alike:
-events come in as method calls with the time they happen, actions go out to the driver's
-``SchedulerActions``. It never reads a clock, sleeps, or touches a loop (h11's design); the
-simulator drives it from its event heap, the worker from asyncio and an executor.
+One object decides everything a device does, for the simulator and the live worker alike
+(design note 0006): events come in as method calls with their time, actions go out to the
+driver's ``SchedulerActions``; it never reads a clock, sleeps or touches a loop (h11's way).
 
 Theory of operation.
-- Events in: ``offer(request, now)`` (admitted: None, else the refusal reason),
-  ``finished(batch, now)`` (it ended: an executor ran it, or the time the scheduler
-  announced came; ``announced(token)`` names that batch), ``wake(at, now)`` (a wake-up it
-  asked for), ``cancel``, ``begin_drain``, ``abandon``, ``observe_memory``,
-  ``queues_changed`` (shared queues).
+- Events in: ``offer(request, now)`` (None, or the refusal reason), ``finished(batch, now)``
+  (it ended: an executor ran it, or the end the scheduler announced came; ``announced(token)``
+  names that batch), ``wake(at, now)`` (a wake-up it asked for), ``cancel``, ``begin_drain``,
+  ``abandon``, ``observe_memory``, ``queues_changed`` (shared queues).
 - Actions out: ``start_batch(batch)``, ``drop(request, reason)`` (a queued request that will
-  not run: shed, deadline-expired, shutdown), ``wake_at(t)`` (call ``wake(t, now)`` at t),
-  ``end_at(t, token)`` (if nothing else starts or ends, the earliest running batch ends at t;
-  a later announcement supersedes it: a driver that lets the scheduler time its device asks
-  ``announced(token)`` at t and reports that batch ``finished``).
-- Planning, whenever an instance is free after a change (an arrival, a batch end, a due
-  wake-up, a cancel): expire hopeless requests and promote starved ones, then ask
-  ``policy.batching.device.next_batch`` (every hosted model's batching policy, the class
-  rules and headroom) which model's batch to start; repeat while instances are free. When no
-  policy is ready, the earliest WaitUntil becomes the pending wake-up, replacing the last one
-  (a policy's answer holds until the queue changes). A device that hosts one model and has no
-  class rules asks its policy directly (the same answer, without the general machinery).
-- Timers: the scheduler keeps the wake-ups it asked for and not yet received, and asks for a
-  new one only when none of those comes soon enough for the next pending wake-up or the next
-  deadline-watch time. A wake-up that finds nothing due does nothing, so drivers never cancel
-  timers (an event heap cannot) and both drivers see the same calls at the same times.
-- Timing and busy time: ``sched.slots`` (a batch alone takes its profile's time, or the
-  observed time without a profile; batches running at once share the device). Memory is the
-  profiles' account unless the driver reports measured figures (``sched.memory``).
+  not run), ``wake_at(t)``, ``end_at(t, token)`` (the earliest running batch ends at t unless
+  a later announcement supersedes it).
+- Planning, whenever an instance is free after a change: expire hopeless requests, promote
+  starved ones, and ask ``policy.batching.device.next_batch`` which model's batch to start;
+  repeat while instances are free. When no policy is ready, the earliest WaitUntil becomes
+  the pending wake-up, replacing the last one. A device that hosts one model without class
+  rules asks its policy directly (the same answer without the general machinery).
+- Timers: the scheduler keeps the wake-ups it asked for and not yet received, and asks for
+  another only when none comes soon enough for the pending wake-up or the next deadline-watch
+  time; a wake-up that finds nothing due does nothing. So drivers never cancel a timer (an
+  event heap cannot), and both drivers see the same calls at the same times.
+- Timing and busy time are ``sched.slots``'; memory is ``sched.memory``'s account.
 """
 
 from __future__ import annotations

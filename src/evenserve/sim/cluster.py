@@ -70,7 +70,6 @@ class Simulation:
         self.router: Router | None = None
         self._slo = {m: spec.slo_ms for m, spec in sc.models.items()}
         self._users: ClosedLoopUsers | None = None
-        self._next_id = 0
         self._open_arrival_cb = self._open_arrival  # one bound method for every event
         self.central: CentralQueue | None = None
         if self.arm.routing == CENTRAL_QUEUE:
@@ -137,7 +136,6 @@ class Simulation:
     ) -> SimRequest:
         now = self.loop.now
         prio = self._priority[model] if priority is None else priority
-        self._next_id += 1
         if deadline_ms is None:
             rel = self._deadline_s[model]
             deadline_s = None if rel is None else now + rel
@@ -151,8 +149,9 @@ class Simulation:
         log.finish_s.append(NAN)
         log.device.append("")
         log.drop_reason.append(None)
-        # Positional: the simulator makes a million of these (fields as SimRequest lists them).
-        return SimRequest(self._next_id, model, now, prio, deadline_s, 1, QUEUED, idx, user)
+        # Positional, as SimRequest lists its fields (a million per benchmark run); the id is
+        # the log index + 1.
+        return SimRequest(idx + 1, model, now, prio, deadline_s, 1, QUEUED, idx, user)
 
     def _start_open_loop(self, wl: OpenLoop) -> None:
         for st in open_loop_streams(wl):
