@@ -26,7 +26,7 @@ from typing import Any
 from rich.console import Console
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.scenario import CENTRAL_QUEUE, ArmSpec
+from evenserve.core.scenario import CENTRAL_QUEUE
 from evenserve.experiment.cluster import arm_cluster, write_arm_cluster, write_profile_sets
 from evenserve.experiment.fidelity import fidelity
 from evenserve.experiment.load import scenario_load_spec
@@ -38,7 +38,7 @@ from evenserve.experiment.tables import fmt
 from evenserve.loadgen.display import live_progress
 from evenserve.loadgen.records import RunLabels, result_records, write_run
 from evenserve.loadgen.runner import run_load
-from evenserve.policy.registry import spec_label
+from evenserve.policy.registry import batching_label, spec_label
 from evenserve.report.summary import run_summary, summarize
 from evenserve.report.table import compare_rows
 from evenserve.sim.cluster import simulate
@@ -154,15 +154,6 @@ def plan_bench(bench: ScenarioBench) -> BenchPlan:
     )
 
 
-def batching_label(arm: ArmSpec) -> str:
-    label = spec_label(arm.batching)
-    if arm.batching_per_model:
-        label += "; " + "; ".join(
-            f"{m}: {spec_label(s)}" for m, s in sorted(arm.batching_per_model.items())
-        )
-    return label
-
-
 def process_cpu_s(pid: int | None) -> float | None:
     """User + system CPU seconds of a process so far (Linux /proc), None if unknown."""
     if pid is None:
@@ -213,7 +204,7 @@ def run_repeat(
         scenario=plan.loaded.scenario.name,
         arm=arm,
         routing=spec_label(spec_arm.routing),
-        batching=batching_label(spec_arm),
+        batching=batching_label(spec_arm.batching, spec_arm.batching_per_model),
         seed=rseed,
         slo_ms={m: v.slo_ms for m, v in sc.models.items()},
         timeseries_interval_s=plan.loaded.scenario.timeseries_interval_s,

@@ -108,3 +108,9 @@ def spec_label(spec: Any) -> str:
         return name
     inner = ",".join(f"{k}={v}" for k, v in sorted(raw.items()))
     return f"{name}({inner})"
+
+
+def batching_label(batching: Any, per_model: Mapping[str, Any]) -> str:
+    """An arm's batching as one label: its spec, then each model's own (``m: spec``)."""
+    own = "; ".join(f"{m}: {spec_label(s)}" for m, s in sorted(per_model.items()))
+    return spec_label(batching) + (f"; {own}" if own else "")

@@ -23,7 +23,7 @@ from evenserve.core.results import RequestLog, RunRecords
 from evenserve.core.scenario import CENTRAL_QUEUE, ClosedLoop, OpenLoop, TraceWorkload
 from evenserve.core.wire import NO_BACKEND
 from evenserve.policy.batching import BATCHING
-from evenserve.policy.registry import spec_label
+from evenserve.policy.registry import batching_label, spec_label
 from evenserve.policy.routing import ROUTING, Router
 from evenserve.sched import QUEUED, Batch, ModelSetup, scheduler_for
 from evenserve.sim.central import CentralQueue
@@ -266,16 +266,11 @@ class Simulation:
                 d.trace.exact_mean_queue_depth = d.sched.queues.mean_depth(end)
                 d.trace.exact_max_queue_depth = float(d.sched.queues.depth_max)
         arm = self.arm
-        batching = spec_label(arm.batching)
-        if arm.batching_per_model:
-            batching += "; " + "; ".join(
-                f"{m}: {spec_label(s)}" for m, s in sorted(arm.batching_per_model.items())
-            )
         return RunRecords(
             scenario=self.sc.name,
             arm=self.arm_name,
             routing=spec_label(arm.routing),
-            batching=batching,
+            batching=batching_label(arm.batching, arm.batching_per_model),
             seed=self.seed,
             warmup_s=self.warmup_s,
             end_s=end,
