@@ -33,6 +33,11 @@ def _write_json(path: Path, obj: Any) -> None:
 LevelOpt = Annotated[
     str | None, typer.Option("--level", help="Run at a named load level of the scenario.")
 ]
+ScenarioArg = Annotated[Path, typer.Argument(help="Scenario YAML file.")]
+SeedOpt = Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")]
+JsonOpt = Annotated[
+    Path | None, typer.Option("--json", help="Write the run summary JSON here ('-': stdout).")
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option("--set", help="Override a scenario field: key.path=value (repeatable)."),
@@ -40,14 +45,12 @@ SetOpt = Annotated[
 
 
 def simulate(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    scenario: ScenarioArg,
     arm: Annotated[str | None, typer.Option(help="Arm to run (default: the first).")] = None,
     set_: SetOpt = None,
     level: LevelOpt = None,
-    seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the run summary JSON here ('-': stdout).")
-    ] = None,
+    seed: SeedOpt = None,
+    json_path: JsonOpt = None,
 ) -> None:
     """Simulate one arm of a scenario and print its figures."""
     try:
@@ -78,13 +81,11 @@ def simulate(
 
 
 def compare(
-    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    scenario: ScenarioArg,
     set_: SetOpt = None,
     level: LevelOpt = None,
-    seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the run summary JSON here ('-': stdout).")
-    ] = None,
+    seed: SeedOpt = None,
+    json_path: JsonOpt = None,
     plots: Annotated[Path | None, typer.Option(help="Write PNG plots into this folder.")] = None,
 ) -> None:
     """Run every arm of a scenario with the same seed; print them side by side."""

@@ -19,25 +19,11 @@ from evenserve.core.scenario import OpenLoop
 from evenserve.sim.cluster import simulate
 from evenserve.sim.loader import load_scenario
 from evenserve.workload import open_loop_arrivals, read_trace
+from tests.unit.workload.test_open_loop import PHASED
 
 from .scenarios import toy_scenario, write_scenario
 
-OPEN_LOOP: dict[str, Any] = {
-    "type": "open-loop",
-    "rates_rps": {"slow": 30, "fast": 300},
-    "phases": [{"start_s": 5, "end_s": 10, "multiplier": 3.0}],
-    "streams": [
-        {
-            "model": "fast",
-            "rate_rps": 50,
-            "priority": "offline",
-            "deadline_ms": 40,
-            "phases": [{"start_s": 2, "end_s": 4, "multiplier": 0.0}],
-        },
-        {"model": "slow", "rate_rps": 0},
-        {"model": "slow", "rate_rps": 10, "priority": 5},
-    ],
-}
+OPEN_LOOP = PHASED  # the workload tests' phased streams, with classes and deadlines
 CLOSED_LOOP = {"type": "closed-loop", "users": 7, "think_ms": 20, "mix": {"slow": 1, "fast": 3}}
 TRACE = [
     {"t_s": 0.5, "model": "slow", "priority": "offline", "deadline_ms": 300},
