@@ -15,15 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.errors import ConfigError
+from evenserve.core.validation import Strict
 from evenserve.core.wire import PRIORITY_CLASSES
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class FlagOptions(Strict):

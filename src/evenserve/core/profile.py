@@ -20,8 +20,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from evenserve.core.errors import ProfileError
-from evenserve.core.options import Strict
-from evenserve.core.validation import read_yaml, validate_document
+from evenserve.core.validation import Strict, read_yaml, validate_document
 
 MB = 1024.0 * 1024.0
 

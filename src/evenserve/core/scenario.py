@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions, Strict
+from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions
+from evenserve.core.validation import Strict
 from evenserve.core.wire import PRIORITY_CLASSES
 
 CENTRAL_QUEUE = "central-queue"

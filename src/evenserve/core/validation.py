@@ -6,9 +6,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evenserve.core.errors import ConfigError
+
+
+class Strict(BaseModel):
+    """A config document's models: an unknown field is an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
 
 M = TypeVar("M", bound=BaseModel)
 

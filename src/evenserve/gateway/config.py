@@ -33,8 +33,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.options import DeviceOptions, QueueOptions, Strict
-from evenserve.core.validation import read_yaml, validate_document
+from evenserve.core.options import DeviceOptions, QueueOptions
+from evenserve.core.validation import Strict, read_yaml, validate_document
 from evenserve.policy.routing import ROUTING
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -35,8 +35,8 @@ from pydantic import Field
 
 from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice, occupancy
 from evenserve.core.errors import ConfigError
-from evenserve.core.options import Strict
 from evenserve.core.profile import LatencyProfile, load_profile
+from evenserve.core.validation import Strict
 from evenserve.runtime.base import Array, RuntimeContext
 
 #: Wake this long before the deadline (on top of the learned overshoot), then spin (seconds).

@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import Field
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.options import Strict
+from evenserve.core.validation import Strict
 from evenserve.runtime.base import Array, RuntimeContext, output_array, require, warm_up
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.options import Strict
+from evenserve.core.validation import Strict
 from evenserve.runtime.base import Array, RuntimeContext, warm_up
 from evenserve.runtime.torch_common import Precision, TorchModuleRuntime
 

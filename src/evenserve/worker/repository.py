@@ -33,10 +33,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.options import ModelOptions, Strict
+from evenserve.core.options import ModelOptions
 from evenserve.core.profile import LatencyProfile, load_profile
 from evenserve.core.tensors import DATATYPES
-from evenserve.core.validation import format_validation_error, read_yaml, validate_document
+from evenserve.core.validation import Strict, format_validation_error, read_yaml, validate_document
 from evenserve.policy.batching import BATCHING, BatchingPolicy
 from evenserve.policy.registry import split_spec
 from evenserve.runtime.base import Runtime, RuntimeContext, TensorSpec
