@@ -43,7 +43,7 @@ class Hosted(Generic[R]):
         if c is None:
             p = self.profile
             if p is None:
-                return self.mq.estimate_batch_s(items), 0.0, 1.0
+                return self.mq.observed_batch_s(items), 0.0, 1.0
             c = self.costs[items] = (
                 p.latency_s(items),
                 p.batch_memory_bytes(items),

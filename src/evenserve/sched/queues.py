@@ -127,10 +127,9 @@ class ModelQueue(Generic[R]):
         #: Observed seconds per batch by size (exponentially weighted), when no profile.
         self.observed_s: dict[int, float] = {}
 
-    def estimate_batch_s(self, items: int) -> float:
-        """Expected seconds for a batch alone: profile, else observed, else observed per item."""
-        if self.profile is not None:
-            return self.profile.latency_s(items)
+    def observed_batch_s(self, items: int) -> float:
+        """Expected seconds for a batch alone without a profile: observed at this size, else
+        scaled from the nearest observed size, else 0."""
         obs = self.observed_s
         if items in obs:
             return obs[items]

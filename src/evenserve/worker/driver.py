@@ -207,7 +207,6 @@ class BatchDriver:
         )
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         req.future = fut
-        busy = self.sched.busy_remaining_s(now)
         self._submitting = req
         try:
             reason = self.sched.offer(req, now)
@@ -220,7 +219,8 @@ class BatchDriver:
             self.observer.request_dropped(model, reason, 0.0)
             if reason == DEADLINE_INFEASIBLE:
                 assert req.deadline_s is not None
-                end = busy + self.sched.estimate_batch_s(model, 1)
+                # Refused before anything changed: the same wait the scheduler weighed.
+                end = self.sched.busy_remaining_s(now) + self.sched.estimate_batch_s(model, 1)
                 raise RefusedError(
                     reason,
                     f"model {model!r}: the request's deadline is "
