@@ -22,18 +22,17 @@ import aiohttp
 
 from evenserve.core.errors import EvenserveError
 from evenserve.core.wire import HEALTH_LIVE_PATH, REPOSITORY_INDEX_PATH
+from evenserve.httpio.client import BadResponse, ConnectFailed, ConnectionLost
 
 
 class TargetError(EvenserveError):
     """The target cannot be load-tested (unreachable, not KServe v2, unknown model)."""
 
 
-class ConnectionLostError(ConnectionError):
-    """The server closed the connection before the answer was complete."""
-
-
-class BadResponseError(Exception):
-    """The answer could not be parsed as HTTP/1.1."""
+#: The send path's errors (``httpio.client``): the connection closed before the answer was
+#: complete; the answer could not be parsed as HTTP/1.1.
+ConnectionLostError = ConnectionLost
+BadResponseError = BadResponse
 
 
 def check_url(url: str, allow_remote: bool, what: str = "target") -> str:
@@ -79,6 +78,10 @@ EXCEPTION_KINDS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ..
 
 def classify_exception(exc: BaseException) -> str:
     """A failed request's kind (EXCEPTION_KINDS; a connect error that was a refusal is one)."""
+    if isinstance(exc, ConnectFailed):
+        return {"connect-refused": "connection-refused", "timeout": "timeout"}.get(
+            str(exc), "connect-error"
+        )
     if isinstance(exc, aiohttp.ClientConnectorError) and (
         isinstance(exc.os_error, ConnectionRefusedError) or "refused" in str(exc).lower()
     ):

@@ -1,0 +1,407 @@
+"""An HTTP/1.1 server on an asyncio protocol and httptools: what the gateway and the worker run.
+
+Why not uvicorn + starlette: on the gateway's forwarding path, uvicorn, starlette and anyio
+cost ~0.2 ms of CPU per request before any of our code runs (bench/http_server_choice.py;
+design note 0007). This server does only what a KServe v2 endpoint needs, per request: parse
+the head with httptools (the C parser uvicorn uses), read the body, call one handler, write
+one response. The handler gets a :class:`Request` with the whole body and returns a
+:class:`Response`; routing is the application's (a dict lookup and
+``core.wire.split_model_path``).
+
+Limits, each answered as HTTP says (and then the connection is closed, since what follows on
+it cannot be trusted):
+- a request head (request line and headers) over ``max_header_bytes`` or with more than
+  ``max_headers`` headers: 431;
+- a ``Content-Length`` over ``max_body_bytes``: 413 at once, before any of the body is read;
+  a chunked body that grows over it: 413 as soon as it does (the rest is not read);
+- malformed HTTP: 400; an upgrade (websocket, h2c): 501;
+- a head not complete ``header_timeout_s`` after the connection opened or its previous
+  answer went out, or a body that stalls for ``body_timeout_s``: the connection is closed
+  (408 when nothing of the request is being handled); idle keep-alive connections are
+  closed after ``keepalive_timeout_s``;
+- connections beyond ``max_connections`` get a 503 and are closed at once, so a flood of
+  idle connections cannot take the file descriptors the process needs for its own backends.
+A handler that raises answers 500 (logged once, with the traceback: that is a bug) and the
+connection stays usable. A client that goes away mid-request is not an error: nothing is
+logged. Pipelined requests are answered in order, one at a time; reading pauses when
+``max_pipelined`` are waiting.
+
+Graceful stop (:meth:`HttpServer.stop`): stop listening, close idle connections, let every
+request already read be answered (then close its connection), and after ``timeout_s`` close
+what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import resource
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import cast
+
+import httptools
+
+log = logging.getLogger("evenserve.http")
+
+
+@dataclass(slots=True)
+class Request:
+    """One request as read: the path is as sent (still percent-encoded), without the query;
+    header names are lower case (a repeated header's values joined with ``", "``)."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes = b""
+
+
+@dataclass(slots=True)
+class Response:
+    status: int = 200
+    body: bytes = b""
+    headers: dict[str, str] | None = None
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+JSON = "application/json"
+
+
+def json_response(
+    body: bytes, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    h = {"content-type": JSON}
+    if headers:
+        h.update(headers)
+    return Response(status, body, h)
+
+
+def _default_max_connections() -> int:
+    """Client connections a process accepts: its descriptor limit less a reserve of 256 for
+    its own outgoing connections, files and the listening sockets."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, min(16384, soft - 256))
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 128
+    max_body_bytes: int = 256 * 1024 * 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keepalive_timeout_s: float = 15.0
+    max_connections: int = 0  # 0: the descriptor limit less a reserve
+    max_pipelined: int = 16
+
+    def connections(self) -> int:
+        return self.max_connections or _default_max_connections()
+
+
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (as nginx's
+    ``worker_rlimit_nofile`` does); returns the soft limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    return soft
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Unknown"
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
+
+
+_STATUS_LINES = {s.value: _status_line(s.value) for s in HTTPStatus}
+
+
+def encode_head(status: int, headers: dict[str, str] | None, length: int, close: bool) -> bytes:
+    line = _STATUS_LINES.get(status) or _status_line(status)
+    parts = [line]
+    if headers:
+        parts.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items())
+    parts.append(b"content-length: %d\r\n" % length)
+    if close:
+        parts.append(b"connection: close\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+def _error_bytes(status: int, message: str) -> bytes:
+    body = json.dumps({"error": message}).encode()
+    return encode_head(status, {"content-type": JSON}, len(body), True) + body
+
+
+class _Refuse(Exception):
+    """Raised from a parser callback: answer ``status`` with ``message`` and close."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.limits = server.limits
+        self.loop = server.loop
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reading_paused = False
+        self.stopping = False
+        # the request being read
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.head_bytes = 0
+        self.reading = False  # from a request's first byte to its last
+        self.body: list[bytes] = []
+        self.body_len = 0
+        # requests read, waiting for their turn; the one being handled
+        self.pending: deque[tuple[Request, bool]] = deque()
+        self.task: asyncio.Task[None] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        server = self.server
+        if len(server.connections) >= server.max_connections or server.stopping:
+            server.refused_connections += 1
+            self.transport.write(_error_bytes(503, "too many connections"))
+            self.transport.close()
+            self.closed = True
+            return
+        server.connections.add(self)
+        self._arm(self.limits.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._disarm()
+        self.server.connections.discard(self)
+        self.pending.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            self.parser.feed_data(data)
+        except _Refuse as r:
+            self._refuse(r.status, str(r))
+        except httptools.HttpParserUpgrade:
+            self._refuse(501, "protocol upgrades are not supported")
+        except httptools.HttpParserError as exc:
+            self._refuse(400, f"malformed HTTP request: {exc}")
+
+    # -- httptools callbacks --------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = {}
+        self.head_bytes = 0
+        self.reading = True
+        self.body = []
+        self.body_len = 0
+        self._arm(self.limits.header_timeout_s)
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._count(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        if len(self.headers) >= self.limits.max_headers:
+            raise _Refuse(431, f"more than {self.limits.max_headers} request headers")
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        old = self.headers.get(key)
+        self.headers[key] = text if old is None else f"{old}, {text}"
+
+    def _count(self, n: int) -> None:
+        self.head_bytes += n
+        if self.head_bytes > self.limits.max_header_bytes:
+            raise _Refuse(
+                431, f"request head over the limit of {self.limits.max_header_bytes} bytes"
+            )
+
+    def on_headers_complete(self) -> None:
+        cl = self.headers.get("content-length")
+        limit = self.limits.max_body_bytes
+        if cl is not None and (len(cl) > 18 or (cl.isdigit() and int(cl) > limit)):
+            raise _Refuse(413, f"request body over the limit of {limit} bytes")
+        self._arm(self.limits.body_timeout_s)
+        if self.headers.get("expect", "").lower() == "100-continue" and self.transport:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self.body_len += len(body)
+        if self.body_len > self.limits.max_body_bytes:
+            raise _Refuse(413, f"request body over the limit of {self.limits.max_body_bytes} bytes")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self.reading = False
+        url = self.url
+        q = url.find(b"?")
+        path, query = (url, b"") if q < 0 else (url[:q], url[q + 1 :])
+        parts = self.body
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.body = []
+        method = self.parser.get_method().decode("latin-1")
+        req = Request(method, path.decode("latin-1"), query.decode("latin-1"), self.headers, body)
+        self.pending.append((req, self.parser.should_keep_alive()))
+        if len(self.pending) >= self.limits.max_pipelined and self.transport is not None:
+            self.transport.pause_reading()
+            self.reading_paused = True
+        if self.task is None:
+            self._next()
+
+    # -- handling -------------------------------------------------------------------------------
+    def _next(self) -> None:
+        if self.closed or not self.pending:
+            return
+        req, keep = self.pending.popleft()
+        if self.reading_paused and self.transport is not None:
+            self.transport.resume_reading()
+            self.reading_paused = False
+        self.task = self.loop.create_task(self._handle(req, keep))
+        self.server.handling.add(self.task)
+
+    async def _handle(self, req: Request, keep: bool) -> None:
+        try:
+            resp = await self.server.handler(req)
+        except Exception:
+            log.exception("%s %s: the handler failed", req.method, req.path[:200])
+            resp = json_response(b'{"error":"internal server error"}', 500)
+        finally:
+            self.server.handling.discard(cast(asyncio.Task[None], asyncio.current_task()))
+        self.task = None
+        if self.closed or self.transport is None:
+            return  # the client went away; nothing to answer
+        keep = keep and not self.stopping
+        body = b"" if req.method == "HEAD" else resp.body
+        head = encode_head(resp.status, resp.headers, len(resp.body), not keep)
+        if len(body) < 65536:
+            self.transport.write(head + body)
+        else:
+            self.transport.writelines((head, body))
+        if not keep:
+            self._close()
+        elif self.pending:
+            self._next()
+        elif self.timer is None:
+            lim = self.limits
+            self._arm(lim.body_timeout_s if self.reading else lim.keepalive_timeout_s)
+
+    # -- timers and closing -----------------------------------------------------------------------
+    def _arm(self, after_s: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = self.loop.call_later(after_s, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _timed_out(self) -> None:
+        self.timer = None
+        if self.task is not None or self.closed:
+            return
+        if self.reading:
+            self.server.timed_out += 1
+            self._refuse(408, "request not received in time")
+        else:
+            self._close()  # idle keep-alive connection
+
+    def _refuse(self, status: int, message: str) -> None:
+        if self.transport is not None and not self.closed:
+            if self.task is None and not self.pending:
+                self.transport.write(_error_bytes(status, message))
+            self._close()
+
+    def _close(self) -> None:
+        self._disarm()
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
+        self.server.connections.discard(self)
+
+    def idle(self) -> bool:
+        return self.task is None and not self.pending and not self.reading
+
+
+class HttpServer:
+    """Serves ``handler`` on a listening socket (see the module docstring)."""
+
+    def __init__(self, handler: Handler, limits: Limits | None = None) -> None:
+        self.handler = handler
+        self.limits = limits or Limits()
+        self.max_connections = self.limits.connections()
+        self.connections: set[_Connection] = set()
+        self.handling: set[asyncio.Task[None]] = set()
+        self.refused_connections = 0
+        self.timed_out = 0
+        self.stopping = False
+        self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "start() first"
+        return self._loop
+
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        if sock is not None:
+            self._server = await self._loop.create_server(
+                lambda: _Connection(self), sock=sock, backlog=4096
+            )
+        else:
+            self._server = await self._loop.create_server(
+                lambda: _Connection(self), host, port, backlog=4096, reuse_address=True
+            )
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop listening, answer every request already read, then close (module docstring)."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        for c in list(self.connections):
+            c.stopping = True
+            if c.idle():
+                c._close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.connections and loop.time() < deadline:
+            for c in list(self.connections):
+                if c.idle():
+                    c._close()
+            await asyncio.sleep(0.01)
+        for c in list(self.connections):
+            if c.transport is not None:
+                c.transport.abort()
+            c._close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
