@@ -132,7 +132,7 @@ async def test_gateway_routes_to_mlserver_on_fallback_signals(
     }
     g = Gateway(parse_cluster(raw, Path(".")))
     async with (
-        serving(g.app) as served,
+        serving(g) as served,
         httpx.AsyncClient(base_url=served.url, timeout=60) as client,
     ):
         assert (await client.get("/v2/health/ready")).status_code == 200

@@ -13,7 +13,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from starlette.applications import Starlette
@@ -23,6 +23,8 @@ from starlette.routing import Route
 
 from evenserve.core.load import LoadReport
 from evenserve.core.wire import LOAD_PATH
+from evenserve.httpio.server import HttpServer, Limits
+from evenserve.httpio.serving import App
 
 
 @dataclass
@@ -172,10 +174,33 @@ class Served:
         self.sock.close()
 
 
+class ServedApp:
+    """One of our ``httpio.serving.App``s (a Gateway) on a loopback port in this event loop."""
+
+    def __init__(self, app: App, limits: Limits | None = None) -> None:
+        self.app = app
+        self.server = HttpServer(app, limits)
+        self.url = ""
+
+    async def start(self) -> None:
+        await self.app.startup()
+        await self.server.start("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.server.port}"
+
+    async def stop(self) -> None:
+        await self.server.stop(5.0)
+        await self.app.shutdown()
+
+
 @contextlib.asynccontextmanager
-async def serving(app: object, **config: Any) -> AsyncIterator[Served]:
-    """``app`` on a loopback port; ``config``: more ``uvicorn.Config`` settings."""
-    s = Served(app, **config)
+async def serving(app: object, **config: Any) -> AsyncIterator[Served | ServedApp]:
+    """``app`` on a loopback port: an ASGI app under uvicorn (``config``: more
+    ``uvicorn.Config`` settings), or one of ours (an ``httpio.serving.App``) on our server."""
+    s: Served | ServedApp
+    if hasattr(app, "startup") and hasattr(app, "begin_drain"):
+        s = ServedApp(cast(App, app), getattr(app, "limits", None))
+    else:
+        s = Served(app, **config)
     await s.start()
     try:
         yield s

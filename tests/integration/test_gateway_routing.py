@@ -47,7 +47,7 @@ async def gateway_for(
     }
     g = Gateway(parse_cluster(raw, Path(".")))
     async with (
-        serving(g.app) as served,
+        serving(g) as served,
         httpx.AsyncClient(base_url=served.url, timeout=60) as client,
     ):
         yield g, client

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from urllib.parse import unquote
 
 # -- paths -------------------------------------------------------------------------------------
 HEALTH_LIVE_PATH = "/v2/health/live"
@@ -113,3 +114,41 @@ def parse_deadline_ms(value: object, where: str) -> float | None:
     if number is None or not math.isfinite(number) or number <= 0:
         raise ValueError(f"{where}: must be a number of milliseconds > 0, got {value!r}")
     return number
+
+
+MODELS_PREFIX = "/v2/models/"
+#: What may follow a model (and version) in a KServe v2 path ("" is the metadata route).
+MODEL_SUFFIXES = frozenset({"", "infer", "ready", "config", "stats"})
+
+
+def split_model_path(path: str) -> tuple[str, str | None, str] | None:
+    """``/v2/models/{model}[/versions/{version}][/{suffix}]`` -> (model, version, suffix).
+
+    None when the path is not one of those routes or a name is not a safe name
+    (:func:`safe_name`). The path is taken as sent; a name is percent-decoded once.
+    """
+    if not path.startswith(MODELS_PREFIX):
+        return None
+    parts = path[len(MODELS_PREFIX) :].split("/")
+    version: str | None = None
+    if len(parts) >= 3 and parts[1] == "versions":
+        version = unquote(parts[2])
+        if not safe_name(version):
+            return None
+        parts = [parts[0], *parts[3:]]
+    if len(parts) > 2:
+        return None
+    model = unquote(parts[0])
+    suffix = parts[1] if len(parts) == 2 else ""
+    if suffix not in MODEL_SUFFIXES or not safe_name(model):
+        return None
+    return model, version, suffix
+
+
+def safe_name(name: str) -> bool:
+    """A model name or version a path may carry: 1-256 of ``[A-Za-z0-9_.-]``, not ``.`` or
+    ``..``."""
+    return 0 < len(name) <= 256 and name not in (".", "..") and all(c in _NAME_CHARS for c in name)
+
+
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")

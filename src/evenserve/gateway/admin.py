@@ -19,17 +19,18 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-
 from evenserve.core.clock import Clock
 from evenserve.core.types import BackendView, RequestInfo
 from evenserve.gateway.backends import BackendRegistry
+from evenserve.httpio.server import Request, Response, json_response
 from evenserve.policy.registry import PolicySpecError, split_spec
 from evenserve.policy.routing import ROUTING
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return json_response(json.dumps(obj).encode(), status, headers)
 
 
 def _num(x: float | None) -> float | None:
@@ -64,10 +65,10 @@ class AdminAPI:
     def guard(self, endpoint: Endpoint) -> Endpoint:
         async def wrapped(request: Request) -> Response:
             if not self._authorized(request):
-                return JSONResponse(
+                return _json(
                     {"error": "admin API: missing or invalid bearer token"},
-                    status_code=401,
-                    headers={"www-authenticate": 'Bearer realm="evenserve-admin"'},
+                    401,
+                    {"www-authenticate": 'Bearer realm="evenserve-admin"'},
                 )
             return await endpoint(request)
 
@@ -132,28 +133,28 @@ class AdminAPI:
 
     # -- endpoints --------------------------------------------------------------------------
     async def get_backends(self, request: Request) -> Response:
-        return JSONResponse(self.backends_view())
+        return _json(self.backends_view())
 
     async def get_routing(self, request: Request) -> Response:
-        return JSONResponse({**self.routing_spec, "changes": self.policy_changes})
+        return _json({**self.routing_spec, "changes": self.policy_changes})
 
     async def put_routing(self, request: Request) -> Response:
         try:
-            spec = json.loads(await request.body() or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return JSONResponse({"error": f"body: not valid JSON ({exc})"}, status_code=400)
+            spec = json.loads(request.body or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            return _json({"error": f"body: not valid JSON ({type(exc).__name__})"}, 400)
         try:
             split_spec(spec, "routing")
             self.registry.replace_policy(spec, self.seed)
             self.routing_spec = self.normalized_spec(spec)
         except PolicySpecError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return _json({"error": str(exc)}, 400)
         self.policy_changes += 1
-        return JSONResponse({**self.routing_spec, "changes": self.policy_changes})
+        return _json({**self.routing_spec, "changes": self.policy_changes})
 
     async def get_events(self, request: Request) -> Response:
         now = self.clock.now()
-        return JSONResponse(
+        return _json(
             {
                 "now_s": now,
                 "events": [
@@ -169,10 +170,10 @@ class AdminAPI:
             }
         )
 
-    def routes(self) -> list[Route]:
-        return [
-            Route("/admin/backends", self.guard(self.get_backends), methods=["GET"]),
-            Route("/admin/routing", self.guard(self.get_routing), methods=["GET"]),
-            Route("/admin/routing", self.guard(self.put_routing), methods=["PUT"]),
-            Route("/admin/events", self.guard(self.get_events), methods=["GET"]),
-        ]
+    def routes(self) -> dict[tuple[str, str], Endpoint]:
+        return {
+            ("GET", "/admin/backends"): self.guard(self.get_backends),
+            ("GET", "/admin/routing"): self.guard(self.get_routing),
+            ("PUT", "/admin/routing"): self.guard(self.put_routing),
+            ("GET", "/admin/events"): self.guard(self.get_events),
+        }

@@ -28,6 +28,8 @@ class BackendState:
     changed_at_s: float = 0.0
     ejections: int = 0
     last_error: str | None = None
+    #: Probes in a row that got no answer in time (reset by an answer).
+    misses: int = 0
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,12 @@ class HealthConfig(Strict):
         default=100.0, gt=0, description="readiness poll period (all backends, ejected ones too)"
     )
     timeout_ms: float = Field(default=500.0, gt=0)
+    misses: int = Field(
+        default=2,
+        ge=1,
+        description="probes in a row without an answer in time that eject a backend "
+        "(a refused connection or a not-ready answer ejects at once)",
+    )
 
 
 class ForwardConfig(Strict):

@@ -4,21 +4,17 @@ Paths are the worker's (KServe v2): health, server metadata, model metadata/read
 and ``POST /v2/models/{m}[/versions/{v}]/infer``. Inference requests go through the
 Dispatcher (routing policy, retry, 429/503); metadata requests go to any healthy host.
 ``/metrics`` is the gateway's Prometheus text; ``/admin/...`` needs the bearer token.
+The HTTP server is ``httpio.server`` (asyncio protocol + httptools; design note 0007); a
+:class:`Gateway` is its handler: one dict lookup or ``core.wire.split_model_path`` per request.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import logging
 import random
 import secrets
-from collections.abc import AsyncIterator, Iterator
-
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from collections.abc import Awaitable, Callable, Iterator
 
 from evenserve import __version__
 from evenserve.core import wire
@@ -30,23 +26,31 @@ from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import BackendSpec, LoadedCluster
 from evenserve.gateway.dispatcher import Answer, Dispatcher
 from evenserve.gateway.poller import Poller
+from evenserve.httpio.server import Limits, Request, Response, json_response
+from evenserve.httpio.serving import Serving
 from evenserve.metrics.gateway import BackendFigures, GatewayMetrics
 from evenserve.policy.routing import ROUTING
 
 log = logging.getLogger("evenserve.gateway")
 
 MAX_BODY_BYTES = 256 * 1024 * 1024
-#: A model's GET routes the gateway relays from a backend that hosts it (metadata, config,
-#: statistics), after the model's route.
-PASSED_ON = ("", "/config", "/stats")
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _answer(ans: Answer) -> Response:
-    return Response(ans.body, status_code=ans.status, headers=ans.headers)
+    return Response(ans.status, ans.body, ans.headers)
+
+
+def _error(status: int, message: str) -> Response:
+    return json_response(json.dumps({"error": message}).encode(), status)
+
+
+def _json(obj: object) -> Response:
+    return json_response(json.dumps(obj, separators=(",", ":")).encode())
 
 
 class Gateway:
-    """Everything one gateway owns; ``app`` is the ASGI application."""
+    """Everything one gateway owns; an instance is the HTTP handler (``httpio.serving.App``)."""
 
     def __init__(
         self,
@@ -76,7 +80,17 @@ class Gateway:
         self.admin = AdminAPI(self.registry, self.clock, self.admin_token, cfg.seed, cfg.routing)
         self.dispatcher = Dispatcher(self.registry, cfg, self.clock, self.metrics)
         self.poller = Poller(self.registry, cfg, self.clock)
-        self.app = Starlette(routes=self._routes(), lifespan=self._lifespan)
+        self.limits = Limits(max_body_bytes=MAX_BODY_BYTES)
+        self._exact: dict[tuple[str, str], Endpoint] = {
+            ("GET", wire.HEALTH_LIVE_PATH): self.live,
+            ("GET", wire.HEALTH_READY_PATH): self.server_ready,
+            ("GET", wire.SERVER_METADATA_PATH): self.server_metadata,
+            ("GET", wire.REPOSITORY_INDEX_PATH): self.repository_index,
+            ("POST", wire.REPOSITORY_INDEX_PATH): self.repository_index,
+            ("GET", wire.METRICS_PATH): self.prometheus,
+            **self.admin.routes(),
+        }
+        self._paths = {p for _, p in self._exact}
 
     # -- wiring -----------------------------------------------------------------------------
     def _profiles(self, spec: BackendSpec) -> dict[str, LatencyProfile]:
@@ -105,53 +119,60 @@ class Gateway:
             v = router.view(name)
             yield name, st.healthy, router.signal_age_s(name, now), v.in_flight, v.queue_depth
 
-    @contextlib.asynccontextmanager
-    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+    async def startup(self) -> None:
         await self.poller.probe_all()
         self.poller.start()
-        try:
-            yield
-        finally:
-            await self.poller.stop()
-            await self.dispatcher.aclose()
+
+    def begin_drain(self) -> None:
+        """Nothing to refuse: the listener closes and open requests are answered."""
+
+    async def shutdown(self) -> None:
+        await self.poller.stop()
+        await self.dispatcher.aclose()
 
     def ready(self) -> bool:
         """Every served model has at least one routable backend."""
         return all(self.registry.router.candidates(m) for m in self.registry.models())
 
-    # -- endpoints --------------------------------------------------------------------------
-    async def infer(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        cl = request.headers.get("content-length")
-        if cl is not None and cl.isdigit() and int(cl) > MAX_BODY_BYTES:
-            return JSONResponse(
-                {"error": f"request body over {MAX_BODY_BYTES} bytes"}, status_code=413
-            )
-        body = await request.body()
-        return _answer(await self.dispatcher.infer(model, request.url.path, body, request.headers))
+    # -- the handler --------------------------------------------------------------------------
+    async def __call__(self, request: Request) -> Response:
+        path = request.path
+        if path.startswith(wire.MODELS_PREFIX):
+            found = wire.split_model_path(path)
+            if found is None:
+                return _error(404, f"no such path: {path[:200]!r}")
+            model, _version, suffix = found
+            if suffix == "infer":
+                if request.method != "POST":
+                    return _error(405, "infer takes POST")
+                ans = await self.dispatcher.infer(model, path, request.body, request.headers)
+                return _answer(ans)
+            if request.method != "GET":
+                return _error(405, f"{path[:200]!r} takes GET")
+            if suffix == "ready":
+                return self.model_ready(model)
+            return _answer(await self.dispatcher.passthrough(model, "GET", path, b""))
+        endpoint = self._exact.get((request.method, path))
+        if endpoint is not None:
+            return await endpoint(request)
+        if path in self._paths:
+            return _error(405, f"method {request.method} not allowed on {path}")
+        return _error(404, f"no such path: {path[:200]!r}")
 
-    async def model_passthrough(self, request: Request) -> Response:
-        model = request.path_params["model"]
-        body = await request.body()
-        return _answer(
-            await self.dispatcher.passthrough(model, request.method, request.url.path, body)
-        )
-
-    async def model_ready(self, request: Request) -> Response:
-        model = request.path_params["model"]
+    def model_ready(self, model: str) -> Response:
         if not self.registry.hosts_model(model):
-            return JSONResponse({"error": f"unknown model {model!r}"}, status_code=404)
+            return _error(404, f"unknown model {model!r}")
         ok = bool(self.registry.router.candidates(model))
-        return Response(status_code=200 if ok else 503)
+        return Response(200 if ok else 503)
 
     async def live(self, request: Request) -> Response:
-        return Response(status_code=200)
+        return Response(200)
 
     async def server_ready(self, request: Request) -> Response:
-        return Response(status_code=200 if self.ready() else 503)
+        return Response(200 if self.ready() else 503)
 
     async def server_metadata(self, request: Request) -> Response:
-        return JSONResponse(
+        return _json(
             {
                 "name": "evenserve-gateway",
                 "version": __version__,
@@ -161,7 +182,7 @@ class Gateway:
 
     async def repository_index(self, request: Request) -> Response:
         router = self.registry.router
-        return JSONResponse(
+        return _json(
             [
                 {"name": m, "state": "READY" if router.candidates(m) else "UNAVAILABLE"}
                 for m in self.registry.models()
@@ -169,37 +190,12 @@ class Gateway:
         )
 
     async def prometheus(self, request: Request) -> Response:
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
-
-    def _routes(self) -> list[Route]:
-        routes = [
-            Route(wire.HEALTH_LIVE_PATH, self.live, methods=["GET"]),
-            Route(wire.HEALTH_READY_PATH, self.server_ready, methods=["GET"]),
-            Route(wire.SERVER_METADATA_PATH, self.server_metadata, methods=["GET"]),
-            Route(wire.REPOSITORY_INDEX_PATH, self.repository_index, methods=["POST", "GET"]),
-            Route(wire.METRICS_PATH, self.prometheus, methods=["GET"]),
-        ]
-        for m in wire.MODEL_ROUTES:
-            routes += [
-                Route(m + "/infer", self.infer, methods=["POST"]),
-                Route(m + "/ready", self.model_ready, methods=["GET"]),
-                *(Route(m + s, self.model_passthrough, methods=["GET"]) for s in PASSED_ON),
-            ]
-        return routes + self.admin.routes()
+        return Response(200, self.metrics.render(), {"content-type": "text/plain; version=0.0.4"})
 
 
 def serve(gateway: Gateway, host: str | None = None, port: int | None = None) -> None:
-    """Run the gateway until SIGINT/SIGTERM (uvicorn drains in-flight requests first).
-
-    uvicorn picks uvloop and httptools when they are installed (``loop``/``http`` auto).
-    """
+    """Run the gateway until SIGINT/SIGTERM (open requests are answered first), on uvloop."""
     cfg = gateway.cfg
-    config = uvicorn.Config(
-        gateway.app,
-        host=host or cfg.host,
-        port=port or cfg.port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=10,
-    )
-    uvicorn.Server(config).run()
+    Serving(
+        gateway, host or cfg.host, port or cfg.port, limits=gateway.limits, drain_timeout_s=10
+    ).run()

@@ -1,6 +1,6 @@
 """A forwarder over an ``httpx.AsyncClient``, so the dispatcher can be driven through
 ``httpx.MockTransport``: the gateway's ``Forwarder`` contract, with httpx's exceptions sorted
-as ``AiohttpForwarder`` sorts aiohttp's."""
+as ``PooledForwarder`` sorts the pooled client's."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ class HttpxForwarder:
         self._keep = keep_headers
 
     async def request(
-        self, method: str, url: str, body: bytes, headers: Mapping[str, str]
+        self, method: str, base_url: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Reply:
+        url = base_url + path
         try:
             resp = await self.client.request(method, url, content=body or None, headers=headers)
         except httpx.ConnectError as exc:

@@ -1,4 +1,4 @@
-"""Poller probes against an httpx MockTransport, on a FakeClock."""
+"""Poller probes against an httpx MockTransport (as the poller's fetch), on a FakeClock."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from evenserve.core.wire import LOAD_PATH
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.poller import Poller
+from evenserve.httpio.client import ConnectFailed, Reply, ResponseTimeout
 from evenserve.policy.routing import ROUTING
 
 TRITON_TEXT = (
@@ -28,6 +29,7 @@ class Backend:
     def __init__(self) -> None:
         self.up = True
         self.ready = True
+        self.hung = False
         self.queue = 2
 
     def handler(self, request: httpx.Request) -> httpx.Response:
@@ -59,7 +61,17 @@ def setup(signals: dict[str, Any]) -> tuple[Poller, BackendRegistry, FakeClock, 
     )  # fmt: skip
     be = Backend()
     client = httpx.AsyncClient(transport=httpx.MockTransport(be.handler))
-    return Poller(reg, cluster.config.gateway, clock, client=client), reg, clock, be
+
+    async def fetch(url: str, timeout_s: float) -> Reply:
+        if be.hung:
+            raise ResponseTimeout("no answer within the time limit")
+        try:
+            r = await client.get(url)
+        except httpx.ConnectError:
+            raise ConnectFailed("connect-refused") from None
+        return Reply(r.status_code, dict(r.headers), r.content, 0)
+
+    return Poller(reg, cluster.config.gateway, clock, fetch=fetch), reg, clock, be
 
 
 async def test_load_probe_observes_admits_and_stale_signals_become_unknown() -> None:
@@ -122,3 +134,60 @@ async def test_none_backend_only_polls_readiness() -> None:
     be.up = False
     await p.probe_all()
     assert not reg.is_healthy("a")
+
+
+async def test_a_miss_is_not_an_ejection_until_misses_in_a_row() -> None:
+    p, reg, _, be = setup({"source": "evenserve"})
+    st = reg.states["a"]
+    await p.probe_load(st)
+    be.hung = True
+    await p.probe_load(st)
+    assert reg.is_healthy("a") and st.misses == 1 and st.last_error == "timeout"
+    be.hung = False
+    await p.probe_load(st)  # an answer resets the count
+    assert st.misses == 0
+    be.hung = True
+    await p.probe_load(st)
+    await p.probe_load(st)
+    assert not reg.is_healthy("a") and st.reason == "timeout (2 probes in a row)"
+
+
+async def test_every_backend_missing_at_once_ejects_none() -> None:
+    raw = {
+        "backends": [
+            {"name": n, "url": f"http://{n}.test", "models": ["m"]} for n in ("a", "b", "c")
+        ]
+    }
+    cluster = parse_cluster(raw, Path("."))
+    clock = FakeClock(10.0)
+    reg = BackendRegistry.build(
+        cluster.backends(), ROUTING.build("round-robin", random.Random(0)), clock,
+        window=3, stale_after_s=0.5,
+    )  # fmt: skip
+    hung: set[str] = set()
+
+    async def fetch(url: str, timeout_s: float) -> Reply:
+        host = url.split("//")[1].split(".")[0]
+        if host in hung:
+            raise ResponseTimeout("no answer within the time limit")
+        rep = LoadReport(
+            timestamp_s=0.0, device="emulated:x", queue_depth=0, in_flight=0,
+            utilization=0.0, utilization_window_s=1.0,
+        )  # fmt: skip
+        return Reply(200, {}, rep.model_dump_json().encode(), 0)
+
+    p = Poller(reg, cluster.config.gateway, clock, fetch=fetch)
+    await p.probe_all()
+    assert all(reg.is_healthy(n) for n in "abc")
+    # A starved gateway: every probe misses. Nobody is ejected.
+    hung.update("abc")
+    for _ in range(3):
+        await p.probe_all()
+    assert all(reg.is_healthy(n) for n in "abc") and p.held > 0
+    # Only one backend misses while the others answer: that is evidence; it is ejected.
+    hung.clear()
+    await p.probe_all()
+    hung.add("b")
+    for _ in range(2):
+        await p.probe_all()
+    assert [n for n in "abc" if not reg.is_healthy(n)] == ["b"]
