@@ -179,7 +179,7 @@ class ServedApp:
 
     def __init__(self, app: App, limits: Limits | None = None) -> None:
         self.app = app
-        self.server = HttpServer(app, limits)
+        self.server = HttpServer(app, limits, getattr(app, "refused", None))
         self.url = ""
 
     async def start(self) -> None:

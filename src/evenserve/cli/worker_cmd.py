@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from pathlib import Path
@@ -111,7 +112,7 @@ def worker(
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    log_level: Annotated[str, typer.Option(help="Python log level.")] = "warning",
 ) -> None:
     """Serve a model repository on one device over the KServe v2 protocol."""
     from evenserve.runtime.device import parse_device
@@ -175,7 +176,8 @@ def worker(
     )
     if port_file is not None:
         port_file.write_text(f"{bound}\n")
-    make_server(service, host, bound, log_level).run(sockets=[sock])
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    make_server(service, sock).run()
 
 
 def profile(

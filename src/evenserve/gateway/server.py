@@ -24,7 +24,7 @@ from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.gateway.admin import AdminAPI
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import BackendSpec, LoadedCluster
-from evenserve.gateway.dispatcher import Answer, Dispatcher
+from evenserve.gateway.dispatcher import UNKNOWN_MODEL_LABEL, Answer, Dispatcher
 from evenserve.gateway.poller import Poller
 from evenserve.httpio.server import Limits, Request, Response, json_response
 from evenserve.httpio.serving import Serving
@@ -133,6 +133,15 @@ class Gateway:
     def ready(self) -> bool:
         """Every served model has at least one routable backend."""
         return all(self.registry.router.candidates(m) for m in self.registry.models())
+
+    def refused(self, status: int, path: str) -> None:
+        """The server answered an inference request itself (body or head over the limit,
+        malformed HTTP): counted as the client's error."""
+        found = wire.split_model_path(path)
+        if found is None or found[2] != "infer":
+            return
+        model = found[0] if self.registry.hosts_model(found[0]) else UNKNOWN_MODEL_LABEL
+        self.metrics.requests.labels("none", model, "client_error").inc()
 
     # -- the handler --------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:

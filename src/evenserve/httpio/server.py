@@ -48,6 +48,8 @@ from typing import cast
 import httptools
 
 log = logging.getLogger("evenserve.http")
+#: How long a refused request's remaining input is read and dropped before closing.
+LINGER_S = 2.0
 
 
 @dataclass(slots=True)
@@ -162,6 +164,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reading_paused = False
         self.stopping = False
+        self.lingering = False
         # the request being read
         self.url = b""
         self.headers: dict[str, str] = {}
@@ -188,6 +191,13 @@ class _Connection(asyncio.Protocol):
         server.connections.add(self)
         self._arm(self.limits.header_timeout_s)
 
+    def eof_received(self) -> bool | None:
+        if self.lingering or self.idle():
+            self._close()
+            return None
+        self.stopping = True  # the client sent all it will: answer, then close
+        return True
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._disarm()
@@ -195,16 +205,21 @@ class _Connection(asyncio.Protocol):
         self.pending.clear()
 
     def data_received(self, data: bytes) -> None:
-        if self.closed:
-            return
+        if self.closed or self.lingering:
+            return  # a refused request's rest is read and dropped (see _refuse)
         try:
             self.parser.feed_data(data)
-        except _Refuse as r:
-            self._refuse(r.status, str(r))
         except httptools.HttpParserUpgrade:
             self._refuse(501, "protocol upgrades are not supported")
         except httptools.HttpParserError as exc:
-            self._refuse(400, f"malformed HTTP request: {exc}")
+            # An exception raised in a callback comes back wrapped by the parser.
+            r = exc.__context__ if isinstance(exc.__context__, _Refuse) else None
+            if r is not None:
+                self._refuse(r.status, str(r))
+            else:
+                self._refuse(400, f"malformed HTTP request: {exc}")
+        except _Refuse as r:
+            self._refuse(r.status, str(r))
 
     # -- httptools callbacks --------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -328,10 +343,26 @@ class _Connection(asyncio.Protocol):
             self._close()  # idle keep-alive connection
 
     def _refuse(self, status: int, message: str) -> None:
-        if self.transport is not None and not self.closed:
-            if self.task is None and not self.pending:
-                self.transport.write(_error_bytes(status, message))
-            self._close()
+        """Answer ``status`` and close. What the client is still sending (a body over the
+        limit) is read and dropped for up to ``LINGER_S`` first, as nginx's lingering close
+        does: closing a socket with unread input resets it, and the client would lose the
+        answer."""
+        if self.transport is None or self.closed:
+            return
+        if self.task is not None or self.pending:
+            self._close()  # an earlier request's answer is due first: just close
+            return
+        self.transport.write(_error_bytes(status, message))
+        hook = self.server.on_refusal
+        if hook is not None:
+            hook(status, self.url.split(b"?")[0].decode("latin-1"))
+        self.lingering = True
+        self.reading = False
+        self.body = []
+        self._disarm()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.timer = self.loop.call_later(LINGER_S, self._close)
 
     def _close(self) -> None:
         self._disarm()
@@ -347,8 +378,15 @@ class _Connection(asyncio.Protocol):
 class HttpServer:
     """Serves ``handler`` on a listening socket (see the module docstring)."""
 
-    def __init__(self, handler: Handler, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        limits: Limits | None = None,
+        on_refusal: Callable[[int, str], None] | None = None,
+    ) -> None:
         self.handler = handler
+        #: Told of each request the server answered itself (status, path as far as read).
+        self.on_refusal = on_refusal
         self.limits = limits or Limits()
         self.max_connections = self.limits.connections()
         self.connections: set[_Connection] = set()

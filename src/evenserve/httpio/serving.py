@@ -70,7 +70,7 @@ class Serving:
         raise_descriptor_limit()
         await self.app.startup()
         try:
-            self.server = HttpServer(self.app, self.limits)
+            self.server = HttpServer(self.app, self.limits, getattr(self.app, "refused", None))
             await self.server.start(self.host, self.port, sock=self.sock)
             self.port = self.server.port
             if handle_signals:

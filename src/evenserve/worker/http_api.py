@@ -16,22 +16,17 @@ every refusal once in ``evenserve_worker_refusals_total`` by reason.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
-
 from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
+from evenserve.httpio.server import Limits, Request, Response
 from evenserve.worker.driver import (
     BatchFailedError,
     DrainingError,
@@ -53,6 +48,7 @@ OFFLOAD_BYTES = 256 * 1024
 UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "evenserve_load"]
 Endpoint = Callable[[Request], Awaitable[Response]]
+JSON = {"content-type": "application/json"}
 
 
 #: The ``outcome`` label of each refusal (metrics.names.OUTCOMES).
@@ -73,37 +69,19 @@ def _refusal(exc: RefusedError) -> tuple[Response, str]:
 
 
 def _json(obj: Any, status: int = 200) -> Response:
-    return Response(
-        json.dumps(obj, separators=(",", ":")), status_code=status, media_type="application/json"
-    )
+    return Response(status, json.dumps(obj, separators=(",", ":")).encode(), JSON)
 
 
 def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        error_body(message), status_code=status, media_type="application/json", headers=headers
-    )
+    return Response(status, error_body(message), {**JSON, **(headers or {})})
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, decompressed if gzip/deflate, refused over ``limit`` bytes."""
-    cl = request.headers.get("content-length")
-    if cl is not None:
-        try:
-            declared = int(cl)
-        except ValueError:
-            raise ProtocolError(f"Content-Length: not an integer: {cl!r}") from None
-        if declared > limit:
-            raise ProtocolError(
-                f"request body of {declared} bytes is over the limit of {limit} bytes", 413
-            )
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise ProtocolError(f"request body is over the limit of {limit} bytes", 413)
-        chunks.append(chunk)
-    body = b"".join(chunks)
+def read_body(request: Request, limit: int) -> bytes:
+    """The request body, decompressed if gzip/deflate, refused over ``limit`` bytes (the
+    server has already refused a body over it as sent)."""
+    body = request.body
+    if len(body) > limit:
+        raise ProtocolError(f"request body is over the limit of {limit} bytes", 413)
     encoding = (request.headers.get("content-encoding") or "identity").strip().lower()
     if encoding == "identity":
         return body
@@ -119,81 +97,124 @@ async def read_body(request: Request, limit: int) -> bytes:
     return out
 
 
-def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Starlette:
-    """The ASGI app. With ``manage_lifecycle`` its lifespan starts the service's driver and,
-    at shutdown, drains the queues and stops the runtimes."""
-    metrics = service.metrics
+class WorkerApp:
+    """The worker's HTTP handler (an ``httpio.serving.App``). With ``manage_lifecycle`` its
+    startup starts the service's driver and its shutdown drains the queues and stops the
+    runtimes."""
 
-    def lookup(request: Request) -> tuple[str, ModelSignature] | Response:
-        name = request.path_params["model"]
-        sig = service.signatures.get(name)
+    def __init__(self, service: WorkerService, *, manage_lifecycle: bool = True) -> None:
+        self.service = service
+        self.manage_lifecycle = manage_lifecycle
+        self.metrics = service.metrics
+        self.limits = Limits(max_body_bytes=service.options.max_body_bytes)
+        self._exact: dict[tuple[str, str], Endpoint] = {
+            ("GET", wire.HEALTH_LIVE_PATH): self.live,
+            ("GET", wire.HEALTH_READY_PATH): self.ready,
+            ("GET", wire.SERVER_METADATA_PATH): self.server_metadata,
+            ("GET", wire.REPOSITORY_INDEX_PATH): self.repository_index,
+            ("POST", wire.REPOSITORY_INDEX_PATH): self.repository_index,
+            ("GET", wire.MODEL_STATS_PATH): self.all_stats,
+            ("GET", wire.LOAD_PATH): self.load,
+            ("GET", wire.METRICS_PATH): self.prometheus,
+        }
+        self._paths = {p for _, p in self._exact}
+        svc = service
+        self._per_model: dict[str, Callable[[str], Response]] = {
+            "": lambda name: _json(svc.model_metadata_json(name)),
+            "config": lambda name: _json(svc.model_config_json(name)),
+            "ready": lambda name: Response(200 if svc.ready else 503),
+            "stats": lambda name: _json({"model_stats": [svc.stats[name].json()]}),
+        }
+
+    # -- lifecycle (httpio.serving.App) ---------------------------------------------------------
+    async def startup(self) -> None:
+        if self.manage_lifecycle:
+            await self.service.start()
+
+    def begin_drain(self) -> None:
+        self.service.begin_drain()
+
+    async def shutdown(self) -> None:
+        if self.manage_lifecycle:
+            await self.service.stop()
+
+    def refused(self, status: int, path: str) -> None:
+        """The server answered an inference request itself (a body over the limit, a head
+        too large, malformed HTTP): counted like the requests the handler answers."""
+        found = wire.split_model_path(path)
+        if found is None or found[2] != "infer":
+            return
+        name = found[0] if found[0] in self.service.signatures else UNKNOWN_MODEL_LABEL
+        self.metrics.observe_request(name, "too_large" if status == 413 else "bad_request", None)
+
+    # -- routing ---------------------------------------------------------------------------------
+    async def __call__(self, request: Request) -> Response:
+        path = request.path
+        endpoint = self._exact.get((request.method, path))
+        if endpoint is not None:
+            return await endpoint(request)
+        if path in self._paths:
+            return _error(f"method {request.method} not allowed on {path}", 405)
+        found = wire.split_model_path(path)
+        if found is None:
+            return _error(f"no such path: {path[:200]!r}", 404)
+        name, version, suffix = found
+        method = "POST" if suffix == "infer" else "GET"
+        if request.method != method:
+            return _error(f"{path[:200]!r} takes {method}", 405)
+        sig = self.service.signatures.get(name)
         if sig is None:
+            if suffix == "infer":
+                self.metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
             return _error(
-                f"model {name!r} is not served here (models: {', '.join(service.signatures)})",
+                f"model {name!r} is not served here (models: {', '.join(self.service.signatures)})",
                 404,
             )
-        version = request.path_params.get("version")
         if version not in (None, "", sig.version):
+            if suffix == "infer":
+                self.metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
             return _error(
                 f"model {name!r} has no version {version!r} (versions: {sig.version})", 404
             )
-        return name, sig
+        if suffix == "infer":
+            return await self.infer(request, name, sig)
+        return self._per_model[suffix](name)
 
-    async def live(request: Request) -> Response:
-        return Response(status_code=200)
+    # -- endpoints -------------------------------------------------------------------------------
+    async def live(self, request: Request) -> Response:
+        return Response(200)
 
-    async def ready(request: Request) -> Response:
-        return Response(status_code=200 if service.ready else 503)
+    async def ready(self, request: Request) -> Response:
+        return Response(200 if self.service.ready else 503)
 
-    async def server_metadata(request: Request) -> Response:
+    async def server_metadata(self, request: Request) -> Response:
         return _json({"name": "evenserve", "version": evenserve_version, "extensions": EXTENSIONS})
 
-    def per_model(answer: Callable[[str], Response]) -> Endpoint:
-        """An endpoint of one served model: 404 for an unknown model or version."""
+    async def all_stats(self, request: Request) -> Response:
+        return _json({"model_stats": [s.json() for s in self.service.stats.values()]})
 
-        async def endpoint(request: Request) -> Response:
-            found = lookup(request)
-            return found if isinstance(found, Response) else answer(found[0])
-
-        return endpoint
-
-    model_metadata = per_model(lambda name: _json(service.model_metadata_json(name)))
-    model_config = per_model(lambda name: _json(service.model_config_json(name)))
-    model_ready = per_model(lambda name: Response(status_code=200 if service.ready else 503))
-    model_stats = per_model(lambda name: _json({"model_stats": [service.stats[name].json()]}))
-
-    async def all_stats(request: Request) -> Response:
-        return _json({"model_stats": [s.json() for s in service.stats.values()]})
-
-    async def repository_index(request: Request) -> Response:
-        state = "READY" if service.ready else "UNAVAILABLE"
+    async def repository_index(self, request: Request) -> Response:
+        svc = self.service
+        state = "READY" if svc.ready else "UNAVAILABLE"
         return _json(
-            [
-                {"name": n, "version": s.version, "state": state}
-                for n, s in service.signatures.items()
-            ]
+            [{"name": n, "version": s.version, "state": state} for n, s in svc.signatures.items()]
         )
 
-    async def load(request: Request) -> Response:
-        if not service.started:
+    async def load(self, request: Request) -> Response:
+        if not self.service.started:
             return _error("worker is loading its models", 503)
-        return Response(service.load_report().model_dump_json(), media_type="application/json")
+        return Response(200, self.service.load_report().model_dump_json().encode(), JSON)
 
-    async def prometheus(request: Request) -> Response:
-        body, content_type = metrics.render()
-        return Response(body, media_type=content_type)
+    async def prometheus(self, request: Request) -> Response:
+        body, content_type = self.metrics.render()
+        return Response(200, body, {"content-type": content_type})
 
-    async def infer(request: Request) -> Response:
+    async def infer(self, request: Request, name: str, sig: ModelSignature) -> Response:
         t0 = time.perf_counter()
-        found = lookup(request)
-        if isinstance(found, Response):
-            metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
-            return found
-        name, sig = found
         outcome = "error"
         ok = False
         try:
-            response, outcome = await _infer(request, name, sig)
+            response, outcome = await self._infer(request, name, sig)
             ok = outcome == "success"
             return response
         except asyncio.CancelledError:
@@ -201,24 +222,26 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
             raise
         finally:
             elapsed = time.perf_counter() - t0
-            metrics.observe_request(name, outcome, elapsed)
+            self.metrics.observe_request(name, outcome, elapsed)
             if outcome not in ("not_found", "cancelled"):
-                service.stats[name].record_request(ok, elapsed)
+                self.service.stats[name].record_request(ok, elapsed)
 
-    async def _infer(request: Request, name: str, sig: ModelSignature) -> tuple[Response, str]:
+    async def _infer(
+        self, request: Request, name: str, sig: ModelSignature
+    ) -> tuple[Response, str]:
+        service = self.service
         if service.draining or not service.ready:
             return _error("the worker is not ready (loading or shutting down)", 503), (
                 "unavailable"
             )
         try:
-            body = await read_body(request, service.options.max_body_bytes)
-            hl = request.headers.get(HEADER_LENGTH)
+            body = read_body(request, service.options.max_body_bytes)
+            hl = request.headers.get(HEADER_LENGTH.lower())
             header_length: int | None = None
             if hl is not None:
-                try:
-                    header_length = int(hl)
-                except ValueError:
-                    raise ProtocolError(f"{HEADER_LENGTH}: not an integer: {hl!r}") from None
+                if not hl.isdigit() or len(hl) > 18:
+                    raise ProtocolError(f"{HEADER_LENGTH}: not an integer: {hl[:40]!r}")
+                header_length = int(hl)
             if len(body) > OFFLOAD_BYTES:
                 req = await asyncio.to_thread(parse_infer_request, body, header_length, sig)
             else:
@@ -242,36 +265,9 @@ def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> Star
         encode = partial(encode_infer_response, sig, req.id, outputs, req.outputs)
         big = sum(int(a.nbytes) for a in outputs.values()) > OFFLOAD_BYTES
         data, headers = await asyncio.to_thread(encode) if big else encode()
-        return Response(data, headers=headers), "success"
+        return Response(200, data, headers), "success"
 
-    routes = [
-        Route(wire.HEALTH_LIVE_PATH, live, methods=["GET"]),
-        Route(wire.HEALTH_READY_PATH, ready, methods=["GET"]),
-        Route(wire.SERVER_METADATA_PATH, server_metadata, methods=["GET"]),
-        Route(wire.REPOSITORY_INDEX_PATH, repository_index, methods=["POST", "GET"]),
-        Route(wire.MODEL_STATS_PATH, all_stats, methods=["GET"]),
-    ]
-    for m in wire.MODEL_ROUTES:
-        routes += [
-            Route(m, model_metadata, methods=["GET"]),
-            Route(m + "/ready", model_ready, methods=["GET"]),
-            Route(m + "/config", model_config, methods=["GET"]),
-            Route(m + "/stats", model_stats, methods=["GET"]),
-            Route(m + "/infer", infer, methods=["POST"]),
-        ]
-    routes += [
-        Route(wire.LOAD_PATH, load, methods=["GET"]),
-        Route(wire.METRICS_PATH, prometheus, methods=["GET"]),
-    ]
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if manage_lifecycle:
-            await service.start()
-        try:
-            yield
-        finally:
-            if manage_lifecycle:
-                await service.stop()
-
-    return Starlette(routes=routes, lifespan=lifespan)
+def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> WorkerApp:
+    """The worker's HTTP handler (see :class:`WorkerApp`)."""
+    return WorkerApp(service, manage_lifecycle=manage_lifecycle)

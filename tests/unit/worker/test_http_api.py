@@ -1,4 +1,5 @@
-"""HTTP states without a socket (httpx ASGI transport): loading, ready, draining; encodings."""
+"""HTTP states without a socket (httpx's MockTransport calls the worker's handler): loading,
+ready, draining; encodings."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import yaml
 
 from evenserve.core.options import QueueOptions
 from evenserve.core.wire import LOAD_PATH
+from evenserve.httpio.server import Request
 from evenserve.runtime.device import parse_device
 from evenserve.worker.http_api import create_app
 from evenserve.worker.repository import load_model, load_repository
@@ -30,8 +32,20 @@ def _service() -> WorkerService:
 
 
 def _client(service: WorkerService) -> httpx.AsyncClient:
-    transport = httpx.ASGITransport(app=create_app(service, manage_lifecycle=False))
-    return httpx.AsyncClient(transport=transport, base_url="http://worker")
+    app = create_app(service, manage_lifecycle=False)
+
+    async def handler(r: httpx.Request) -> httpx.Response:
+        req = Request(
+            r.method,
+            r.url.raw_path.split(b"?")[0].decode(),
+            r.url.query.decode(),
+            {k.lower(): v for k, v in r.headers.items()},
+            await r.aread(),
+        )
+        resp = await app(req)
+        return httpx.Response(resp.status, content=resp.body, headers=resp.headers or {})
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://worker")
 
 
 async def test_not_started_then_ready_then_draining() -> None:
