@@ -192,8 +192,8 @@ class _Connection(asyncio.Protocol):
         self._arm(self.limits.header_timeout_s)
 
     def eof_received(self) -> bool | None:
-        if self.lingering or self.idle():
-            self._close()
+        if self.lingering or self.reading or self.idle():
+            self._close()  # nothing due, or a request that can no longer complete
             return None
         self.stopping = True  # the client sent all it will: answer, then close
         return True
@@ -252,6 +252,8 @@ class _Connection(asyncio.Protocol):
             )
 
     def on_headers_complete(self) -> None:
+        if self.parser.should_upgrade():
+            raise _Refuse(501, "protocol upgrades are not supported")
         cl = self.headers.get("content-length")
         limit = self.limits.max_body_bytes
         if cl is not None and (len(cl) > 18 or (cl.isdigit() and int(cl) > limit)):

@@ -1,0 +1,198 @@
+"""The httpio server's contract over real loopback sockets: answers, keep-alive, pipelining,
+limits (431, 413 before the body is read, 408, connection cap), a failing handler, stop.
+
+Timeouts are configured short so the tests wait little; no test asserts how long anything
+took, only what was answered and whether the connection was closed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+
+from evenserve.httpio.client import HttpClient
+from evenserve.httpio.server import HttpServer, Limits, Request, Response, json_response
+
+
+async def echo(req: Request) -> Response:
+    if req.path == "/boom":
+        raise RuntimeError("a bug")
+    if req.path == "/slow":
+        await asyncio.sleep(0.05)
+    body = json.dumps(
+        {"method": req.method, "path": req.path, "query": req.query, "n": len(req.body),
+         "x": req.headers.get("x-thing")}
+    ).encode()  # fmt: skip
+    return json_response(body)
+
+
+@contextlib.asynccontextmanager
+async def server(**limits: float) -> AsyncIterator[HttpServer]:
+    refused: list[tuple[int, str]] = []
+    srv = HttpServer(echo, Limits(**limits), lambda s, p: refused.append((s, p)))  # type: ignore[arg-type]
+    srv.refused = refused  # type: ignore[attr-defined]
+    await srv.start("127.0.0.1", 0)
+    try:
+        yield srv
+    finally:
+        await srv.stop(1.0)
+
+
+async def raw(port: int, data: bytes, *, read_until_eof: bool = True) -> bytes:
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(data)
+    await w.drain()
+    out = await asyncio.wait_for(r.read() if read_until_eof else r.read(65536), 30)
+    w.close()
+    return out
+
+
+async def test_get_post_keep_alive_and_query() -> None:
+    async with server() as srv:
+        c = HttpClient(f"http://127.0.0.1:{srv.port}", 10.0, keep_headers=("content-type",))
+        r1 = await c.request("GET", "/a?b=1", headers={"X-Thing": "y"})
+        r2 = await c.request("POST", "/p", b"x" * 1000)
+        assert r1.status == 200 and json.loads(r1.body) == {
+            "method": "GET", "path": "/a", "query": "b=1", "n": 0, "x": "y"
+        }  # fmt: skip
+        assert json.loads(r2.body)["n"] == 1000 and r2.headers["content-type"] == "application/json"
+        assert c.opened == 1  # the second request reused the connection
+        c.close()
+
+
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    async with server() as srv:
+        reqs = (
+            b"".join(f"GET /{p} HTTP/1.1\r\nhost: x\r\n\r\n".encode() for p in ("slow", "b", "c"))
+            + b"GET /d HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+        )
+        out = await raw(srv.port, reqs)
+        paths = [json.loads(b)["path"] for b in re.findall(rb"\{[^}]*\}", out)]
+        assert paths == ["/slow", "/b", "/c", "/d"]
+
+
+async def test_a_failing_handler_answers_500_and_the_connection_stays_usable() -> None:
+    async with server() as srv:
+        c = HttpClient(f"http://127.0.0.1:{srv.port}", 10.0)
+        for _ in range(20):
+            assert (await c.request("GET", "/boom")).status == 500
+            assert (await c.request("GET", "/fine")).status == 200
+        assert c.opened == 1
+        c.close()
+
+
+async def test_a_head_over_the_limit_is_431() -> None:
+    async with server(max_header_bytes=4096) as srv:
+        out = await raw(srv.port, b"GET / HTTP/1.1\r\nx-big: " + b"a" * 10_000 + b"\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 431 ")
+        many = b"".join(b"x-%d: 1\r\n" % i for i in range(200))
+        out = await raw(srv.port, b"GET / HTTP/1.1\r\n" + many + b"\r\n")
+        assert out.startswith(b"HTTP/1.1 431 ")
+    assert [s for s, _ in srv.refused] == [431, 431]  # type: ignore[attr-defined]
+
+
+async def test_a_declared_body_over_the_limit_is_413_before_it_is_sent() -> None:
+    async with server(max_body_bytes=1000) as srv:
+        head = b"POST /v2/models/m/infer HTTP/1.1\r\ncontent-length: 5000\r\n\r\n"
+        out = await raw(srv.port, head, read_until_eof=False)
+        assert out.startswith(b"HTTP/1.1 413 ")
+        digits = b"POST / HTTP/1.1\r\ncontent-length: " + b"9" * 5000 + b"\r\n\r\n"
+        assert (await raw(srv.port, digits)).startswith(b"HTTP/1.1 400 ")  # overflow
+    assert srv.refused[0] == (413, "/v2/models/m/infer")  # type: ignore[attr-defined]
+
+
+async def test_a_chunked_body_growing_over_the_limit_is_413_and_not_kept() -> None:
+    async with server(max_body_bytes=10_000) as srv:
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        w.write(b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n")
+        chunk = b"%x\r\n%s\r\n" % (4096, b"z" * 4096)
+        answer = b""
+        with contextlib.suppress(ConnectionError):
+            for _ in range(100):  # 400 kB offered: refused after the third chunk
+                w.write(chunk)
+                await w.drain()
+                with contextlib.suppress(TimeoutError):
+                    answer += await asyncio.wait_for(r.read(65536), 0.01)
+                if answer:
+                    break
+        answer += await asyncio.wait_for(r.read(), 30)
+        assert answer.startswith(b"HTTP/1.1 413 ")
+        w.close()
+        assert all(not c.body for c in srv.connections)
+
+
+async def test_malformed_http_is_400_and_an_upgrade_is_501() -> None:
+    async with server() as srv:
+        assert (await raw(srv.port, b"GARBAGE\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
+        up = b"GET / HTTP/1.1\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n"
+        assert (await raw(srv.port, up)).startswith(b"HTTP/1.1 501 ")
+
+
+async def test_a_stalled_head_is_closed_with_408_and_an_idle_connection_closed() -> None:
+    async with server(header_timeout_s=0.1, keepalive_timeout_s=0.1) as srv:
+        out = await raw(srv.port, b"GET / HTTP/1.1\r\nhost: x\r\n")  # never finishes its head
+        assert out.startswith(b"HTTP/1.1 408 ")
+        out = await raw(srv.port, b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")  # then idles
+        assert out.startswith(b"HTTP/1.1 200 ") and out.count(b"HTTP/1.1") == 1
+        assert await raw(srv.port, b"") == b""  # connected, sent nothing: closed
+        assert srv.timed_out == 1
+
+
+async def test_connections_over_the_cap_get_503_and_the_rest_still_work() -> None:
+    async with server(max_connections=5) as srv:
+        held = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        assert (await raw(srv.port, b"GET / HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 503 ")
+        r, w = held[0]
+        w.write(b"GET /ok HTTP/1.1\r\nconnection: close\r\n\r\n")
+        assert (await asyncio.wait_for(r.read(), 30)).startswith(b"HTTP/1.1 200 ")
+        for _, w in held:
+            w.close()
+        assert srv.refused_connections == 1
+
+
+async def test_a_client_gone_mid_body_is_not_an_error(caplog: object) -> None:
+    async with server() as srv:
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        w.write(b"POST / HTTP/1.1\r\ncontent-length: 1000\r\n\r\n" + b"x" * 10)
+        await w.drain()
+        w.close()
+        await asyncio.sleep(0.05)
+        assert not srv.connections and not srv.handling
+        assert "Traceback" not in getattr(caplog, "text", "")
+
+
+async def test_stop_answers_what_was_read_then_closes() -> None:
+    srv = HttpServer(echo)
+    await srv.start("127.0.0.1", 0)
+    c = HttpClient(f"http://127.0.0.1:{srv.port}", 10.0)
+    slow = asyncio.ensure_future(c.request("GET", "/slow"))
+    await asyncio.sleep(0.01)
+    await srv.stop(5.0)
+    assert (await slow).status == 200
+    assert not srv.connections
+    c.close()
+
+
+def test_an_answer_that_came_in_time_counts_when_the_loop_reads_it_late() -> None:
+    """A busy client loop (a saturated gateway) must not turn a backend's timely answer into
+    a timeout: on uvloop, timers run before reading input in each loop iteration."""
+    from evenserve.httpio.serving import new_loop
+
+    async def main() -> tuple[int, int]:
+        async with server() as srv:
+            c = HttpClient(f"http://127.0.0.1:{srv.port}", 10.0)
+            await c.request("GET", "/warm")  # connected and pooled
+            fut = asyncio.ensure_future(c.request("GET", "/x", timeout_s=0.05))
+            await asyncio.sleep(0)  # the request is written
+            time.sleep(0.3)  # the loop is busy far past the deadline; the answer is in
+            reply = await fut
+            c.close()
+            return reply.status, c.late_deadlines
+
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        status, late = runner.run(main())
+    assert status == 200 and late <= 1
