@@ -156,7 +156,7 @@ async def test_connections_over_the_cap_get_503_and_the_rest_still_work() -> Non
 
 async def test_a_client_gone_mid_body_is_not_an_error(caplog: object) -> None:
     async with server() as srv:
-        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        _r, w = await asyncio.open_connection("127.0.0.1", srv.port)
         w.write(b"POST / HTTP/1.1\r\ncontent-length: 1000\r\n\r\n" + b"x" * 10)
         await w.drain()
         w.close()
