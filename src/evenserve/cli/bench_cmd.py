@@ -10,19 +10,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from evenserve.cli.app import console, err_console, fail
 from evenserve.core.errors import ConfigError, EvenserveError
-from evenserve.experiment.report import rebuild_report
 from evenserve.experiment.scaling import DEFAULT_TIME_SCALE
-from evenserve.experiment.scenario_bench import ScenarioBench, run_scenario_bench
-from evenserve.experiment.target_bench import TargetBench, run_target_bench
-from evenserve.loadgen.spec import LoadSpec
-from evenserve.loadgen.target import check_url
-from evenserve.workload import Arrival, parse_mix, read_trace
+
+if TYPE_CHECKING:
+    from evenserve.workload import Arrival
 
 
 def parse_duration(text: str, what: str) -> float:
@@ -129,6 +126,14 @@ def bench(
     ] = True,
 ) -> None:
     """Load-test a live KServe v2 target, or every arm of a scenario on a local cluster."""
+    # Imported here: the other commands (worker, gateway) start without the load generator,
+    # the experiment layer and matplotlib.
+    from evenserve.experiment.scenario_bench import ScenarioBench, run_scenario_bench
+    from evenserve.experiment.target_bench import TargetBench, run_target_bench
+    from evenserve.loadgen.spec import LoadSpec
+    from evenserve.loadgen.target import check_url
+    from evenserve.workload import parse_mix, read_trace
+
     try:
         if (target is None) == (scenario is None):
             raise ConfigError("give a TARGET_URL or --scenario FILE (one of them)")
@@ -227,6 +232,8 @@ def report(
     plots: Annotated[bool, typer.Option(help="Write PNG plots.")] = True,
 ) -> None:
     """Tables, plots and an HTML report from saved bench runs (figures recomputed from raw)."""
+    from evenserve.experiment.report import rebuild_report
+
     try:
         rebuild_report(runs, out, plots, console)
     except EvenserveError as exc:

@@ -14,7 +14,6 @@ from evenserve.cli.app import console, err_console, fail
 from evenserve.core.errors import EvenserveError
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.routing import ROUTING
-from evenserve.report.plots import write_plots
 from evenserve.report.summary import run_summary, summarize
 from evenserve.report.table import arm_table, compare_rows, compare_table, device_table
 from evenserve.sim.cluster import simulate as run_arm
@@ -119,6 +118,8 @@ def compare(
     if json_path is None or str(json_path) != "-":
         console.print(compare_table(summary))
     if plots is not None:
+        from evenserve.report.plots import write_plots  # matplotlib: only when plotting
+
         paths = write_plots(summary, plots)
         if json_path is None or str(json_path) != "-":
             console.print("plots: " + ", ".join(str(p) for p in paths))
