@@ -50,8 +50,8 @@ Scenarios (``--only`` takes their names):
 - ``idle``: each balancer in front of the four workers, no load, ``--idle-seconds``; CPU in
   percent of one core (the gateway polls its backends; nginx does nothing).
 - ``p400``, ``p800``: P99 at 400 and 800 req/s; ``p800-hog``: 800 req/s with a CPU hog
-  beside every arm (a subprocess busy ``--hog`` of every 10 ms, asleep the rest; ``--hog 0``
-  skips it).
+  beside every arm (a subprocess spinning and sleeping in turn so that it uses ``--hog`` of a
+  core; what it got is printed; ``--hog 0`` skips it).
 - ``slow600``: 600 req/s with device 3 2.5x slower.
 - ``max``: the rate stepped up (``--rates``). Rule: a step is sustained when achieved >=
   0.98 x offered, there are 0 errors and P99 <= ``--p99-bound-ms`` (250); an arm's maximum
@@ -139,14 +139,19 @@ LOAD_SCENARIOS: dict[str, tuple[float, bool, bool]] = {
 ADDED_RATE = 500.0
 ACHIEVED_FRACTION = 0.98
 
+#: The hog: busy (spinning) and asleep in turn so that its CPU time keeps up with FRACTION of
+#: the wall time; it counts CPU time, not wall time, so on a busy host it still asks for its
+#: share (a debt beyond 50 ms is forgiven rather than paid back in a burst).
 HOG_CODE = """
 import sys, time
-busy = float(sys.argv[1]) * 0.010
+f = float(sys.argv[1])
+w0, c0 = time.perf_counter(), time.process_time()
 while True:
-    t = time.perf_counter()
-    while time.perf_counter() - t < busy:
-        pass
-    time.sleep(max(0.0, 0.010 - busy))
+    ahead = (time.process_time() - c0) - f * (time.perf_counter() - w0)
+    if ahead > 0.002:
+        time.sleep(ahead / f)
+    elif ahead < -0.05:
+        c0 += ahead + 0.05
 """
 
 
@@ -345,6 +350,8 @@ class RunFigures:
     cpu_s: dict[str, float]
     lag_p99_ms: float | None = None
     hog: float = 0.0
+    #: The host's 1-minute load average when the run ended (the machine may be shared).
+    load_1m: float | None = None
 
     @property
     def error_count(self) -> int:
@@ -404,6 +411,7 @@ def figures_of(
         cpu_s=cpu_s,
         lag_p99_ms=None if lag is None else float(lag),
         hog=hog,
+        load_1m=round(os.getloadavg()[0], 2),
     )
 
 
@@ -541,7 +549,7 @@ def targets_table(rows: Sequence[TargetRow]) -> Table:
 def runs_table(title: str, runs: Sequence[RunFigures]) -> Table:
     t = Table(title=title)
     for col in ("arm", "rate", "offered", "achieved", "P50 ms", "P99 ms", "errors",
-                "bal. CPU us/req", "workers CPU us/req", "lag P99 ms"):  # fmt: skip
+                "bal. CPU us/req", "workers CPU us/req", "lag P99 ms", "load 1m"):  # fmt: skip
         t.add_column(col, justify="left" if col in ("arm", "errors") else "right", no_wrap=True)
     for f in runs:
         errs = ", ".join(f"{k} {v}" for k, v in f.errors.items()) or "0"
@@ -549,7 +557,7 @@ def runs_table(title: str, runs: Sequence[RunFigures]) -> Table:
             f.arm, f"{f.rate_rps:g}", fmt(f.offered_rps, 1), fmt(f.achieved_rps, 1),
             fmt(f.p50_ms), fmt(f.p99_ms), errs,
             fmt(f.cpu_us_per_request("balancer"), 0), fmt(f.cpu_us_per_request("workers"), 0),
-            fmt(f.lag_p99_ms),
+            fmt(f.lag_p99_ms), fmt(f.load_1m),
         )  # fmt: skip
     return t
 
@@ -817,14 +825,17 @@ def direct_arm(url: str, worker_pids: list[int]) -> Iterator[Running]:
 
 
 @contextlib.contextmanager
-def hog(env: Env, fraction: float) -> Iterator[None]:
+def hog(env: Env, fraction: float, taken: list[float]) -> Iterator[None]:
+    """A CPU hog beside whatever runs inside; appends what it took (fraction of a core)."""
     if fraction <= 0:
         yield
         return
     c = env.procs.start("hog", [sys.executable, "-c", HOG_CODE, f"{fraction:g}"])
     try:
         time.sleep(0.5)
+        cpu0, t0 = cpu_seconds(c.popen.pid), time.monotonic()
         yield
+        taken.append((cpu_seconds(c.popen.pid) - cpu0) / (time.monotonic() - t0))
     finally:
         env.procs.stop(c, sig=signal.SIGKILL)
 
@@ -965,10 +976,14 @@ class Bench:
         if with_hog and hog_f <= 0:
             return
         out: dict[str, RunFigures] = {}
-        with hog(self.env, hog_f):
+        taken: list[float] = []
+        with hog(self.env, hog_f, taken):
             for arm in self.ordered(self.plan.arms()):
                 with self.arm_cm(arm, slow) as running:
                     out[arm] = self.measured(running, rate, MIX, name, arm, hog_f)
+        if taken:
+            self.results.setdefault("hog_taken_cores", {})[name] = round(taken[0], 3)
+            self.say(f"  the hog took {taken[0]:.2f} of a core over the scenario (asked {hog_f:g})")
         self.runs[name] = {a: out[a] for a in self.plan.arms()}
 
     def scenario_max(self) -> None:
@@ -1131,6 +1146,7 @@ class Bench:
                 "steps": {a: [f.to_json() for f in fs] for a, fs in self.steps.items()},
             },
             "idle_cpu_pct": self.results.get("idle_cpu_pct", {}),
+            "hog_taken_cores": self.results.get("hog_taken_cores", {}),
             "added_latency": self.added,
             "targets": [asdict(r) for r in rows],
         }
