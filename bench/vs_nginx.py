@@ -752,8 +752,7 @@ def worker_env() -> dict[str, str]:
 @contextlib.contextmanager
 def nginx_arm(env: Env, upstreams: Sequence[str], worker_pids: list[int]) -> Iterator[Running]:
     port = free_port()
-    d = env.tmp / f"nginx-{port}"
-    d.mkdir()
+    d = Path(tempfile.mkdtemp(prefix=f"nginx-{port}-", dir=env.tmp))
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     nofile = 16384 if hard == resource.RLIM_INFINITY else min(16384, hard)
     conf = nginx_conf(
@@ -780,7 +779,7 @@ def gateway_arm(
     worker_pids: list[int],
 ) -> Iterator[Running]:  # fmt: skip
     port = free_port()
-    cfg = env.tmp / f"gateway-{port}.yaml"
+    cfg = Path(tempfile.mkdtemp(prefix=f"gateway-{port}-", dir=env.tmp)) / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(gateway_cluster(port, routing, backends, models)))
     c = env.procs.start(f"gateway-{routing}-{port}", [*EVENSERVE, "gateway", "--config", str(cfg)])
     try:
@@ -798,8 +797,7 @@ def up_arm(env: Env, routing: str, slow: bool) -> Iterator[Running]:
     for i in range(DEVICES):
         pset = env.profile_sets["slow" if slow and i == SLOW_DEVICE else "normal"]
         devices.append((f"dev{i}", pset, free_port()))
-    d = env.tmp / f"up-{port}"
-    d.mkdir()
+    d = Path(tempfile.mkdtemp(prefix=f"up-{port}-", dir=env.tmp))
     cfg = d / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(up_cluster(port, routing, env.repo, devices)))
     ready = d / "ready.json"
@@ -990,6 +988,7 @@ class Bench:
         arms = self.plan.arms()
         alive = list(arms)
         steps: dict[str, list[RunFigures]] = {a: [] for a in arms}
+        self.steps = steps  # filled in place: a partial run still shows its steps
         for rate in self.plan.rates:
             now = [a for a in arms if a in alive]
             self.progress.advance(self.task, len(arms) - len(now))  # not run at this step
@@ -997,10 +996,9 @@ class Bench:
                 with self.arm_cm(arm, False) as running:
                     f = self.measured(running, rate, MIX, "max", arm)
                 steps[arm].append(f)
+                self.max_rates[arm] = max_sustained(steps[arm], self.plan.p99_bound_ms)
                 if not sustained(f, self.plan.p99_bound_ms):
                     alive.remove(arm)
-        self.steps = steps
-        self.max_rates = {a: max_sustained(steps[a], self.plan.p99_bound_ms) for a in arms}
 
     def scenario_idle(self) -> None:
         arms = ["nginx", "gw:queue-aware"] + (["up:queue-aware"] if self.plan.up else [])
@@ -1122,7 +1120,8 @@ class Bench:
                     ok = sustained(f, self.plan.p99_bound_ms)
                     cell = fmt(f.p99_ms, 1) + ("" if not f.error_count else f" e{f.error_count}")
                     cells.append(cell if ok else f"[red]{cell}[/]")
-                t.add_row(arm, *cells, f"{self.max_rates[arm]:g}")
+                m = self.max_rates.get(arm)
+                t.add_row(arm, *cells, "-" if m is None else f"{m:g}")
             self.console.print(t)
         rows = build_targets(
             {k: v for k, v in self.runs.items() if k != "added"},
@@ -1232,6 +1231,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     wall0 = time.monotonic()
     load0 = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="evenserve-vs-nginx-"))
+    try:
+        return run_all(args, plan, console, nginx, tmp, wall0, load0)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_all(
+    args: argparse.Namespace, plan: Plan, console: Console, nginx: str, tmp: Path,
+    wall0: float, load0: tuple[float, float, float],
+) -> int:  # fmt: skip
+    """Everything after the checks: set up, run, print, write the JSON; the exit status."""
     log_dir = args.logs or tmp / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = Processes(log_dir)
@@ -1270,10 +1280,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HarnessError as exc:
         console.print(f"harness error: {exc}", style="red", highlight=False, markup=False)
         code = 1
+    except Exception:
+        console.print_exception()
+        console.print("harness error (above)", style="red")
+        code = 1
     finally:
         procs.stop_all()
     wall = time.monotonic() - wall0
-    if bench is not None and code == 0:
+    if bench is not None:
+        if code:
+            console.print("[yellow]partial results: the run did not finish[/]")
         rows = bench.print_tables()
         load1 = os.getloadavg()
         console.print(
@@ -1303,12 +1319,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "slow_factor": SLOW_FACTOR,
                 },
                 **bench.to_json(rows),
+                "complete": code == 0,
                 "wall_s": round(wall, 1),
             }
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(doc, indent=2) + "\n")
             console.print(f"wrote {args.json}", highlight=False)
-    shutil.rmtree(tmp, ignore_errors=True)
     return code
 
 
