@@ -179,7 +179,9 @@ class ServedApp:
 
     def __init__(self, app: App, limits: Limits | None = None) -> None:
         self.app = app
-        self.server = HttpServer(app, limits, getattr(app, "refused", None))
+        self.server = HttpServer(
+            app, limits, getattr(app, "refused", None), getattr(app, "fast", None)
+        )
         self.url = ""
 
     async def start(self) -> None:

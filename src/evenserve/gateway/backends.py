@@ -50,6 +50,7 @@ class BackendRegistry:
     states: dict[str, BackendState] = field(default_factory=dict)
     events: deque[HealthEvent] = field(default_factory=lambda: deque(maxlen=256))
     on_eject: EjectHook | None = None
+    _hosted: frozenset[str] | None = None
 
     @classmethod
     def build(
@@ -87,7 +88,12 @@ class BackendRegistry:
         return sorted({m for st in self.states.values() for m in st.spec.models})
 
     def hosts_model(self, model: str) -> bool:
-        return any(model in st.spec.models for st in self.states.values())
+        hosted = self._hosted
+        if hosted is None:  # backends are fixed once built
+            hosted = self._hosted = frozenset(
+                m for st in self.states.values() for m in st.spec.models
+            )
+        return model in hosted
 
     def url(self, name: str) -> str:
         return self.states[name].spec.url

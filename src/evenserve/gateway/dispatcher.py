@@ -35,11 +35,13 @@ Theory of operation. For one request to model m:
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from evenserve.core import wire
@@ -48,13 +50,14 @@ from evenserve.core.types import RequestInfo
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import GatewaySection
 from evenserve.gateway.forwarder import (
-    ConnectionLost,
     Forwarder,
     ForwardError,
     PooledForwarder,
+    Reply,
     ResponseTimeout,
     Unreachable,
 )
+from evenserve.httpio.client import Reply as HttpReply
 from evenserve.metrics.gateway import GatewayMetrics
 
 #: The ``model`` label of requests for a model no backend hosts (never the name itself).
@@ -75,6 +78,23 @@ RELAY_RESPONSE_HEADERS = (
     wire.RETRY_AFTER_HEADER,
     wire.REASON_HEADER,
 )
+
+
+@dataclass(slots=True)
+class _Forward:
+    """One inference request on its way through the gateway."""
+
+    model: str
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    req: RequestInfo
+    t0: float
+    attempt: int = 0
+    tried: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    relayed: Answer | None = None
+    answer: Callable[[Answer], None] | None = None
 
 
 @dataclass(slots=True)
@@ -132,32 +152,111 @@ class Dispatcher:
         self._decision = metrics.decision
         self._counted: dict[tuple[str, str, str], Any] = {}
         self._timed: dict[str, Any] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def fast(self) -> bool:
+        """Whether ``infer_fast`` can run (the pooled forwarder, not a test's)."""
+        return isinstance(self.forwarder, PooledForwarder)
 
     async def aclose(self) -> None:
         await self.forwarder.aclose()
 
     # -- the hot path -----------------------------------------------------------------------
+    # One request is a _Forward: admitted (or answered at once), then tried on up to
+    # 1 + retries backends: ``_pick`` chooses one, the forward happens (awaited in ``infer``,
+    # by callback in ``infer_fast``), ``_settle`` judges its outcome (an answer, or try the
+    # next backend), ``_finish`` counts the answer. Both paths share every decision.
     async def infer(self, model: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        t0 = time.perf_counter()
-        ans = await self._infer(model, path, body, headers)
-        # An unknown model name is not a label: 20,000 of them made a 46 MB scrape.
-        label = model if ans.outcome != "unknown_model" else UNKNOWN_MODEL_LABEL
-        key = (ans.backend or "none", label, ans.outcome)
-        counter = self._counted.get(key)
-        if counter is None:
-            counter = self._counted[key] = self.metrics.requests.labels(*key)
-        counter.inc()
-        timer = self._timed.get(label)
-        if timer is None:
-            timer = self._timed[label] = self.metrics.latency.labels(label)
-        timer.observe(time.perf_counter() - t0)
-        if ans.backend is not None:
-            ans.headers[wire.BACKEND_HEADER] = ans.backend
-        return ans
+        fw = self._admit(model, path, body, headers)
+        if isinstance(fw, Answer):
+            return self._finish(model, fw, time.perf_counter())
+        while True:
+            name = self._pick(fw)
+            if name is None:
+                return self._finish(model, self._exhausted(fw), fw.t0)
+            reply: Reply | None = None
+            error: ForwardError | None = None
+            try:
+                reply = await self.forwarder.request(
+                    "POST", self.registry.url(name), path, body, fw.headers
+                )
+            except ForwardError as exc:
+                error = exc
+            finally:
+                self.router.done(name, model)
+            ans = self._settle(fw, name, reply, error)
+            if ans is not None:
+                return self._finish(model, ans, fw.t0)
 
-    async def _infer(
+    def infer_fast(
+        self,
+        model: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        answer: Callable[[Answer], None],
+    ) -> None:
+        """``infer`` without a task or coroutines (the server's fast path): ``answer`` is
+        called once with the Answer. Needs the pooled forwarder; a try that finds no idle
+        connection to its backend runs as a task (``_try_async``)."""
+        fw = self._admit(model, path, body, headers)
+        if isinstance(fw, Answer):
+            answer(self._finish(model, fw, time.perf_counter()))
+            return
+        fw.answer = answer
+        self._next_try(fw)
+
+    def _next_try(self, fw: _Forward) -> None:
+        assert fw.answer is not None
+        name = self._pick(fw)
+        if name is None:
+            fw.answer(self._finish(fw.model, self._exhausted(fw), fw.t0))
+            return
+        fwd = self.forwarder
+        assert isinstance(fwd, PooledForwarder)
+        client = fwd.client(self.registry.url(name))
+        head = client.head("POST", fw.path, fw.headers, len(fw.body))
+        if not client.send_cb(head, fw.body, partial(self._tried, fw, name)):
+            task = asyncio.get_running_loop().create_task(self._try_async(fw, name))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _try_async(self, fw: _Forward, name: str) -> None:
+        try:
+            reply = await self.forwarder.request(
+                "POST", self.registry.url(name), fw.path, fw.body, fw.headers
+            )
+        except ForwardError as exc:
+            self._tried(fw, name, None, exc)
+        else:
+            self._tried(fw, name, reply, None)
+
+    def _tried(
+        self,
+        fw: _Forward,
+        name: str,
+        reply: Reply | HttpReply | None,
+        error: BaseException | None,
+    ) -> None:
+        self.router.done(name, fw.model)
+        if error is not None and not isinstance(error, ForwardError):
+            raise error  # not a forwarding failure: a bug, not an outcome
+        if error is not None:
+            error = PooledForwarder.sorted_error(error)
+        got = None if reply is None else Reply(reply.status, reply.headers, reply.body)
+        ans = self._settle(fw, name, got, error)
+        if ans is None:
+            self._next_try(fw)
+        else:
+            assert fw.answer is not None
+            fw.answer(self._finish(fw.model, ans, fw.t0))
+
+    def _admit(
         self, model: str, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> Answer:
+    ) -> Answer | _Forward:
+        """The answer at once (unknown model, overload), or the request to forward."""
+        t0 = time.perf_counter()
         if not self.registry.hosts_model(model):
             return error_answer(
                 404,
@@ -175,30 +274,36 @@ class Dispatcher:
         fwd_headers = {"accept-encoding": "identity"}
         fwd_headers.update((h, headers[h]) for h in FORWARD_REQUEST_HEADERS if h in headers)
         req = RequestInfo(request_id=next(self._ids), model=model, arrival_s=self.clock.now())
-        tried: list[str] = []
-        failures: list[str] = []
-        relayed: Answer | None = None
-        for attempt in range(1 + self.cfg.forward.retries):
-            d0 = time.perf_counter()
-            view = self.router.choose(req, self.clock.now(), exclude=tried)
-            self._decision.observe(time.perf_counter() - d0)
-            if view is None:
-                break
-            name = view.name
-            tried.append(name)
-            if attempt > 0:
-                self.metrics.retries.labels(model).inc()
-            self.router.sent(name, model)
-            try:
-                reply = await self.forwarder.request(
-                    "POST", self.registry.url(name), path, body, fwd_headers
-                )
-            except Unreachable as exc:
-                if str(exc) == "connect-refused":  # the backend's own evidence: eject now
-                    self.registry.eject(name, str(exc))
-                failures.append(f"{name}: {exc}")
-                continue
-            except ResponseTimeout:
+        return _Forward(model, path, body, fwd_headers, req, t0)
+
+    def _pick(self, fw: _Forward) -> str | None:
+        """The next backend to try (counted as sent), or None when none is left."""
+        if fw.attempt > self.cfg.forward.retries:
+            return None
+        d0 = time.perf_counter()
+        view = self.router.choose(fw.req, self.clock.now(), exclude=fw.tried)
+        self._decision.observe(time.perf_counter() - d0)
+        if view is None:
+            return None
+        name = view.name
+        fw.tried.append(name)
+        if fw.attempt > 0:
+            self.metrics.retries.labels(fw.model).inc()
+        fw.attempt += 1
+        self.router.sent(name, fw.model)
+        return name
+
+    def _settle(
+        self, fw: _Forward, name: str, reply: Reply | None, error: ForwardError | None
+    ) -> Answer | None:
+        """One try's outcome: the answer, or None to try the next backend."""
+        if error is not None:
+            if isinstance(error, Unreachable):
+                if str(error) == "connect-refused":  # the backend's own evidence: eject now
+                    self.registry.eject(name, str(error))
+                fw.failures.append(f"{name}: {error}")
+                return None
+            if isinstance(error, ResponseTimeout):
                 self.registry.eject(name, "timeout")
                 return error_answer(
                     504,
@@ -207,26 +312,43 @@ class Dispatcher:
                     "timeout",
                     {wire.BACKEND_HEADER: name},
                 )
-            except (ConnectionLost, ForwardError) as exc:
-                failures.append(f"{name}: connection lost ({exc})")
-                continue
-            finally:
-                self.router.done(name, model)
-            ans = Answer(reply.status, reply.body, reply.headers, name, outcome_of(reply.status))
-            if reply.status in (429, 503) and reply.headers.get(wire.REASON_HEADER) != wire.SHED:
-                relayed = ans
-                failures.append(f"{name}: answered {reply.status}")
-                continue
-            return ans
-        if relayed is not None:
-            return relayed
-        what = "; ".join(failures) if failures else "none is ready"
+            fw.failures.append(f"{name}: connection lost ({error})")
+            return None
+        assert reply is not None
+        ans = Answer(reply.status, reply.body, reply.headers, name, outcome_of(reply.status))
+        if reply.status in (429, 503) and reply.headers.get(wire.REASON_HEADER) != wire.SHED:
+            fw.relayed = ans
+            fw.failures.append(f"{name}: answered {reply.status}")
+            return None
+        return ans
+
+    def _exhausted(self, fw: _Forward) -> Answer:
+        """Every try failed: the last backend's 429/503 as relayed, or the gateway's 503."""
+        if fw.relayed is not None:
+            return fw.relayed
+        what = "; ".join(fw.failures) if fw.failures else "none is ready"
         return error_answer(
             503,
-            f"no backend available for model {model!r} ({what})",
+            f"no backend available for model {fw.model!r} ({what})",
             "unavailable",
             {"retry-after": str(self.cfg.overload.retry_after_s)},
         )
+
+    def _finish(self, model: str, ans: Answer, t0: float) -> Answer:
+        # An unknown model name is not a label: 20,000 of them made a 46 MB scrape.
+        label = model if ans.outcome != "unknown_model" else UNKNOWN_MODEL_LABEL
+        key = (ans.backend or "none", label, ans.outcome)
+        counter = self._counted.get(key)
+        if counter is None:
+            counter = self._counted[key] = self.metrics.requests.labels(*key)
+        counter.inc()
+        timer = self._timed.get(label)
+        if timer is None:
+            timer = self._timed[label] = self.metrics.latency.labels(label)
+        timer.observe(time.perf_counter() - t0)
+        if ans.backend is not None:
+            ans.headers[wire.BACKEND_HEADER] = ans.backend
+        return ans
 
     # -- model metadata and friends ---------------------------------------------------------
     async def passthrough(self, model: str, method: str, path: str, body: bytes) -> Answer:

@@ -77,14 +77,22 @@ class PooledForwarder:
             )
         return c
 
+    @staticmethod
+    def sorted_error(exc: BaseException) -> HttpClientError:
+        """The client's error as one of this module's three kinds (module docstring)."""
+        if isinstance(exc, _Lost | BadResponse) and not isinstance(exc, ConnectionLost):
+            return ConnectionLost(str(exc))
+        assert isinstance(exc, HttpClientError)
+        return exc
+
     async def request(
         self, method: str, base_url: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Reply:
         c = self.client(base_url)
         try:
             r = await c.send(c.head(method, path, dict(headers), len(body)), body)
-        except (_Lost, BadResponse) as exc:
-            raise ConnectionLost(str(exc)) from exc
+        except HttpClientError as exc:
+            raise self.sorted_error(exc) from exc
         return Reply(r.status, r.headers, r.body)
 
     async def aclose(self) -> None:

@@ -143,6 +143,22 @@ class Gateway:
         model = found[0] if self.registry.hosts_model(found[0]) else UNKNOWN_MODEL_LABEL
         self.metrics.requests.labels("none", model, "client_error").inc()
 
+    def fast(self, request: Request, respond: Callable[[Response], None]) -> bool:
+        """The server's fast path (``httpio.server.FastHandler``): inference is forwarded
+        without a task; everything else goes to ``__call__``."""
+        path = request.path
+        if request.method != "POST" or not self.dispatcher.fast:
+            return False
+        if not path.startswith(wire.MODELS_PREFIX) or not path.endswith("/infer"):
+            return False
+        found = wire.split_model_path(path)
+        if found is None:
+            return False
+        self.dispatcher.infer_fast(
+            found[0], path, request.body, request.headers, lambda a: respond(_answer(a))
+        )
+        return True
+
     # -- the handler --------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
         path = request.path

@@ -35,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import NamedTuple, cast
 from urllib.parse import urlsplit
 
@@ -46,6 +47,14 @@ MAX_IDLE_S = 4.0
 #: A deadline timer that runs this late means the event loop was busy: the answer may have
 #: arrived in time and be waiting unread, so it is looked for once more before the timeout.
 LATE_S = 0.002
+
+
+RESENT_LOST = (
+    "the server closed the connection before answering (sent twice: a reused connection and "
+    "then a fresh one were closed without an answer)"
+)
+#: A parsed answer: status, the headers kept, the body.
+Result = tuple[int, dict[str, str], bytes]
 
 
 class HttpClientError(Exception):
@@ -80,11 +89,14 @@ class Reply(NamedTuple):
 
 
 class _Conn(asyncio.Protocol):
-    def __init__(self, keep: frozenset[bytes]) -> None:
+    def __init__(self, keep: frozenset[bytes], loop: asyncio.AbstractEventLoop) -> None:
         self.keep = keep
+        self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.fut: asyncio.Future[tuple[int, dict[str, str], bytes]] | None = None
+        #: Instead of ``fut``: called with (result, None) or (None, error) (``send_cb``).
+        self.cb: Callable[[Result | None, BaseException | None], None] | None = None
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []
         self.closed = False
@@ -142,6 +154,10 @@ class _Conn(asyncio.Protocol):
         self.fut = None
         if fut is not None and not fut.done():
             fut.set_result((status, self.headers, body))
+        elif self.cb is not None:
+            cb = self.cb
+            self.cb = None
+            cb((status, self.headers, body), None)
 
     # ours
     def _fail(self, exc: BaseException) -> None:
@@ -149,12 +165,20 @@ class _Conn(asyncio.Protocol):
         self.fut = None
         if fut is not None and not fut.done():
             fut.set_exception(exc)
+        elif self.cb is not None:
+            cb = self.cb
+            self.cb = None
+            cb(None, exc)
 
     def request(
         self, head: bytes, body: bytes
     ) -> asyncio.Future[tuple[int, dict[str, str], bytes]]:
+        self.fut = self.loop.create_future()
+        self._write(head, body)
+        return self.fut
+
+    def _write(self, head: bytes, body: bytes) -> None:
         assert self.transport is not None
-        self.fut = asyncio.get_running_loop().create_future()
         self.headers = {}
         self.body = []
         self.got_bytes = False
@@ -164,7 +188,6 @@ class _Conn(asyncio.Protocol):
             self.transport.write(head + body)
         else:
             self.transport.writelines((head, body))
-        return self.fut
 
     def usable(self) -> bool:
         """Open as far as this side knows (the server may have closed it a moment ago)."""
@@ -210,6 +233,8 @@ class HttpClient:
         self._idle: deque[_Conn] = deque()
         self._all: set[_Conn] = set()
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._resends: set[asyncio.Task[None]] = set()
         self.opened = 0
         self.late_deadlines = 0
         self.retired_idle = 0
@@ -237,12 +262,19 @@ class HttpClient:
     ) -> Reply:
         return await self.send(self.head(method, path, headers or {}, len(body)), body, timeout_s)
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this client runs on (looked up once: each lookup is a system call)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
     # -- the pool -------------------------------------------------------------------------------
     async def _connect(self) -> _Conn:
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: _Conn(self.keep), self.host, self.port),
+                loop.create_connection(lambda: _Conn(self.keep, loop), self.host, self.port),
                 self.connect_timeout_s,
             )
         except TimeoutError:
@@ -307,7 +339,7 @@ class HttpClient:
         self, conn: _Conn, head: bytes, body: bytes, deadline: float
     ) -> tuple[int, dict[str, str], bytes]:
         """Write one request on ``conn`` and wait for its answer until ``deadline``."""
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         fut = conn.request(head, body)
         conn.timer = loop.call_at(deadline, self._deadline, conn, deadline)
         try:
@@ -319,21 +351,16 @@ class HttpClient:
             if conn.timer is not None:
                 conn.timer.cancel()
                 conn.timer = None
-        if conn.reusable and conn.usable():
-            conn.idle_since = loop.time()
-            self._idle.append(conn)
-            if self._waiters:
-                self._wake()
-        else:
-            self._drop(conn)
+        self._release(conn)
         return result
 
     def _deadline(self, conn: _Conn, deadline: float) -> None:
         """The time limit is up, as this loop sees it. If the loop came to it late (it was
         busy), an answer may be waiting unread in the socket: look again after the next
         poll for input (a timer due later than now runs after it) before failing."""
-        loop = asyncio.get_running_loop()
-        if loop.time() - deadline > LATE_S and conn.fut is not None:
+        loop = self._running_loop()
+        waiting = conn.fut is not None or conn.cb is not None
+        if loop.time() - deadline > LATE_S and waiting:
             self.late_deadlines += 1
             conn.timer = loop.call_later(LATE_S / 2, conn.expire)
         else:
@@ -345,7 +372,7 @@ class HttpClient:
         Raises :class:`ConnectFailed`, :class:`ConnectionLost`, :class:`ResponseTimeout` or
         :class:`BadResponse` (module docstring).
         """
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         deadline = loop.time() + (self.timeout_s if timeout_s is None else timeout_s)
         conn, reused = await self._acquire(loop)
         if not reused:
@@ -364,10 +391,81 @@ class HttpClient:
         try:
             return Reply(*await self._exchange(fresh, head, body, deadline), 1)
         except ConnectionLost:
-            raise ConnectionLost(
-                "the server closed the connection before answering (sent twice: a reused "
-                "connection and then a fresh one were closed without an answer)"
-            ) from None
+            raise ConnectionLost(RESENT_LOST) from None
+
+    def send_cb(
+        self,
+        head: bytes,
+        body: bytes,
+        callback: Callable[[Reply | None, BaseException | None], None],
+        timeout_s: float | None = None,
+    ) -> bool:
+        """``send`` without a task: on an idle pooled connection, write the request now and
+        call ``callback(reply, None)`` or ``callback(None, error)`` once, later, from the
+        loop. False (nothing sent) when no idle connection is ready: use ``send``. The
+        keep-alive resend rule holds (the resend runs as a task)."""
+        loop = self._running_loop()
+        conn = self._pooled(loop.time())
+        if conn is None:
+            return False
+        deadline = loop.time() + (self.timeout_s if timeout_s is None else timeout_s)
+        conn.cb = partial(self._cb_done, conn, head, body, deadline, callback)
+        conn.timer = loop.call_at(deadline, self._deadline, conn, deadline)
+        conn._write(head, body)
+        return True
+
+    def _cb_done(
+        self,
+        conn: _Conn,
+        head: bytes,
+        body: bytes,
+        deadline: float,
+        callback: Callable[[Reply | None, BaseException | None], None],
+        result: Result | None,
+        exc: BaseException | None,
+    ) -> None:
+        if conn.timer is not None:
+            conn.timer.cancel()
+            conn.timer = None
+        if result is not None:
+            self._release(conn)
+            callback(Reply(*result, 0), None)
+            return
+        self._drop(conn)
+        if isinstance(exc, ConnectionLost) and not conn.got_bytes:
+            self.resent_stale += 1  # the keep-alive race: once more, on a fresh connection
+            task = self._running_loop().create_task(self._resend(head, body, deadline, callback))
+            self._resends.add(task)
+            task.add_done_callback(self._resends.discard)
+            return
+        callback(None, exc)
+
+    async def _resend(
+        self,
+        head: bytes,
+        body: bytes,
+        deadline: float,
+        callback: Callable[[Reply | None, BaseException | None], None],
+    ) -> None:
+        try:
+            fresh = await self._connect()
+            reply = Reply(*await self._exchange(fresh, head, body, deadline), 1)
+        except ConnectionLost:
+            callback(None, ConnectionLost(RESENT_LOST))
+        except HttpClientError as exc:
+            callback(None, exc)
+        else:
+            callback(reply, None)
+
+    def _release(self, conn: _Conn) -> None:
+        """Back to the pool, or closed when the answer said so."""
+        if conn.reusable and conn.usable():
+            conn.idle_since = self._running_loop().time()
+            self._idle.append(conn)
+            if self._waiters:
+                self._wake()
+        else:
+            self._drop(conn)
 
     def stats(self) -> dict[str, int]:
         """Connections opened, idle ones retired before reuse, requests resent (see ``send``)."""

@@ -42,6 +42,7 @@ import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from http import HTTPStatus
 from typing import cast
 
@@ -72,6 +73,11 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: A request handler without a task: called with the request and the function that answers
+#: it; returns True when it took the request (then it calls that function exactly once, now
+#: or later, from the event loop), False to leave it to the (async) Handler. The gateway's
+#: forwarding path is one: a task and its coroutines cost more than the rest of a forward.
+FastHandler = Callable[[Request, Callable[[Response], None]], bool]
 
 JSON = "application/json"
 
@@ -100,6 +106,9 @@ class Limits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keepalive_timeout_s: float = 15.0
+    #: How often connections are checked against their deadlines (at most half the
+    #: shortest timeout).
+    sweep_s: float = 0.5
     max_connections: int = 0  # 0: the descriptor limit less a reserve
     max_pipelined: int = 16
 
@@ -174,8 +183,11 @@ class _Connection(asyncio.Protocol):
         self.body_len = 0
         # requests read, waiting for their turn; the one being handled
         self.pending: deque[tuple[Request, bool]] = deque()
-        self.task: asyncio.Task[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        #: A request is being handled (its answer is due before the next one's).
+        self.busy = False
+        #: When this connection times out (the loop's clock; 0: not timed). The server's
+        #: sweep looks every ``Limits.sweep_s``: no timer is set per request.
+        self.deadline = 0.0
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -283,7 +295,7 @@ class _Connection(asyncio.Protocol):
         if len(self.pending) >= self.limits.max_pipelined and self.transport is not None:
             self.transport.pause_reading()
             self.reading_paused = True
-        if self.task is None:
+        if not self.busy:
             self._next()
 
     # -- handling -------------------------------------------------------------------------------
@@ -294,8 +306,18 @@ class _Connection(asyncio.Protocol):
         if self.reading_paused and self.transport is not None:
             self.transport.resume_reading()
             self.reading_paused = False
-        self.task = self.loop.create_task(self._handle(req, keep))
-        self.server.handling.add(self.task)
+        self.busy = True
+        fast = self.server.fast
+        if fast is not None:
+            try:
+                taken = fast(req, partial(self._answer, req, keep))
+            except Exception:
+                log.exception("%s %s: the handler failed", req.method, req.path[:200])
+                self._answer(req, keep, json_response(b'{"error":"internal server error"}', 500))
+                return
+            if taken:
+                return
+        self.loop.create_task(self._handle(req, keep))
 
     async def _handle(self, req: Request, keep: bool) -> None:
         try:
@@ -303,9 +325,11 @@ class _Connection(asyncio.Protocol):
         except Exception:
             log.exception("%s %s: the handler failed", req.method, req.path[:200])
             resp = json_response(b'{"error":"internal server error"}', 500)
-        finally:
-            self.server.handling.discard(cast(asyncio.Task[None], asyncio.current_task()))
-        self.task = None
+        self._answer(req, keep, resp)
+
+    def _answer(self, req: Request, keep: bool, resp: Response) -> None:
+        """Write the answer to ``req`` (exactly once per request), then take the next one."""
+        self.busy = False
         if self.closed or self.transport is None:
             return  # the client went away; nothing to answer
         keep = keep and not self.stopping
@@ -319,24 +343,24 @@ class _Connection(asyncio.Protocol):
             self._close()
         elif self.pending:
             self._next()
-        elif self.timer is None:
+        elif not self.deadline:
             lim = self.limits
             self._arm(lim.body_timeout_s if self.reading else lim.keepalive_timeout_s)
 
     # -- timers and closing -----------------------------------------------------------------------
     def _arm(self, after_s: float) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.loop.call_later(after_s, self._timed_out)
+        self.deadline = self.loop.time() + after_s
 
     def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline = 0.0
 
-    def _timed_out(self) -> None:
-        self.timer = None
-        if self.task is not None or self.closed:
+    def timed_out(self) -> None:
+        """The sweep found this connection past its deadline."""
+        self.deadline = 0.0
+        if self.lingering:
+            self._close()
+            return
+        if self.busy or self.closed:
             return
         if self.reading:
             self.server.timed_out += 1
@@ -351,7 +375,7 @@ class _Connection(asyncio.Protocol):
         answer."""
         if self.transport is None or self.closed:
             return
-        if self.task is not None or self.pending:
+        if self.busy or self.pending:
             self._close()  # an earlier request's answer is due first: just close
             return
         self.transport.write(_error_bytes(status, message))
@@ -364,7 +388,7 @@ class _Connection(asyncio.Protocol):
         self._disarm()
         if self.transport.can_write_eof():
             self.transport.write_eof()
-        self.timer = self.loop.call_later(LINGER_S, self._close)
+        self._arm(LINGER_S)
 
     def _close(self) -> None:
         self._disarm()
@@ -374,7 +398,7 @@ class _Connection(asyncio.Protocol):
         self.server.connections.discard(self)
 
     def idle(self) -> bool:
-        return self.task is None and not self.pending and not self.reading
+        return not self.busy and not self.pending and not self.reading
 
 
 class HttpServer:
@@ -385,19 +409,43 @@ class HttpServer:
         handler: Handler,
         limits: Limits | None = None,
         on_refusal: Callable[[int, str], None] | None = None,
+        fast: FastHandler | None = None,
     ) -> None:
         self.handler = handler
+        #: Tried first for every request (see FastHandler).
+        self.fast = fast
         #: Told of each request the server answered itself (status, path as far as read).
         self.on_refusal = on_refusal
         self.limits = limits or Limits()
         self.max_connections = self.limits.connections()
         self.connections: set[_Connection] = set()
-        self.handling: set[asyncio.Task[None]] = set()
         self.refused_connections = 0
         self.timed_out = 0
         self.stopping = False
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    @property
+    def handling(self) -> int:
+        """Requests being handled now."""
+        return sum(c.busy for c in self.connections)
+
+    async def _sweep(self) -> None:
+        lim = self.limits
+        period = min(
+            lim.sweep_s,
+            lim.header_timeout_s / 2,
+            lim.body_timeout_s / 2,
+            lim.keepalive_timeout_s / 2,
+            LINGER_S / 2,
+        )
+        loop = self.loop
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            for c in [c for c in self.connections if c.deadline and c.deadline <= now]:
+                c.timed_out()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -416,6 +464,8 @@ class HttpServer:
             self._server = await self._loop.create_server(
                 lambda: _Connection(self), host, port, backlog=4096, reuse_address=True
             )
+
+        self._sweeper = self._loop.create_task(self._sweep())
 
     @property
     def port(self) -> int:
@@ -442,6 +492,10 @@ class HttpServer:
             if c.transport is not None:
                 c.transport.abort()
             c._close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 1.0)

@@ -12,6 +12,7 @@ installed.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import socket
@@ -29,6 +30,20 @@ class App(Protocol):
     def begin_drain(self) -> None: ...
 
     async def shutdown(self) -> None: ...
+
+
+#: The cyclic garbage collector's first threshold for a serving process (CPython: 700).
+GC_THRESHOLD = 50_000
+
+
+def tune_gc() -> None:
+    """Move what startup allocated (modules, config, models) out of the collector's sight and
+    collect young objects less often: every request allocates a few dozen objects (a task, a
+    future, requests and answers), and at the default threshold the collector runs every few
+    requests. Measured on the gateway at 1,000 req/s: CPU per request -8 % (design 0007)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, 20, 100)
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
@@ -69,8 +84,12 @@ class Serving:
         self._stop = asyncio.Event()
         raise_descriptor_limit()
         await self.app.startup()
+        tune_gc()
         try:
-            self.server = HttpServer(self.app, self.limits, getattr(self.app, "refused", None))
+            app = self.app
+            self.server = HttpServer(
+                app, self.limits, getattr(app, "refused", None), getattr(app, "fast", None)
+            )
             await self.server.start(self.host, self.port, sock=self.sock)
             self.port = self.server.port
             if handle_signals:
