@@ -4,12 +4,20 @@ Paths (KServe v2, plus evenserve's load endpoint), the ``x-evenserve-*`` headers
 a request is refused (also the simulator's drop reasons and the ``reason`` label of the
 refusal counters), and how a request's priority class and deadline are read from text or
 JSON. Every side imports these names from here, so a rename cannot leave one side behind.
+
+Untrusted input is read here too, as pure functions both servers call: request JSON with
+bounded nesting and bounded numbers (``parse_json``), and bounded classes and deadlines
+(``parse_priority``, ``parse_deadline_ms``). Each raises ValueError naming the field, never
+anything else.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Mapping
+from typing import Any
 
 # -- paths -------------------------------------------------------------------------------------
 HEALTH_LIVE_PATH = "/v2/health/live"
@@ -75,24 +83,46 @@ ONLINE = PRIORITY_CLASSES["online"]
 OFFLINE = PRIORITY_CLASSES["offline"]
 
 
+#: The priority classes a request may ask for (a 32-bit integer, as Triton's).
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+#: Longer texts are refused before they are converted (a number of them has no use).
+MAX_NUMBER_TEXT = 64
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long to print
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 def parse_priority(value: object, where: str) -> int | None:
-    """A priority class: an integer (higher first), an integer in text, or a class name.
+    """A priority class: an integer (higher first) in PRIORITY_MIN..PRIORITY_MAX, the same in
+    text, or a class name.
 
     None when absent; ValueError naming ``where`` otherwise."""
     if value is None:
         return None
+    number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
+        number = value
+    elif isinstance(value, str):
         text = value.strip()
         if text in PRIORITY_CLASSES:
             return PRIORITY_CLASSES[text]
-        try:
-            return int(text)
-        except ValueError:
-            pass
+        if len(text) <= MAX_NUMBER_TEXT:
+            try:
+                number = int(text)
+            except ValueError:
+                number = None
+    if number is not None and PRIORITY_MIN <= number <= PRIORITY_MAX:
+        return number
     raise ValueError(
-        f"{where}: must be an integer or one of {', '.join(PRIORITY_CLASSES)}, got {value!r}"
+        f"{where}: must be an integer in {PRIORITY_MIN}..{PRIORITY_MAX} or one of "
+        f"{', '.join(PRIORITY_CLASSES)}, got {shown(value)}"
     )
 
 
@@ -103,13 +133,95 @@ def parse_deadline_ms(value: object, where: str) -> float | None:
     if value is None:
         return None
     number: float | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str) and len(value) <= MAX_NUMBER_TEXT:
             number = float(value.strip())
-        except ValueError:
-            number = None
+    except (ValueError, OverflowError):
+        number = None
     if number is None or not math.isfinite(number) or number <= 0:
-        raise ValueError(f"{where}: must be a number of milliseconds > 0, got {value!r}")
+        raise ValueError(f"{where}: must be a number of milliseconds > 0, got {shown(value)}")
     return number
+
+
+# -- JSON bodies -------------------------------------------------------------------------------
+#: The deepest nesting of arrays and objects a request body may have (a v2 request needs its
+#: object, ``inputs``, an input, and one level per tensor dimension).
+MAX_JSON_DEPTH = 64
+#: An integer of more digits fits no tensor datatype and no field; it is read as an
+#: OversizedNumber (never converted: Python refuses more than 4300 digits, slowly).
+MAX_INT_DIGITS = 40
+_DEPTH_CHUNK = 1 << 20
+_STRING_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_LONG_DIGITS_RE = re.compile(b"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+class OversizedNumber:
+    """An integer literal too long to be any value a request may hold; validation then names
+    the field that held it (it is no int, so it fits no integer field)."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _parse_int(text: str) -> int | OversizedNumber:
+    digits = len(text) - (text[0] == "-")
+    return OversizedNumber(digits) if digits > MAX_INT_DIGITS else int(text)
+
+
+def json_depth(data: bytes) -> int:
+    """How deeply arrays and objects nest in JSON text (brackets inside strings skipped).
+
+    Exact for valid JSON; for invalid JSON some figure (it is refused either way). Linear and
+    at C speed (numpy, in chunks of bounded memory).
+    """
+    import numpy as np  # only here: most of core's users never read untrusted JSON
+
+    kept = _STRING_RE.sub(b"", data) if b'"' in data else data
+    brackets = np.frombuffer(kept.translate(None, _NOT_BRACKET), dtype=np.uint8)
+    depth = deepest = 0
+    for start in range(0, len(brackets), _DEPTH_CHUNK):
+        chunk = brackets[start : start + _DEPTH_CHUNK]
+        levels = np.cumsum(np.where((chunk == 0x5B) | (chunk == 0x7B), 1, -1)) + depth
+        deepest = max(deepest, int(levels.max()))
+        depth = int(levels[-1])
+    return deepest
+
+
+def json_too_deep(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """``json_depth(data) > max_depth``, without the scan when there are too few brackets."""
+    if data.count(b"[") + data.count(b"{") <= max_depth:
+        return False
+    return json_depth(data) > max_depth
+
+
+def parse_json(data: bytes, where: str = "body", max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Untrusted JSON: nesting deeper than ``max_depth`` is refused before parsing, integers
+    of more than MAX_INT_DIGITS digits become OversizedNumber. ValueError naming ``where``:
+    ``body: JSON nested too deep (over 64 levels)``, ``body: not valid JSON: ...``.
+
+    UTF-8, or UTF-16/32 as ``json.loads`` detects them (recoded to UTF-8 first: there the depth
+    scan is exact). Costs one C-speed scan more than ``json.loads`` on a body of few brackets."""
+    too_deep = f"{where}: JSON nested too deep (over {max_depth} levels)"
+    try:
+        encoding = json.detect_encoding(data)
+        if encoding not in ("utf-8", "utf-8-sig"):
+            data = data.decode(encoding).encode("utf-8")
+    except UnicodeError as exc:
+        raise ValueError(f"{where}: not valid JSON: {str(exc)[:200]}") from None
+    if json_too_deep(data, max_depth):
+        raise ValueError(too_deep)
+    parse_int = _parse_int if _LONG_DIGITS_RE.search(data) else None
+    try:
+        return json.loads(data, parse_int=parse_int)
+    except RecursionError:  # the scan refuses far less deep: a second guard only
+        raise ValueError(too_deep) from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{where}: not valid JSON: {str(exc)[:200]}") from None
