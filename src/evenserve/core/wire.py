@@ -5,10 +5,10 @@ a request is refused (also the simulator's drop reasons and the ``reason`` label
 refusal counters), and how a request's priority class and deadline are read from text or
 JSON. Every side imports these names from here, so a rename cannot leave one side behind.
 
-Untrusted input is read here too, as pure functions both servers call: request JSON with
-bounded nesting and bounded numbers (``parse_json``), and bounded classes and deadlines
-(``parse_priority``, ``parse_deadline_ms``). Each raises ValueError naming the field, never
-anything else.
+Untrusted input is read here too, as pure functions both servers call: a model route split
+into safe names (``split_model_path``), request JSON with bounded nesting and bounded numbers
+(``parse_json``), and bounded classes and deadlines (``parse_priority``,
+``parse_deadline_ms``). Each raises ValueError naming the field, never anything else.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
+from urllib.parse import unquote
 
 # -- paths -------------------------------------------------------------------------------------
 HEALTH_LIVE_PATH = "/v2/health/live"
@@ -33,6 +34,77 @@ METRICS_PATH = "/metrics"
 #: the bare path, its ``/ready``, ``/config``, ``/stats`` and ``/infer`` follow it.
 MODEL_ROUTES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
 MODEL_STATS_PATH = "/v2/models/stats"
+MODELS_PREFIX = "/v2/models/"
+#: What may follow a model's route: its metadata (""), readiness, config, statistics, infer.
+MODEL_SUFFIXES = ("", "ready", "config", "stats", "infer")
+#: The characters of a routable model name or version (after percent-decoding), and the most
+#: of them; "." and ".." are never names (a path segment of dots means a directory).
+NAME_CHARS = "A-Za-z0-9_.-"
+MAX_NAME_LENGTH = 128
+_NAME_RE = re.compile(f"[{NAME_CHARS}]{{1,{MAX_NAME_LENGTH}}}")
+
+
+def is_safe_name(text: str) -> bool:
+    """A model name or version the servers route: ``[A-Za-z0-9_.-]{1,128}``, not ``.``/``..``."""
+    return _NAME_RE.fullmatch(text) is not None and text not in (".", "..")
+
+
+class ModelPath(NamedTuple):
+    """A model route split: ``/v2/models/{model}[/versions/{version}][/{suffix}]``."""
+
+    model: str
+    #: None when the path names no version.
+    version: str | None
+    #: One of MODEL_SUFFIXES ("" is the model's metadata).
+    suffix: str
+
+    def path(self) -> str:
+        """The canonical path (what a gateway forwards; never the client's raw bytes)."""
+        out = MODELS_PREFIX + self.model
+        if self.version is not None:
+            out += "/versions/" + self.version
+        return out + ("/" + self.suffix if self.suffix else "")
+
+
+def split_model_path(raw_path: str) -> ModelPath | None:
+    """Split a request target's path, as the client sent it (not yet percent-decoded), into
+    the model, its version and what follows; None when it is no model route or a name is not
+    safe (then the server answers 404).
+
+    The model and the version are percent-decoded exactly once, each on its own after the
+    path is split on "/": ``%2F`` never makes a segment, ``%2e%2e`` is ``..`` (refused) and
+    ``%252e%252e`` stays ``%2e%2e`` (refused: ``%`` is no name character). ``versions`` and the
+    suffix are matched as sent. A query string is ignored. ``/v2/models/stats``
+    (MODEL_STATS_PATH) splits as the model ``stats``: a server matches its exact paths first.
+    """
+    path = raw_path.split("?", 1)[0].split("#", 1)[0]
+    if not path.startswith(MODELS_PREFIX):
+        return None
+    parts = path[len(MODELS_PREFIX) :].split("/")
+    version: str | None = None
+    if len(parts) in (3, 4) and parts[1] == "versions":
+        version = _decoded_name(parts[2])
+        if version is None:
+            return None
+        parts = [parts[0], *parts[3:]]
+    if len(parts) > 2:
+        return None
+    suffix = parts[1] if len(parts) == 2 else ""
+    if len(parts) == 2 and (suffix == "" or suffix not in MODEL_SUFFIXES):
+        return None
+    model = _decoded_name(parts[0])
+    return None if model is None else ModelPath(model, version, suffix)
+
+
+def _decoded_name(segment: str) -> str | None:
+    """One path segment percent-decoded once, if it is then a safe name."""
+    if len(segment) > 3 * MAX_NAME_LENGTH:
+        return None
+    try:
+        name = unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        return None
+    return name if is_safe_name(name) else None
 
 
 def infer_path(model: str, version: str | None = None) -> str:

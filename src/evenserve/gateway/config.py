@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from evenserve.core import wire
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.validation import Strict, read_yaml, validate_document
@@ -48,6 +49,19 @@ def _check_name(v: str) -> str:
 
 #: A backend or device name: it becomes a metric label, a header value and a log file name.
 Name = Annotated[str, Field(min_length=1), AfterValidator(_check_name)]
+
+
+def _check_model(v: str) -> str:
+    if not wire.is_safe_name(v):
+        raise ValueError(
+            f"{v!r}: a model name is a path segment: {wire.NAME_CHARS}, at most "
+            f"{wire.MAX_NAME_LENGTH}, not '.' or '..'"
+        )
+    return v
+
+
+#: A model name, as the gateway routes it (``core.wire.split_model_path``).
+ModelName = Annotated[str, AfterValidator(_check_model)]
 DEFAULT_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
 
 
@@ -168,7 +182,7 @@ class BackendSignals(Strict):
 class BackendSpec(Strict):
     name: Name
     url: str = Field(min_length=1, description="base URL of the KServe v2 HTTP API")
-    models: list[str] = Field(min_length=1)
+    models: list[ModelName] = Field(min_length=1)
     signals: BackendSignals = Field(default_factory=BackendSignals)
     profiles: str | None = Field(default=None, description="profile set dir (for LEW)")
     max_batch_size: dict[str, int] = Field(default_factory=dict)
@@ -189,7 +203,7 @@ class DeviceEntry(DeviceOptions, QueueOptions):
 
     name: Name
     device: str = Field(min_length=1, description="cpu | cuda:N | emulated:PROFILE_SET")
-    models: list[str] | None = Field(default=None, description="default: every repo model")
+    models: list[ModelName] | None = Field(default=None, description="default: every repo model")
     port: int | None = Field(default=None, ge=1, le=65535)
     extra_args: list[str] = Field(default_factory=list, description="more worker CLI args")
 

@@ -52,6 +52,19 @@ def test_defaults_are_the_articles() -> None:
             cluster(backends=[{"name": "a b", "url": "http://h:1", "models": ["m"]}]),
             "backends.0.name",
         ),
+        (
+            cluster(backends=[{"name": "a", "url": "http://h:1", "models": ["m", ".."]}]),
+            "backends.0.models.1: Value error, '..': a model name is a path segment",
+        ),
+        (
+            cluster(
+                workers={
+                    "repo": "r",
+                    "devices": [{"name": "d", "device": "cpu", "models": ["a/b"]}],
+                }
+            ),
+            "workers.devices.0.models.0",
+        ),
         (cluster(backends=[]), "no backends"),
         (
             cluster(
