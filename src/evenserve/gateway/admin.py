@@ -13,7 +13,6 @@ A missing or wrong token is refused with 401 (``WWW-Authenticate: Bearer``).
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 from collections.abc import Awaitable, Callable
@@ -23,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from evenserve.core import wire
 from evenserve.core.clock import Clock
 from evenserve.core.types import BackendView, RequestInfo
 from evenserve.gateway.backends import BackendRegistry
@@ -36,6 +36,12 @@ def _num(x: float | None) -> float | None:
     if x is None or math.isnan(x) or math.isinf(x):
         return None
     return round(x, 6)
+
+
+def parse_routing_body(body: bytes) -> Any:
+    """The JSON of a ``PUT /admin/routing`` body (empty: null), read as untrusted input
+    (``core.wire.parse_json``: bounded nesting); ValueError ``body: ...`` for a 400."""
+    return wire.parse_json(body or b"null", "body")
 
 
 class AdminAPI:
@@ -139,9 +145,9 @@ class AdminAPI:
 
     async def put_routing(self, request: Request) -> Response:
         try:
-            spec = json.loads(await request.body() or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return JSONResponse({"error": f"body: not valid JSON ({exc})"}, status_code=400)
+            spec = parse_routing_body(await request.body())
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
         try:
             split_spec(spec, "routing")
             self.registry.replace_policy(spec, self.seed)
