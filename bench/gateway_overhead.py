@@ -155,7 +155,7 @@ def gateway_config(tmp: Path, port: int, backends: list[tuple[str, str]], model:
         # Soft-overload refusals off: the direct path has none, and with one backend a 429
         # would measure the worker's queue under CPU contention, not the gateway's cost.
         "gateway": {"host": "127.0.0.1", "port": port, "routing": routing,
-                    "admin": {"token": "bench-token-000"}, "overload": {"enabled": False}},
+                    "admin": {"token": "bench-token-0000"}, "overload": {"enabled": False}},
         "backends": [{"name": n, "url": u, "models": [model]} for n, u in backends],
     }  # fmt: skip
     path = tmp / f"gateway-{port}.yaml"

@@ -279,6 +279,11 @@ async def test_admin_requires_token_and_policy_change_applies_to_next_request() 
         assert r.status_code == 400 and "queue_weight" in r.json()["error"]
         r = await client.put("/admin/routing", content=b"{not json", headers=auth)
         assert r.status_code == 400
+        r = await client.put("/admin/routing", content=b"[" * 100_000, headers=auth)
+        assert r.status_code == 400 and "nested too deep" in r.json()["error"]
+        huge = b'{"policy": "queue-aware", "queue_weight": ' + b"9" * 5000 + b"}"
+        r = await client.put("/admin/routing", content=huge, headers=auth)
+        assert r.status_code == 400 and "queue_weight" in r.json()["error"]
         r = await client.put(
             "/admin/routing",
             json={"policy": "weighted-random", "weights": {"a": 0, "b": 1}},

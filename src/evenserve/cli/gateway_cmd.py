@@ -1,8 +1,13 @@
-"""``evenserve gateway`` and ``evenserve up``."""
+"""``evenserve gateway`` and ``evenserve up``.
+
+The admin token is never printed: a configured one is named by where it is configured, a
+generated one by the file it was written to (mode 0600, in a folder of its own).
+"""
 
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -17,15 +22,23 @@ def gateway(
     host: Annotated[str | None, typer.Option(help="Listen address (default: config).")] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (default: config).")] = None,
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "warning",
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where a generated admin token is written, mode 0600 (default: a new private "
+            "temporary folder). Not used when the cluster file or its variable gives one."
+        ),
+    ] = None,
 ) -> None:
     """Run the gateway: KServe v2 HTTP API routing to the cluster's backends."""
-    from evenserve.gateway.config import load_cluster
+    from evenserve.gateway.config import load_cluster, write_private
     from evenserve.gateway.server import Gateway, serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         cluster = load_cluster(config)
-        gw = Gateway(cluster)
+        token = cluster.resolve_admin_token()
+        gw = Gateway(cluster, admin_token=token.value)
     except EvenserveError as exc:
         fail(str(exc))
         return
@@ -36,8 +49,17 @@ def gateway(
         f"backends: {names}",
         highlight=False,
     )
-    if gw.token_generated:
-        err_console.print(f"admin token (generated): {gw.admin_token}", highlight=False)
+    if token.generated:
+        where = token_file or Path(tempfile.mkdtemp(prefix="evenserve-gateway-")) / "admin-token"
+        try:
+            write_private(where, token.value + "\n")
+        except OSError as exc:
+            fail(f"--token-file: cannot write {where}: {exc.strerror}")
+        err_console.print(
+            f"admin token (generated) written to {where} (mode 0600)", highlight=False
+        )
+    else:
+        err_console.print(f"admin token: the one of {token.source}", highlight=False)
     serve(gw, host, port)
 
 
@@ -47,7 +69,8 @@ def up(
         Path | None, typer.Option(help="Folder for process logs (default: a temp folder).")
     ] = None,
     ready_file: Annotated[
-        Path | None, typer.Option(help="Write URLs, pids and the admin token here when ready.")
+        Path | None,
+        typer.Option(help="Write URLs, pids and the admin token here when ready (mode 0600)."),
     ] = None,
 ) -> None:
     """Start one worker per device and the gateway; Ctrl-C drains and stops them all."""

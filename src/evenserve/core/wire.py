@@ -4,12 +4,20 @@ Paths (KServe v2, plus evenserve's load endpoint), the ``x-evenserve-*`` headers
 a request is refused (also the simulator's drop reasons and the ``reason`` label of the
 refusal counters), and how a request's priority class and deadline are read from text or
 JSON. Every side imports these names from here, so a rename cannot leave one side behind.
+
+Untrusted input is read here too, as pure functions both servers call: a model route split
+into safe names (``split_model_path``), request JSON with bounded nesting and bounded numbers
+(``parse_json``), and bounded classes and deadlines (``parse_priority``,
+``parse_deadline_ms``). Each raises ValueError naming the field, never anything else.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Mapping
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 # -- paths -------------------------------------------------------------------------------------
@@ -26,6 +34,77 @@ METRICS_PATH = "/metrics"
 #: the bare path, its ``/ready``, ``/config``, ``/stats`` and ``/infer`` follow it.
 MODEL_ROUTES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
 MODEL_STATS_PATH = "/v2/models/stats"
+MODELS_PREFIX = "/v2/models/"
+#: What may follow a model's route: its metadata (""), readiness, config, statistics, infer.
+MODEL_SUFFIXES = ("", "ready", "config", "stats", "infer")
+#: The characters of a routable model name or version (after percent-decoding), and the most
+#: of them; "." and ".." are never names (a path segment of dots means a directory).
+NAME_CHARS = "A-Za-z0-9_.-"
+MAX_NAME_LENGTH = 128
+_NAME_RE = re.compile(f"[{NAME_CHARS}]{{1,{MAX_NAME_LENGTH}}}")
+
+
+def is_safe_name(text: str) -> bool:
+    """A model name or version the servers route: ``[A-Za-z0-9_.-]{1,128}``, not ``.``/``..``."""
+    return _NAME_RE.fullmatch(text) is not None and text not in (".", "..")
+
+
+class ModelPath(NamedTuple):
+    """A model route split: ``/v2/models/{model}[/versions/{version}][/{suffix}]``."""
+
+    model: str
+    #: None when the path names no version.
+    version: str | None
+    #: One of MODEL_SUFFIXES ("" is the model's metadata).
+    suffix: str
+
+    def path(self) -> str:
+        """The canonical path (what a gateway forwards; never the client's raw bytes)."""
+        out = MODELS_PREFIX + self.model
+        if self.version is not None:
+            out += "/versions/" + self.version
+        return out + ("/" + self.suffix if self.suffix else "")
+
+
+def split_model_path(raw_path: str) -> ModelPath | None:
+    """Split a request target's path, as the client sent it (not yet percent-decoded), into
+    the model, its version and what follows; None when it is no model route or a name is not
+    safe (then the server answers 404).
+
+    The model and the version are percent-decoded exactly once, each on its own after the
+    path is split on "/": ``%2F`` never makes a segment, ``%2e%2e`` is ``..`` (refused) and
+    ``%252e%252e`` stays ``%2e%2e`` (refused: ``%`` is no name character). ``versions`` and the
+    suffix are matched as sent. A query string is ignored. ``/v2/models/stats``
+    (MODEL_STATS_PATH) splits as the model ``stats``: a server matches its exact paths first.
+    """
+    path = raw_path.split("?", 1)[0].split("#", 1)[0]
+    if not path.startswith(MODELS_PREFIX):
+        return None
+    parts = path[len(MODELS_PREFIX) :].split("/")
+    version: str | None = None
+    if len(parts) in (3, 4) and parts[1] == "versions":
+        version = _decoded_name(parts[2])
+        if version is None:
+            return None
+        parts = [parts[0], *parts[3:]]
+    if len(parts) > 2:
+        return None
+    suffix = parts[1] if len(parts) == 2 else ""
+    if len(parts) == 2 and (suffix == "" or suffix not in MODEL_SUFFIXES):
+        return None
+    model = _decoded_name(parts[0])
+    return None if model is None else ModelPath(model, version, suffix)
+
+
+def _decoded_name(segment: str) -> str | None:
+    """One path segment percent-decoded once, if it is then a safe name."""
+    if len(segment) > 3 * MAX_NAME_LENGTH:
+        return None
+    try:
+        name = unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        return None
+    return name if is_safe_name(name) else None
 
 
 def infer_path(model: str, version: str | None = None) -> str:
@@ -76,24 +155,46 @@ ONLINE = PRIORITY_CLASSES["online"]
 OFFLINE = PRIORITY_CLASSES["offline"]
 
 
+#: The priority classes a request may ask for (a 32-bit integer, as Triton's).
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+#: Longer texts are refused before they are converted (a number of them has no use).
+MAX_NUMBER_TEXT = 64
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int too long to print
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 def parse_priority(value: object, where: str) -> int | None:
-    """A priority class: an integer (higher first), an integer in text, or a class name.
+    """A priority class: an integer (higher first) in PRIORITY_MIN..PRIORITY_MAX, the same in
+    text, or a class name.
 
     None when absent; ValueError naming ``where`` otherwise."""
     if value is None:
         return None
+    number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str):
+        number = value
+    elif isinstance(value, str):
         text = value.strip()
         if text in PRIORITY_CLASSES:
             return PRIORITY_CLASSES[text]
-        try:
-            return int(text)
-        except ValueError:
-            pass
+        if len(text) <= MAX_NUMBER_TEXT:
+            try:
+                number = int(text)
+            except ValueError:
+                number = None
+    if number is not None and PRIORITY_MIN <= number <= PRIORITY_MAX:
+        return number
     raise ValueError(
-        f"{where}: must be an integer or one of {', '.join(PRIORITY_CLASSES)}, got {value!r}"
+        f"{where}: must be an integer in {PRIORITY_MIN}..{PRIORITY_MAX} or one of "
+        f"{', '.join(PRIORITY_CLASSES)}, got {shown(value)}"
     )
 
 
@@ -104,51 +205,95 @@ def parse_deadline_ms(value: object, where: str) -> float | None:
     if value is None:
         return None
     number: float | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    elif isinstance(value, str):
-        try:
+    try:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str) and len(value) <= MAX_NUMBER_TEXT:
             number = float(value.strip())
-        except ValueError:
-            number = None
+    except (ValueError, OverflowError):
+        number = None
     if number is None or not math.isfinite(number) or number <= 0:
-        raise ValueError(f"{where}: must be a number of milliseconds > 0, got {value!r}")
+        raise ValueError(f"{where}: must be a number of milliseconds > 0, got {shown(value)}")
     return number
 
 
-MODELS_PREFIX = "/v2/models/"
-#: What may follow a model (and version) in a KServe v2 path ("" is the metadata route).
-MODEL_SUFFIXES = frozenset({"", "infer", "ready", "config", "stats"})
+# -- JSON bodies -------------------------------------------------------------------------------
+#: The deepest nesting of arrays and objects a request body may have (a v2 request needs its
+#: object, ``inputs``, an input, and one level per tensor dimension).
+MAX_JSON_DEPTH = 64
+#: An integer of more digits fits no tensor datatype and no field; it is read as an
+#: OversizedNumber (never converted: Python refuses more than 4300 digits, slowly).
+MAX_INT_DIGITS = 40
+_DEPTH_CHUNK = 1 << 20
+_STRING_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_LONG_DIGITS_RE = re.compile(b"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
 
-def split_model_path(path: str) -> tuple[str, str | None, str] | None:
-    """``/v2/models/{model}[/versions/{version}][/{suffix}]`` -> (model, version, suffix).
+class OversizedNumber:
+    """An integer literal too long to be any value a request may hold; validation then names
+    the field that held it (it is no int, so it fits no integer field)."""
 
-    None when the path is not one of those routes or a name is not a safe name
-    (:func:`safe_name`). The path is taken as sent; a name is percent-decoded once.
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+def _parse_int(text: str) -> int | OversizedNumber:
+    digits = len(text) - (text[0] == "-")
+    return OversizedNumber(digits) if digits > MAX_INT_DIGITS else int(text)
+
+
+def json_depth(data: bytes) -> int:
+    """How deeply arrays and objects nest in JSON text (brackets inside strings skipped).
+
+    Exact for valid JSON; for invalid JSON some figure (it is refused either way). Linear and
+    at C speed (numpy, in chunks of bounded memory).
     """
-    if not path.startswith(MODELS_PREFIX):
-        return None
-    parts = path[len(MODELS_PREFIX) :].split("/")
-    version: str | None = None
-    if len(parts) >= 3 and parts[1] == "versions":
-        version = unquote(parts[2])
-        if not safe_name(version):
-            return None
-        parts = [parts[0], *parts[3:]]
-    if len(parts) > 2:
-        return None
-    model = unquote(parts[0])
-    suffix = parts[1] if len(parts) == 2 else ""
-    if suffix not in MODEL_SUFFIXES or not safe_name(model):
-        return None
-    return model, version, suffix
+    import numpy as np  # only here: most of core's users never read untrusted JSON
+
+    kept = _STRING_RE.sub(b"", data) if b'"' in data else data
+    brackets = np.frombuffer(kept.translate(None, _NOT_BRACKET), dtype=np.uint8)
+    depth = deepest = 0
+    for start in range(0, len(brackets), _DEPTH_CHUNK):
+        chunk = brackets[start : start + _DEPTH_CHUNK]
+        levels = np.cumsum(np.where((chunk == 0x5B) | (chunk == 0x7B), 1, -1)) + depth
+        deepest = max(deepest, int(levels.max()))
+        depth = int(levels[-1])
+    return deepest
 
 
-def safe_name(name: str) -> bool:
-    """A model name or version a path may carry: 1-256 of ``[A-Za-z0-9_.-]``, not ``.`` or
-    ``..``."""
-    return 0 < len(name) <= 256 and name not in (".", "..") and all(c in _NAME_CHARS for c in name)
+def json_too_deep(data: bytes, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """``json_depth(data) > max_depth``, without the scan when there are too few brackets."""
+    if data.count(b"[") + data.count(b"{") <= max_depth:
+        return False
+    return json_depth(data) > max_depth
 
 
-_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+def parse_json(data: bytes, where: str = "body", max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Untrusted JSON: nesting deeper than ``max_depth`` is refused before parsing, integers
+    of more than MAX_INT_DIGITS digits become OversizedNumber. ValueError naming ``where``:
+    ``body: JSON nested too deep (over 64 levels)``, ``body: not valid JSON: ...``.
+
+    UTF-8, or UTF-16/32 as ``json.loads`` detects them (recoded to UTF-8 first: there the depth
+    scan is exact). Costs one C-speed scan more than ``json.loads`` on a body of few brackets."""
+    too_deep = f"{where}: JSON nested too deep (over {max_depth} levels)"
+    try:
+        encoding = json.detect_encoding(data)
+        if encoding not in ("utf-8", "utf-8-sig"):
+            data = data.decode(encoding).encode("utf-8")
+    except UnicodeError as exc:
+        raise ValueError(f"{where}: not valid JSON: {str(exc)[:200]}") from None
+    if json_too_deep(data, max_depth):
+        raise ValueError(too_deep)
+    parse_int = _parse_int if _LONG_DIGITS_RE.search(data) else None
+    try:
+        return json.loads(data, parse_int=parse_int)
+    except RecursionError:  # the scan refuses far less deep: a second guard only
+        raise ValueError(too_deep) from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{where}: not valid JSON: {str(exc)[:200]}") from None

@@ -19,6 +19,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from evenserve.core import wire
 from evenserve.core.clock import Clock
 from evenserve.core.types import BackendView, RequestInfo
 from evenserve.gateway.backends import BackendRegistry
@@ -37,6 +38,12 @@ def _num(x: float | None) -> float | None:
     if x is None or math.isnan(x) or math.isinf(x):
         return None
     return round(x, 6)
+
+
+def parse_routing_body(body: bytes) -> Any:
+    """The JSON of a ``PUT /admin/routing`` body (empty: null), read as untrusted input
+    (``core.wire.parse_json``: bounded nesting); ValueError ``body: ...`` for a 400."""
+    return wire.parse_json(body or b"null", "body")
 
 
 class AdminAPI:
@@ -140,9 +147,9 @@ class AdminAPI:
 
     async def put_routing(self, request: Request) -> Response:
         try:
-            spec = json.loads(request.body or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-            return _json({"error": f"body: not valid JSON ({type(exc).__name__})"}, 400)
+            spec = parse_routing_body(request.body)
+        except ValueError as exc:
+            return _json({"error": str(exc)}, 400)
         try:
             split_spec(spec, "routing")
             self.registry.replace_policy(spec, self.seed)

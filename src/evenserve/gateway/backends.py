@@ -87,13 +87,17 @@ class BackendRegistry:
     def models(self) -> list[str]:
         return sorted({m for st in self.states.values() for m in st.spec.models})
 
-    def hosts_model(self, model: str) -> bool:
+    def hosted(self) -> frozenset[str]:
+        """Every model a configured backend hosts (the backends are fixed once built)."""
         hosted = self._hosted
-        if hosted is None:  # backends are fixed once built
+        if hosted is None:
             hosted = self._hosted = frozenset(
                 m for st in self.states.values() for m in st.spec.models
             )
-        return model in hosted
+        return hosted
+
+    def hosts_model(self, model: str) -> bool:
+        return model in self.hosted()
 
     def url(self, name: str) -> str:
         return self.states[name].spec.url

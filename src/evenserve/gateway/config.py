@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
+from evenserve.core import wire
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.validation import Strict, read_yaml, validate_document
@@ -48,7 +50,22 @@ def _check_name(v: str) -> str:
 
 #: A backend or device name: it becomes a metric label, a header value and a log file name.
 Name = Annotated[str, Field(min_length=1), AfterValidator(_check_name)]
+
+
+def _check_model(v: str) -> str:
+    if not wire.is_safe_name(v):
+        raise ValueError(
+            f"{v!r}: a model name is a path segment: {wire.NAME_CHARS}, at most "
+            f"{wire.MAX_NAME_LENGTH}, not '.' or '..'"
+        )
+    return v
+
+
+#: A model name, as the gateway routes it (``core.wire.split_model_path``).
+ModelName = Annotated[str, AfterValidator(_check_model)]
 DEFAULT_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
+#: The shortest admin token accepted (from the file or the environment); a generated one has 32.
+MIN_TOKEN_LENGTH = 16
 
 
 class SignalsConfig(Strict):
@@ -86,8 +103,38 @@ class OverloadConfig(Strict):
 
 
 class AdminConfig(Strict):
-    token: str | None = Field(default=None, min_length=8, description="literal bearer token")
-    token_env: str = Field(default=DEFAULT_TOKEN_ENV, description="env var holding the token")
+    token: str | None = Field(
+        default=None, min_length=MIN_TOKEN_LENGTH, description="literal bearer token"
+    )
+    token_env: str = Field(
+        default=DEFAULT_TOKEN_ENV, min_length=1, description="env var holding the token"
+    )
+
+
+@dataclass(frozen=True)
+class AdminToken:
+    """The gateway's admin bearer token and where it came from. Its repr hides the value, so
+    it cannot reach a log by accident: print ``source``, never ``value``."""
+
+    value: str = field(repr=False)
+    #: ``gateway.admin.token``, ``$NAME`` (the environment variable), or ``generated``.
+    source: str
+
+    @property
+    def generated(self) -> bool:
+        return self.source == "generated"
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` readable by its owner only (mode 0600, also when the file
+    existed with a wider mode); for files that hold a secret."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    return path
 
 
 class GatewaySection(Strict):
@@ -174,7 +221,7 @@ class BackendSignals(Strict):
 class BackendSpec(Strict):
     name: Name
     url: str = Field(min_length=1, description="base URL of the KServe v2 HTTP API")
-    models: list[str] = Field(min_length=1)
+    models: list[ModelName] = Field(min_length=1)
     signals: BackendSignals = Field(default_factory=BackendSignals)
     profiles: str | None = Field(default=None, description="profile set dir (for LEW)")
     max_batch_size: dict[str, int] = Field(default_factory=dict)
@@ -195,7 +242,7 @@ class DeviceEntry(DeviceOptions, QueueOptions):
 
     name: Name
     device: str = Field(min_length=1, description="cpu | cuda:N | emulated:PROFILE_SET")
-    models: list[str] | None = Field(default=None, description="default: every repo model")
+    models: list[ModelName] | None = Field(default=None, description="default: every repo model")
     port: int | None = Field(default=None, ge=1, le=65535)
     extra_args: list[str] = Field(default_factory=list, description="more worker CLI args")
 
@@ -315,8 +362,29 @@ class LoadedCluster:
         return None
 
     def admin_token(self) -> str | None:
+        """The configured token: the file's ``gateway.admin.token``, else the environment
+        variable ``gateway.admin.token_env`` names; None when neither is set. ConfigError
+        naming the variable when its token is shorter than MIN_TOKEN_LENGTH."""
+        configured = self.configured_admin_token()
+        return None if configured is None else configured.value
+
+    def configured_admin_token(self) -> AdminToken | None:
         a = self.config.gateway.admin
-        return a.token if a.token is not None else os.environ.get(a.token_env) or None
+        if a.token is not None:
+            return AdminToken(a.token, "gateway.admin.token")
+        value = os.environ.get(a.token_env)
+        if not value:
+            return None
+        if len(value) < MIN_TOKEN_LENGTH:
+            raise ConfigError(
+                f"{a.token_env} (the environment variable gateway.admin.token_env names): "
+                f"an admin token must have at least {MIN_TOKEN_LENGTH} characters"
+            )
+        return AdminToken(value, f"${a.token_env}")
+
+    def resolve_admin_token(self) -> AdminToken:
+        """The configured token, else a new random one (``source`` ``generated``)."""
+        return self.configured_admin_token() or AdminToken(secrets.token_urlsafe(24), "generated")
 
 
 def parse_cluster(raw: Any, base_dir: Path, where: str = "cluster") -> LoadedCluster:

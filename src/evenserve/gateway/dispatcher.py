@@ -42,7 +42,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 from evenserve.core import wire
 from evenserve.core.clock import Clock
@@ -60,8 +59,6 @@ from evenserve.gateway.forwarder import (
 from evenserve.httpio.client import Reply as HttpReply
 from evenserve.metrics.gateway import GatewayMetrics
 
-#: The ``model`` label of requests for a model no backend hosts (never the name itself).
-UNKNOWN_MODEL_LABEL = "_unknown"
 #: Request headers forwarded to the backend (lower case); others are hop-by-hop or ours.
 FORWARD_REQUEST_HEADERS = (
     "content-type",
@@ -150,8 +147,6 @@ class Dispatcher:
         )
         self._ids = itertools.count(1)
         self._decision = metrics.decision
-        self._counted: dict[tuple[str, str, str], Any] = {}
-        self._timed: dict[str, Any] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -335,17 +330,7 @@ class Dispatcher:
         )
 
     def _finish(self, model: str, ans: Answer, t0: float) -> Answer:
-        # An unknown model name is not a label: 20,000 of them made a 46 MB scrape.
-        label = model if ans.outcome != "unknown_model" else UNKNOWN_MODEL_LABEL
-        key = (ans.backend or "none", label, ans.outcome)
-        counter = self._counted.get(key)
-        if counter is None:
-            counter = self._counted[key] = self.metrics.requests.labels(*key)
-        counter.inc()
-        timer = self._timed.get(label)
-        if timer is None:
-            timer = self._timed[label] = self.metrics.latency.labels(label)
-        timer.observe(time.perf_counter() - t0)
+        self.metrics.observe_request(ans.backend, model, ans.outcome, time.perf_counter() - t0)
         if ans.backend is not None:
             ans.headers[wire.BACKEND_HEADER] = ans.backend
         return ans

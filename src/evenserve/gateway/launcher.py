@@ -13,6 +13,10 @@ also gets SIGTERM if this process dies without cleaning up (PR_SET_PDEATHSIG).
 - Startup waits until every worker answers ``/v2/health/ready``, then the gateway, then prints
   where to send requests. A worker that exits on its own is restarted (``workers.restart``),
   so the gateway sees it ejected and then readmitted.
+- The admin token is the configured one (``gateway.admin.token``, or the variable
+  ``gateway.admin.token_env`` names), else a generated one, handed to the gateway in its
+  environment and written to ``admin-token`` in the log folder (mode 0600). It is never
+  printed: the summary says where it is. The ready file holds it too, so it is 0600 as well.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import contextlib
 import ctypes
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -38,7 +41,13 @@ import httpx
 
 from evenserve.core.errors import ConfigError, EvenserveError
 from evenserve.core.wire import HEALTH_READY_PATH
-from evenserve.gateway.config import DEFAULT_TOKEN_ENV, DeviceEntry, LoadedCluster
+from evenserve.gateway.config import (
+    DEFAULT_TOKEN_ENV,
+    AdminToken,
+    DeviceEntry,
+    LoadedCluster,
+    write_private,
+)
 
 #: How a child runs the CLI. Not ``-m evenserve.cli.main``: run as ``__main__`` that module
 #: would be loaded twice and commands registered by other modules would miss the running app.
@@ -129,10 +138,22 @@ class Launcher:
     log_dir: Path
     python: str = sys.executable
     say: Callable[[str], None] = print
-    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    #: Default: the cluster's configured token, else a generated one (``resolve_admin_token``).
+    token: AdminToken | None = None
     workers: list[Proc] = field(default_factory=list)
     gateway: Proc | None = None
+    #: Where a generated token was written (mode 0600); None for a configured one.
+    token_file: Path | None = None
     _stop: bool = False
+
+    def __post_init__(self) -> None:
+        if self.token is None:
+            self.token = self.cluster.resolve_admin_token()
+
+    @property
+    def admin_token(self) -> str:
+        assert self.token is not None
+        return self.token.value
 
     # -- building commands ------------------------------------------------------------------
     def _models_args(self, i: int, d: DeviceEntry) -> list[str]:
@@ -236,8 +257,9 @@ class Launcher:
     def start(self) -> None:
         """Start everything and wait until all of it is ready (LaunchError otherwise)."""
         w = self.cluster.config.workers
-        assert w is not None and self.gateway is not None
+        assert w is not None and self.gateway is not None and self.token is not None
         self._check_ports()
+        self.write_token_file()
         for p in self.workers:
             p.start()
         self._wait_ready(self.workers, w.ready_timeout_s)
@@ -245,7 +267,8 @@ class Launcher:
         self._wait_ready([self.gateway], 30.0)
 
     def summary(self) -> dict[str, Any]:
-        assert self.gateway is not None
+        """What the ready file holds (the admin token too: it is written 0600)."""
+        assert self.gateway is not None and self.token is not None
         w = self.cluster.config.workers
         assert w is not None
         backends = {b.name: b for b in self.cluster.backends()}
@@ -253,6 +276,8 @@ class Launcher:
             "cluster": self.cluster.config.name,
             "gateway": {"url": self.gateway.url, "pid": self.gateway.pid},
             "admin_token": self.admin_token,
+            "admin_token_source": self.token.source,
+            "admin_token_file": None if self.token_file is None else str(self.token_file),
             "routing": self.cluster.config.gateway.routing,
             "workers": [
                 {
@@ -274,15 +299,33 @@ class Launcher:
         for wk in s["workers"]:
             say(
                 f"  worker  {wk['name']:<8} {wk['device']:<24} {wk['url']:<24} "
-                f"pid {wk['pid']:<7} {', '.join(wk['models'])}"
+                f"pid {wk['pid']!s:<7} {', '.join(wk['models'])}"
             )
         g = s["gateway"]
         say(f"  gateway {g['url']}  pid {g['pid']}  routing {s['routing']}")
         say("")
         say(f"Send requests to {g['url']}/v2/models/<model>/infer (KServe v2 / tritonclient).")
-        say(f"Admin: curl -H 'Authorization: Bearer {s['admin_token']}' {g['url']}/admin/backends")
+        say(self.admin_hint())
         say(f"Metrics: {g['url']}/metrics   Logs: {s['logs']}")
         say("Ctrl-C (or SIGTERM) drains and stops every process started here.")
+
+    def write_token_file(self) -> Path | None:
+        """A generated token, written to ``admin-token`` in the log folder (mode 0600)."""
+        assert self.token is not None
+        if self.token.generated:
+            self.token_file = write_private(self.log_dir / "admin-token", self.token.value + "\n")
+        return self.token_file
+
+    def admin_hint(self) -> str:
+        """How to reach the admin API, naming where the token is, never the token."""
+        assert self.gateway is not None and self.token is not None
+        url = f"{self.gateway.url}/admin/backends"
+        if self.token_file is not None:
+            return (
+                f"Admin: the token (generated) is in {self.token_file} (mode 0600): "
+                f'curl -H "Authorization: Bearer $(cat {self.token_file})" {url}'
+            )
+        return f"Admin: curl -H 'Authorization: Bearer <the token of {self.token.source}>' {url}"
 
     def supervise(self, poll_s: float = 0.2) -> int:
         """Run until asked to stop; restart workers that die. Returns the exit code."""
@@ -364,8 +407,8 @@ def run_up(
             la.stop()
             raise
         la.print_summary()
-        if ready_file is not None:
-            ready_file.write_text(json.dumps(la.summary(), indent=2) + "\n")
+        if ready_file is not None:  # it holds the admin token
+            write_private(ready_file, json.dumps(la.summary(), indent=2) + "\n")
         try:
             code = la.supervise()
         finally:

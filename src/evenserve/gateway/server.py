@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import random
-import secrets
 from collections.abc import Awaitable, Callable, Iterator
 
 from evenserve import __version__
@@ -24,7 +23,7 @@ from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.gateway.admin import AdminAPI
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import BackendSpec, LoadedCluster
-from evenserve.gateway.dispatcher import UNKNOWN_MODEL_LABEL, Answer, Dispatcher
+from evenserve.gateway.dispatcher import Answer, Dispatcher
 from evenserve.gateway.poller import Poller
 from evenserve.httpio.server import Limits, Request, Response, json_response
 from evenserve.httpio.serving import Serving
@@ -72,11 +71,11 @@ class Gateway:
             stale_after_s=cfg.signals.stale_after_ms / 1000.0,
             profiles=self._profiles,
         )
-        self.metrics = GatewayMetrics(self._figures)
+        self.metrics = GatewayMetrics(self._figures, self.registry.hosted)
         self.registry.on_eject = self._count_ejection
-        token = admin_token or cluster.admin_token()
-        self.token_generated = token is None
-        self.admin_token = token or secrets.token_urlsafe(24)
+        # The CLI resolves the token (and says where a generated one was written); a caller
+        # that gives none gets the configured one or a random one it can read here.
+        self.admin_token = admin_token or cluster.resolve_admin_token().value
         self.admin = AdminAPI(self.registry, self.clock, self.admin_token, cfg.seed, cfg.routing)
         self.dispatcher = Dispatcher(self.registry, cfg, self.clock, self.metrics)
         self.poller = Poller(self.registry, cfg, self.clock)
@@ -140,8 +139,7 @@ class Gateway:
         found = wire.split_model_path(path)
         if found is None or found[2] != "infer":
             return
-        model = found[0] if self.registry.hosts_model(found[0]) else UNKNOWN_MODEL_LABEL
-        self.metrics.requests.labels("none", model, "client_error").inc()
+        self.metrics.observe_request(None, found.model, "client_error", None)
 
     def fast(self, request: Request, respond: Callable[[Response], None]) -> bool:
         """The server's fast path (``httpio.server.FastHandler``): inference is forwarded
@@ -155,7 +153,7 @@ class Gateway:
         if found is None:
             return False
         self.dispatcher.infer_fast(
-            found[0], path, request.body, request.headers, lambda a: respond(_answer(a))
+            found.model, found.path(), request.body, request.headers, lambda a: respond(_answer(a))
         )
         return True
 
@@ -170,13 +168,15 @@ class Gateway:
             if suffix == "infer":
                 if request.method != "POST":
                     return _error(405, "infer takes POST")
-                ans = await self.dispatcher.infer(model, path, request.body, request.headers)
+                ans = await self.dispatcher.infer(
+                    model, found.path(), request.body, request.headers
+                )
                 return _answer(ans)
             if request.method != "GET":
                 return _error(405, f"{path[:200]!r} takes GET")
             if suffix == "ready":
                 return self.model_ready(model)
-            return _answer(await self.dispatcher.passthrough(model, "GET", path, b""))
+            return _answer(await self.dispatcher.passthrough(model, "GET", found.path(), b""))
         endpoint = self._exact.get((request.method, path))
         if endpoint is not None:
             return await endpoint(request)

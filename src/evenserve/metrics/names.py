@@ -77,5 +77,9 @@ GATEWAY_OUTCOMES = (
     "timeout",  # the gateway's 504: the backend did not answer in time
     "unknown_model",  # the gateway's 404: no backend hosts the model
 )
+#: The ``model`` label of requests for a model nobody serves (worker and gateway): a client
+#: choosing names must not choose the series (a worker's repository skips folders whose
+#: names start with "_").
+UNKNOWN_MODEL_LABEL = "_unknown"
 #: Routing decision buckets (seconds): the budget is 0.5 ms.
 GATEWAY_DECISION_BUCKETS_S = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3)

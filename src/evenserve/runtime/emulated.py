@@ -20,6 +20,11 @@ moves whenever another batch starts or ends, then sleeps the last stretch precis
 
 Memory: the profile's resident weights while loaded and its working memory per batch; the
 worker adds them up against the emulated device's configured total. Needs no torch.
+
+Failures on purpose: with ``fail_value`` set, a batch whose first input holds that value
+raises instead of running (EmulatedFailure), as a real runtime failing would, so the worker
+answers 500 ``inference failed`` to every request of that batch (tests of what a client, a
+gateway and its connection pool do after a backend's 500).
 """
 
 from __future__ import annotations
@@ -56,6 +61,14 @@ class EmulatedParams(Strict):
     profile_name: str | None = Field(
         default=None, description="name of the profile in the device's profile set"
     )
+    fail_value: float | None = Field(
+        default=None,
+        description="a batch whose first input holds this value fails (the worker answers 500)",
+    )
+
+
+class EmulatedFailure(RuntimeError):
+    """The failure ``fail_value`` asks for."""
 
 
 class PreciseSleeper:
@@ -116,11 +129,16 @@ class EmulatedRuntime:
     """A model that costs exactly what its profile says."""
 
     def __init__(
-        self, ctx: RuntimeContext, profile: LatencyProfile, device: EmulatedDevice | None = None
+        self,
+        ctx: RuntimeContext,
+        profile: LatencyProfile,
+        device: EmulatedDevice | None = None,
+        fail_value: float | None = None,
     ) -> None:
         self.ctx = ctx
         self.profile = profile
         self.device = device
+        self.fail_value = fail_value
         self._sleeper = PreciseSleeper()
         self._loaded = False
 
@@ -131,6 +149,8 @@ class EmulatedRuntime:
         start = time.perf_counter()
         first = inputs[self.ctx.inputs[0].name]
         batch = int(first.shape[0])
+        if self.fail_value is not None and bool(np.any(first == self.fail_value)):
+            raise EmulatedFailure(f"the batch holds fail_value {self.fail_value:g}")
         out: dict[str, Array] = {}
         for spec in self.ctx.outputs:
             dims = [

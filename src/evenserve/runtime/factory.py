@@ -47,7 +47,9 @@ def create_runtime(
         params = emulated_params
         if params is None and isinstance(ctx.params, EmulatedParams):
             params = ctx.params
-        return EmulatedRuntime(ctx, resolve_profile(ctx, params, profile_sets_dir), emulated_device)
+        profile = resolve_profile(ctx, params, profile_sets_dir)
+        fail_value = None if params is None else params.fail_value
+        return EmulatedRuntime(ctx, profile, emulated_device, fail_value)
     if kind == "transformers":
         return TransformersRuntime(ctx)
     if kind == "torch":

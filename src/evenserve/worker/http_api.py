@@ -27,6 +27,7 @@ from typing import Any
 from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
 from evenserve.httpio.server import Limits, Request, Response
+from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.worker.driver import (
     BatchFailedError,
     DrainingError,
@@ -38,6 +39,7 @@ from evenserve.worker.kserve import (
     ProtocolError,
     encode_infer_response,
     error_body,
+    parse_header_length,
     parse_infer_request,
     request_class,
 )
@@ -45,7 +47,6 @@ from evenserve.worker.service import WorkerService
 
 #: Bodies larger than this are parsed and encoded off the event loop.
 OFFLOAD_BYTES = 256 * 1024
-UNKNOWN_MODEL_LABEL = "_unknown"
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "evenserve_load"]
 Endpoint = Callable[[Request], Awaitable[Response]]
 JSON = {"content-type": "application/json"}
@@ -236,12 +237,7 @@ class WorkerApp:
             )
         try:
             body = read_body(request, service.options.max_body_bytes)
-            hl = request.headers.get(HEADER_LENGTH.lower())
-            header_length: int | None = None
-            if hl is not None:
-                if not hl.isdigit() or len(hl) > 18:
-                    raise ProtocolError(f"{HEADER_LENGTH}: not an integer: {hl[:40]!r}")
-                header_length = int(hl)
+            header_length = parse_header_length(request.headers.get(HEADER_LENGTH.lower()))
             if len(body) > OFFLOAD_BYTES:
                 req = await asyncio.to_thread(parse_infer_request, body, header_length, sig)
             else:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -38,6 +39,9 @@ HEADER_LENGTH = wire.HEADER_LENGTH_HEADER
 T = TypeVar("T")
 #: The numpy kinds of JSON data a datatype of each kind takes (an integer fits a float...).
 JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+#: The largest tensor dimension a request may give.
+MAX_DIMENSION = 2**31 - 1
+_DIGITS = re.compile(r"[0-9]{1,19}")
 
 
 class ProtocolError(EvenserveError):
@@ -110,7 +114,7 @@ def _check_shape(name: str, spec: TensorSpec, shape: Any, max_batch_size: int) -
     want = list(spec.shape)
     if len(shape) != len(want) + 1:
         raise ProtocolError(
-            f"input {name!r}: shape {shape} has {len(shape)} dimensions, expected "
+            f"input {name!r}: shape {wire.shown(shape)} has {len(shape)} dimensions, expected "
             f"{len(want) + 1} ([batch, {', '.join(str(d) for d in want)}])"
             if want
             else f"input {name!r}: shape {shape} must be [batch]"
@@ -121,6 +125,8 @@ def _check_shape(name: str, spec: TensorSpec, shape: Any, max_batch_size: int) -
             "(max_batch_size)"
         )
     for i, (got, exp) in enumerate(zip(shape[1:], want, strict=True), start=1):
+        if got > MAX_DIMENSION:
+            raise ProtocolError(f"input {name!r}: dimension {i} of shape is over {MAX_DIMENSION}")
         if got < 1 or (exp != -1 and got != exp):
             raise ProtocolError(
                 f"input {name!r}: shape {shape} does not match [-1, "
@@ -129,10 +135,25 @@ def _check_shape(name: str, spec: TensorSpec, shape: Any, max_batch_size: int) -
     return list(shape)
 
 
+def parse_header_length(value: str | None) -> int | None:
+    """The ``Inference-Header-Content-Length`` header's value (None when absent): decimal
+    digits only; ProtocolError (400) naming the header otherwise."""
+    if value is None:
+        return None
+    text = value.strip()
+    if _DIGITS.fullmatch(text) is None:
+        raise ProtocolError(f"{HEADER_LENGTH}: not a byte count: {wire.shown(value)}")
+    return int(text)
+
+
 def parse_infer_request(
     body: bytes, header_length: int | None, sig: ModelSignature
 ) -> InferRequest:
-    """Parse and validate a v2 infer request for model ``sig``; ProtocolError on bad input."""
+    """Parse and validate a v2 infer request for model ``sig``; ProtocolError on bad input.
+
+    The JSON is read by ``wire.parse_json``: nesting over ``wire.MAX_JSON_DEPTH`` is refused
+    before parsing (``body: JSON nested too deep``), an integer too long for any field is
+    refused by the field that holds it."""
     if header_length is not None:
         if header_length < 1 or header_length > len(body):
             raise ProtocolError(
@@ -142,9 +163,9 @@ def parse_infer_request(
     else:
         head, binary = body, memoryview(b"")
     try:
-        req = json.loads(head)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProtocolError(f"request body is not valid JSON: {exc}") from None
+        req = wire.parse_json(head, "body")
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
     if not isinstance(req, dict):
         raise ProtocolError("request body must be a JSON object")
     rid = req.get("id")
@@ -169,7 +190,7 @@ def parse_infer_request(
         spec = specs.get(name)
         if spec is None:
             raise ProtocolError(
-                f"input {name!r}: unexpected; model {sig.name!r} takes "
+                f"input {wire.shown(name)}: unexpected; model {sig.name!r} takes "
                 f"{', '.join(repr(s.name) for s in sig.inputs)}"
             )
         if name in arrays:
@@ -177,7 +198,8 @@ def parse_infer_request(
         dt = t.get("datatype")
         if dt != spec.datatype:
             raise ProtocolError(
-                f"input {name!r}: datatype {dt!r}, model {sig.name!r} expects {spec.datatype}"
+                f"input {name!r}: datatype {wire.shown(dt)}, model {sig.name!r} expects "
+                f"{spec.datatype}"
             )
         shape = _check_shape(name, spec, t.get("shape"), sig.max_batch_size)
         if items is None:
@@ -239,7 +261,7 @@ def parse_infer_request(
                 raise ProtocolError(f"outputs[{i}]: must be an object with a name")
             if o["name"] not in out_names:
                 raise ProtocolError(
-                    f"output {o['name']!r}: unknown; model {sig.name!r} gives "
+                    f"output {wire.shown(o['name'])}: unknown; model {sig.name!r} gives "
                     f"{', '.join(repr(n) for n in out_names)}"
                 )
             op = o.get("parameters") or {}

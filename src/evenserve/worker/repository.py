@@ -2,7 +2,8 @@
 
 ``model.yaml`` fields (every error names the file and the field):
 
-- ``name`` (default: the folder's name; must match it), ``version`` ("1")
+- ``name`` (default: the folder's name; must match it), ``version`` ("1"): both are path
+  segments of the model's routes, so ``[A-Za-z0-9_.-]``, at most 128, not ``.`` or ``..``
 - ``runtime``: emulated | transformers | torch | onnx, and a section of the same name holding
   that runtime's parameters (see ``evenserve.runtime``)
 - ``inputs`` / ``outputs``: ``{name, datatype, shape}`` with the KServe datatype (FP32, INT64,
@@ -32,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from evenserve.core import wire
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import ModelOptions
 from evenserve.core.profile import LatencyProfile, load_profile
@@ -117,6 +119,16 @@ class ModelConfig(ModelOptions):
     transformers: dict[str, Any] | None = None
     torch: dict[str, Any] | None = None
     onnx: dict[str, Any] | None = None
+
+    @field_validator("name", "version")
+    @classmethod
+    def _routable(cls, v: str) -> str:
+        if not wire.is_safe_name(v):
+            raise ValueError(
+                f"{v!r} is no path segment of a route: use {wire.NAME_CHARS}, at most "
+                f"{wire.MAX_NAME_LENGTH}, not '.' or '..'"
+            )
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -7,7 +8,15 @@ import pytest
 import yaml
 
 from evenserve.core.errors import ConfigError
-from evenserve.gateway.config import TRITON_MAPPING, load_cluster, parse_cluster
+from evenserve.gateway.config import (
+    DEFAULT_TOKEN_ENV,
+    MIN_TOKEN_LENGTH,
+    TRITON_MAPPING,
+    AdminToken,
+    load_cluster,
+    parse_cluster,
+    write_private,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -51,6 +60,19 @@ def test_defaults_are_the_articles() -> None:
         (
             cluster(backends=[{"name": "a b", "url": "http://h:1", "models": ["m"]}]),
             "backends.0.name",
+        ),
+        (
+            cluster(backends=[{"name": "a", "url": "http://h:1", "models": ["m", ".."]}]),
+            "backends.0.models.1: Value error, '..': a model name is a path segment",
+        ),
+        (
+            cluster(
+                workers={
+                    "repo": "r",
+                    "devices": [{"name": "d", "device": "cpu", "models": ["a/b"]}],
+                }
+            ),
+            "workers.devices.0.models.0",
         ),
         (cluster(backends=[]), "no backends"),
         (
@@ -155,8 +177,53 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
 
 
 def test_admin_token_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MY_TOKEN", "s3cret-token")
+    monkeypatch.setenv("MY_TOKEN", "s3cret-token-0123")
     c = parse_cluster(cluster(gateway={"admin": {"token_env": "MY_TOKEN"}}), Path("."))
-    assert c.admin_token() == "s3cret-token"
-    c = parse_cluster(cluster(gateway={"admin": {"token": "literal-token"}}), Path("."))
-    assert c.admin_token() == "literal-token"
+    assert c.admin_token() == "s3cret-token-0123"
+    assert c.resolve_admin_token() == AdminToken("s3cret-token-0123", "$MY_TOKEN")
+    c = parse_cluster(cluster(gateway={"admin": {"token": "literal-token-0123"}}), Path("."))
+    assert c.admin_token() == "literal-token-0123"  # the file's token wins over the variable
+    assert c.resolve_admin_token().source == "gateway.admin.token"
+
+
+def test_no_token_configured_generates_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DEFAULT_TOKEN_ENV, raising=False)
+    c = parse_cluster(cluster(), Path("."))
+    assert c.admin_token() is None
+    token = c.resolve_admin_token()
+    assert token.generated and len(token.value) >= MIN_TOKEN_LENGTH
+    assert token.value != c.resolve_admin_token().value
+
+
+@pytest.mark.parametrize("short", ["x", "y" * (MIN_TOKEN_LENGTH - 1)])
+def test_a_short_token_from_the_environment_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, short: str
+) -> None:
+    monkeypatch.setenv(DEFAULT_TOKEN_ENV, short)
+    c = parse_cluster(cluster(), Path("."))
+    with pytest.raises(ConfigError) as err:
+        c.resolve_admin_token()
+    msg = str(err.value)
+    assert msg.startswith(f"{DEFAULT_TOKEN_ENV} (the environment variable gateway.admin.token_env")
+    assert f"at least {MIN_TOKEN_LENGTH} characters" in msg and short not in msg
+
+
+def test_a_short_token_in_the_file_is_refused_naming_the_field() -> None:
+    msg = error_of(cluster(gateway={"admin": {"token": "abc-short-tok"}}))
+    assert "gateway.admin.token: String should have at least 16 characters" in msg
+    assert "abc-short-tok" not in msg
+
+
+def test_the_token_never_shows_in_a_repr() -> None:
+    token = AdminToken("very-secret-token-value", "generated")
+    assert "very-secret" not in repr(token) and "very-secret" not in str(token)
+
+
+def test_write_private_is_owner_only_even_over_a_wider_file(tmp_path: Path) -> None:
+    target = tmp_path / "ready.json"
+    target.write_text("old, longer content")
+    target.chmod(0o644)
+    write_private(target, "new")
+    assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o600
+    fresh = write_private(tmp_path / "token", "t")
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o600

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import socket
+import stat
 from pathlib import Path
 
 import pytest
 
 from evenserve.core.errors import ConfigError
-from evenserve.gateway.config import load_cluster, parse_cluster
+from evenserve.gateway.config import DEFAULT_TOKEN_ENV, load_cluster, parse_cluster
 from evenserve.gateway.launcher import Launcher, LaunchError, worker_env
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -80,3 +81,56 @@ def test_busy_port_and_dying_worker_fail_clearly(tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match="g0 exited with code 1 while starting"):
         la.start()
     la.stop()
+
+
+def _token_cluster(tmp_path: Path, **admin: str) -> Launcher:
+    (tmp_path / "repo" / "a").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "repo" / "a" / "model.yaml").write_text("runtime: emulated\n")
+    raw = {
+        "gateway": {"admin": admin},
+        "workers": {"repo": "repo", "devices": [{"name": "g0", "device": "cpu"}]},
+    }
+    la = Launcher(parse_cluster(raw, tmp_path), tmp_path / "c.yaml", tmp_path, python="py")
+    la.plan()
+    return la
+
+
+def test_a_token_in_the_cluster_file_is_the_one_used_and_never_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(DEFAULT_TOKEN_ENV, "another-token-from-env")
+    la = _token_cluster(tmp_path, token="the-file-token-0123456")
+    assert la.admin_token == "the-file-token-0123456"
+    assert la.gateway is not None and la.gateway.env[DEFAULT_TOKEN_ENV] == la.admin_token
+    assert la.write_token_file() is None  # nothing generated: nothing written
+    assert la.summary()["admin_token"] == la.admin_token  # the ready file (0600) holds it
+    lines: list[str] = []
+    la.say = lines.append
+    la.print_summary()
+    text = "\n".join(lines)
+    assert "the-file-token-0123456" not in text and "gateway.admin.token" in text
+
+
+def test_a_generated_token_is_written_0600_and_never_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(DEFAULT_TOKEN_ENV, raising=False)
+    la = _token_cluster(tmp_path)
+    assert la.token is not None and la.token.generated
+    where = la.write_token_file()
+    assert where == tmp_path / "admin-token" and where.read_text() == la.admin_token + "\n"
+    assert stat.S_IMODE(where.stat().st_mode) == 0o600
+    assert la.gateway is not None and la.gateway.env[DEFAULT_TOKEN_ENV] == la.admin_token
+    lines: list[str] = []
+    la.say = lines.append
+    la.print_summary()
+    text = "\n".join(lines)
+    assert la.admin_token not in text and str(where) in text
+
+
+def test_a_short_token_in_the_environment_stops_up_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(DEFAULT_TOKEN_ENV, "x")
+    with pytest.raises(ConfigError, match=f"^{DEFAULT_TOKEN_ENV} .*at least 16 characters"):
+        _token_cluster(tmp_path)

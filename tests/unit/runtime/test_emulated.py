@@ -39,6 +39,15 @@ def test_outputs_follow_the_declared_shapes() -> None:
     assert rt.describe()["runtime"] == "emulated"
 
 
+def test_fail_value_fails_the_batch_that_holds_it() -> None:
+    prof = LatencyProfile.from_points("m", {1: 0.0001})
+    rt = EmulatedRuntime(_ctx(), prof, fail_value=-7)
+    rt.load()
+    assert rt.run({"ids": np.ones((2, 3), dtype=np.int64)})["logits"].shape == (2, 3)
+    with pytest.raises(emulated.EmulatedFailure, match="fail_value -7"):
+        rt.run({"ids": np.array([[1, 2], [3, -7]], dtype=np.int64)})
+
+
 class FakeHost:
     """The emulated runtime's view of the host clock (``time.perf_counter`` and
     ``time.sleep``), deterministic: every ``sleep`` ends ``overshoot_s`` late (the host's

@@ -14,6 +14,7 @@ from evenserve.worker.kserve import (
     ProtocolError,
     RequestedOutput,
     encode_infer_response,
+    parse_header_length,
     parse_infer_request,
     request_class,
 )
@@ -263,3 +264,120 @@ def test_bad_priority_or_deadline_is_a_400_naming_the_field(
         req = parse_infer_request(_class_body(**params), None, CLASS_SIG)
         request_class(req, headers)
     assert err.value.status == 400 and str(err.value).startswith(field)
+
+
+# -- hostile input: huge numbers, deep nesting (every one a 400 naming the field) -------------
+HUGE = "9" * 5000  # over Python's 4300-digit limit for int()
+
+
+def _raw(text: str, hl: int | None = None) -> ProtocolError:
+    with pytest.raises(ProtocolError) as err:
+        req = parse_infer_request(text.encode(), hl, SIG)
+        request_class(req, {})
+    assert err.value.status == 400
+    assert len(str(err.value)) < 400  # the huge value is never echoed whole
+    return err.value
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (  # a 5000-digit integer in INT64 tensor data
+            '{"inputs": [{"name": "ids", "datatype": "INT64", "shape": [1, 2], '
+            f'"data": [1, {HUGE}]}}]}}',
+            "input 'ids': data",
+        ),
+        (  # ... as a shape dimension
+            f'{{"inputs": [{{"name": "ids", "datatype": "INT64", "shape": [1, {HUGE}], '
+            '"data": [1]}]}',
+            "input 'ids': shape",
+        ),
+        (  # ... as the batch dimension
+            f'{{"inputs": [{{"name": "ids", "datatype": "INT64", "shape": [{HUGE}, 1], '
+            '"data": [1]}]}',
+            "input 'ids': shape",
+        ),
+    ],
+)
+def test_huge_integers_in_the_body_name_the_field(body: str, field: str) -> None:
+    assert str(_raw(body)).startswith(field)
+
+
+def _with_params(params: str) -> str:
+    head = json.dumps(_json_req())[:-1]  # the request object without its closing brace
+    return head + ', "parameters": ' + params + "}"
+
+
+@pytest.mark.parametrize("key", ["priority", "deadline_ms", "timeout"])
+@pytest.mark.parametrize("number", ["1" + "0" * 400, "-1" + "0" * 400, HUGE, "1e400"])
+def test_huge_numbers_as_parameters_name_the_parameter(key: str, number: str) -> None:
+    assert str(_raw(_with_params(f'{{"{key}": {number}}}'))).startswith(f"parameters.{key}")
+
+
+def test_a_large_dimension_is_refused_before_any_arithmetic() -> None:
+    body = json.dumps(_json_req())
+    body = body.replace('"shape": [2, 3]', '"shape": [2, ' + "1" + "0" * 30 + "]")
+    assert "dimension 1 of shape is over" in str(_raw(body))
+
+
+@pytest.mark.parametrize(
+    ("headers", "field"),
+    [
+        ({"x-evenserve-priority": "9" * 400}, "x-evenserve-priority"),
+        ({"x-evenserve-priority": "9" * 5000}, "x-evenserve-priority"),
+        ({"x-evenserve-priority": str(2**31)}, "x-evenserve-priority"),
+        ({"x-evenserve-deadline-ms": "9" * 400}, "x-evenserve-deadline-ms"),
+        ({"x-evenserve-deadline-ms": "1e400"}, "x-evenserve-deadline-ms"),
+    ],
+)
+def test_huge_header_values_name_the_header(headers: dict[str, str], field: str) -> None:
+    req = parse_infer_request(_class_body(), None, CLASS_SIG)
+    with pytest.raises(ProtocolError) as err:
+        request_class(req, headers)
+    assert err.value.status == 400 and str(err.value).startswith(field)
+    assert len(str(err.value)) < 300
+
+
+@pytest.mark.parametrize("depth", [100, 5_000, 100_000])
+@pytest.mark.parametrize("where", ["top", "data", "parameters"])
+def test_deep_nesting_is_a_400_before_parsing(depth: int, where: str) -> None:
+    deep = "[" * depth + "]" * depth
+    body = {
+        "top": deep,
+        "data": '{"inputs": [{"name": "ids", "datatype": "INT64", "shape": [1, 1], "data": '
+        + deep
+        + "}]}",
+        "parameters": '{"inputs": [], "parameters": {"x": ' + deep + "}}",
+    }[where]
+    assert str(_raw(body)) == "body: JSON nested too deep (over 64 levels)"
+
+
+def test_deep_nesting_in_the_json_part_of_a_binary_request() -> None:
+    ids = np.arange(6, dtype=np.int64).reshape(2, 3)
+    img = np.ones((2, 2, 3), dtype=np.float32)
+    body, hl = _binary_req(ids, img)
+    head = body[:hl][:-1] + b', "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    with pytest.raises(ProtocolError, match="nested too deep"):
+        parse_infer_request(head + body[hl:], len(head), SIG)
+
+
+def test_binary_tensor_bytes_are_not_scanned_as_json() -> None:
+    ids = np.frombuffer(b"[" * 48, dtype=np.int64).reshape(2, 3)  # brackets, as bytes
+    img = np.ones((2, 2, 3), dtype=np.float32)
+    body, hl = _binary_req(ids, img)
+    np.testing.assert_array_equal(parse_infer_request(body, hl, SIG).inputs["ids"], ids)
+
+
+@pytest.mark.parametrize(
+    ("value", "want"), [(None, None), ("0", 0), ("12", 12), (" 7 ", 7), ("9" * 19, 10**19 - 1)]
+)
+def test_header_length_header(value: str | None, want: int | None) -> None:
+    assert parse_header_length(value) == want
+
+
+@pytest.mark.parametrize("value", ["", "-1", "+1", "1_0", "0x10", "1.0", "١٢", "9" * 20, HUGE])
+def test_bad_header_length_header_is_400_naming_it(value: str) -> None:
+    with pytest.raises(ProtocolError) as err:
+        parse_header_length(value)
+    assert err.value.status == 400 and str(err.value).startswith(HEADER_LENGTH)
+    assert len(str(err.value)) < 200

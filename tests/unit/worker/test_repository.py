@@ -90,6 +90,22 @@ def test_errors_name_the_field(tmp_path: Path, change: dict[str, object], messag
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize(("folder", "field"), [("a b", "name"), ("x..y", None), ("é", "name")])
+def test_a_model_name_must_be_routable(tmp_path: Path, folder: str, field: str | None) -> None:
+    repo = _repo(tmp_path, GOOD, name=folder)
+    if field is None:  # a name of dots and letters is a name
+        assert load_repository(repo, check_profiles=False)[0].name == "x..y"
+        return
+    with pytest.raises(ConfigError, match=f"{field}: Value error, .* is no path segment"):
+        load_repository(repo, check_profiles=False)
+
+
+@pytest.mark.parametrize("version", ["..", ".", "1/2", "", "v 1"])
+def test_a_version_must_be_routable(tmp_path: Path, version: str) -> None:
+    with pytest.raises(ConfigError, match="version: Value error"):
+        load_repository(_repo(tmp_path, {**GOOD, "version": version}), check_profiles=False)
+
+
 def test_missing_profile_is_named(tmp_path: Path) -> None:
     repo = _repo(tmp_path, {**GOOD, "profile": "nowhere.yaml"})
     with pytest.raises(ConfigError, match="profile: profile file not found"):
