@@ -155,7 +155,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 # Probe limits far above a loopback answer: a loaded machine never ejects.
                 "signals": {"interval_ms": 200, "timeout_ms": 20000, "stale_after_ms": 120000},
                 "health": {"interval_ms": 200, "timeout_ms": 20000},
-                "forward": {"connect_timeout_ms": 20000, "request_timeout_s": 120},
+                # The body limit below the 64 MiB default: the 300 MB test shows the gateway
+                # refuses at its limit, without reading what is beyond it.
+                "forward": {
+                    "connect_timeout_ms": 20000,
+                    "request_timeout_s": 120,
+                    "max_body_mb": 16,
+                },
                 "overload": {"enabled": False},
             },
             "backends": [{"name": "w0", "url": f"http://{HOST}:{wport}", "models": ["em", "pair"]}],

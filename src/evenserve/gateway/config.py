@@ -95,6 +95,12 @@ class ForwardConfig(Strict):
     request_timeout_s: float = Field(default=60.0, gt=0, description="one backend answer")
     max_connections: int = Field(default=512, ge=1)
     retries: int = Field(default=1, ge=0, le=3, description="other backends to try")
+    max_body_mb: float = Field(
+        default=64.0,
+        gt=0,
+        description="largest request body, MiB (413 above, before the rest is read; a "
+        "worker's default limit is the same 64 MiB)",
+    )
 
 
 class OverloadConfig(Strict):

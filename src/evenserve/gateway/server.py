@@ -32,7 +32,6 @@ from evenserve.policy.routing import ROUTING
 
 log = logging.getLogger("evenserve.gateway")
 
-MAX_BODY_BYTES = 256 * 1024 * 1024
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
@@ -79,7 +78,7 @@ class Gateway:
         self.admin = AdminAPI(self.registry, self.clock, self.admin_token, cfg.seed, cfg.routing)
         self.dispatcher = Dispatcher(self.registry, cfg, self.clock, self.metrics)
         self.poller = Poller(self.registry, cfg, self.clock)
-        self.limits = Limits(max_body_bytes=MAX_BODY_BYTES)
+        self.limits = Limits(max_body_bytes=int(cfg.forward.max_body_mb * 1024 * 1024))
         self._exact: dict[tuple[str, str], Endpoint] = {
             ("GET", wire.HEALTH_LIVE_PATH): self.live,
             ("GET", wire.HEALTH_READY_PATH): self.server_ready,
