@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
+import orjson
 
 from evenserve.core import wire
 from evenserve.core.errors import EvenserveError
@@ -346,13 +347,15 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            entry["data"] = arr.reshape(-1).tolist()
+            flat = arr.reshape(-1)
+            entry["data"] = flat if flat.dtype.kind in "biuf" else flat.tolist()
         meta.append(entry)
     head: dict[str, Any] = {"model_name": sig.name, "model_version": sig.version}
     if request_id is not None:
         head["id"] = request_id
     head["outputs"] = meta
-    header = json.dumps(head, separators=(",", ":")).encode()
+    # orjson writes numeric arrays straight from their buffers (no Python list of floats).
+    header = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return header, {"content-type": JSON_CONTENT_TYPE}
     return b"".join([header, *blobs]), {
