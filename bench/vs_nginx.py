@@ -1016,7 +1016,8 @@ class Bench:
             self.progress.advance(self.task)
             self.say(f"  idle     {arm:24s} CPU % of a core: "
                      + ", ".join(f"{r} {v:.2f}" for r, v in pct.items()))  # fmt: skip
-        self.results["idle_cpu_pct"] = out
+        self.results["idle_cpu_pct"] = {a: out[a] for a in arms}
+        self.idle_pct = {a: self.idle_pct[a] for a in arms}
 
     def scenario_added(self) -> None:
         env, p = self.env, self.plan
@@ -1080,6 +1081,10 @@ class Bench:
         self.status("done")
 
     # -- output -----------------------------------------------------------------------------
+    def max_rates_in_order(self) -> dict[str, float]:
+        """Arm -> max sustained rate, in the plan's arm order (the runs alternate their order)."""
+        return {a: self.max_rates[a] for a in self.plan.arms() if a in self.max_rates}
+
     def added_p50(self) -> dict[str, float]:
         a = self.added.get("added_p50_ms", {})
         return {k: v for k, v in a.items() if v is not None}
@@ -1125,7 +1130,7 @@ class Bench:
             self.console.print(t)
         rows = build_targets(
             {k: v for k, v in self.runs.items() if k != "added"},
-            self.max_rates, self.idle_pct, self.added_p50(),
+            self.max_rates_in_order(), self.idle_pct, self.added_p50(),
         )  # fmt: skip
         if rows:
             self.console.print(targets_table(rows))
@@ -1141,7 +1146,7 @@ class Bench:
             "max_rate": {
                 "rule": f"achieved >= {ACHIEVED_FRACTION}x offered, 0 errors, "
                 f"P99 <= {self.plan.p99_bound_ms} ms",
-                "max_sustained_rps": self.max_rates,
+                "max_sustained_rps": self.max_rates_in_order(),
                 "steps": {a: [f.to_json() for f in fs] for a, fs in self.steps.items()},
             },
             "idle_cpu_pct": self.results.get("idle_cpu_pct", {}),
