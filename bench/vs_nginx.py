@@ -352,6 +352,8 @@ class RunFigures:
     hog: float = 0.0
     #: The host's 1-minute load average when the run ended (the machine may be shared).
     load_1m: float | None = None
+    #: Backends the gateway ejected during the run (its ejection counter; None for nginx).
+    ejections: int | None = None
 
     @property
     def error_count(self) -> int:
@@ -367,6 +369,21 @@ class RunFigures:
         out["error_count"] = self.error_count
         out["cpu_us_per_request"] = {r: self.cpu_us_per_request(r) for r in self.cpu_s}
         return out
+
+
+def ejections_of(url: str) -> int | None:
+    """The gateway's ``evenserve_gateway_backend_ejections_total``, summed over backends and
+    reasons (None when it cannot be read)."""
+    try:
+        text = httpx.get(url + "/metrics", timeout=10.0).text
+    except httpx.HTTPError:
+        return None
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("evenserve_gateway_backend_ejections_total{")
+    ]
+    return int(sum(values))
 
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
@@ -461,6 +478,7 @@ def build_targets(
     max_rates: dict[str, float],
     idle_pct: dict[str, float],
     added_p50: dict[str, float],
+    steps: Sequence[RunFigures] = (),
 ) -> list[TargetRow]:
     """Every ratio and target row from what was measured (scenarios not run are left out).
 
@@ -521,6 +539,19 @@ def build_targets(
             continue
         rows.append(TargetRow("idle balancer CPU, % of a core", a, pct, idle_pct.get("nginx"),
                               None, "< 1 %", _verdict(pct < 1.0)))  # fmt: skip
+    ejected = [
+        (f"{scen} {f.arm} @ {f.rate_rps:g}", f.ejections)
+        for scen, arms in runs.items()
+        for f in arms.values()
+        if f.ejections is not None
+    ] + [(f"max {f.arm} @ {f.rate_rps:g}", f.ejections) for f in steps if f.ejections is not None]
+    if ejected:
+        total = sum(n for _, n in ejected if n is not None)
+        worst = [w for w, n in ejected if n]
+        rows.append(TargetRow(
+            "backends ejected by a gateway (every run, saturated ones too)", "all gateway arms",
+            float(total), None, None, "0", _verdict(total == 0), ", ".join(worst[:4]),
+        ))  # fmt: skip
     if "gateway" in added_p50:
         rows.append(TargetRow("added P50 latency, ms", "gateway", added_p50["gateway"],
                               added_p50.get("nginx"), None, "<= 0.5 ms",
@@ -953,12 +984,18 @@ class Bench:
         hog_f: float = 0.0,
     ) -> RunFigures:  # fmt: skip
         before = running.cpu()
+        ej0 = ejections_of(running.url) if arm != "nginx" else None
         result = self.load(running.url, rate, mix, f"{scenario} {arm} @ {rate:g}/s")
         after = running.cpu()
         cpu = {r: round(after[r] - before[r], 4) for r in before}
         f = figures_of(result, scenario, arm, cpu, hog_f)
+        if ej0 is not None:
+            ej1 = ejections_of(running.url)
+            f.ejections = None if ej1 is None else ej1 - ej0
         self.progress.advance(self.task)
         errs = ", ".join(f"{k} {v}" for k, v in f.errors.items()) or "0 errors"
+        if f.ejections:
+            errs += f", {f.ejections} ejections"
         cpu_b = f.cpu_us_per_request("balancer")
         self.say(
             f"  {scenario:8s} {arm:24s} {rate:6g}/s  achieved {f.achieved_rps:7.1f}  "
@@ -1131,6 +1168,7 @@ class Bench:
         rows = build_targets(
             {k: v for k, v in self.runs.items() if k != "added"},
             self.max_rates_in_order(), self.idle_pct, self.added_p50(),
+            [f for fs in getattr(self, "steps", {}).values() for f in fs],
         )  # fmt: skip
         if rows:
             self.console.print(targets_table(rows))

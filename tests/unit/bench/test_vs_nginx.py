@@ -262,3 +262,16 @@ def test_plan_quick_and_only() -> None:
     )
     with pytest.raises(SystemExit):
         vs.make_plan(vs.parse_args(["--only", "nope"]))
+
+
+def test_an_ejection_in_any_gateway_run_fails_the_no_ejection_target() -> None:
+    quiet = run("gw:round-robin")
+    quiet.ejections = 0
+    saturated = run("gw:round-robin", 1400)
+    saturated.ejections = 2
+    rows = vs.build_targets({"p800": {"gw:round-robin": quiet}}, {}, {}, {}, [saturated])
+    (row,) = [r for r in rows if r.target.startswith("backends ejected")]
+    assert row.verdict == "FAIL" and row.value == 2.0 and "1400" in row.note
+    saturated.ejections = 0
+    rows = vs.build_targets({"p800": {"gw:round-robin": quiet}}, {}, {}, {}, [saturated])
+    assert [r.verdict for r in rows if r.target.startswith("backends ejected")] == ["PASS"]
