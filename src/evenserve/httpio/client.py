@@ -242,15 +242,12 @@ class HttpClient:
 
     def head(self, method: str, path: str, headers: dict[str, str], length: int) -> bytes:
         """A request head (request line and headers, ``Content-Length`` included)."""
-        lines = [
-            f"{method} {self.base_path}{path} HTTP/1.1",
-            f"host: {self.host_header}",
-            *(f"{k}: {v}" for k, v in headers.items()),
-        ]
+        text = f"{method} {self.base_path}{path} HTTP/1.1\r\nhost: {self.host_header}\r\n"
+        for k, v in headers.items():
+            text += f"{k}: {v}\r\n"
         if length or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"content-length: {length}")
-        lines += ["", ""]
-        return "\r\n".join(lines).encode("latin-1")
+            text += f"content-length: {length}\r\n"
+        return (text + "\r\n").encode("latin-1")
 
     async def request(
         self,

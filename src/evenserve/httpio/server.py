@@ -167,6 +167,8 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server = server
         self.limits = server.limits
+        self.max_head = server.limits.max_header_bytes
+        self.max_headers = server.limits.max_headers
         self.loop = server.loop
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
@@ -248,13 +250,17 @@ class _Connection(asyncio.Protocol):
         self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
-        if len(self.headers) >= self.limits.max_headers:
-            raise _Refuse(431, f"more than {self.limits.max_headers} request headers")
+        # Called per header of every request: the checks are inlined.
+        self.head_bytes += len(name) + len(value) + 4
+        headers = self.headers
+        if self.head_bytes > self.max_head or len(headers) >= self.max_headers:
+            self._count(0)
+            raise _Refuse(431, f"more than {self.max_headers} request headers")
         key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        old = self.headers.get(key)
-        self.headers[key] = text if old is None else f"{old}, {text}"
+        if key in headers:
+            headers[key] = f"{headers[key]}, {value.decode('latin-1')}"
+        else:
+            headers[key] = value.decode("latin-1")
 
     def _count(self, n: int) -> None:
         self.head_bytes += n
