@@ -47,6 +47,10 @@ class LoadSample:
     #: The most requests one batch of each model takes on this backend, as its scheduler
     #: batches it (empty: unknown); the router passes it to policies that predict work.
     max_batch_size: Mapping[str, int] = field(default_factory=dict)
+    #: Each model's latency SLO here, seconds (a model without one is absent).
+    slo_s: Mapping[str, float] = field(default_factory=dict)
+    #: Each model's queue bound here: requests waiting before refusals (absent: unbounded).
+    max_queue: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def memory_free_bytes(self) -> float | None:
