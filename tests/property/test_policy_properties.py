@@ -14,6 +14,8 @@ from evenserve.policy.batching import BATCHING
 from evenserve.policy.batching.device import next_batch
 from evenserve.policy.routing import ROUTING
 from evenserve.policy.routing.queue_aware import QueueAware, QueueAwareParams
+from evenserve.policy.routing.refusal import refusal
+from evenserve.policy.routing.work import predicted_wait_s
 from evenserve.report.summary import summarize
 from evenserve.sim.cluster import simulate
 from evenserve.sim.loader import parse_scenario
@@ -148,6 +150,48 @@ def test_queue_aware_scores_in_range(views: list) -> None:  # type: ignore[type-
         assert 0.0 <= s <= 1.0 + 1e-9
 
 
+PROF_LINEAR = LatencyProfile.from_points("m", {1: 15.5, 8: 40.0})
+
+
+@given(
+    hosts=st.lists(
+        st.tuples(
+            st.floats(0, 200),  # queued
+            st.one_of(st.none(), st.floats(0.001, 1.0)),  # the SLO it reports
+            st.booleans(),  # a profile for the model
+            st.booleans(),  # fresh signals
+            st.floats(0, 0.2),  # busy remaining
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    now=st.floats(0, 0.3),
+)
+def test_refusal_only_when_every_host_has_evidence_of_a_wait_past_the_slo(
+    hosts: list[tuple[float, float | None, bool, bool, float]], now: float
+) -> None:
+    views = []
+    for i, (q, slo, has_profile, fresh, busy) in enumerate(hosts):
+        v = view(
+            f"b{i}",
+            q=q,
+            queued={"m": q},
+            fresh=fresh,
+            busy_remaining_s=busy,
+            profiles={"m": PROF_LINEAR} if has_profile else {},
+            max_batch={"m": 8},
+        )
+        v.slo_s = {} if slo is None else {"m": slo}
+        v.sampled_at_s = 0.0
+        views.append(v)
+    late = []
+    for v in views:
+        wait = predicted_wait_s("m", v, now)
+        slo = v.slo_s.get("m")
+        late.append(wait is not None and slo is not None and wait > slo)
+    assert (refusal("m", views, now) is not None) == all(late)
+
+
 @given(
     views=backend_views,
     name=st.sampled_from(
@@ -190,6 +234,7 @@ def test_every_policy_returns_a_candidate(views: list, name: str, seed: int) -> 
     max_queue=st.one_of(st.none(), st.integers(1, 20)),
     seed=st.integers(0, 1000),
     instances=st.integers(1, 3),
+    refusals=st.booleans(),
 )
 def test_simulation_conserves_requests(
     tmp_path_factory: object,
@@ -199,6 +244,7 @@ def test_simulation_conserves_requests(
     max_queue: int | None,
     seed: int,
     instances: int,
+    refusals: bool,
 ) -> None:
     root = Path(tmp_path_factory.mktemp("p"))  # type: ignore[attr-defined]
     write_profiles(root)
@@ -227,6 +273,7 @@ def test_simulation_conserves_requests(
                 "batching": batching,
                 "max_queue_per_model": max_queue,
                 "starvation_ms": 500,
+                "overload_refusals": refusals,
             }
         },
     }

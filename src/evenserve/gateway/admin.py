@@ -2,7 +2,8 @@
 
 - ``GET  /admin/backends``: every backend, its health (and why not), its current signals as the
   router sees them, signal age, and per hosted model the policy's score (queue-aware: the
-  weighted score; least-expected-work: predicted finish seconds) and soft-overload flag.
+  weighted score; least-expected-work: predicted finish seconds) and soft-overload flag
+  (queue-aware: it steers away from that host; it never refuses).
 - ``GET  /admin/routing``: the policy in force, as a spec (``{policy: name, ...params}``).
 - ``PUT  /admin/routing``: replace it with a spec; validated like the config file (400 naming
   the field on error); the very next routing decision uses it. This is how tuned parameters

@@ -2,8 +2,14 @@
 
 Theory of operation. For one request to model m:
 1. Unknown model (no configured backend hosts it): 404, naming the known models.
-2. Soft overload: if the policy can judge overload (queue-aware) and every healthy host of m
-   is overloaded, answer 429 with Retry-After at once instead of queueing without bound.
+2. Overload that means overload (``overload.enabled``: may refuse): ``Router.refusal`` says
+   whether every healthy host of m is full (its reported queue of m at its bound) or late
+   (the work ahead of the request, predicted from the host's reported busy time, queues and
+   latency profiles, exceeds the SLO the host reports for m). Then answer 429 with
+   Retry-After and ``x-evenserve-reason: overloaded`` at once, naming each host's verdict.
+   A host without fresh signals, a reported SLO or bound, or a profile is never full or late:
+   no evidence, no refusal. A policy's soft-overload judgement (queue-aware's) only steers
+   the choice in step 3; it never refuses.
 3. Ask the Router (the same object the simulator drives) for a backend among the healthy
    hosts, excluding those already tried; the decision is timed into a histogram. No host
    left: 503 naming the model and what was tried.
@@ -149,12 +155,13 @@ class Dispatcher:
                 "unknown_model",
             )
         ov = self.cfg.overload
-        if ov.enabled and self.router.all_overloaded(model, sampled_only=True):
+        why = self.router.refusal(model, self.clock.now()) if ov.enabled else None
+        if why is not None:
             return error_answer(
                 429,
-                f"every backend hosting {model!r} is overloaded; retry later",
-                "overloaded",
-                {"retry-after": str(ov.retry_after_s)},
+                f"{why}; retry later",
+                wire.OVERLOADED,
+                {"retry-after": str(ov.retry_after_s), wire.REASON_HEADER: wire.OVERLOADED},
             )
         fwd_headers = {"accept-encoding": "identity"}
         fwd_headers.update((h, headers[h]) for h in FORWARD_REQUEST_HEADERS if h in headers)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample
 from evenserve.policy.routing import ROUTING, Router
 from tests.unit.policy.helpers import req
@@ -119,17 +120,37 @@ def test_exclude_for_retries() -> None:
     assert r.choose(req("m"), 0.0, exclude=["a", "b"]) is None
 
 
-def test_all_overloaded_uses_the_policy_judgement() -> None:
-    r = make_router("queue-aware")
-    r.observe("a", sample(0.0, 9.0))
-    r.observe("b", sample(0.0, 9.0))
-    assert r.all_overloaded("m")
-    r.observe("b", sample(0.1, 0.0))
-    r.observe("b", sample(0.2, 0.0))
-    r.observe("b", sample(0.3, 0.0))
-    assert not r.all_overloaded("m")
-    rr = make_router("round-robin")
-    assert not rr.all_overloaded("m")
+def test_refusal_takes_the_reported_slo_and_the_profiles() -> None:
+    prof = LatencyProfile.from_points("m", {1: 10.0, 8: 40.0})
+    r = Router(ROUTING.build("round-robin"))
+    for n in ("a", "b"):
+        r.add_backend(n, ["m"], profiles={"m": prof})
+
+    def report(name: str, t: float, q: float, slo: dict[str, float] | None) -> None:
+        r.observe(
+            name,
+            LoadSample(
+                timestamp_s=t,
+                queue_depth=q,
+                queued_by_model={"m": q},
+                max_batch_size={"m": 8},
+                slo_s=slo or {},
+            ),
+        )
+
+    for n in ("a", "b"):
+        report(n, 0.0, 24.0, None)
+    assert r.refusal("m", 0.0) is None  # no SLO reported: no evidence, no refusal
+    for n in ("a", "b"):
+        report(n, 0.0, 24.0, {"m": 0.1})
+    why = r.refusal("m", 0.0)
+    assert why is not None and "predicted wait 120 ms > SLO 100 ms" in why
+    r.set_healthy("b", False)
+    assert r.refusal("m", 0.0) is not None  # the healthy hosts only
+    r.set_healthy("b", True)
+    for t in (0.1, 0.2, 0.3):
+        report("b", t, 0.0, {"m": 0.1})
+    assert r.refusal("m", 0.3) is None
 
 
 def test_policy_swap_takes_effect_on_next_decision() -> None:

@@ -19,31 +19,15 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import BackendView, RequestInfo
 from evenserve.policy.registry import PolicyParams
 from evenserve.policy.routing.base import ROUTING, rotating_argmin
+from evenserve.policy.routing.work import queue_work_s
 
 
 class LeastExpectedWorkParams(PolicyParams):
     fallback_item_ms: float = Field(default=10.0, ge=0)
     stale_penalty_ms: float = Field(default=50.0, ge=0)
-
-
-def queue_work_s(
-    profile: LatencyProfile | None, queued: float, max_batch: int, fallback_item_s: float
-) -> float:
-    """Seconds to drain ``queued`` requests in full batches of ``max_batch``."""
-    q = round(queued)
-    if q <= 0:
-        return 0.0
-    if profile is None:
-        return q * fallback_item_s
-    full, rest = divmod(q, max(1, max_batch))
-    work = full * profile.latency_s(max_batch) if full else 0.0
-    if rest:
-        work += profile.latency_s(rest)
-    return work
 
 
 @ROUTING.register("least-expected-work", LeastExpectedWorkParams, "soonest predicted finish")

@@ -8,8 +8,9 @@ where q(b) is the framework's queue estimate (mean of the last ``window`` sample
 depths plus this router's sends since the newest sample). Unknown utilization or memory
 count as the worst value (1.0), never as idle.
 
-Soft overload: a backend with ``q > overload_queue`` or (``util > overload_util`` and
-``free < overload_free_gb``) is skipped while any backend is not overloaded.
+Soft overload steers, it never refuses: a backend with ``q > overload_queue`` or (``util >
+overload_util`` and ``free < overload_free_gb``) is skipped while any backend is not
+overloaded. (Whether the front door refuses is ``routing.refusal``'s rule, not this one.)
 Ties rotate, so equally idle backends share a burst.
 
 Params (defaults are the articles'): ``queue_weight`` 0.5, ``utilization_weight`` 0.3,

@@ -10,18 +10,20 @@ queue depths plus the requests sent since the newest sample: a burst that lands 
 polls sees its own earlier members and spreads out instead of piling onto the backend that
 looked idlest at the last poll. A backend whose newest sample is older than ``stale_after_s``
 (checked by ``expire``) has unknown signals: utilization and memory become None and its queue
-estimate falls back to the router's own in-flight count.
+estimate falls back to the router's own in-flight count. ``refusal`` is the front door's
+overload rule (``routing.refusal``).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import BackendView, LoadSample, RequestInfo
-from evenserve.policy.routing.base import OverloadAware, RoutingPolicy
+from evenserve.policy.routing.base import RoutingPolicy
+from evenserve.policy.routing.refusal import refusal
 
 
 @dataclass
@@ -33,6 +35,9 @@ class _BackendState:
     sent_by_model: dict[str, int] = field(default_factory=dict)
     healthy: bool = True
     last_sample_s: float | None = None
+    #: The mean of the sampled queues per model, without this router's sends: what the
+    #: backend itself reported, the only evidence the refusal rule takes.
+    sampled_queued: dict[str, float] = field(default_factory=dict)
 
 
 class Router:
@@ -76,7 +81,6 @@ class Router:
 
     def set_policy(self, policy: RoutingPolicy) -> None:
         self.policy = policy
-        self._judge = policy.overloaded if isinstance(policy, OverloadAware) else None
 
     def set_healthy(self, name: str, healthy: bool) -> None:
         st = self._backends[name]
@@ -124,13 +128,19 @@ class Router:
         frees = [f for f in (s.memory_free_bytes for s in samples) if f is not None]
         v.memory_free_bytes = sum(frees) / len(frees) if frees else None
         v.busy_remaining_s = newest.busy_remaining_s
+        v.sampled_at_s = newest.timestamp_s
         caps = newest.max_batch_size
         if caps and caps is not v.max_batch_size and caps != v.max_batch_size:
             v.max_batch_size = caps
+        if newest.slo_s and newest.slo_s is not v.slo_s:
+            v.slo_s = newest.slo_s
+        if newest.max_queue and newest.max_queue is not v.max_queue:
+            v.max_queue = newest.max_queue
         qbm: dict[str, float] = {}
         for s in samples:
             for m, q in s.queued_by_model.items():
                 qbm[m] = qbm.get(m, 0.0) + q / n
+        st.sampled_queued = dict(qbm)
         for m, k in st.sent_by_model.items():
             qbm[m] = qbm.get(m, 0.0) + k
         v.queued_by_model = qbm
@@ -173,28 +183,14 @@ class Router:
                 return None
         return self.policy.choose(request, cands, now_s)
 
-    def all_overloaded(self, model: str, *, sampled_only: bool = False) -> bool:
-        """True when the policy can judge overload and every healthy host is overloaded.
-
-        With ``sampled_only`` each host is judged on what it reported itself (the mean of its
-        sampled queue depths, without this router's sends since the newest sample, which also
-        count requests that are running rather than waiting), and a host with stale signals
-        is never judged overloaded: refusing work needs the backends' own evidence.
-        """
-        cands = self._by_model.get(model)
-        judge = self._judge
-        if judge is None or not cands:
-            return False
-        if not sampled_only:
-            return all(judge(b) for b in cands)
-        for b in cands:
-            st = self._backends[b.name]
-            if not b.signals_fresh or not st.samples:
-                return False
-            sampled = sum(s.queue_depth for s in st.samples) / len(st.samples)
-            if not judge(replace(b, queue_depth=sampled)):
-                return False
-        return True
+    def refusal(self, model: str, now_s: float) -> str | None:
+        """Why the front door should refuse a request of ``model`` now (every healthy host
+        full or predicted late past the model's SLO, on the hosts' own evidence: their
+        sampled queues, without this router's sends since, which may be running rather than
+        waiting), or None. See ``routing.refusal``; the gateway answers 429 with it, the
+        simulator drops the request."""
+        hosts = self._by_model.get(model, ())
+        return refusal(model, hosts, now_s, [self._backends[b.name].sampled_queued for b in hosts])
 
     def sent(self, name: str, model: str) -> None:
         st = self._backends[name]
