@@ -12,7 +12,7 @@ from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import Dispatch, QueueView, RequestInfo, WaitUntil
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.batching.device import next_batch
-from evenserve.policy.routing import ROUTING
+from evenserve.policy.routing import ROUTING, Router
 from evenserve.policy.routing.queue_aware import QueueAware, QueueAwareParams
 from evenserve.policy.routing.refusal import refusal
 from evenserve.policy.routing.work import predicted_wait_s
@@ -146,7 +146,7 @@ backend_views = st.lists(
 @given(views=backend_views)
 def test_queue_aware_scores_in_range(views: list) -> None:  # type: ignore[type-arg]
     p = QueueAware(QueueAwareParams())
-    for s in p.scores(views):
+    for s in p.scores(req(), views, 0.0):
         assert 0.0 <= s <= 1.0 + 1e-9
 
 
@@ -190,6 +190,29 @@ def test_refusal_only_when_every_host_has_evidence_of_a_wait_past_the_slo(
         slo = v.slo_s.get("m")
         late.append(wait is not None and slo is not None and wait > slo)
     assert (refusal("m", views, now) is not None) == all(late)
+
+
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["sent", "done"]), st.sampled_from(["a", "b"]), st.integers(1, 4)
+        ),
+        max_size=60,
+    )
+)
+def test_router_in_flight_per_model_adds_up(ops: list[tuple[str, str, int]]) -> None:
+    r = Router(ROUTING.build("least-expected-work"))
+    r.add_backend("d", ["a", "b"])
+    t = 0.0
+    for op, model, n in ops:
+        t += 0.001
+        if op == "sent":
+            r.sent("d", model, t)
+        else:
+            r.done("d", model, n, t)
+    v = r.view("d")
+    assert sum(v.in_flight_by_model.values()) == v.in_flight >= 0
+    assert all(x >= 0.0 for x in v.latency_per_request_s.values())
 
 
 @given(

@@ -86,16 +86,17 @@ class AdminAPI:
         scores = getattr(policy, "scores", None)
         finish = getattr(policy, "finish_s", None)
         overloaded = getattr(policy, "overloaded", None)
+        now = self.clock.now()
+        probe = RequestInfo(request_id=0, model=model, arrival_s=now)
         if callable(scores):
-            for b, s in zip(cands, scores(cands), strict=True):
+            for b, s in zip(cands, scores(probe, cands, now), strict=True):
                 out[b.name]["score"] = _num(float(s))
         elif callable(finish):
-            probe = RequestInfo(request_id=0, model=model, arrival_s=self.clock.now())
             for b in cands:
-                out[b.name]["predicted_finish_s"] = _num(float(finish(probe, b)))
+                out[b.name]["predicted_finish_s"] = _num(float(finish(probe, b, now)))
         if callable(overloaded):
             for b in cands:
-                out[b.name]["overloaded"] = bool(overloaded(b))
+                out[b.name]["overloaded"] = bool(overloaded(probe, b, now))
         return out
 
     def backends_view(self) -> dict[str, Any]:

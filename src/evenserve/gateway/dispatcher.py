@@ -14,7 +14,9 @@ Theory of operation. For one request to model m:
    hosts, excluding those already tried; the decision is timed into a histogram. No host
    left: 503 naming the model and what was tried.
 4. ``Router.sent`` before forwarding and ``Router.done`` after (in ``finally``), so bursts
-   between two signal polls see each other and in-flight counts never leak.
+   between two signal polls see each other and in-flight counts never leak; both with the
+   clock's time when the backend served the request (a 2xx or other answer below 400), so
+   the router learns each backend's speed from what its answers took.
 5. Forward the body bytes untouched (JSON or the binary tensor extension) with the headers
    that carry meaning (content type, Inference-Header-Content-Length, content encoding, and
    the request's class and deadline: x-evenserve-priority, x-evenserve-deadline-ms).
@@ -179,10 +181,12 @@ class Dispatcher:
             tried.append(name)
             if attempt > 0:
                 self.metrics.retries.labels(model).inc()
-            self.router.sent(name, model)
+            self.router.sent(name, model, self.clock.now())
+            answered = False  # served: the router learns the backend's speed from it
             try:
                 url = self.registry.url(name) + path
                 reply = await self.forwarder.request("POST", url, body, fwd_headers)
+                answered = reply.status < 400
             except Unreachable as exc:
                 self.registry.eject(name, str(exc))
                 failures.append(f"{name}: {exc}")
@@ -200,7 +204,7 @@ class Dispatcher:
                     {wire.BACKEND_HEADER: name},
                 )
             finally:
-                self.router.done(name, model)
+                self.router.done(name, model, now_s=self.clock.now() if answered else None)
             ans = Answer(reply.status, reply.body, reply.headers, name, outcome_of(reply.status))
             if reply.status in (429, 503) and reply.headers.get(wire.REASON_HEADER) != wire.SHED:
                 relayed = ans

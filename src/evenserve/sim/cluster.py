@@ -10,6 +10,8 @@ Theory of operation. Everything happens on one EventLoop with a virtual clock.
   request is logged) and hands the events back (``wake``, ``finished``).
 - Every ``signals.interval_ms`` each device's load snapshot is fed to the Router, exactly as
   the gateway's poller feeds it the workers' load reports.
+- The Router hears each send and each answer with the virtual time (``sent``/``done``, as
+  the gateway's dispatcher calls them), so it learns each device's speed the same way.
 - An arm with ``overload_refusals`` drops a request as ``overloaded`` when the Router's
   refusal rule holds (every host full or predicted late past the SLO), as the gateway with
   ``overload.enabled`` answers 429; off by default, as the live bench's gateway is.
@@ -220,7 +222,7 @@ class Simulation:
             if r.user >= 0:
                 self._schedule_user(r.user)
         if self.router is not None:
-            self.router.done(device, batch.model, len(batch.requests))
+            self.router.done(device, batch.model, len(batch.requests), now)
 
     def _routed_arrival(self, r: SimRequest) -> None:
         router = self.router
@@ -234,7 +236,7 @@ class Simulation:
             self.drop(r, NO_BACKEND, None)
             return
         name = view.name
-        router.sent(name, r.model)
+        router.sent(name, r.model, now)
         reason = self.by_name[name].sched.offer(r, now)
         if reason is not None:
             self.drop(r, reason, name)

@@ -209,6 +209,21 @@ async def test_no_evidence_or_no_permission_no_429(what: str) -> None:
     assert status == 200, what
 
 
+async def test_the_router_learns_from_served_answers_only() -> None:
+    def slow_a(request: httpx.Request) -> httpx.Response:
+        clock.advance(0.030)
+        if request.url.host == "b.test":
+            return httpx.Response(429, headers={REASON_HEADER: "queue-full"})
+        return ok(request)
+
+    d, reg, clock = setup(slow_a)
+    await infer(d)  # round robin: a first, 30 ms
+    assert reg.router.view("a").latency_per_request_s == {"m": pytest.approx(0.030)}
+    await infer(d)  # b refuses (not learned), then a answers
+    assert reg.router.view("b").latency_per_request_s == {}
+    assert reg.router.view("a").in_flight_by_model == {"m": 0}
+
+
 async def test_unknown_model_is_404() -> None:
     d, _, _ = setup(ok)
     status, _, body = await infer(d, "nope")

@@ -153,6 +153,35 @@ def test_refusal_takes_the_reported_slo_and_the_profiles() -> None:
     assert r.refusal("m", 0.3) is None
 
 
+def test_router_counts_its_own_in_flight_per_model() -> None:
+    r = make_router()
+    for m in ("m", "m", "x"):
+        r.sent("a", m)
+    assert r.view("a").in_flight_by_model == {"m": 2, "x": 1}
+    r.done("a", "m", 5)  # more than were sent: never below zero
+    r.done("a", "x")
+    assert r.view("a").in_flight_by_model == {"m": 0, "x": 0}
+    assert r.view("a").in_flight == 0
+
+
+def test_router_learns_each_backends_seconds_per_request_from_its_answers() -> None:
+    r = make_router()
+    r.sent("a", "m", 0.0)  # nothing in flight before it: 30 ms per request
+    r.done("a", "m", now_s=0.030)
+    assert r.view("a").latency_per_request_s == {"m": pytest.approx(0.030)}
+    for _ in range(3):
+        r.sent("b", "m", 1.0)  # 0, 1 and 2 in flight before each
+    r.done("b", "m", 3, now_s=1.060)  # 60 ms each: 60, 30, 20 ms per request, averaged
+    x = r.view("b").latency_per_request_s["m"]
+    assert 0.020 < x < 0.060
+    r.sent("a", "m", 2.0)
+    r.done("a", "m")  # a failure or a refusal: no time, nothing learned
+    assert r.view("a").latency_per_request_s == {"m": pytest.approx(0.030)}
+    r.sent("a", "m", 3.0)
+    r.done("a", "m", now_s=3.130)  # answered: the oldest unanswered send of a/m
+    assert r.view("a").latency_per_request_s["m"] == pytest.approx(0.030 + 0.05 * 0.1)
+
+
 def test_policy_swap_takes_effect_on_next_decision() -> None:
     r = make_router("round-robin")
     r.observe("a", sample(0.0, 9.0))

@@ -1,16 +1,33 @@
-"""Predicted work on a backend, in seconds: what the gateway's refusal rule compares with
-the SLO.
+"""Predicted work on a backend, in seconds: what least-expected-work minimises, what
+queue-aware weighs as its queue term, and what the gateway's refusal rule compares with the SLO.
 
-With t_m the profile's batch time of model m on b, B_m its max batch size and
-``work_m(q) = floor(q / B_m) * t_m(B_m) + t_m(q mod B_m)`` (``t_m(0) = 0``)::
+Formulas, per backend b and request model r, with t_m the profile's batch time of model m on
+b, B_m its max batch size and ``work_m(q) = floor(q / B_m) * t_m(B_m) + t_m(q mod B_m)``
+(``t_m(0) = 0``; a model without a profile costs ``q * c_m``, c_m the learned seconds per
+request below, else the fallback per request):
 
-    wait_r(b) = max(0, busy_remaining(b) - age(b)) + sum_{m != r} work_m(q_m(b))
-                + work_r(B_r * floor(q_r(b) / B_r))
+- With a profile for r and fresh signals (the backend's own evidence, aged)::
 
-where age(b) = now - when the newest sample was taken (a running batch that had 20 ms left
-at a sample 15 ms ago has 5 ms left). Only the backend's evidence counts (fresh signals and
-a profile for every queued model, else None: no evidence, no refusal), and only the work
-ahead of the request (its own batch's time and the partial batch it would join are not
+      backlog(b) = max(0, busy_remaining(b) - age(b)) + sum_m work_m(q_m(b))
+      finish(b)  = backlog(b) + work_r(q_r(b) + 1) - work_r(q_r(b))
+
+  where q_m is the router's queue estimate (sampled mean plus own sends since, net of
+  answers) and age(b) = now - when the newest sample was taken: a running batch that had
+  20 ms left at a sample 15 ms ago has 5 ms left.
+- With a profile for r but stale or no signals: the same sums over the router's own
+  in-flight counts per model, k_m(b) (exact and current; they include the running batch,
+  counted whole).
+- Without a profile for r (a backend whose profile set the gateway does not have)::
+
+      finish(b) = (max(in_flight(b), queue_depth(b)) + 1) * c_r(b)
+
+  with c_r(b) the router's learned seconds of latency per request in flight at the send
+  (``BackendView.latency_per_request_s``; the fallback per request until it has answers):
+  a device 2.5x slower answers 2.5x later at the same count, so it learns a 2.5x cost.
+
+``predicted_wait_s`` is the refusal rule's figure: only the backend's evidence (fresh signals
+and a profile for every queued model, else None: no evidence, no refusal), and only the
+work ahead of the request (its own batch's time and the partial batch it would join are not
 counted), so it errs on the side of serving.
 """
 
@@ -43,6 +60,35 @@ def _aged_busy_s(b: BackendView, now_s: float) -> float:
     at = b.sampled_at_s
     left = b.busy_remaining_s - (now_s - at if at is not None and now_s > at else 0.0)
     return left if left > 0.0 else 0.0
+
+
+def predicted_finish_s(model: str, b: BackendView, now_s: float, fallback_item_s: float) -> float:
+    """Seconds until a request of ``model`` sent to ``b`` now would be answered (see the
+    module's formulas)."""
+    prof = b.profiles.get(model)
+    if prof is None:
+        cost = b.latency_per_request_s.get(model, fallback_item_s)
+        n = b.queue_depth if b.queue_depth > b.in_flight else float(b.in_flight)
+        return (n + 1.0) * cost
+    profiles = b.profiles
+    caps = b.max_batch_size
+    learned = b.latency_per_request_s
+    counts: Mapping[str, float]
+    if b.signals_fresh:
+        counts = b.queued_by_model
+        backlog = _aged_busy_s(b, now_s)
+    else:
+        counts = b.in_flight_by_model
+        backlog = 0.0
+    for m, q in counts.items():
+        if q > 0:
+            backlog += queue_work_s(
+                profiles.get(m), q, caps.get(m, 1), learned.get(m, fallback_item_s)
+            )
+    mb = caps.get(model, 1)
+    qr = counts.get(model, 0.0)
+    own = queue_work_s(prof, qr + 1, mb, 0.0) - queue_work_s(prof, qr, mb, 0.0)
+    return backlog + own
 
 
 def predicted_wait_s(
