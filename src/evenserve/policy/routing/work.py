@@ -64,7 +64,8 @@ def _aged_busy_s(b: BackendView, now_s: float) -> float:
 
 def predicted_finish_s(model: str, b: BackendView, now_s: float, fallback_item_s: float) -> float:
     """Seconds until a request of ``model`` sent to ``b`` now would be answered (see the
-    module's formulas)."""
+    module's formulas). On the simulator's per-request path: kept to dict reads and a few
+    profile lookups."""
     prof = b.profiles.get(model)
     if prof is None:
         cost = b.latency_per_request_s.get(model, fallback_item_s)
@@ -72,7 +73,6 @@ def predicted_finish_s(model: str, b: BackendView, now_s: float, fallback_item_s
         return (n + 1.0) * cost
     profiles = b.profiles
     caps = b.max_batch_size
-    learned = b.latency_per_request_s
     counts: Mapping[str, float]
     if b.signals_fresh:
         counts = b.queued_by_model
@@ -81,13 +81,21 @@ def predicted_finish_s(model: str, b: BackendView, now_s: float, fallback_item_s
         counts = b.in_flight_by_model
         backlog = 0.0
     for m, q in counts.items():
-        if q > 0:
-            backlog += queue_work_s(
-                profiles.get(m), q, caps.get(m, 1), learned.get(m, fallback_item_s)
-            )
-    mb = caps.get(model, 1)
-    qr = counts.get(model, 0.0)
-    own = queue_work_s(prof, qr + 1, mb, 0.0) - queue_work_s(prof, qr, mb, 0.0)
+        if q >= 0.5:
+            p = profiles.get(m)
+            if p is None:
+                backlog += round(q) * b.latency_per_request_s.get(m, fallback_item_s)
+                continue
+            cap = caps.get(m, 1)
+            full, rest = divmod(round(q), cap if cap > 1 else 1)
+            if full:
+                backlog += full * p.latency_s(cap)
+            if rest:
+                backlog += p.latency_s(rest)
+    # Its own share: work_r(q + 1) - work_r(q) = t(rest + 1) - t(rest), rest = q mod B_r.
+    cap = caps.get(model, 1)
+    rest = round(counts.get(model, 0.0)) % (cap if cap > 1 else 1)
+    own = prof.latency_s(rest + 1) - (prof.latency_s(rest) if rest else 0.0)
     return backlog + own
 
 
