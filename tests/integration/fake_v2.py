@@ -34,6 +34,8 @@ class FakeBackend:
     delay_s: float = 0.0
     ready: bool = True
     reported_queue: int | None = None  # None: report the real number of waiting requests
+    #: The queue bound reported for every model (None: unbounded, none reported).
+    reported_bound: int | None = None
     infer_status: int | None = None  # answer every infer with this status (e.g. 503, 429)
     metrics_text: str | None = None
     received: int = 0
@@ -125,7 +127,10 @@ class FakeBackend:
             device="fake",
             queue_depth=q,
             in_flight=0,
-            queued_by_model={},
+            queued_by_model={m: q for m in self.models},
+            max_queue_by_model={}
+            if self.reported_bound is None
+            else {m: self.reported_bound for m in self.models},
             utilization=0.1,
             utilization_window_s=1.0,
             memory_used_bytes=1e9,

@@ -12,8 +12,10 @@ from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import Dispatch, QueueView, RequestInfo, WaitUntil
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.batching.device import next_batch
-from evenserve.policy.routing import ROUTING
+from evenserve.policy.routing import ROUTING, Router
 from evenserve.policy.routing.queue_aware import QueueAware, QueueAwareParams
+from evenserve.policy.routing.refusal import refusal
+from evenserve.policy.routing.work import predicted_wait_s
 from evenserve.report.summary import summarize
 from evenserve.sim.cluster import simulate
 from evenserve.sim.loader import parse_scenario
@@ -144,8 +146,73 @@ backend_views = st.lists(
 @given(views=backend_views)
 def test_queue_aware_scores_in_range(views: list) -> None:  # type: ignore[type-arg]
     p = QueueAware(QueueAwareParams())
-    for s in p.scores(views):
+    for s in p.scores(req(), views, 0.0):
         assert 0.0 <= s <= 1.0 + 1e-9
+
+
+PROF_LINEAR = LatencyProfile.from_points("m", {1: 15.5, 8: 40.0})
+
+
+@given(
+    hosts=st.lists(
+        st.tuples(
+            st.floats(0, 200),  # queued
+            st.one_of(st.none(), st.floats(0.001, 1.0)),  # the SLO it reports
+            st.booleans(),  # a profile for the model
+            st.booleans(),  # fresh signals
+            st.floats(0, 0.2),  # busy remaining
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    now=st.floats(0, 0.3),
+)
+def test_refusal_only_when_every_host_has_evidence_of_a_wait_past_the_slo(
+    hosts: list[tuple[float, float | None, bool, bool, float]], now: float
+) -> None:
+    views = []
+    for i, (q, slo, has_profile, fresh, busy) in enumerate(hosts):
+        v = view(
+            f"b{i}",
+            q=q,
+            queued={"m": q},
+            fresh=fresh,
+            busy_remaining_s=busy,
+            profiles={"m": PROF_LINEAR} if has_profile else {},
+            max_batch={"m": 8},
+        )
+        v.slo_s = {} if slo is None else {"m": slo}
+        v.sampled_at_s = 0.0
+        views.append(v)
+    late = []
+    for v in views:
+        wait = predicted_wait_s("m", v, now)
+        slo = v.slo_s.get("m")
+        late.append(wait is not None and slo is not None and wait > slo)
+    assert (refusal("m", views, now) is not None) == all(late)
+
+
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["sent", "done"]), st.sampled_from(["a", "b"]), st.integers(1, 4)
+        ),
+        max_size=60,
+    )
+)
+def test_router_in_flight_per_model_adds_up(ops: list[tuple[str, str, int]]) -> None:
+    r = Router(ROUTING.build("least-expected-work"))
+    r.add_backend("d", ["a", "b"])
+    t = 0.0
+    for op, model, n in ops:
+        t += 0.001
+        if op == "sent":
+            r.sent("d", model, t)
+        else:
+            r.done("d", model, n, t)
+    v = r.view("d")
+    assert sum(v.in_flight_by_model.values()) == v.in_flight >= 0
+    assert all(x >= 0.0 for x in v.latency_per_request_s.values())
 
 
 @given(
@@ -190,6 +257,7 @@ def test_every_policy_returns_a_candidate(views: list, name: str, seed: int) -> 
     max_queue=st.one_of(st.none(), st.integers(1, 20)),
     seed=st.integers(0, 1000),
     instances=st.integers(1, 3),
+    refusals=st.booleans(),
 )
 def test_simulation_conserves_requests(
     tmp_path_factory: object,
@@ -199,6 +267,7 @@ def test_simulation_conserves_requests(
     max_queue: int | None,
     seed: int,
     instances: int,
+    refusals: bool,
 ) -> None:
     root = Path(tmp_path_factory.mktemp("p"))  # type: ignore[attr-defined]
     write_profiles(root)
@@ -227,6 +296,7 @@ def test_simulation_conserves_requests(
                 "batching": batching,
                 "max_queue_per_model": max_queue,
                 "starvation_ms": 500,
+                "overload_refusals": refusals,
             }
         },
     }

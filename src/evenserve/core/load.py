@@ -29,6 +29,12 @@ class LoadReport(BaseModel):
     max_batch_size_by_model: dict[str, int] = Field(
         default_factory=dict, description="most requests one batch takes, per model, here"
     )
+    slo_ms_by_model: dict[str, float] = Field(
+        default_factory=dict, description="latency SLO per model (models without one absent)"
+    )
+    max_queue_by_model: dict[str, int] = Field(
+        default_factory=dict, description="queue bound per model (unbounded models absent)"
+    )
     ready: bool = True
 
     def to_sample(self, received_at_s: float) -> LoadSample:
@@ -42,4 +48,6 @@ class LoadReport(BaseModel):
             queued_by_model={m: float(q) for m, q in self.queued_by_model.items()},
             busy_remaining_s=self.busy_remaining_s,
             max_batch_size=self.max_batch_size_by_model,
+            slo_s={m: ms / 1000.0 for m, ms in self.slo_ms_by_model.items()},
+            max_queue=self.max_queue_by_model,
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,10 @@ class LatencyProfile:
     memory_mb: tuple[float, ...]
     weights_mb: float
     sequence_length: int | None = None
+    #: latency_s by batch size, filled as sizes are asked for (routers ask per request).
+    _latency_s: dict[int, float] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     @classmethod
     def from_points(
@@ -131,7 +135,10 @@ class LatencyProfile:
 
     def latency_s(self, batch: int) -> float:
         """Seconds to run one batch of ``batch`` requests."""
-        return self._interp(self.latency_ms, batch) / 1000.0
+        s = self._latency_s.get(batch)
+        if s is None:
+            s = self._latency_s[batch] = self._interp(self.latency_ms, batch) / 1000.0
+        return s
 
     def batch_memory_bytes(self, batch: int) -> float:
         """Working memory of one batch, in bytes (weights excluded)."""

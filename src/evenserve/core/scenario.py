@@ -115,6 +115,13 @@ class ArmSpec(QueueOptions):
     routing: Any
     batching: Any
     batching_per_model: dict[str, Any] = Field(default_factory=dict)
+    overload_refusals: bool = Field(
+        default=False,
+        description=(
+            "the front door refuses (429) when every host is full or predicted late past "
+            "the SLO (live: the gateway's overload.enabled)"
+        ),
+    )
     description: str | None = None
 
 

@@ -47,6 +47,10 @@ class LoadSample:
     #: The most requests one batch of each model takes on this backend, as its scheduler
     #: batches it (empty: unknown); the router passes it to policies that predict work.
     max_batch_size: Mapping[str, int] = field(default_factory=dict)
+    #: Each model's latency SLO here, seconds (a model without one is absent).
+    slo_s: Mapping[str, float] = field(default_factory=dict)
+    #: Each model's queue bound here: requests waiting before refusals (absent: unbounded).
+    max_queue: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def memory_free_bytes(self) -> float | None:
@@ -63,6 +67,13 @@ class BackendView:
     plus the requests this router sent since the newest sample (so bursts between two polls
     spread out). ``signals_fresh`` is False when the newest sample is older than the staleness
     bound: then utilization and memory are None and queue depth is only the router's own count.
+    ``in_flight`` and ``in_flight_by_model`` are this router's own count of requests sent and
+    not yet answered (exact and current, whatever the signals); ``latency_per_request_s`` is
+    what the router learned from its own answers: per model, seconds of latency per request
+    in flight here at the send (an EWMA of latency / (in flight + 1)), a speed figure that
+    needs no profile. ``slo_s`` and ``max_queue`` are what the backend reports per model;
+    ``sampled_at_s`` is when the newest sample was taken (None: never), so a policy can age
+    what it says (``busy_remaining_s`` was true then).
     The defaults are a backend nothing is known of yet.
     """
 
@@ -78,6 +89,11 @@ class BackendView:
     profiles: Mapping[str, LatencyProfile] = field(default_factory=dict)
     max_batch_size: Mapping[str, int] = field(default_factory=dict)
     weight: float = 1.0
+    in_flight_by_model: Mapping[str, int] = field(default_factory=dict)
+    latency_per_request_s: Mapping[str, float] = field(default_factory=dict)
+    slo_s: Mapping[str, float] = field(default_factory=dict)
+    max_queue: Mapping[str, int] = field(default_factory=dict)
+    sampled_at_s: float | None = None
 
 
 @dataclass(slots=True)

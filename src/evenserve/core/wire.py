@@ -150,6 +150,10 @@ REFUSAL_STATUS: Mapping[str, int] = {
 }
 #: Simulator-only drop reason: no device hosts the model (the gateway answers 503).
 NO_BACKEND = "no-backend"
+#: 429 from the gateway itself (and the simulator's drop reason for it): every healthy host
+#: of the model is full or predicted to start the request later than the model's SLO
+#: (policy.routing.refusal). Also the gateway's outcome label for it.
+OVERLOADED = "overloaded"
 
 # -- classes and deadlines ---------------------------------------------------------------------
 #: Priority classes by name; higher numbers are served first.

@@ -123,6 +123,8 @@ def write_arm_cluster(
             "routing": spec.routing,
             "seed": seed,
             "signals": {"interval_ms": sc.signals.interval_ms, "window": sc.signals.window},
+            # The gateway refuses work as the simulator's arm does (off unless it says so).
+            "overload": {"enabled": spec.overload_refusals},
         },
         "workers": {
             "repo": str(repo.resolve()),

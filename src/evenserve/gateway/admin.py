@@ -2,7 +2,8 @@
 
 - ``GET  /admin/backends``: every backend, its health (and why not), its current signals as the
   router sees them, signal age, and per hosted model the policy's score (queue-aware: the
-  weighted score; least-expected-work: predicted finish seconds) and soft-overload flag.
+  weighted score; least-expected-work: predicted finish seconds) and soft-overload flag
+  (queue-aware: it steers away from that host; it never refuses).
 - ``GET  /admin/routing``: the policy in force, as a spec (``{policy: name, ...params}``).
 - ``PUT  /admin/routing``: replace it with a spec; validated like the config file (400 naming
   the field on error); the very next routing decision uses it. This is how tuned parameters
@@ -93,16 +94,17 @@ class AdminAPI:
         scores = getattr(policy, "scores", None)
         finish = getattr(policy, "finish_s", None)
         overloaded = getattr(policy, "overloaded", None)
+        now = self.clock.now()
+        probe = RequestInfo(request_id=0, model=model, arrival_s=now)
         if callable(scores):
-            for b, s in zip(cands, scores(cands), strict=True):
+            for b, s in zip(cands, scores(probe, cands, now), strict=True):
                 out[b.name]["score"] = _num(float(s))
         elif callable(finish):
-            probe = RequestInfo(request_id=0, model=model, arrival_s=self.clock.now())
             for b in cands:
-                out[b.name]["predicted_finish_s"] = _num(float(finish(probe, b)))
+                out[b.name]["predicted_finish_s"] = _num(float(finish(probe, b, now)))
         if callable(overloaded):
             for b in cands:
-                out[b.name]["overloaded"] = bool(overloaded(b))
+                out[b.name]["overloaded"] = bool(overloaded(probe, b, now))
         return out
 
     def backends_view(self) -> dict[str, Any]:

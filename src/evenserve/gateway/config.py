@@ -104,7 +104,10 @@ class ForwardConfig(Strict):
 
 
 class OverloadConfig(Strict):
-    enabled: bool = Field(default=True, description="429 when every host is soft-overloaded")
+    enabled: bool = Field(
+        default=True,
+        description="may refuse (429): every host full or predicted to start it past its SLO",
+    )
     retry_after_s: int = Field(default=1, ge=0, description="Retry-After header value")
 
 

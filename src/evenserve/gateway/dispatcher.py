@@ -2,13 +2,21 @@
 
 Theory of operation. For one request to model m:
 1. Unknown model (no configured backend hosts it): 404, naming the known models.
-2. Soft overload: if the policy can judge overload (queue-aware) and every healthy host of m
-   is overloaded, answer 429 with Retry-After at once instead of queueing without bound.
+2. Overload that means overload (``overload.enabled``: may refuse): ``Router.refusal`` says
+   whether every healthy host of m is full (its reported queue of m at its bound) or late
+   (the work ahead of the request, predicted from the host's reported busy time, queues and
+   latency profiles, exceeds the SLO the host reports for m). Then answer 429 with
+   Retry-After and ``x-evenserve-reason: overloaded`` at once, naming each host's verdict.
+   A host without fresh signals, a reported SLO or bound, or a profile is never full or late:
+   no evidence, no refusal. A policy's soft-overload judgement (queue-aware's) only steers
+   the choice in step 3; it never refuses.
 3. Ask the Router (the same object the simulator drives) for a backend among the healthy
    hosts, excluding those already tried; the decision is timed into a histogram. No host
    left: 503 naming the model and what was tried.
 4. ``Router.sent`` before forwarding and ``Router.done`` after (in ``finally``), so bursts
-   between two signal polls see each other and in-flight counts never leak.
+   between two signal polls see each other and in-flight counts never leak; both with the
+   clock's time when the backend served the request (a 2xx or other answer below 400), so
+   the router learns each backend's speed from what its answers took.
 5. Forward the body bytes untouched (JSON or the binary tensor extension) with the headers
    that carry meaning (content type, Inference-Header-Content-Length, content encoding, and
    the request's class and deadline: x-evenserve-priority, x-evenserve-deadline-ms).
@@ -179,7 +187,7 @@ class Dispatcher:
             except ForwardError as exc:
                 error = exc
             finally:
-                self.router.done(name, model)
+                self._done(name, model, reply)
             ans = self._settle(fw, name, reply, error)
             if ans is not None:
                 return self._finish(model, ans, fw.t0)
@@ -234,7 +242,7 @@ class Dispatcher:
         reply: Reply | HttpReply | None,
         error: BaseException | None,
     ) -> None:
-        self.router.done(name, fw.model)
+        self._done(name, fw.model, reply)
         if error is not None and not isinstance(error, ForwardError):
             raise error  # not a forwarding failure: a bug, not an outcome
         if error is not None:
@@ -246,6 +254,12 @@ class Dispatcher:
         else:
             assert fw.answer is not None
             fw.answer(self._finish(fw.model, ans, fw.t0))
+
+    def _done(self, name: str, model: str, reply: Reply | HttpReply | None) -> None:
+        """The try on ``name`` is over; a served answer (below 400) teaches the router the
+        backend's speed (a quick refusal must not make a host look fast)."""
+        served = reply is not None and reply.status < 400
+        self.router.done(name, model, now_s=self.clock.now() if served else None)
 
     def _admit(
         self, model: str, path: str, body: bytes, headers: Mapping[str, str]
@@ -259,12 +273,13 @@ class Dispatcher:
                 "unknown_model",
             )
         ov = self.cfg.overload
-        if ov.enabled and self.router.all_overloaded(model, sampled_only=True):
+        why = self.router.refusal(model, self.clock.now()) if ov.enabled else None
+        if why is not None:
             return error_answer(
                 429,
-                f"every backend hosting {model!r} is overloaded; retry later",
-                "overloaded",
-                {"retry-after": str(ov.retry_after_s)},
+                f"{why}; retry later",
+                wire.OVERLOADED,
+                {"retry-after": str(ov.retry_after_s), wire.REASON_HEADER: wire.OVERLOADED},
             )
         fwd_headers = {"accept-encoding": "identity"}
         fwd_headers.update((h, headers[h]) for h in FORWARD_REQUEST_HEADERS if h in headers)
@@ -285,7 +300,7 @@ class Dispatcher:
         if fw.attempt > 0:
             self.metrics.retries.labels(fw.model).inc()
         fw.attempt += 1
-        self.router.sent(name, fw.model)
+        self.router.sent(name, fw.model, self.clock.now())
         return name
 
     def _settle(

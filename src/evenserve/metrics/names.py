@@ -72,7 +72,7 @@ GATEWAY_OUTCOMES = (
     "client_error",  # the backend's 4xx (not 429), relayed
     "backend_error",  # the backend's 5xx, relayed (after the retry, for 503)
     "backend_overloaded",  # the backend's 429, relayed (after the retry)
-    "overloaded",  # the gateway's 429: every host in soft overload
+    "overloaded",  # the gateway's 429: every host full or late (policy.routing.refusal)
     "unavailable",  # the gateway's 503: no host could take it
     "timeout",  # the gateway's 504: the backend did not answer in time
     "unknown_model",  # the gateway's 404: no backend hosts the model

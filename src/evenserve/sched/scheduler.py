@@ -87,6 +87,16 @@ class DeviceScheduler(Generic[R]):
         #: The most requests one batch of each model takes here (its policy's cap; the load
         #: snapshot carries it to routers that predict work).
         self.max_batch_size = {h.mq.name: h.mq.policy.max_batch_size for h in self._hosted}
+        #: Each model's SLO and queue bound here (the snapshot carries them to the router,
+        #: which refuses work only on evidence: a predicted wait past the SLO, full queues).
+        self.slo_s = {
+            h.mq.name: h.mq.setup.slo_s for h in self._hosted if h.mq.setup.slo_s is not None
+        }
+        self.max_queue = {
+            h.mq.name: h.mq.setup.max_queue
+            for h in self._hosted
+            if h.mq.setup.max_queue is not None
+        }
         self._owns_queues = len(names) == len(queues.queues)
         self._direct = (
             len(names) == 1 and queues.starvation_s is None and queues.class_headroom is None
@@ -345,6 +355,8 @@ class DeviceScheduler(Generic[R]):
             queued_by_model={h.mq.name: float(len(h.mq.queue.items)) for h in self._hosted},
             busy_remaining_s=self.busy_remaining_s(now),
             max_batch_size=self.max_batch_size,
+            slo_s=self.slo_s,
+            max_queue=self.max_queue,
         )
 
 

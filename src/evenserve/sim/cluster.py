@@ -10,6 +10,11 @@ Theory of operation. Everything happens on one EventLoop with a virtual clock.
   request is logged) and hands the events back (``wake``, ``finished``).
 - Every ``signals.interval_ms`` each device's load snapshot is fed to the Router, exactly as
   the gateway's poller feeds it the workers' load reports.
+- The Router hears each send and each answer with the virtual time (``sent``/``done``, as
+  the gateway's dispatcher calls them), so it learns each device's speed the same way.
+- An arm with ``overload_refusals`` drops a request as ``overloaded`` when the Router's
+  refusal rule holds (every host full or predicted late past the SLO), as the gateway with
+  ``overload.enabled`` answers 429; off by default, as the live bench's gateway is.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Iterator
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import RequestLog, RunRecords
 from evenserve.core.scenario import CENTRAL_QUEUE, ClosedLoop, OpenLoop, TraceWorkload
-from evenserve.core.wire import NO_BACKEND
+from evenserve.core.wire import NO_BACKEND, OVERLOADED
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import batching_label, spec_label
 from evenserve.policy.routing import ROUTING, Router
@@ -63,6 +68,7 @@ class Simulation:
         self.signal_interval_s = sig.interval_ms / 1000.0
         self.utilization_window_s = sig.utilization_window_ms / 1000.0
         self.starvation_s = self.arm.starvation_s
+        self.refusals = self.arm.overload_refusals
         self._priority = {m: spec.priority_value for m, spec in sc.models.items()}
         self._deadline_s = {m: spec.deadline_s for m, spec in sc.models.items()}
         self.devices: list[SimDevice] = []
@@ -216,18 +222,21 @@ class Simulation:
             if r.user >= 0:
                 self._schedule_user(r.user)
         if self.router is not None:
-            self.router.done(device, batch.model, len(batch.requests))
+            self.router.done(device, batch.model, len(batch.requests), now)
 
     def _routed_arrival(self, r: SimRequest) -> None:
         router = self.router
         assert router is not None
         now = self.loop.now
+        if self.refusals and router.refusal(r.model, now) is not None:
+            self.drop(r, OVERLOADED, None)
+            return
         view = router.choose(r, now)
         if view is None:
             self.drop(r, NO_BACKEND, None)
             return
         name = view.name
-        router.sent(name, r.model)
+        router.sent(name, r.model, now)
         reason = self.by_name[name].sched.offer(r, now)
         if reason is not None:
             self.drop(r, reason, name)

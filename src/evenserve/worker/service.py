@@ -296,6 +296,8 @@ class WorkerService:
             memory_total_bytes=total,
             busy_remaining_s=d.sched.busy_remaining_s(now),
             max_batch_size_by_model=d.sched.max_batch_size,
+            slo_ms_by_model={m: s * 1000.0 for m, s in d.sched.slo_s.items()},
+            max_queue_by_model=d.sched.max_queue,
             ready=self.ready,
         )
 

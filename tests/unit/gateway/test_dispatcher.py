@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from evenserve.core.clock import FakeClock
+from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample
-from evenserve.core.wire import BACKEND_HEADER
+from evenserve.core.wire import BACKEND_HEADER, OVERLOADED, REASON_HEADER
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.dispatcher import RELAY_RESPONSE_HEADERS, Dispatcher
@@ -25,10 +26,13 @@ Handler = Callable[[httpx.Request], httpx.Response]
 
 
 def setup(
-    handler: Handler, names: tuple[str, ...] = ("a", "b"), routing: str = "round-robin"
+    handler: Handler,
+    names: tuple[str, ...] = ("a", "b"),
+    routing: str = "round-robin",
+    enabled: bool = True,
 ) -> tuple[Dispatcher, BackendRegistry, FakeClock]:
     raw = {
-        "gateway": {"routing": routing},
+        "gateway": {"routing": routing, "overload": {"enabled": enabled}},
         "backends": [{"name": n, "url": f"http://{n}.test:80", "models": ["m"]} for n in names],
     }
     cluster = parse_cluster(raw, Path("."))
@@ -156,18 +160,68 @@ async def test_client_errors_are_relayed_not_retried() -> None:
     assert sum(calls.values()) == 1
 
 
-async def test_soft_overload_on_every_host_is_429_with_retry_after() -> None:
+BERT = LatencyProfile.from_points("m", {1: 15.5, 8: 40.0})  # a full batch of 8: 40 ms
+
+
+def report(reg: BackendRegistry, name: str, t: float, q: float, slo_s: float | None) -> None:
+    reg.router.observe(
+        name,
+        LoadSample(
+            timestamp_s=t,
+            queue_depth=q,
+            queued_by_model={"m": q},
+            max_batch_size={"m": 8},
+            slo_s={} if slo_s is None else {"m": slo_s},
+        ),
+    )
+
+
+async def test_429_only_when_every_host_predicts_a_wait_past_the_slo() -> None:
     d, reg, clock = setup(ok, routing="queue-aware")
     for n in ("a", "b"):
-        reg.router.observe(n, LoadSample(timestamp_s=clock.now(), queue_depth=8))
-    status, headers, _body = await infer(d)
+        reg.router.view(n).profiles = {"m": BERT}
+        report(reg, n, clock.now(), 6, 0.1)
+    # 6 queued on a device that runs 8 at once: not overload (the old rule's 429)
+    status, _, _ = await infer(d)
+    assert status == 200
+    for n in ("a", "b"):
+        for _ in range(3):
+            report(reg, n, clock.now(), 24, 0.1)  # 3 full batches ahead: 120 ms > 100 ms
+    status, headers, body = await infer(d)
     assert status == 429 and headers["retry-after"] == "1"
-    assert BACKEND_HEADER not in headers
-    reg.router.observe("a", LoadSample(timestamp_s=clock.now(), queue_depth=0))
-    reg.router.observe("a", LoadSample(timestamp_s=clock.now(), queue_depth=0))
-    reg.router.observe("a", LoadSample(timestamp_s=clock.now(), queue_depth=0))
+    assert headers[REASON_HEADER] == OVERLOADED and BACKEND_HEADER not in headers
+    assert "predicted wait 120 ms > SLO 100 ms" in json.loads(body)["error"]
+    for _ in range(3):
+        report(reg, "a", clock.now(), 0, 0.1)
     status, headers, _ = await infer(d)
     assert status == 200 and headers[BACKEND_HEADER] == "a"
+
+
+@pytest.mark.parametrize("what", ["no SLO reported", "no profile", "overload disabled"])
+async def test_no_evidence_or_no_permission_no_429(what: str) -> None:
+    d, reg, clock = setup(ok, routing="least-expected-work", enabled=what != "overload disabled")
+    for n in ("a", "b"):
+        if what != "no profile":
+            reg.router.view(n).profiles = {"m": BERT}
+        for _ in range(3):
+            report(reg, n, clock.now(), 400, None if what == "no SLO reported" else 0.1)
+    status, _, _ = await infer(d)
+    assert status == 200, what
+
+
+async def test_the_router_learns_from_served_answers_only() -> None:
+    def slow_a(request: httpx.Request) -> httpx.Response:
+        clock.advance(0.030)
+        if request.url.host == "b.test":
+            return httpx.Response(429, headers={REASON_HEADER: "queue-full"})
+        return ok(request)
+
+    d, reg, clock = setup(slow_a)
+    await infer(d)  # round robin: a first, 30 ms
+    assert reg.router.view("a").latency_per_request_s == {"m": pytest.approx(0.030)}
+    await infer(d)  # b refuses (not learned), then a answers
+    assert reg.router.view("b").latency_per_request_s == {}
+    assert reg.router.view("a").in_flight_by_model == {"m": 0}
 
 
 async def test_unknown_model_is_404() -> None:

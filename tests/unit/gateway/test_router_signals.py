@@ -1,9 +1,10 @@
-"""Router signals the gateway relies on: done() nets out completions; sampled-only overload."""
+"""Router signals the gateway relies on: done() nets out completions; refusal on evidence."""
 
 from __future__ import annotations
 
 import random
 
+from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample
 from evenserve.policy.routing import ROUTING, Router
 
@@ -36,16 +37,29 @@ def test_done_on_stale_backend_counts_down() -> None:
     r.done("nope", "m")  # unknown backend: ignored
 
 
-def test_all_overloaded_sampled_only_ignores_own_sends_and_stale_hosts() -> None:
+def test_refusal_judges_the_sampled_queues_not_own_sends_and_never_stale_hosts() -> None:
     r = Router(ROUTING.build("queue-aware", random.Random(0)), window=3, stale_after_s=0.5)
-    r.add_backend("a", ["m"])
-    r.observe("a", LoadSample(timestamp_s=0.0, queue_depth=1.0))
-    for _ in range(10):
+    r.add_backend("a", ["m"], profiles={"m": LatencyProfile.from_points("m", {1: 10.0, 8: 40.0})})
+
+    def report(t: float, q: float) -> None:
+        r.observe(
+            "a",
+            LoadSample(
+                timestamp_s=t,
+                queue_depth=q,
+                queued_by_model={"m": q},
+                max_batch_size={"m": 8},
+                slo_s={"m": 0.1},
+            ),
+        )
+
+    report(0.0, 1.0)
+    for _ in range(40):
         r.sent("a", "m")  # the router's own sends: running or queued, it cannot tell
-    assert r.all_overloaded("m")
-    assert not r.all_overloaded("m", sampled_only=True)
-    r.observe("a", LoadSample(timestamp_s=0.1, queue_depth=20.0))
-    r.observe("a", LoadSample(timestamp_s=0.2, queue_depth=20.0))
-    assert r.all_overloaded("m", sampled_only=True)  # mean (1 + 20 + 20) / 3 > 5
+    assert r.view("a").queued_by_model["m"] == 41.0
+    assert r.refusal("m", 0.0) is None
+    report(0.1, 40.0)
+    report(0.2, 40.0)
+    assert r.refusal("m", 0.2) is not None  # mean (1 + 40 + 40) / 3 = 27: 3 batches ahead
     r.expire(1.0)
-    assert not r.all_overloaded("m", sampled_only=True)  # stale: no evidence, no refusal
+    assert r.refusal("m", 1.0) is None  # stale: no evidence, no refusal

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample
 from evenserve.policy.routing import ROUTING, Router
 from tests.unit.policy.helpers import req
@@ -119,17 +120,66 @@ def test_exclude_for_retries() -> None:
     assert r.choose(req("m"), 0.0, exclude=["a", "b"]) is None
 
 
-def test_all_overloaded_uses_the_policy_judgement() -> None:
-    r = make_router("queue-aware")
-    r.observe("a", sample(0.0, 9.0))
-    r.observe("b", sample(0.0, 9.0))
-    assert r.all_overloaded("m")
-    r.observe("b", sample(0.1, 0.0))
-    r.observe("b", sample(0.2, 0.0))
-    r.observe("b", sample(0.3, 0.0))
-    assert not r.all_overloaded("m")
-    rr = make_router("round-robin")
-    assert not rr.all_overloaded("m")
+def test_refusal_takes_the_reported_slo_and_the_profiles() -> None:
+    prof = LatencyProfile.from_points("m", {1: 10.0, 8: 40.0})
+    r = Router(ROUTING.build("round-robin"))
+    for n in ("a", "b"):
+        r.add_backend(n, ["m"], profiles={"m": prof})
+
+    def report(name: str, t: float, q: float, slo: dict[str, float] | None) -> None:
+        r.observe(
+            name,
+            LoadSample(
+                timestamp_s=t,
+                queue_depth=q,
+                queued_by_model={"m": q},
+                max_batch_size={"m": 8},
+                slo_s=slo or {},
+            ),
+        )
+
+    for n in ("a", "b"):
+        report(n, 0.0, 24.0, None)
+    assert r.refusal("m", 0.0) is None  # no SLO reported: no evidence, no refusal
+    for n in ("a", "b"):
+        report(n, 0.0, 24.0, {"m": 0.1})
+    why = r.refusal("m", 0.0)
+    assert why is not None and "predicted wait 120 ms > SLO 100 ms" in why
+    r.set_healthy("b", False)
+    assert r.refusal("m", 0.0) is not None  # the healthy hosts only
+    r.set_healthy("b", True)
+    for t in (0.1, 0.2, 0.3):
+        report("b", t, 0.0, {"m": 0.1})
+    assert r.refusal("m", 0.3) is None
+
+
+def test_router_counts_its_own_in_flight_per_model() -> None:
+    r = make_router()
+    for m in ("m", "m", "x"):
+        r.sent("a", m)
+    assert r.view("a").in_flight_by_model == {"m": 2, "x": 1}
+    r.done("a", "m", 5)  # more than were sent: never below zero
+    r.done("a", "x")
+    assert r.view("a").in_flight_by_model == {"m": 0, "x": 0}
+    assert r.view("a").in_flight == 0
+
+
+def test_router_learns_each_backends_seconds_per_request_from_its_answers() -> None:
+    r = make_router()
+    r.sent("a", "m", 0.0)  # nothing in flight before it: 30 ms per request
+    r.done("a", "m", now_s=0.030)
+    assert r.view("a").latency_per_request_s == {"m": pytest.approx(0.030)}
+    for _ in range(3):
+        r.sent("b", "m", 1.0)  # 0, 1 and 2 in flight before each
+    r.done("b", "m", 3, now_s=1.060)  # 60 ms each: 60, 30, 20 ms per request, averaged
+    x = r.view("b").latency_per_request_s["m"]
+    assert 0.020 < x < 0.060
+    r.sent("a", "m", 2.0)
+    r.done("a", "m")  # a failure or a refusal: no time, nothing learned
+    assert r.view("a").latency_per_request_s == {"m": pytest.approx(0.030)}
+    r.sent("a", "m", 3.0)
+    r.done("a", "m", now_s=3.130)  # answered: the oldest unanswered send of a/m
+    assert r.view("a").latency_per_request_s["m"] == pytest.approx(0.030 + 0.05 * 0.1)
 
 
 def test_policy_swap_takes_effect_on_next_decision() -> None:

@@ -91,11 +91,6 @@ def test_weighted_random_rejects_negative_weight() -> None:
             "same queue and utilization, more free memory",
         ),
         (
-            [view("a", q=6, util=0.1), view("b", q=4, util=0.99, free_gb=20.0)],
-            "b",
-            "a is soft-overloaded by queue depth > 5",
-        ),
-        (
             [view("a", q=0, util=0.9, free_gb=1.0), view("b", q=3, util=0.5)],
             "b",
             "a is soft-overloaded: util > 85 % and free < 2 GB",
@@ -112,16 +107,45 @@ def test_queue_aware(views: list, expected: str, why: str) -> None:
 
 
 def test_queue_aware_all_overloaded_still_picks_best() -> None:
-    assert pick("queue-aware", [view("a", q=9), view("b", q=7)]) == "b"
+    vs = [view("a", q=9, util=0.9, free_gb=1.0), view("b", q=7, util=0.9, free_gb=1.0)]
+    assert pick("queue-aware", vs) == "b"
+
+
+def test_queue_aware_steers_away_from_a_host_past_the_slo_but_never_refuses() -> None:
+    # a: 16 queued = 2 full batches (4 ms) + its own (1 ms); b has nothing queued but is
+    # busy for 2.5 ms and hot. Past an SLO of 4.5 ms, a is soft-overloaded: b is picked
+    # despite its score.
+    fast = LatencyProfile.from_points("m", {1: 1.0, 8: 2.0})
+    a = view("a", q=16, queued={"m": 16}, util=0.0, profiles={"m": fast}, max_batch={"m": 8})
+    b = view("b", q=0, util=0.84, busy_remaining_s=0.0025, profiles={"m": fast})
+    b.max_batch_size = {"m": 8}
+    assert pick("queue-aware", [a, b]) == "a"  # no SLO known: the score decides
+    a.slo_s = b.slo_s = {"m": 0.0045}
+    assert pick("queue-aware", [a, b]) == "b"
+    b.busy_remaining_s = 0.010  # both past the SLO: the best score, never no answer
+    assert pick("queue-aware", [a, b]) == "a"
+
+
+def test_queue_aware_measures_the_queue_in_seconds_of_work() -> None:
+    # The same 8 queued on a device 2.5x slower is 2.5x the work: the articles' count could
+    # not tell them apart.
+    fast = LatencyProfile.from_points("m", {1: 4.6, 8: 8.8})
+    slow = LatencyProfile.from_points("m", {1: 11.5, 8: 22.0})
+    vs = [
+        view("slow", q=8, queued={"m": 8}, util=0.5, profiles={"m": slow}, max_batch={"m": 8}),
+        view("fast", q=9, queued={"m": 9}, util=0.5, profiles={"m": fast}, max_batch={"m": 8}),
+    ]
+    assert pick("queue-aware", vs) == "fast"
 
 
 def test_queue_aware_scores_in_range_and_weights_are_parameters() -> None:
     p = QueueAware(QueueAwareParams(queue_weight=1.0, utilization_weight=0.0, memory_weight=0.0))
     vs = [view("a", q=2, util=1.0), view("b", q=4, util=0.0)]
-    assert p.scores(vs) == [pytest.approx(0.5), pytest.approx(1.0)]
+    # no profiles, nothing learned: (queue + 1) x 10 ms, 30 and 50 ms
+    assert p.scores(req(), vs, 0.0) == [pytest.approx(0.6), pytest.approx(1.0)]
     assert p.choose(req(), vs, 0.0).name == "a"
     default = QueueAware(QueueAwareParams())
-    for s in default.scores(vs):
+    for s in default.scores(req(), vs, 0.0):
         assert 0.0 <= s <= 1.0
 
 
@@ -190,6 +214,37 @@ PROF_SLOW = LatencyProfile.from_points("m", {1: 10.0, 8: 20.0})
 )
 def test_least_expected_work(views: list, expected: str, why: str) -> None:
     assert pick("least-expected-work", views) == expected, why
+
+
+def test_least_expected_work_ages_the_sampled_busy_time() -> None:
+    a = view("a", busy_remaining_s=0.050, profiles={"m": PROF_FAST}, max_batch={"m": 8})
+    b = view("b", queued={"m": 16}, profiles={"m": PROF_FAST}, max_batch={"m": 8})
+    a.sampled_at_s = b.sampled_at_s = 0.0
+    policy = ROUTING.build("least-expected-work")
+    assert policy.choose(req(), [a, b], 0.0).name == "b"  # a: 51 ms, b: 4 + 1 ms
+    assert policy.choose(req(), [a, b], 0.048).name == "a"  # a: 2 + 1 ms left
+
+
+def test_least_expected_work_counts_its_own_in_flight_without_signals() -> None:
+    # Stale signals say nothing; the router's own count does: a holds 16 of ours.
+    a = view("a", fresh=False, profiles={"m": PROF_FAST}, max_batch={"m": 8})
+    b = view("b", fresh=False, profiles={"m": PROF_FAST}, max_batch={"m": 8})
+    a.in_flight_by_model, a.in_flight = {"m": 16}, 16
+    b.in_flight_by_model, b.in_flight = {"m": 1}, 1
+    assert pick("least-expected-work", [a, b]) == "b"
+
+
+def test_least_expected_work_learns_speed_without_a_profile() -> None:
+    # No profile anywhere: the router's learned seconds per request in flight tell a device
+    # 2.5x slower apart; with 2 in flight on the fast one and 1 on the slow one, fast wins.
+    fast = view("fast", inflight=2)
+    slow = view("slow", inflight=1)
+    fast.latency_per_request_s = {"m": 0.004}
+    slow.latency_per_request_s = {"m": 0.010}
+    assert pick("least-expected-work", [fast, slow]) == "fast"  # 12 ms < 20 ms
+    slow.latency_per_request_s = {}
+    fast.latency_per_request_s = {}
+    assert pick("least-expected-work", [fast, slow]) == "slow"  # fallback: fewer in flight
 
 
 def test_least_expected_work_penalises_stale() -> None:

@@ -140,3 +140,11 @@ def test_the_snapshot_carries_how_the_device_batches() -> None:
     assert snap.in_flight == 1 and snap.queue_depth == 0
     assert snap.utilization == pytest.approx(1.0)
     assert snap.busy_remaining_s == pytest.approx(0.005)
+    assert snap.slo_s == {} and snap.max_queue == {}  # none given: none reported
+
+
+def test_the_snapshot_carries_each_models_slo_and_queue_bound() -> None:
+    spec = {"policy": "fixed-window", "max_batch_size": 8, "max_batch_delay_ms": 0}
+    s = scheduler_for([setup(spec, slo_s=0.05, max_queue=64)], Actions())
+    snap = s.snapshot(0.0)
+    assert snap.slo_s == {"a": 0.05} and snap.max_queue == {"a": 64}

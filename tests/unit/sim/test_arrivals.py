@@ -49,9 +49,12 @@ PINNED: dict[tuple[str, str], dict[str, Any]] = {
         "sum_t": 101938.44553,
         "priority_sum": 99215,
     },
+    # Re-recorded when least-expected-work's predicted finish changed (aged busy time, then
+    # the same sums in another order): a closed loop's arrivals follow its completions, so
+    # routing moves them, down to a tie broken the other way (the head does not move).
     ("closed", "optimized"): {
-        "n": 4805,
-        "per_model": {"fast": 3587, "slow": 1218},
+        "n": 4780,
+        "per_model": {"fast": 3562, "slow": 1218},
         "head": [
             ("fast", 0.002634991, 10),
             ("fast", 0.004179357, 10),
@@ -60,8 +63,8 @@ PINNED: dict[tuple[str, str], dict[str, Any]] = {
             ("fast", 0.010545213, 10),
             ("fast", 0.015861032, 10),
         ],
-        "sum_t": 47967.688389,
-        "priority_sum": 48050,
+        "sum_t": 47750.901771,
+        "priority_sum": 47800,
     },
     ("closed", "central-queue"): {
         "n": 4787,

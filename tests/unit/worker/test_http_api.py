@@ -63,6 +63,9 @@ async def test_not_started_then_ready_then_draining() -> None:
         assert r.status_code == 200
         load = (await c.get(LOAD_PATH)).json()
         assert load["ready"] and load["device"] == "cpu" and load["queue_depth"] == 0
+        # model.yaml's SLO and the worker's queue bound reach the gateway's refusal rule
+        assert load["slo_ms_by_model"] == {"tiny-emulated": 100.0}
+        assert load["max_queue_by_model"] == {"tiny-emulated": 1024}
         service.begin_drain()
         assert (await c.get("/v2/health/ready")).status_code == 503
         r = await c.post("/v2/models/tiny-emulated/infer", json=BODY)

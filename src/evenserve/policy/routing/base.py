@@ -23,13 +23,6 @@ class RoutingPolicy(Protocol):
         ...
 
 
-@runtime_checkable
-class OverloadAware(Protocol):
-    """A policy that can tell a soft-overloaded backend (the gateway then answers 429)."""
-
-    def overloaded(self, backend: BackendView) -> bool: ...
-
-
 ROUTING: Registry[RoutingPolicy] = Registry("routing")
 
 

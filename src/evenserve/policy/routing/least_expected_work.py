@@ -1,15 +1,18 @@
 """least-expected-work: the backend where this request is predicted to finish soonest.
 
-Formula, per hosting backend b, from its latency profiles::
+Formula: pick argmin_b finish(b) + penalty(b), ties rotating, where finish(b) is
+``work.predicted_finish_s`` (seconds until the request would be answered):
 
-    backlog(b) = busy_remaining(b) + sum_m work_m(q_m(b))
-    work_m(q)  = floor(q / B_m) * t_m(B_m) + t_m(q mod B_m)    (t_m(0) = 0)
-    finish(b)  = backlog(b) + work_r(q_r(b) + 1) - work_r(q_r(b))
+- with a latency profile for the request's model on b and fresh signals: the backlog the
+  backend reported (its busy time, aged by the sample's age, plus its queued batches from
+  the profiles, plus this router's sends since) and the request's own share of its batch;
+- with a profile but stale or no signals: the same from this router's own in-flight counts
+  per model (exact and current);
+- without a profile: (requests in flight there + 1) x the seconds per request the router
+  learned from that backend's own answers, so a slower device costs more without one.
 
-where q_m is the queued count of model m, B_m its max batch size and t_m the profile's batch
-time; r is the request's model. Pick argmin finish(b); ties rotate. A backend without a
-profile for a queued model falls back to ``fallback_item_ms`` per request. Stale backends are
-penalised by ``stale_penalty_ms``.
+penalty(b) is ``stale_penalty_ms`` when b's signals are stale (it may be failing), else 0.
+A queued model without a profile or a learned figure costs ``fallback_item_ms`` per request.
 Params: ``fallback_item_ms`` (10), ``stale_penalty_ms`` (50).
 """
 
@@ -19,10 +22,10 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import BackendView, RequestInfo
 from evenserve.policy.registry import PolicyParams
 from evenserve.policy.routing.base import ROUTING, rotating_argmin
+from evenserve.policy.routing.work import predicted_finish_s
 
 
 class LeastExpectedWorkParams(PolicyParams):
@@ -30,44 +33,21 @@ class LeastExpectedWorkParams(PolicyParams):
     stale_penalty_ms: float = Field(default=50.0, ge=0)
 
 
-def queue_work_s(
-    profile: LatencyProfile | None, queued: float, max_batch: int, fallback_item_s: float
-) -> float:
-    """Seconds to drain ``queued`` requests in full batches of ``max_batch``."""
-    q = round(queued)
-    if q <= 0:
-        return 0.0
-    if profile is None:
-        return q * fallback_item_s
-    full, rest = divmod(q, max(1, max_batch))
-    work = full * profile.latency_s(max_batch) if full else 0.0
-    if rest:
-        work += profile.latency_s(rest)
-    return work
-
-
 @ROUTING.register("least-expected-work", LeastExpectedWorkParams, "soonest predicted finish")
 class LeastExpectedWork:
     def __init__(self, params: LeastExpectedWorkParams) -> None:
         self.params = params
         self._tick = 0
+        self._fallback_s = params.fallback_item_ms / 1000.0
+        self._penalty_s = params.stale_penalty_ms / 1000.0
 
-    def finish_s(self, request: RequestInfo, b: BackendView) -> float:
-        fb = self.params.fallback_item_ms / 1000.0
-        backlog = b.busy_remaining_s
-        for m, q in b.queued_by_model.items():
-            backlog += queue_work_s(b.profiles.get(m), q, b.max_batch_size.get(m, 1), fb)
-        r = request.model
-        prof = b.profiles.get(r)
-        mb = b.max_batch_size.get(r, 1)
-        qr = b.queued_by_model.get(r, 0.0)
-        own = queue_work_s(prof, qr + 1, mb, fb) - queue_work_s(prof, qr, mb, fb)
-        penalty = 0.0 if b.signals_fresh else self.params.stale_penalty_ms / 1000.0
-        return backlog + own + penalty
+    def finish_s(self, request: RequestInfo, b: BackendView, now_s: float) -> float:
+        finish = predicted_finish_s(request.model, b, now_s, self._fallback_s)
+        return finish if b.signals_fresh else finish + self._penalty_s
 
     def choose(
         self, request: RequestInfo, backends: Sequence[BackendView], now_s: float
     ) -> BackendView:
         self._tick += 1
-        keys = [self.finish_s(request, b) for b in backends]
+        keys = [self.finish_s(request, b, now_s) for b in backends]
         return backends[rotating_argmin(keys, self._tick)]

@@ -11,17 +11,30 @@ polls sees its own earlier members and spreads out instead of piling onto the ba
 looked idlest at the last poll. A backend whose newest sample is older than ``stale_after_s``
 (checked by ``expire``) has unknown signals: utilization and memory become None and its queue
 estimate falls back to the router's own in-flight count.
+
+Besides the signals, the router keeps what only it knows, exact and current: its own
+in-flight count per backend and model, and, when the driver passes its clock to ``sent`` and
+``done``, each backend's speed as it answers: per model an EWMA of latency / (requests in
+flight there at the send + 1), the seconds each request ahead costs
+(``BackendView.latency_per_request_s``). Requests of one model on one backend are answered
+about in the order they were sent, so ``done`` pairs an answer with the oldest send. It needs
+no profile, so a policy can tell a slow device from a fast one when the gateway has no
+profile for it. ``refusal`` is the front door's overload rule (``routing.refusal``).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import BackendView, LoadSample, RequestInfo
-from evenserve.policy.routing.base import OverloadAware, RoutingPolicy
+from evenserve.policy.routing.base import RoutingPolicy
+from evenserve.policy.routing.refusal import refusal
+
+#: Weight of the newest answer in a backend's learned seconds per request.
+LEARN_ALPHA = 0.05
 
 
 @dataclass
@@ -33,6 +46,13 @@ class _BackendState:
     sent_by_model: dict[str, int] = field(default_factory=dict)
     healthy: bool = True
     last_sample_s: float | None = None
+    in_flight_by_model: dict[str, int] = field(default_factory=dict)
+    #: Per model, (sent at, in flight there before it) of each request not yet answered.
+    sends: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+    learned: dict[str, float] = field(default_factory=dict)
+    #: The mean of the sampled queues per model, without this router's sends: what the
+    #: backend itself reported, the only evidence the refusal rule takes.
+    sampled_queued: dict[str, float] = field(default_factory=dict)
 
 
 class Router:
@@ -42,12 +62,16 @@ class Router:
         *,
         window: int = 3,
         stale_after_s: float | None = None,
+        learn_alpha: float = LEARN_ALPHA,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
+        if not 0.0 < learn_alpha <= 1.0:
+            raise ValueError("learn_alpha must be in (0, 1]")
         self.set_policy(policy)
         self.window = window
         self.stale_after_s = stale_after_s
+        self.learn_alpha = learn_alpha
         self._backends: dict[str, _BackendState] = {}
         self._by_model: dict[str, list[BackendView]] = {}
 
@@ -63,20 +87,24 @@ class Router:
     ) -> None:
         if name in self._backends:
             raise ValueError(f"backend {name!r} added twice")
-        view = BackendView(
-            name,
-            profiles=dict(profiles or {}),
-            max_batch_size=dict(max_batch_size or {}),
-            weight=weight,
+        st = _BackendState(
+            view=BackendView(
+                name,
+                profiles=dict(profiles or {}),
+                max_batch_size=dict(max_batch_size or {}),
+                weight=weight,
+            ),
+            models=frozenset(models),
+            samples=deque(maxlen=self.window),
         )
-        self._backends[name] = _BackendState(
-            view=view, models=frozenset(models), samples=deque(maxlen=self.window)
-        )
+        # The view reads the router's own counts and what it learned (the same dicts).
+        st.view.in_flight_by_model = st.in_flight_by_model
+        st.view.latency_per_request_s = st.learned
+        self._backends[name] = st
         self._rebuild()
 
     def set_policy(self, policy: RoutingPolicy) -> None:
         self.policy = policy
-        self._judge = policy.overloaded if isinstance(policy, OverloadAware) else None
 
     def set_healthy(self, name: str, healthy: bool) -> None:
         st = self._backends[name]
@@ -124,13 +152,19 @@ class Router:
         frees = [f for f in (s.memory_free_bytes for s in samples) if f is not None]
         v.memory_free_bytes = sum(frees) / len(frees) if frees else None
         v.busy_remaining_s = newest.busy_remaining_s
+        v.sampled_at_s = newest.timestamp_s
         caps = newest.max_batch_size
         if caps and caps is not v.max_batch_size and caps != v.max_batch_size:
             v.max_batch_size = caps
+        if newest.slo_s and newest.slo_s is not v.slo_s:
+            v.slo_s = newest.slo_s
+        if newest.max_queue and newest.max_queue is not v.max_queue:
+            v.max_queue = newest.max_queue
         qbm: dict[str, float] = {}
         for s in samples:
             for m, q in s.queued_by_model.items():
                 qbm[m] = qbm.get(m, 0.0) + q / n
+        st.sampled_queued = dict(qbm)
         for m, k in st.sent_by_model.items():
             qbm[m] = qbm.get(m, 0.0) + k
         v.queued_by_model = qbm
@@ -173,32 +207,27 @@ class Router:
                 return None
         return self.policy.choose(request, cands, now_s)
 
-    def all_overloaded(self, model: str, *, sampled_only: bool = False) -> bool:
-        """True when the policy can judge overload and every healthy host is overloaded.
+    def refusal(self, model: str, now_s: float) -> str | None:
+        """Why the front door should refuse a request of ``model`` now (every healthy host
+        full or predicted late past the model's SLO, on the hosts' own evidence: their
+        sampled queues, without this router's sends since, which may be running rather than
+        waiting), or None. See ``routing.refusal``; the gateway answers 429 with it, the
+        simulator drops the request."""
+        hosts = self._by_model.get(model, ())
+        return refusal(model, hosts, now_s, [self._backends[b.name].sampled_queued for b in hosts])
 
-        With ``sampled_only`` each host is judged on what it reported itself (the mean of its
-        sampled queue depths, without this router's sends since the newest sample, which also
-        count requests that are running rather than waiting), and a host with stale signals
-        is never judged overloaded: refusing work needs the backends' own evidence.
-        """
-        cands = self._by_model.get(model)
-        judge = self._judge
-        if judge is None or not cands:
-            return False
-        if not sampled_only:
-            return all(judge(b) for b in cands)
-        for b in cands:
-            st = self._backends[b.name]
-            if not b.signals_fresh or not st.samples:
-                return False
-            sampled = sum(s.queue_depth for s in st.samples) / len(st.samples)
-            if not judge(replace(b, queue_depth=sampled)):
-                return False
-        return True
-
-    def sent(self, name: str, model: str) -> None:
+    def sent(self, name: str, model: str, now_s: float | None = None) -> None:
+        """A request of ``model`` goes to ``name`` (``now_s``: the driver's clock, to learn
+        the backend's speed from when it is answered)."""
         st = self._backends[name]
         v = st.view
+        if now_s is not None:
+            q = st.sends.get(model)
+            if q is None:
+                q = st.sends[model] = deque()
+            q.append((now_s, v.in_flight))
+        ifm = st.in_flight_by_model
+        ifm[model] = ifm.get(model, 0) + 1
         v.in_flight += 1
         v.queue_depth += 1.0
         st.sent_since_sample += 1
@@ -207,8 +236,11 @@ class Router:
         if isinstance(qbm, dict):
             qbm[model] = qbm.get(model, 0.0) + 1.0
 
-    def done(self, name: str, model: str, n: int = 1) -> None:
-        """``n`` requests of ``model`` sent to ``name`` finished (answered or failed).
+    def done(self, name: str, model: str, n: int = 1, now_s: float | None = None) -> None:
+        """``n`` requests of ``model`` sent to ``name`` finished (answered or failed); with
+        ``now_s`` (the driver's clock) they were answered then, and the backend's learned
+        seconds per request moves toward what they took (leave it None for a failure or a
+        refusal: a quick 429 says nothing about the device's speed).
 
         Besides the in-flight count, this settles the own-send count: the queue estimate is
         the sampled queue plus sends since the newest sample *net of completions* (never below
@@ -221,8 +253,21 @@ class Router:
         if st is None:
             return
         v = st.view
-        k = n if n < v.in_flight else v.in_flight
+        sends = st.sends.get(model)
+        if sends:
+            alpha = self.learn_alpha
+            learned = st.learned
+            for _ in range(n if n < len(sends) else len(sends)):
+                sent_s, ahead = sends.popleft()
+                if now_s is not None:
+                    x = (now_s - sent_s) / (ahead + 1)
+                    prev = learned.get(model)
+                    learned[model] = x if prev is None else prev + alpha * (x - prev)
+        ifm = st.in_flight_by_model
+        mine = ifm.get(model, 0)
+        k = n if n < mine else mine  # never more of a model than were sent
         if k > 0:
+            ifm[model] = mine - k
             v.in_flight -= k
             if not v.signals_fresh:
                 v.queue_depth = max(0.0, v.queue_depth - k)
