@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 
 from evenserve.core.profile import LatencyProfile
-from evenserve.core.types import LoadSample
+from evenserve.core.types import LoadSample, RequestInfo
 from evenserve.policy.routing import ROUTING, Router
+from evenserve.policy.routing.router import LEARN_MIN_ANSWERS
 from tests.unit.policy.helpers import req
 
 GB = 1024.0**3
@@ -166,20 +167,42 @@ def test_router_counts_its_own_in_flight_per_model() -> None:
 
 def test_router_learns_each_backends_seconds_per_request_from_its_answers() -> None:
     r = make_router()
-    r.sent("a", "m", 0.0)  # nothing in flight before it: 30 ms per request
-    r.done("a", "m", now_s=0.030)
+    for k in range(LEARN_MIN_ANSWERS):
+        r.sent("a", "m", float(k))  # nothing in flight before it: 30 ms per request
+        if k < LEARN_MIN_ANSWERS - 1:
+            r.done("a", "m", now_s=k + 0.030)
+            # Not used before LEARN_MIN_ANSWERS answers: one cold answer brands no backend.
+            assert r.view("a").latency_per_request_s == {}
+    r.done("a", "m", now_s=LEARN_MIN_ANSWERS - 1 + 0.030)
     assert r.view("a").latency_per_request_s == {"m": pytest.approx(0.030)}
-    for _ in range(3):
-        r.sent("b", "m", 1.0)  # 0, 1 and 2 in flight before each
-    r.done("b", "m", 3, now_s=1.060)  # 60 ms each: 60, 30, 20 ms per request, averaged
+    for _ in range(LEARN_MIN_ANSWERS):
+        r.sent("b", "m", 10.0)  # 0, 1, 2 and 3 in flight before each
+    r.done("b", "m", LEARN_MIN_ANSWERS, now_s=10.060)  # 60, 30, 20, 15 ms per request
     x = r.view("b").latency_per_request_s["m"]
-    assert 0.020 < x < 0.060
-    r.sent("a", "m", 2.0)
+    assert 0.015 < x < 0.060
+    r.sent("a", "m", 20.0)
     r.done("a", "m")  # a failure or a refusal: no time, nothing learned
     assert r.view("a").latency_per_request_s == {"m": pytest.approx(0.030)}
-    r.sent("a", "m", 3.0)
-    r.done("a", "m", now_s=3.130)  # answered: the oldest unanswered send of a/m
-    assert r.view("a").latency_per_request_s["m"] == pytest.approx(0.030 + 0.05 * 0.1)
+    r.sent("a", "m", 30.0)
+    r.done("a", "m", now_s=30.130)  # answered: a running mean over the first 1/alpha
+    n = LEARN_MIN_ANSWERS + 1
+    assert r.view("a").latency_per_request_s["m"] == pytest.approx(0.030 + (0.1 / n))
+
+
+def test_a_cold_first_answer_does_not_starve_a_backend() -> None:
+    """One slow first answer (a model warming up) must not keep a backend from traffic."""
+    r = make_router("least-expected-work")
+    r.sent("a", "m", 0.0)
+    r.done("a", "m", now_s=0.5)  # 500 ms: cold
+    for k in range(LEARN_MIN_ANSWERS):
+        r.sent("b", "m", 1.0 + k)
+        r.done("b", "m", now_s=1.0 + k + 0.003)
+    req = RequestInfo(request_id=1, model="m", arrival_s=10.0)
+    # Four in flight on b (3 ms each): a, untrusted at one answer, costs the fallback (10 ms).
+    for _ in range(4):
+        r.sent("b", "m", 10.0)
+    view = r.choose(req, 10.0)
+    assert view is not None and view.name == "a"
 
 
 def test_policy_swap_takes_effect_on_next_decision() -> None:

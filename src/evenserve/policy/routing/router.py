@@ -35,6 +35,10 @@ from evenserve.policy.routing.refusal import refusal
 
 #: Weight of the newest answer in a backend's learned seconds per request.
 LEARN_ALPHA = 0.05
+#: Answers a backend gives (per model) before its learned speed is used: until then the
+#: policies take their fallback cost for it. One cold first answer (a model warming up) must
+#: not brand a backend slow, and a backend judged slow gets no traffic to correct it.
+LEARN_MIN_ANSWERS = 4
 
 
 @dataclass
@@ -49,7 +53,12 @@ class _BackendState:
     in_flight_by_model: dict[str, int] = field(default_factory=dict)
     #: Per model, (sent at, in flight there before it) of each request not yet answered.
     sends: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+    #: What the policies see (``BackendView.latency_per_request_s``): a model's learned
+    #: seconds per request once it has LEARN_MIN_ANSWERS answers.
     learned: dict[str, float] = field(default_factory=dict)
+    #: The estimate itself and how many answers it is made of (a running mean for the first
+    #: 1 / alpha answers, an EWMA after).
+    estimate: dict[str, tuple[float, int]] = field(default_factory=dict)
     #: The mean of the sampled queues per model, without this router's sends: what the
     #: backend itself reported, the only evidence the refusal rule takes.
     sampled_queued: dict[str, float] = field(default_factory=dict)
@@ -256,13 +265,18 @@ class Router:
         sends = st.sends.get(model)
         if sends:
             alpha = self.learn_alpha
-            learned = st.learned
+            est = st.estimate
             for _ in range(n if n < len(sends) else len(sends)):
                 sent_s, ahead = sends.popleft()
                 if now_s is not None:
                     x = (now_s - sent_s) / (ahead + 1)
-                    prev = learned.get(model)
-                    learned[model] = x if prev is None else prev + alpha * (x - prev)
+                    prev, count = est.get(model, (x, 0))
+                    count += 1
+                    w = 1.0 / count if 1.0 / count > alpha else alpha
+                    value = prev + w * (x - prev)
+                    est[model] = (value, count)
+                    if count >= LEARN_MIN_ANSWERS:
+                        st.learned[model] = value
         ifm = st.in_flight_by_model
         mine = ifm.get(model, 0)
         k = n if n < mine else mine  # never more of a model than were sent
