@@ -1,6 +1,7 @@
 """Signal and readiness polling: keeps the Router's view of every backend fresh and honest.
 
-Theory of operation. One asyncio task per backend, on its own period, plus one expiry task.
+Theory of operation. One loop per probe period (all backends that share it probe in the same
+tick, each probe a task of its own so that a slow backend delays no other).
 - ``evenserve`` backends (our workers): every ``signals.interval_ms`` (100 ms) GET the load
   endpoint (core.wire.LOAD_PATH). A 200 with ``ready: true`` is fed to ``Router.observe`` as a
   LoadSample stamped with the gateway's receive time (two processes' clocks are not comparable)
@@ -20,8 +21,8 @@ Theory of operation. One asyncio task per backend, on its own period, plus one e
   And never all at once without evidence: a miss does not eject while every other healthy
   backend has missed too (that is the gateway starving, not every backend failing at once;
   a hung backend then still leaves routing through the data plane's request timeout).
-- The expiry task calls ``Router.expire`` every half signal period: a backend whose newest
-  sample is older than ``signals.stale_after_ms`` has unknown signals (never "idle").
+- The signal period's tick also calls ``Router.expire``: a backend whose newest sample is
+  older than ``signals.stale_after_ms`` has unknown signals (never "idle").
 Probes use one persistent keep-alive connection per backend (``httpio.client.HttpClient``)
 apart from the data plane: 4 backends polled every 100 ms cost well under 1 % of a core
 (bench/gateway_idle.py).
@@ -75,6 +76,7 @@ class Poller:
         self.fetch: Fetch = fetch or self._http_get
         self._clients: dict[str, HttpClient] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._probing: set[asyncio.Task[None]] = set()
         #: Misses not acted on because every other backend missed too (the gateway's lag).
         self.held = 0
 
@@ -189,14 +191,28 @@ class Poller:
         await asyncio.gather(*(probe() for st in states for _, probe in self._probes(st)))
 
     # -- loops ------------------------------------------------------------------------------
-    async def _every(self, period_s: float, probe: Probe) -> None:
+    async def _guarded(self, probe: Probe) -> None:
+        try:
+            await probe()
+        except Exception:  # a bug in one probe must not stop polling
+            log.exception("probe failed")
+
+    async def _tick(self, period_s: float, probes: list[Probe], expire: bool) -> None:
+        """Every ``period_s``: start each probe whose previous one has finished (a backend
+        slow to answer delays no other's), and with ``expire`` age out stale signals. One
+        wake-up per period for all the backends that share it, not one per backend."""
         loop = asyncio.get_running_loop()
+        running: list[asyncio.Task[None] | None] = [None] * len(probes)
         next_t = loop.time()
         while True:
-            try:
-                await probe()
-            except Exception:  # a bug in one probe must not stop polling
-                log.exception("probe failed")
+            for i, probe in enumerate(probes):
+                t = running[i]
+                if t is None or t.done():
+                    t = running[i] = loop.create_task(self._guarded(probe))
+                    self._probing.add(t)
+                    t.add_done_callback(self._probing.discard)
+            if expire:
+                self.registry.router.expire(self.clock.now())
             next_t += period_s
             delay = next_t - loop.time()
             if delay < 0:  # fell behind (CPU starved): skip missed ticks, do not burst
@@ -204,25 +220,26 @@ class Poller:
                 delay = 0.0
             await asyncio.sleep(delay)
 
-    async def _expire_loop(self, period_s: float) -> None:
-        while True:
-            self.registry.router.expire(self.clock.now())
-            await asyncio.sleep(period_s)
-
     def start(self) -> None:
         spawn = asyncio.get_running_loop().create_task
+        by_period: dict[float, list[Probe]] = {}
         for st in self.registry.states.values():
             for period_s, probe in self._probes(st):
-                self._tasks.append(spawn(self._every(period_s, probe)))
-        self._tasks.append(spawn(self._expire_loop(self.cfg.signals.interval_ms / 1000.0 / 2)))
+                by_period.setdefault(period_s, []).append(probe)
+        signals_s = self.cfg.signals.interval_ms / 1000.0
+        by_period.setdefault(signals_s, [])
+        for period_s, probes in by_period.items():
+            self._tasks.append(spawn(self._tick(period_s, probes, period_s == signals_s)))
 
     async def stop(self) -> None:
-        for t in self._tasks:
+        tasks = [*self._tasks, *self._probing]
+        for t in tasks:
             t.cancel()
-        for t in self._tasks:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
+        self._probing.clear()
         for c in self._clients.values():
             c.close()
         self._clients.clear()
