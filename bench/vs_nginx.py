@@ -21,7 +21,7 @@ balancer is started for its run and stopped after it, so no idle balancer runs b
 another arm:
 - ``nginx``: an ``upstream`` with ``least_conn`` over the four workers, keep-alive to them
   (``keepalive``, ``proxy_http_version 1.1``, an empty ``Connection`` header, upstream idle
-  connections retired after 4 s, below the workers' 5 s), ``worker_processes 1``,
+  connections retired after 4 s, below the workers' 15 s), ``worker_processes 1``,
   ``access_log off``;
 - ``gw:POLICY``: ``evenserve gateway --config`` with the four workers as ``backends`` (each
   with its profile folder, which least-expected-work reads), every routing policy asked for;
@@ -231,7 +231,7 @@ def nginx_conf(
     """A least_conn reverse proxy on 127.0.0.1:listen_port to ``upstreams`` (host:port).
 
     Keep-alive to the upstreams (HTTP/1.1, empty Connection header; idle upstream connections
-    retired after 4 s, below the workers' 5 s keep-alive, so none is reused as it closes), one
+    retired after 4 s, below the workers' 15 s keep-alive, so none is reused as it closes), one
     worker process, no access log, every path (pid, logs, temp files) under ``workdir``.
     """
     if not upstreams:

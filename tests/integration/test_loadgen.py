@@ -124,7 +124,7 @@ async def test_a_server_answering_500_gets_an_error_summary(tmp_path: Path) -> N
 
 
 async def test_a_keep_alive_race_with_uvicorn_loses_no_request() -> None:
-    """uvicorn (the gateway's and the worker's server) closes a keep-alive connection idle for
+    """uvicorn (a server a target may run) closes a keep-alive connection idle for
     ``timeout_keep_alive`` (5 s by default) without reading what is in flight on it: a request
     written on that connection as the timer fires gets no answer, and the server logs nothing.
     The client must send it again on a fresh connection, and count that it did.

@@ -214,7 +214,7 @@ class LoadGenerator:
     async def run(self) -> LoadResult:
         spec = self.spec
         schedule = self._schedule() if spec.mode() != "closed-loop" else []
-        # Idle connections retired before uvicorn's 5 s keep-alive, as on the send path.
+        # Idle connections retired at 4 s (below the servers' keep-alive), as on the send path.
         connector = aiohttp.TCPConnector(
             limit=0, force_close=False, enable_cleanup_closed=True, keepalive_timeout=MAX_IDLE_S
         )
