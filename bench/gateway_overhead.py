@@ -353,7 +353,11 @@ def histogram_quantile(text: str, metric: str, q: float) -> tuple[float, float]:
 def part2_live(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        ports = [free_port() for _ in range(args.backends)]
+        ports: list[int] = []
+        while len(ports) < args.backends:  # the OS may hand out a free port twice
+            p = free_port()
+            if p not in ports:
+                ports.append(p)
         procs.append(start([sys.executable, __file__, "--serve-fake", ",".join(map(str, ports))],
                            tmp / "fakes.log"))  # fmt: skip
         urls = [f"http://127.0.0.1:{p}" for p in ports]

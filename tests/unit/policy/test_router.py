@@ -236,3 +236,18 @@ def test_done_settles_several_requests_as_one_call_each() -> None:
     many.done("a", "m", 3)
     for field in ("in_flight", "queue_depth", "queued_by_model"):
         assert getattr(one.view("a"), field) == getattr(many.view("a"), field)
+
+
+@pytest.mark.parametrize("policy", ["least-expected-work", "queue-aware"])
+def test_a_backend_not_yet_measured_is_assumed_as_fast_as_the_fastest(policy: str) -> None:
+    """Optimism: with a pessimistic default, one measured fast backend would take every
+    request and the others would never be measured (64 backends: 1,875 of 2,064 on one)."""
+    r = Router(ROUTING.build(policy))
+    for n in ("a", "b", "c"):
+        r.add_backend(n, ["m"])
+    for k in range(LEARN_MIN_ANSWERS):
+        r.sent("a", "m", float(k))
+        r.done("a", "m", now_s=k + 0.001)  # a: 1 ms per request, measured
+    r.sent("a", "m", 10.0)  # one in flight on a: 2 ms there, 1 ms (assumed) on b or c
+    view = r.choose(RequestInfo(request_id=1, model="m", arrival_s=10.0), 10.0)
+    assert view is not None and view.name in ("b", "c")

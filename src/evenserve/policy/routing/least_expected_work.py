@@ -25,7 +25,7 @@ from pydantic import Field
 from evenserve.core.types import BackendView, RequestInfo
 from evenserve.policy.registry import PolicyParams
 from evenserve.policy.routing.base import ROUTING, rotating_argmin
-from evenserve.policy.routing.work import predicted_finish_s
+from evenserve.policy.routing.work import optimistic_cost_s, predicted_finish_s
 
 
 class LeastExpectedWorkParams(PolicyParams):
@@ -49,5 +49,10 @@ class LeastExpectedWork:
         self, request: RequestInfo, backends: Sequence[BackendView], now_s: float
     ) -> BackendView:
         self._tick += 1
-        keys = [self.finish_s(request, b, now_s) for b in backends]
+        fb = optimistic_cost_s(request.model, backends, self._fallback_s)
+        pen = self._penalty_s
+        keys = [
+            predicted_finish_s(request.model, b, now_s, fb) + (0.0 if b.signals_fresh else pen)
+            for b in backends
+        ]
         return backends[rotating_argmin(keys, self._tick)]

@@ -32,7 +32,7 @@ from pydantic import Field
 from evenserve.core.types import BackendView, RequestInfo
 from evenserve.policy.registry import PolicyParams
 from evenserve.policy.routing.base import ROUTING, rotating_argmin
-from evenserve.policy.routing.work import predicted_finish_s
+from evenserve.policy.routing.work import optimistic_cost_s, predicted_finish_s
 
 GB = 1024.0**3
 
@@ -84,7 +84,8 @@ class QueueAware:
         self, request: RequestInfo, backends: Sequence[BackendView], now_s: float
     ) -> list[float]:
         """Each backend's score in [0, w_q + w_u + w_m]."""
-        work = [predicted_finish_s(request.model, b, now_s, self._fallback_s) for b in backends]
+        fb = optimistic_cost_s(request.model, backends, self._fallback_s)
+        work = [predicted_finish_s(request.model, b, now_s, fb) for b in backends]
         return self._scores(backends, work)
 
     def _scores(self, backends: Sequence[BackendView], work: Sequence[float]) -> list[float]:
@@ -105,7 +106,8 @@ class QueueAware:
         # One pass for the predicted work and the overload filter; scoring only the
         # candidates that remain. Kept allocation-light: the simulator calls this per request.
         self._tick += 1
-        model, fb = request.model, self._fallback_s
+        model = request.model
+        fb = optimistic_cost_s(model, backends, self._fallback_s)
         work = [predicted_finish_s(model, b, now_s, fb) for b in backends]
         overloaded = self.overloaded
         keep = [i for i, b in enumerate(backends) if not overloaded(request, b, now_s, work[i])]

@@ -33,7 +33,7 @@ counted), so it errs on the side of serving.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import BackendView
@@ -60,6 +60,20 @@ def _aged_busy_s(b: BackendView, now_s: float) -> float:
     at = b.sampled_at_s
     left = b.busy_remaining_s - (now_s - at if at is not None and now_s > at else 0.0)
     return left if left > 0.0 else 0.0
+
+
+def optimistic_cost_s(model: str, backends: Sequence[BackendView], fallback_item_s: float) -> float:
+    """The cost per request to assume for a backend that has not learned one yet: the least
+    any candidate has learned for ``model``, else ``fallback_item_s``. Optimism: a backend
+    not yet measured gets traffic and so a measurement; a pessimistic default would keep it
+    from ever being measured (one fast backend would take everything)."""
+    best = fallback_item_s
+    seen = False
+    for b in backends:
+        c = b.latency_per_request_s.get(model)
+        if c is not None and (not seen or c < best):
+            best, seen = c, True
+    return best
 
 
 def predicted_finish_s(model: str, b: BackendView, now_s: float, fallback_item_s: float) -> float:
