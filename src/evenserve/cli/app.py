@@ -6,10 +6,11 @@ command module imports ``cli.main``, and importing one registers nothing by side
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(
     add_completion=False,
@@ -23,7 +24,28 @@ if not console.is_terminal:
 err_console = Console(stderr=True)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from evenserve import __version__
+
+        console.print(f"evenserve {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """evenserve: serve many models on a shared GPU pool, and simulate it."""
+
+
 def fail(msg: str) -> NoReturn:
     """Print ``error: msg`` on stderr and exit with status 2 (bad input, clearly named)."""
-    err_console.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    # The message is text, not markup: "pip install 'evenserve[torch]'" keeps its [torch].
+    err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)

@@ -192,3 +192,14 @@ def dump_profile(profile: LatencyProfile, path: Path, **extra: Any) -> None:
     ProfileFile.model_validate(data)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def bundled_profile_set(name: str) -> Path | None:
+    """A profile set shipped with evenserve (``evenserve/profiles/NAME``, in the wheel too),
+    or None: what ``--device emulated:NAME`` finds outside a checkout."""
+    if not name or "/" in name or name in (".", ".."):
+        return None
+    from importlib.resources import files
+
+    d = Path(str(files("evenserve") / "profiles" / name))
+    return d if d.is_dir() else None

@@ -36,6 +36,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 from evenserve.core import wire
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, QueueOptions
+from evenserve.core.profile import bundled_profile_set
 from evenserve.core.validation import Strict, read_yaml, validate_document
 from evenserve.policy.routing import ROUTING
 
@@ -368,7 +369,7 @@ class LoadedCluster:
         ):
             if cand.is_dir():
                 return cand
-        return None
+        return bundled_profile_set(name)
 
     def admin_token(self) -> str | None:
         """The configured token: the file's ``gateway.admin.token``, else the environment

@@ -40,7 +40,7 @@ from pydantic import Field
 
 from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice, occupancy
 from evenserve.core.errors import ConfigError
-from evenserve.core.profile import LatencyProfile, load_profile
+from evenserve.core.profile import LatencyProfile, bundled_profile_set, load_profile
 from evenserve.core.validation import Strict
 from evenserve.runtime.base import Array, RuntimeContext
 
@@ -202,6 +202,8 @@ def resolve_profile(
         set_dir = Path(dev.profile_set)
         if not set_dir.is_dir() and profile_sets_dir is not None:
             set_dir = profile_sets_dir / dev.profile_set
+        if not set_dir.is_dir():
+            set_dir = bundled_profile_set(dev.profile_set) or set_dir
         if not set_dir.is_dir():
             raise ConfigError(
                 f"--device {dev.name}: profile set not found (looked for {dev.profile_set!r} "
