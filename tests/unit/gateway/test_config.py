@@ -164,7 +164,7 @@ def test_seed_cluster_file_matches_the_seed_scenario_placement() -> None:
     ]
     for b in c.backends():
         assert b.profiles is not None
-        assert c.profile_dir(b.profiles) == ROOT / "profiles" / "a10-trt-fp16"
+        assert c.profile_dir(b.profiles) == (ROOT / "profiles" / "a10-trt-fp16").resolve()
 
 
 def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:

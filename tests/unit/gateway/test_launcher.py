@@ -32,7 +32,8 @@ def test_seed_plan_one_worker_per_device_with_placement(tmp_path: Path) -> None:
     assert cmd[cmd.index("--port") + 1] == "8103"
     assert cmd[cmd.index("--models") + 1] == "resnet50"
     assert cmd[cmd.index("--repo") + 1] == str(ROOT / "examples" / "models" / "emulated")
-    assert cmd[cmd.index("--device") + 1] == f"emulated:{ROOT / 'profiles' / 'a10-trt-fp16'}"
+    a10 = (ROOT / "profiles" / "a10-trt-fp16").resolve()  # profiles/ links to the package's
+    assert cmd[cmd.index("--device") + 1] == f"emulated:{a10}"
     assert "bert-base" in la.workers[0].cmd[la.workers[0].cmd.index("--models") + 1]
     assert la.workers[0].env["CUDA_VISIBLE_DEVICES"] == ""
     assert la.gateway is not None and la.gateway.cmd[3:5] == ["gateway", "--config"]
