@@ -2,7 +2,9 @@
 
 Paths are the worker's (KServe v2): health, server metadata, model metadata/ready/config/stats
 and ``POST /v2/models/{m}[/versions/{v}]/infer``. Inference requests go through the
-Dispatcher (routing policy, retry, 429/503); metadata requests go to any healthy host.
+Dispatcher (routing policy, retry, 429/503); metadata requests (and any request naming a
+model version, which only the backends know) go to any healthy host; a model's statistics
+are summed over every healthy host of the model (``gateway.stats``).
 ``/metrics`` is the gateway's Prometheus text; ``/admin/...`` needs the bearer token.
 The HTTP server is ``httpio.server`` (asyncio protocol + httptools; design note 0007); a
 :class:`Gateway` is its handler: one dict lookup or ``core.wire.split_model_path`` per request.
@@ -10,10 +12,13 @@ The HTTP server is ``httpio.server`` (asyncio protocol + httptools; design note 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator
+
+import orjson
 
 from evenserve import __version__
 from evenserve.core import wire
@@ -25,6 +30,7 @@ from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import BackendSpec, LoadedCluster
 from evenserve.gateway.dispatcher import Answer, Dispatcher
 from evenserve.gateway.poller import Poller
+from evenserve.gateway.stats import aggregate_model_stats
 from evenserve.httpio.server import Limits, Request, Response, json_response
 from evenserve.httpio.serving import Serving
 from evenserve.metrics.gateway import BackendFigures, GatewayMetrics
@@ -173,8 +179,11 @@ class Gateway:
                 return _answer(ans)
             if request.method != "GET":
                 return _error(405, f"{path[:200]!r} takes GET")
-            if suffix == "ready":
+            if suffix == "ready" and found.version is None:
                 return self.model_ready(model)
+            if suffix == "stats":
+                return await self.model_stats(model, found.path())
+            # A version is the backends' to judge (the gateway does not know them).
             return _answer(await self.dispatcher.passthrough(model, "GET", found.path(), b""))
         endpoint = self._exact.get((request.method, path))
         if endpoint is not None:
@@ -182,6 +191,33 @@ class Gateway:
         if path in self._paths:
             return _error(405, f"method {request.method} not allowed on {path}")
         return _error(404, f"no such path: {path[:200]!r}")
+
+    async def model_stats(self, model: str, path: str) -> Response:
+        """Triton's statistics for ``model`` summed over every healthy backend hosting it
+        (``gateway.stats``); the backends that answered are named in x-evenserve-backend."""
+        if not self.registry.hosts_model(model):
+            return _error(404, f"unknown model {model!r}")
+        hosts = [v.name for v in self.registry.router.candidates(model)]
+        fwd = self.dispatcher.forwarder
+        replies = await asyncio.gather(
+            *(fwd.request("GET", self.registry.url(n), path, b"", {}) for n in hosts),
+            return_exceptions=True,
+        )
+        entries: list[dict[str, object]] = []
+        named: list[str] = []
+        for name, reply in zip(hosts, replies, strict=True):
+            if isinstance(reply, BaseException) or reply.status != 200:
+                continue
+            try:
+                doc = orjson.loads(reply.body)
+                entries += [e for e in doc["model_stats"] if isinstance(e, dict)]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+            named.append(name)
+        if not entries:
+            return _error(503, f"no backend answered statistics for model {model!r}")
+        body = orjson.dumps({"model_stats": [aggregate_model_stats(entries)]})
+        return json_response(body, 200, {wire.BACKEND_HEADER: ",".join(named)})
 
     def model_ready(self, model: str) -> Response:
         if not self.registry.hosts_model(model):
