@@ -112,6 +112,12 @@ def worker(
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
+    grpc_port: Annotated[
+        int,
+        typer.Option(
+            help="Also serve KServe v2 over gRPC on this port (0: no gRPC; needs the grpc extra)."
+        ),
+    ] = 0,
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "warning",
 ) -> None:
     """Serve a model repository on one device over the KServe v2 protocol."""
@@ -122,6 +128,16 @@ def worker(
 
     if max_body_bytes < 1:
         fail("--max-body-bytes: must be >= 1")
+    if not 0 <= grpc_port <= 65535:
+        fail("--grpc-port: must be in 0..65535")
+    if grpc_port:
+        try:
+            import evenserve.worker.grpc_api  # noqa: F401
+        except ImportError as exc:
+            fail(
+                f"--grpc-port: gRPC needs grpcio and tritonclient[grpc] ({exc.name} is not "
+                "installed): pip install 'evenserve[grpc]'"
+            )
     if utilization_window_s <= 0:
         fail("--utilization-window-s: must be > 0")
     try:
@@ -171,13 +187,17 @@ def worker(
         )
     err_console.print(
         f"evenserve worker: device {dev.name}, {instances} instance(s), "
-        f"listening on http://{host}:{bound}",
+        f"listening on http://{host}:{bound}"
+        + (f" and grpc://{host}:{grpc_port}" if grpc_port else ""),
         highlight=False,
     )
     if port_file is not None:
         port_file.write_text(f"{bound}\n")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    make_server(service, sock).run()
+    try:
+        make_server(service, sock, grpc_host=host, grpc_port=grpc_port or None).run()
+    except EvenserveError as exc:  # the gRPC port cannot be bound
+        fail(str(exc))
 
 
 def profile(

@@ -22,7 +22,7 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
@@ -44,6 +44,9 @@ from evenserve.worker.kserve import (
     request_class,
 )
 from evenserve.worker.service import WorkerService
+
+if TYPE_CHECKING:
+    from evenserve.worker.grpc_api import GrpcServer
 
 #: Bodies larger than this are parsed and encoded off the event loop.
 OFFLOAD_BYTES = 256 * 1024
@@ -101,11 +104,23 @@ def read_body(request: Request, limit: int) -> bytes:
 class WorkerApp:
     """The worker's HTTP handler (an ``httpio.serving.App``). With ``manage_lifecycle`` its
     startup starts the service's driver and its shutdown drains the queues and stops the
-    runtimes."""
+    runtimes. With ``grpc_port`` (0: any free port) its startup also starts the KServe v2
+    gRPC server (``grpc_api``) on the same loop, on ``grpc_host``; the graceful stop turns
+    it not-ready with the HTTP side, and shutdown stops it while the queues drain."""
 
-    def __init__(self, service: WorkerService, *, manage_lifecycle: bool = True) -> None:
+    def __init__(
+        self,
+        service: WorkerService,
+        *,
+        manage_lifecycle: bool = True,
+        grpc_host: str = "127.0.0.1",
+        grpc_port: int | None = None,
+    ) -> None:
         self.service = service
         self.manage_lifecycle = manage_lifecycle
+        self.grpc_host = grpc_host
+        self.grpc_port = grpc_port
+        self.grpc: GrpcServer | None = None
         self.metrics = service.metrics
         self.limits = Limits(max_body_bytes=service.options.max_body_bytes)
         self._exact: dict[tuple[str, str], Endpoint] = {
@@ -129,15 +144,35 @@ class WorkerApp:
 
     # -- lifecycle (httpio.serving.App) ---------------------------------------------------------
     async def startup(self) -> None:
-        if self.manage_lifecycle:
-            await self.service.start()
+        if self.grpc_port is not None:
+            from evenserve.worker.grpc_api import GrpcServer
+
+            # Not ready (UNAVAILABLE) until the service has started below.
+            self.grpc = GrpcServer(self.service, self.grpc_host, self.grpc_port)
+            await self.grpc.start()
+        try:
+            if self.manage_lifecycle:
+                await self.service.start()
+        except BaseException:
+            if self.grpc is not None:
+                await self.grpc.stop(0)
+            raise
 
     def begin_drain(self) -> None:
         self.service.begin_drain()
 
     async def shutdown(self) -> None:
-        if self.manage_lifecycle:
-            await self.service.stop()
+        # The gRPC server stops taking calls and answers its open ones while the queues drain.
+        grpc_stop = None
+        if self.grpc is not None:
+            grace = self.service.options.drain_timeout_s + 5
+            grpc_stop = asyncio.ensure_future(self.grpc.stop(grace))
+        try:
+            if self.manage_lifecycle:
+                await self.service.stop()
+        finally:
+            if grpc_stop is not None:
+                await grpc_stop
 
     def refused(self, status: int, path: str) -> None:
         """The server answered an inference request itself (a body over the limit, a head
@@ -264,6 +299,14 @@ class WorkerApp:
         return Response(200, data, headers), "success"
 
 
-def create_app(service: WorkerService, *, manage_lifecycle: bool = True) -> WorkerApp:
+def create_app(
+    service: WorkerService,
+    *,
+    manage_lifecycle: bool = True,
+    grpc_host: str = "127.0.0.1",
+    grpc_port: int | None = None,
+) -> WorkerApp:
     """The worker's HTTP handler (see :class:`WorkerApp`)."""
-    return WorkerApp(service, manage_lifecycle=manage_lifecycle)
+    return WorkerApp(
+        service, manage_lifecycle=manage_lifecycle, grpc_host=grpc_host, grpc_port=grpc_port
+    )

@@ -277,6 +277,22 @@ def parse_infer_request(
                 raise ProtocolError(f"output {o['name']!r}: binary_data must be a boolean")
             requested.append(RequestedOutput(o["name"], b))
 
+    priority, deadline_in_s = class_parameters(params)
+    assert items is not None
+    return InferRequest(
+        id=rid,
+        inputs=ordered,
+        items=items,
+        outputs=requested,
+        priority=priority,
+        deadline_in_s=deadline_in_s,
+        parameters=params,
+    )
+
+
+def class_parameters(params: Mapping[str, Any]) -> tuple[int | None, float | None]:
+    """(priority, deadline in seconds) from a request's ``priority``, ``timeout`` and
+    ``deadline_ms`` parameters (None where absent); ProtocolError naming a bad one."""
     priority = _parsed(wire.parse_priority, params, "priority", "parameters.")
     timeout = params.get("timeout")
     deadline_in_s = None
@@ -288,16 +304,13 @@ def parse_infer_request(
     if deadline_ms is not None:
         own = deadline_ms / 1000.0
         deadline_in_s = own if deadline_in_s is None else min(deadline_in_s, own)
-    assert items is not None
-    return InferRequest(
-        id=rid,
-        inputs=ordered,
-        items=items,
-        outputs=requested,
-        priority=priority,
-        deadline_in_s=deadline_in_s,
-        parameters=params,
-    )
+    return priority, deadline_in_s
+
+
+def check_shape(name: str, spec: TensorSpec, shape: Any, max_batch_size: int) -> list[int]:
+    """An input's shape checked against the model's ([batch, *dims]); ProtocolError naming
+    the input otherwise."""
+    return _check_shape(name, spec, shape, max_batch_size)
 
 
 def _parsed(

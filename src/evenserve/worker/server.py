@@ -16,29 +16,53 @@ from evenserve.worker.http_api import create_app
 from evenserve.worker.service import WorkerService
 
 
-def make_server(service: WorkerService, sock: socket.socket) -> Serving:
-    """The worker's server on a bound socket; ``run()`` serves until SIGTERM/SIGINT."""
-    app = create_app(service)
+def make_server(
+    service: WorkerService,
+    sock: socket.socket,
+    *,
+    grpc_host: str = "127.0.0.1",
+    grpc_port: int | None = None,
+) -> Serving:
+    """The worker's server on a bound socket; ``run()`` serves until SIGTERM/SIGINT. With
+    ``grpc_port`` (0: any free port) it also serves KServe v2 over gRPC (``grpc_api``)."""
+    app = create_app(service, grpc_host=grpc_host, grpc_port=grpc_port)
     return Serving(
         app, sock=sock, limits=app.limits, drain_timeout_s=service.options.drain_timeout_s + 5
     )
+
+
+def grpc_port_of(server: Serving) -> int | None:
+    """The port the worker's gRPC server listens on (None: no gRPC), once started."""
+    app = server.app
+    grpc = getattr(app, "grpc", None)
+    return None if grpc is None else int(grpc.port)
 
 
 class BackgroundWorker:
     """A worker serving on a thread (tests, notebooks, in-process clusters).
 
     ``start`` loads the models, binds 127.0.0.1 on a free port (or ``port``) and returns once
-    the server accepts connections; ``stop`` drains gracefully and joins the thread.
+    the server accepts connections; ``stop`` drains gracefully and joins the thread. With
+    ``grpc_port`` (0: a free port) it also serves gRPC; ``grpc_port`` is the bound port once
+    started.
     """
 
-    def __init__(self, service: WorkerService, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        service: WorkerService,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        grpc_port: int | None = None,
+    ) -> None:
         self.service = service
         self.host = host
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.port: int = self._sock.getsockname()[1]
-        self._server = make_server(service, self._sock)
+        self._server = make_server(service, self._sock, grpc_host=host, grpc_port=grpc_port)
+        self.grpc_port: int | None = grpc_port
 
     @property
     def url(self) -> str:
@@ -47,6 +71,7 @@ class BackgroundWorker:
     def start(self, timeout_s: float = 60.0) -> BackgroundWorker:
         self.service.load()
         self._server.start_thread(timeout_s, name="evenserve-worker-http")
+        self.grpc_port = grpc_port_of(self._server)
         return self
 
     def stop(self, timeout_s: float = 60.0) -> None:
