@@ -4,7 +4,9 @@ bad-input, unknown-model and refusal cases with their status codes."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,12 +20,14 @@ service_pb2_grpc = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
 
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
+from evenserve.core.load import LoadReport  # noqa: E402
+from evenserve.core.wire import LOAD_PATH  # noqa: E402
 from evenserve.runtime.device import parse_device  # noqa: E402
 from evenserve.worker.repository import load_repository  # noqa: E402
 from evenserve.worker.server import BackgroundWorker  # noqa: E402
 from evenserve.worker.service import WorkerOptions, WorkerService  # noqa: E402
 
-from .worker_repo import metric_samples, write_repo  # noqa: E402
+from .worker_repo import MODELS, metric_samples, write_repo  # noqa: E402
 
 BODY_LIMIT = 16 * 1024
 
@@ -252,3 +256,45 @@ def test_graceful_stop_turns_grpc_unavailable(tmp_path: Any) -> None:
         assert "UNAVAILABLE" in str(err.value.status())
     finally:
         c.close()
+
+
+def test_queue_full_is_resource_exhausted_and_the_stop_answers_the_queued(
+    tmp_path: Path,
+) -> None:
+    """Two calls fill the queue of ``waits`` (a static batch of 4 that never comes), a third
+    is refused; stopping the worker drains the queue, so the two open calls are answered."""
+    repo = write_repo(tmp_path, {"waits": MODELS["waits"]})
+    service = WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
+    req = service_pb2.ModelInferRequest(model_name="waits")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 4]).contents.fp32_contents.extend([0.0] * 4)
+    worker = BackgroundWorker(service, grpc_port=0).start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{worker.grpc_port}")
+    try:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        held = [stub.ModelInfer.future(req, timeout=120) for _ in range(2)]
+        deadline = time.monotonic() + 60  # a hang guard only
+        while (
+            LoadReport.model_validate(httpx.get(worker.url + LOAD_PATH).json()).queued_by_model[
+                "waits"
+            ]
+            < 2
+        ):
+            assert time.monotonic() < deadline, "the two calls never queued"
+            time.sleep(0.01)
+        err = _rpc_error(stub.ModelInfer, req)
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "queue full (2 requests waiting)" in err.details()
+        meta = dict(err.trailing_metadata())
+        assert meta["x-evenserve-reason"] == "queue-full" and int(meta["retry-after"]) >= 1
+        counts = metric_samples(
+            httpx.get(worker.url + "/metrics").text, "evenserve_worker_requests_total"
+        )
+        key = 'evenserve_worker_requests_total{model="waits",outcome="rejected_queue_full"}'
+        assert counts[key] == 1
+        assert not any(f.done() for f in held)
+        worker.stop()
+        for f in held:
+            assert list(f.result(timeout=60).outputs[0].shape) == [1, 2]
+    finally:
+        worker.stop()
+        channel.close()
