@@ -56,6 +56,7 @@ from evenserve.worker.kserve import (
     RequestedOutput,
     check_shape,
     class_parameters,
+    input_spec,
     request_class,
 )
 from evenserve.worker.service import WorkerService
@@ -156,14 +157,7 @@ def parse_grpc_request(
     items: int | None = None
     for i, t in enumerate(req.inputs):
         name = t.name
-        spec = specs.get(name)
-        if spec is None:
-            raise ProtocolError(
-                f"input {wire.shown(name)}: unexpected; model {sig.name!r} takes "
-                f"{', '.join(repr(s.name) for s in sig.inputs)}"
-            )
-        if name in arrays:
-            raise ProtocolError(f"input {name!r}: given twice")
+        spec = input_spec(sig, specs, name, arrays)
         if t.datatype != spec.datatype:
             raise ProtocolError(
                 f"input {name!r}: datatype {wire.shown(t.datatype)}, model {sig.name!r} expects "
@@ -374,10 +368,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             outcome = "cancelled"
             raise
         finally:
-            elapsed = time.perf_counter() - t0
-            self.metrics.observe_request(name, outcome, elapsed)
-            if outcome != "cancelled":
-                self.service.stats[name].record_request(outcome == "success", elapsed)
+            self.service.count_infer(name, outcome, time.perf_counter() - t0)
         if isinstance(response, GrpcError):
             await self._abort(context, response)
         return response

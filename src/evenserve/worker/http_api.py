@@ -248,19 +248,14 @@ class WorkerApp:
     async def infer(self, request: Request, name: str, sig: ModelSignature) -> Response:
         t0 = time.perf_counter()
         outcome = "error"
-        ok = False
         try:
             response, outcome = await self._infer(request, name, sig)
-            ok = outcome == "success"
             return response
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
         finally:
-            elapsed = time.perf_counter() - t0
-            self.metrics.observe_request(name, outcome, elapsed)
-            if outcome not in ("not_found", "cancelled"):
-                self.service.stats[name].record_request(ok, elapsed)
+            self.service.count_infer(name, outcome, time.perf_counter() - t0)
 
     async def _infer(
         self, request: Request, name: str, sig: ModelSignature

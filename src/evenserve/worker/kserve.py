@@ -136,6 +136,22 @@ def _check_shape(name: str, spec: TensorSpec, shape: Any, max_batch_size: int) -
     return list(shape)
 
 
+def input_spec(
+    sig: ModelSignature, specs: Mapping[str, TensorSpec], name: str, seen: Mapping[str, object]
+) -> TensorSpec:
+    """The declared input ``name`` of a request (JSON or gRPC); ProtocolError naming it when
+    the model has no such input or the request gives it twice (``seen``: inputs so far)."""
+    spec = specs.get(name)
+    if spec is None:
+        raise ProtocolError(
+            f"input {wire.shown(name)}: unexpected; model {sig.name!r} takes "
+            f"{', '.join(repr(s.name) for s in sig.inputs)}"
+        )
+    if name in seen:
+        raise ProtocolError(f"input {name!r}: given twice")
+    return spec
+
+
 def parse_header_length(value: str | None) -> int | None:
     """The ``Inference-Header-Content-Length`` header's value (None when absent): decimal
     digits only; ProtocolError (400) naming the header otherwise."""
@@ -188,14 +204,7 @@ def parse_infer_request(
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise ProtocolError(f"inputs[{i}]: must be an object with a name")
         name = t["name"]
-        spec = specs.get(name)
-        if spec is None:
-            raise ProtocolError(
-                f"input {wire.shown(name)}: unexpected; model {sig.name!r} takes "
-                f"{', '.join(repr(s.name) for s in sig.inputs)}"
-            )
-        if name in arrays:
-            raise ProtocolError(f"input {name!r}: given twice")
+        spec = input_spec(sig, specs, name, arrays)
         dt = t.get("datatype")
         if dt != spec.datatype:
             raise ProtocolError(

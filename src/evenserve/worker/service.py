@@ -202,6 +202,13 @@ class WorkerService:
         )
         self.ready = True
 
+    def count_infer(self, model: str, outcome: str, elapsed_s: float) -> None:
+        """One inference request answered (HTTP or gRPC): its metrics, and the model's
+        statistics unless it never reached the model or was cancelled."""
+        self.metrics.observe_request(model, outcome, elapsed_s)
+        if outcome not in ("not_found", "cancelled"):
+            self.stats[model].record_request(outcome == "success", elapsed_s)
+
     def add_observer(self, observer: DriverObserver) -> None:
         """Also tell ``observer`` about every batch (e.g. a trace recorder)."""
         self._telemetry.extra.append(observer)
