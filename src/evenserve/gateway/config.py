@@ -150,6 +150,9 @@ def write_private(path: Path, text: str) -> Path:
 class GatewaySection(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    grpc_port: int | None = Field(
+        default=None, ge=0, le=65535, description="also serve KServe v2 over gRPC (0: any port)"
+    )
     routing: Any = "queue-aware"
     seed: int = 0
     signals: SignalsConfig = Field(default_factory=SignalsConfig)
@@ -231,6 +234,9 @@ class BackendSignals(Strict):
 class BackendSpec(Strict):
     name: Name
     url: str = Field(min_length=1, description="base URL of the KServe v2 HTTP API")
+    grpc_url: str | None = Field(
+        default=None, description="host:port of its KServe v2 gRPC API (gRPC goes only there)"
+    )
     models: list[ModelName] = Field(min_length=1)
     signals: BackendSignals = Field(default_factory=BackendSignals)
     profiles: str | None = Field(default=None, description="profile set dir (for LEW)")
@@ -243,6 +249,13 @@ class BackendSpec(Strict):
         if not re.match(r"^https?://[^/\s]+", v):
             raise ValueError(f"expected http(s)://host:port, got {v!r}")
         return v.rstrip("/")
+
+    @field_validator("grpc_url")
+    @classmethod
+    def _grpc_url_ok(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[^/\s]+:\d+$", v):
+            raise ValueError(f"expected host:port, got {v!r}")
+        return v
 
 
 class DeviceEntry(DeviceOptions, QueueOptions):

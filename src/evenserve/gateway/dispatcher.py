@@ -39,6 +39,11 @@ Theory of operation. For one request to model m:
    a retry (the work may still finish there).
 7. If every try failed, the client gets the last backend's 429/503 as relayed, or the
    gateway's own 503 with the reasons. Exactly one response per accepted request.
+
+gRPC (``grpc_front``) takes the same path: ``infer_grpc`` admits, picks and settles with the
+same methods; a backend's gRPC status is judged as its HTTP counterpart (``GrpcReply.status``:
+UNAVAILABLE as 503, RESOURCE_EXHAUSTED with a reason as 429), so the retry rules are the
+ones above. Backends without a gRPC endpoint are excluded from the start.
 """
 
 from __future__ import annotations
@@ -47,9 +52,10 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from evenserve.core import wire
 from evenserve.core.clock import Clock
@@ -111,6 +117,22 @@ class Answer:
     headers: dict[str, str]
     backend: str | None
     outcome: str
+    #: A backend's gRPC answer, relayed as it is (gRPC requests only).
+    grpc: GrpcReply | None = None
+
+
+@dataclass(slots=True)
+class GrpcReply:
+    """A backend's answer to a gRPC call: its status code, message, trailing metadata and
+    response (OK only); ``status`` is the HTTP counterpart the shared rules judge, ``reason``
+    the backend's ``x-evenserve-reason``."""
+
+    status: int
+    reason: str | None
+    code: Any
+    message: str = ""
+    trailing: tuple[tuple[str, str], ...] = ()
+    response: Any = None
 
 
 def error_answer(
@@ -255,7 +277,52 @@ class Dispatcher:
             assert fw.answer is not None
             fw.answer(self._finish(fw.model, ans, fw.t0))
 
-    def _done(self, name: str, model: str, reply: Reply | HttpReply | None) -> None:
+    # -- gRPC ----------------------------------------------------------------------------------
+    async def infer_grpc(
+        self,
+        model: str,
+        send: Callable[[str], Awaitable[GrpcReply]],
+        exclude: Iterable[str] = (),
+    ) -> Answer:
+        """``infer`` for a gRPC call: ``send(name)`` forwards it to backend ``name`` (a
+        GrpcReply, or a ForwardError: Unreachable, ResponseTimeout); backends in ``exclude``
+        (no gRPC endpoint) are never picked."""
+        fw = self._admit(model, "", b"", {})
+        if isinstance(fw, Answer):
+            return self._finish(model, fw, time.perf_counter())
+        fw.tried.extend(exclude)
+        while True:
+            name = self._pick(fw)
+            if name is None:
+                return self._finish(model, self._exhausted(fw), fw.t0)
+            got: GrpcReply | None = None
+            error: ForwardError | None = None
+            try:
+                got = await send(name)
+            except ForwardError as exc:
+                error = exc
+            finally:
+                self._done(name, model, got)
+            ans = self._settle_grpc(fw, name, got, error)
+            if ans is not None:
+                return self._finish(model, ans, fw.t0)
+
+    def _settle_grpc(
+        self, fw: _Forward, name: str, got: GrpcReply | None, error: ForwardError | None
+    ) -> Answer | None:
+        """``_settle`` for a gRPC try: judged by its HTTP counterpart; the Answer it gives (or
+        keeps to relay) carries the gRPC answer itself."""
+        reply = None
+        if got is not None:
+            reply = Reply(got.status, {wire.REASON_HEADER: got.reason} if got.reason else {}, b"")
+        before = fw.relayed
+        ans = self._settle(fw, name, reply, error)
+        mine = ans if ans is not None else (fw.relayed if fw.relayed is not before else None)
+        if mine is not None and got is not None:
+            mine.grpc = got
+        return ans
+
+    def _done(self, name: str, model: str, reply: Reply | HttpReply | GrpcReply | None) -> None:
         """The try on ``name`` is over; a served answer (below 400) teaches the router the
         backend's speed (a quick refusal must not make a host look fast)."""
         served = reply is not None and reply.status < 400

@@ -17,6 +17,7 @@ import json
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import orjson
 
@@ -95,6 +96,8 @@ class Gateway:
             **self.admin.routes(),
         }
         self._paths = {p for _, p in self._exact}
+        #: The gRPC server (``grpc_front``) once started, when ``gateway.grpc_port`` is set.
+        self.grpc: Any = None
 
     # -- wiring -----------------------------------------------------------------------------
     def _profiles(self, spec: BackendSpec) -> dict[str, LatencyProfile]:
@@ -126,11 +129,20 @@ class Gateway:
     async def startup(self) -> None:
         await self.poller.probe_all()
         self.poller.start()
+        if self.cfg.grpc_port is not None:
+            from evenserve.gateway.grpc_front import GatewayGrpcServer  # the grpc extra
+
+            self.grpc = GatewayGrpcServer(
+                self.registry, self.dispatcher, self.cfg.host, self.cfg.grpc_port
+            )
+            await self.grpc.start()
 
     def begin_drain(self) -> None:
         """Nothing to refuse: the listener closes and open requests are answered."""
 
     async def shutdown(self) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop(5.0)
         await self.poller.stop()
         await self.dispatcher.aclose()
 
