@@ -267,6 +267,9 @@ class DeviceEntry(DeviceOptions, QueueOptions):
     device: str = Field(min_length=1, description="cpu | cuda:N | emulated:PROFILE_SET")
     models: list[ModelName] | None = Field(default=None, description="default: every repo model")
     port: int | None = Field(default=None, ge=1, le=65535)
+    grpc_port: int | None = Field(
+        default=None, ge=1, le=65535, description="also serve gRPC here (the gateway uses it)"
+    )
     extra_args: list[str] = Field(default_factory=list, description="more worker CLI args")
 
     def option_flags(self) -> list[str]:
@@ -366,6 +369,7 @@ class LoadedCluster:
                     BackendSpec(
                         name=d.name,
                         url=f"http://{w.host}:{w.port_of(i)}",
+                        grpc_url=None if d.grpc_port is None else f"{w.host}:{d.grpc_port}",
                         models=list(models),
                         profiles=profiles,
                     )

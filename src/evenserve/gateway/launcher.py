@@ -191,6 +191,7 @@ class Launcher:
                 "--repo", str(self.cluster.resolve(w.repo)),
                 "--device", dev,
                 "--port", str(port),
+                *([] if d.grpc_port is None else ["--grpc-port", str(d.grpc_port)]),
                 *self._models_args(i, d),
                 *d.option_flags(),
                 *d.extra_args,

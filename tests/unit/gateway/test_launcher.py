@@ -135,3 +135,24 @@ def test_a_short_token_in_the_environment_stops_up_naming_it(
     monkeypatch.setenv(DEFAULT_TOKEN_ENV, "x")
     with pytest.raises(ConfigError, match=f"^{DEFAULT_TOKEN_ENV} .*at least 16 characters"):
         _token_cluster(tmp_path)
+
+
+def test_device_grpc_port_is_passed_and_routed(tmp_path: Path) -> None:
+    (tmp_path / "repo" / "a").mkdir(parents=True)
+    (tmp_path / "repo" / "a" / "model.yaml").write_text("runtime: emulated\n")
+    raw = {
+        "gateway": {"grpc_port": 9000},
+        "workers": {
+            "repo": "repo",
+            "devices": [
+                {"name": "g0", "device": "cpu", "port": 9101, "grpc_port": 9201},
+                {"name": "g1", "device": "cpu", "port": 9102},
+            ],
+        },
+    }
+    cluster = parse_cluster(raw, tmp_path)
+    la = Launcher(cluster, tmp_path / "c.yaml", tmp_path)
+    la.plan()
+    g0, g1 = (w.cmd for w in la.workers)
+    assert g0[g0.index("--grpc-port") + 1] == "9201" and "--grpc-port" not in g1
+    assert [b.grpc_url for b in cluster.backends()] == ["127.0.0.1:9201", None]
