@@ -319,11 +319,16 @@ class ClusterConfig(Strict):
                 if p in ports:
                     raise ValueError(f"workers.devices.{i}.port: {p} also used by {ports[p]}")
                 ports[p] = d.name
-            if self.gateway.port in ports:
-                raise ValueError(
-                    f"gateway.port: {self.gateway.port} also used by worker "
-                    f"{ports[self.gateway.port]}"
-                )
+            for i, d in enumerate(self.workers.devices):
+                g = d.grpc_port
+                if g is not None and g in ports:
+                    raise ValueError(f"workers.devices.{i}.grpc_port: {g} also used by {ports[g]}")
+                if g is not None:
+                    ports[g] = f"{d.name} (gRPC)"
+            mine = (("port", self.gateway.port), ("grpc_port", self.gateway.grpc_port))
+            for key, gp in mine:
+                if gp in ports:
+                    raise ValueError(f"gateway.{key}: {gp} also used by worker {ports[gp]}")
         twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
         if twice is not None:
             raise ValueError(f"backend/device name {twice!r} used twice")

@@ -126,6 +126,36 @@ def test_defaults_are_the_articles() -> None:
             ),
             "port: 9100 also used by g0",
         ),
+        (
+            cluster(
+                workers={
+                    "repo": "r",
+                    "devices": [
+                        {"name": "g0", "device": "cpu", "port": 9100},
+                        {"name": "g1", "device": "cpu", "port": 9101, "grpc_port": 9100},
+                    ],
+                }
+            ),
+            "workers.devices.1.grpc_port: 9100 also used by g0",
+        ),
+        (
+            cluster(
+                gateway={"grpc_port": 9201},
+                workers={
+                    "repo": "r",
+                    "devices": [{"name": "g0", "device": "cpu", "port": 9100, "grpc_port": 9201}],
+                },
+            ),
+            "gateway.grpc_port: 9201 also used by worker g0 (gRPC)",
+        ),
+        (
+            cluster(
+                backends=[
+                    {"name": "b", "url": "http://h:1", "grpc_url": "grpc://h:2", "models": ["m"]}
+                ]
+            ),
+            "expected host:port",
+        ),
         ([1, 2], "expected a mapping"),
     ],
 )

@@ -17,7 +17,7 @@ from evenserve.core.types import LoadSample
 from evenserve.core.wire import BACKEND_HEADER, OVERLOADED, REASON_HEADER
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import parse_cluster
-from evenserve.gateway.dispatcher import RELAY_RESPONSE_HEADERS, Dispatcher
+from evenserve.gateway.dispatcher import RELAY_RESPONSE_HEADERS, Dispatcher, GrpcReply
 from evenserve.metrics.gateway import GatewayMetrics
 from evenserve.policy.routing import ROUTING
 from evenserve.policy.routing.router import LEARN_MIN_ANSWERS
@@ -296,3 +296,56 @@ async def test_worker_refusals_retry_only_when_the_work_was_not_taken(
         assert r.headers["x-evenserve-deadline-ms"] == "250"
         assert "x-unrelated" not in r.headers
     assert all(reg.router.view(n).in_flight == 0 for n in ("a", "b"))
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "tries", "relayed"),
+    [
+        (503, None, 2, 503),  # UNAVAILABLE: not ready, draining, or no connection
+        (429, "queue-full", 2, 429),
+        (429, "shed", 1, 429),
+        (413, None, 1, 413),  # RESOURCE_EXHAUSTED without a reason: over the size limit
+        (400, None, 1, 400),
+        (504, "deadline-expired", 1, 504),
+    ],
+)
+async def test_grpc_tries_follow_the_http_rules(
+    status: int, reason: str | None, tries: int, relayed: int
+) -> None:
+    d, reg, _ = setup(ok)
+    sent: list[str] = []
+
+    async def send(name: str) -> GrpcReply:
+        sent.append(name)
+        return GrpcReply(status, reason, f"code-{status}", f"from {name}")
+
+    a = await d.infer_grpc("m", send)
+    assert len(sent) == tries and len(set(sent)) == tries
+    assert a.status == relayed and a.grpc is not None and a.backend == sent[-1]
+    assert a.grpc.message == f"from {sent[-1]}"
+    assert all(reg.router.view(n).in_flight == 0 for n in ("a", "b"))
+
+
+async def test_grpc_excluded_backends_are_never_tried_and_timeouts_eject() -> None:
+    from evenserve.gateway.forwarder import ResponseTimeout
+
+    d, reg, _ = setup(ok)
+    sent: list[str] = []
+
+    async def send(name: str) -> GrpcReply:
+        sent.append(name)
+        return GrpcReply(200, None, "OK", response=name)
+
+    for _ in range(3):
+        a = await d.infer_grpc("m", send, exclude=["a"])
+        assert a.grpc is not None and a.grpc.response == "b" and a.backend == "b"
+    assert sent == ["b"] * 3
+    assert (await d.infer_grpc("m", send, exclude=["a", "b"])).status == 503
+    assert (await d.infer_grpc("zzz", send)).status == 404
+
+    async def stuck(name: str) -> GrpcReply:
+        raise ResponseTimeout("timeout")
+
+    a = await d.infer_grpc("m", stuck)
+    assert a.status == 504 and a.grpc is None
+    assert not reg.is_healthy(a.headers[BACKEND_HEADER])
