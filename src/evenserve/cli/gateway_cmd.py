@@ -43,9 +43,18 @@ def gateway(
         fail(str(exc))
         return
     g = cluster.config.gateway
+    if g.grpc_port is not None:
+        try:
+            import evenserve.gateway.grpc_front  # noqa: F401
+        except ImportError as exc:
+            fail(
+                f"gateway.grpc_port: gRPC needs grpcio and tritonclient[grpc] ({exc.name} is not "
+                "installed): pip install 'evenserve[grpc]'"
+            )
     names = ", ".join(gw.registry.names())
+    grpc_at = "" if g.grpc_port is None else f" and grpc://{g.host}:{g.grpc_port}"
     err_console.print(
-        f"gateway on http://{host or g.host}:{port or g.port}  routing {g.routing}  "
+        f"gateway on http://{host or g.host}:{port or g.port}{grpc_at}  routing {g.routing}  "
         f"backends: {names}",
         highlight=False,
     )
