@@ -55,7 +55,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from evenserve.core import wire
 from evenserve.core.clock import Clock
@@ -89,6 +89,10 @@ RELAY_RESPONSE_HEADERS = (
     wire.RETRY_AFTER_HEADER,
     wire.REASON_HEADER,
 )
+
+
+#: What one try's send gives: an HTTP Reply or a GrpcReply (both carry an HTTP ``status``).
+R = TypeVar("R", "Reply", "GrpcReply")
 
 
 @dataclass(slots=True)
@@ -196,23 +200,36 @@ class Dispatcher:
         fw = self._admit(model, path, body, headers)
         if isinstance(fw, Answer):
             return self._finish(model, fw, time.perf_counter())
+        return await self._tries(fw, partial(self._send_http, fw), self._settle)
+
+    async def _send_http(self, fw: _Forward, name: str) -> Reply:
+        return await self.forwarder.request(
+            "POST", self.registry.url(name), fw.path, fw.body, fw.headers
+        )
+
+    async def _tries(
+        self,
+        fw: _Forward,
+        send: Callable[[str], Awaitable[R]],
+        settle: Callable[[_Forward, str, R | None, ForwardError | None], Answer | None],
+    ) -> Answer:
+        """The awaited tries of one request (HTTP or gRPC): pick, send, settle, until an
+        answer or no backend is left."""
         while True:
             name = self._pick(fw)
             if name is None:
-                return self._finish(model, self._exhausted(fw), fw.t0)
-            reply: Reply | None = None
+                return self._finish(fw.model, self._exhausted(fw), fw.t0)
+            got: R | None = None
             error: ForwardError | None = None
             try:
-                reply = await self.forwarder.request(
-                    "POST", self.registry.url(name), path, body, fw.headers
-                )
+                got = await send(name)
             except ForwardError as exc:
                 error = exc
             finally:
-                self._done(name, model, reply)
-            ans = self._settle(fw, name, reply, error)
+                self._done(name, fw.model, got)
+            ans = settle(fw, name, got, error)
             if ans is not None:
-                return self._finish(model, ans, fw.t0)
+                return self._finish(fw.model, ans, fw.t0)
 
     def infer_fast(
         self,
@@ -291,21 +308,7 @@ class Dispatcher:
         if isinstance(fw, Answer):
             return self._finish(model, fw, time.perf_counter())
         fw.tried.extend(exclude)
-        while True:
-            name = self._pick(fw)
-            if name is None:
-                return self._finish(model, self._exhausted(fw), fw.t0)
-            got: GrpcReply | None = None
-            error: ForwardError | None = None
-            try:
-                got = await send(name)
-            except ForwardError as exc:
-                error = exc
-            finally:
-                self._done(name, model, got)
-            ans = self._settle_grpc(fw, name, got, error)
-            if ans is not None:
-                return self._finish(model, ans, fw.t0)
+        return await self._tries(fw, send, self._settle_grpc)
 
     def _settle_grpc(
         self, fw: _Forward, name: str, got: GrpcReply | None, error: ForwardError | None
