@@ -10,10 +10,9 @@ import asyncio
 import contextlib
 import json
 import re
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
-from evenserve.httpio.client import HttpClient
+from evenserve.httpio.client import LATE_S, HttpClient, ResponseTimeout, _Conn
 from evenserve.httpio.server import HttpServer, Limits, Request, Response, json_response
 
 
@@ -39,6 +38,15 @@ async def server(**limits: float) -> AsyncIterator[HttpServer]:
         yield srv
     finally:
         await srv.stop(1.0)
+
+
+async def until(cond: Callable[[], bool], cap_s: float = 30.0) -> None:
+    """Wait for ``cond`` (polling the loop); the cap only guards against a hang."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + cap_s
+    while not cond():
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.005)
 
 
 async def raw(port: int, data: bytes, *, read_until_eof: bool = True) -> bytes:
@@ -144,7 +152,7 @@ async def test_a_stalled_head_is_closed_with_408_and_an_idle_connection_closed()
 async def test_connections_over_the_cap_get_503_and_the_rest_still_work() -> None:
     async with server(max_connections=5) as srv:
         held = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(5)]
-        await asyncio.sleep(0.05)
+        await until(lambda: len(srv.connections) == 5)
         assert (await raw(srv.port, b"GET / HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 503 ")
         r, w = held[0]
         w.write(b"GET /ok HTTP/1.1\r\nconnection: close\r\n\r\n")
@@ -160,8 +168,8 @@ async def test_a_client_gone_mid_body_is_not_an_error(caplog: object) -> None:
         w.write(b"POST / HTTP/1.1\r\ncontent-length: 1000\r\n\r\n" + b"x" * 10)
         await w.drain()
         w.close()
-        await asyncio.sleep(0.05)
-        assert not srv.connections and not srv.handling
+        await until(lambda: not srv.connections)
+        assert not srv.handling
         assert "Traceback" not in getattr(caplog, "text", "")
 
 
@@ -170,29 +178,38 @@ async def test_stop_answers_what_was_read_then_closes() -> None:
     await srv.start("127.0.0.1", 0)
     c = HttpClient(f"http://127.0.0.1:{srv.port}", 10.0)
     slow = asyncio.ensure_future(c.request("GET", "/slow"))
-    await asyncio.sleep(0.01)
+    await until(lambda: srv.handling == 1)  # read, being handled
     await srv.stop(5.0)
     assert (await slow).status == 200
     assert not srv.connections
     c.close()
 
 
-def test_an_answer_that_came_in_time_counts_when_the_loop_reads_it_late() -> None:
-    """A busy client loop (a saturated gateway) must not turn a backend's timely answer into
-    a timeout: on uvloop, timers run before reading input in each loop iteration."""
-    from evenserve.httpio.serving import new_loop
+async def test_a_deadline_met_late_by_a_busy_loop_looks_for_the_answer_once_more() -> None:
+    """A busy loop (a saturated gateway) may run a request's deadline timer late, with the
+    answer already unread in the socket: the client looks again after the next poll for
+    input before it declares a timeout; a deadline met on time fails at once."""
+    loop = asyncio.get_running_loop()
 
-    async def main() -> tuple[int, int]:
-        async with server() as srv:
-            c = HttpClient(f"http://127.0.0.1:{srv.port}", 10.0)
-            await c.request("GET", "/warm")  # connected and pooled
-            fut = asyncio.ensure_future(c.request("GET", "/x", timeout_s=0.05))
-            await asyncio.sleep(0)  # the request is written
-            time.sleep(0.3)  # the loop is busy far past the deadline; the answer is in
-            reply = await fut
-            c.close()
-            return reply.status, c.late_deadlines
+    class _Transport:
+        def abort(self) -> None:
+            pass
 
-    with asyncio.Runner(loop_factory=new_loop) as runner:
-        status, late = runner.run(main())
-    assert status == 200 and late <= 1
+    def pending() -> _Conn:
+        conn = _Conn(frozenset(), loop)
+        conn.transport = _Transport()  # type: ignore[assignment]
+        conn.fut = loop.create_future()
+        return conn
+
+    c = HttpClient("http://127.0.0.1:9", 1.0)
+    late = pending()
+    c._deadline(late, loop.time() - 1.0)  # the timer ran a second late
+    assert not late.fut.done() and late.timer is not None and c.late_deadlines == 1  # type: ignore[union-attr]
+    fut = late.fut
+    await asyncio.sleep(4 * LATE_S)  # no answer came after all: now it is a timeout
+    assert fut is not None and isinstance(fut.exception(), ResponseTimeout)
+    on_time = pending()
+    fut = on_time.fut
+    c._deadline(on_time, loop.time())
+    assert fut is not None and isinstance(fut.exception(), ResponseTimeout)
+    assert c.late_deadlines == 1
