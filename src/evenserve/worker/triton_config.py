@@ -160,22 +160,19 @@ def _numbers(message: Any, out: dict[str, Any]) -> None:
         if key not in out:
             continue
         if fd.type in _INT64:
-            out[key] = [int(v) for v in out[key]] if _repeated(fd) else int(out[key])
+            v = out[key]
+            out[key] = [int(x) for x in v] if isinstance(v, list) else int(v)
         elif fd.message_type is not None:
             if fd.message_type.GetOptions().map_entry:
                 vfd = fd.message_type.fields_by_name["value"]
                 if vfd.message_type is not None:
                     for k, sub in value.items():
                         _numbers(sub, out[key][str(k)])
-            elif _repeated(fd):
+            elif isinstance(out[key], list):
                 for sub, sub_out in zip(value, out[key], strict=True):
                     _numbers(sub, sub_out)
             else:
                 _numbers(value, out[key])
-
-
-def _repeated(fd: Any) -> bool:
-    return bool(fd.label == fd.LABEL_REPEATED)
 
 
 def read_triton(directory: Path, override: Mapping[str, Any] | None = None) -> TritonModel:
