@@ -31,7 +31,7 @@ A load-time ``override`` is Triton's model config JSON and replaces ``config.pbt
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -84,7 +84,6 @@ class TritonModel:
     triton_json: dict[str, Any]
     source: Path
     version: str
-    versions_found: list[str] = field(default_factory=list)
 
 
 def proto_modules() -> tuple[ModuleType, ModuleType, ModuleType]:
@@ -204,7 +203,7 @@ def map_config(config: Any, directory: Path, source: Path, where: str) -> Triton
             "supported: evenserve requests carry a leading batch dimension; set max_batch_size "
             ">= 1 and give dims without it"
         )
-    version, found = _version(config, pb2, directory, filename, where, notes)
+    version, folder = _version(config, directory, filename, where, notes)
     raw: dict[str, Any] = {
         "name": name,
         "version": version,
@@ -213,7 +212,7 @@ def map_config(config: Any, directory: Path, source: Path, where: str) -> Triton
         "inputs": _tensors(config.input, "input", pb2, where, notes),
         "outputs": _tensors(config.output, "output", pb2, where, notes),
     }
-    file = f"{version}/{filename}"
+    file = f"{folder}/{filename}"
     raw[runtime] = {"file": file, "format": "torchscript"} if runtime == "torch" else {"file": file}
     if config.HasField("dynamic_batching"):
         _dynamic_batching(config.dynamic_batching, config.max_batch_size, pb2, raw, where, notes)
@@ -230,7 +229,7 @@ def map_config(config: Any, directory: Path, source: Path, where: str) -> Triton
         if fd.name not in MAPPED:
             why = WHY.get(fd.name, "not supported by evenserve")
             notes.append(f"{fd.name}: ignored ({why})")
-    return TritonModel(raw, notes, config_json(config), source, version, found)
+    return TritonModel(raw, notes, config_json(config), source, version)
 
 
 def _platform(config: Any, where: str) -> str:
@@ -340,14 +339,15 @@ def _queue_policy(qp: Any, pb2: ModuleType, raw: dict[str, Any], notes: list[str
 
 
 def _version(
-    config: Any, pb2: ModuleType, directory: Path, filename: str, where: str, notes: list[str]
-) -> tuple[str, list[str]]:
-    """The one version served: the highest the policy allows whose folder holds the file."""
-    folders = sorted(
-        (int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()),
-        reverse=True,
-    )
-    with_file = [v for v in folders if (directory / str(v) / filename).is_file()]
+    config: Any, directory: Path, filename: str, where: str, notes: list[str]
+) -> tuple[str, str]:
+    """(version, its folder): the highest version the policy allows whose folder holds the
+    model file (Triton reads a numeric folder name as an integer: ``01`` is version 1)."""
+    folder_of = {
+        int(p.name): p.name for p in sorted(directory.iterdir()) if p.is_dir() and p.name.isdigit()
+    }
+    folders = sorted(folder_of, reverse=True)
+    with_file = [v for v in folders if (directory / folder_of[v] / filename).is_file()]
     policy = config.version_policy
     which = policy.WhichOneof("policy_choice") if config.HasField("version_policy") else None
     if which == "all":
@@ -357,9 +357,9 @@ def _version(
         allowed = sorted({int(v) for v in policy.specific.versions}, reverse=True)
         label = f"specific {allowed}"
     else:
-        n = policy.latest.num_versions if which == "latest" else 1
-        allowed = folders[: max(1, n)]
-        label = f"latest {max(1, n)}"
+        n = max(1, policy.latest.num_versions) if which == "latest" else 1
+        allowed = folders[:n]
+        label = f"latest {n}"
     chosen = [v for v in allowed if v in with_file]
     if not chosen:
         raise ConfigError(
@@ -373,4 +373,4 @@ def _version(
             f"version_policy ({label}): evenserve serves one version, {chosen[0]}; "
             f"{', '.join(map(str, sorted(others)))} not served"
         )
-    return str(chosen[0]), [str(v) for v in sorted(with_file)]
+    return str(chosen[0]), folder_of[chosen[0]]

@@ -178,6 +178,12 @@ def test_version_policy_serves_the_highest_allowed_version_with_the_file(
     assert any(n.startswith("version_policy") for n in entry.notes) is noted
 
 
+def test_a_version_folder_is_read_as_an_integer(tmp_path: Path) -> None:
+    pbtxt = f'platform: "onnxruntime_onnx" max_batch_size: 1 {IO}'
+    entry = load_model(_folder(tmp_path, pbtxt, {"007": ONNX, "3": ONNX}))
+    assert (entry.config.version, entry.config.onnx) == ("7", {"file": "007/model.onnx"})
+
+
 @pytest.mark.parametrize(
     ("policy", "versions"),
     [
