@@ -349,14 +349,19 @@ class LoadedCluster:
         return p if p.is_absolute() else (self.base_dir / p).resolve()
 
     def repo_models(self) -> list[str]:
-        """Model names in the workers' repository (sub-directories holding a model.yaml)."""
+        """Model names in the workers' repository (sub-directories holding a model.yaml, or a
+        Triton model folder's config.pbtxt)."""
         w = self.config.workers
         if w is None:
             return []
         repo = self.resolve(w.repo)
         if not repo.is_dir():
             raise ConfigError(f"workers.repo: not a directory: {repo}")
-        return sorted(p.name for p in repo.iterdir() if (p / "model.yaml").is_file())
+        return sorted(
+            p.name
+            for p in repo.iterdir()
+            if (p / "model.yaml").is_file() or (p / "config.pbtxt").is_file()
+        )
 
     def backends(self) -> list[BackendSpec]:
         """Every backend the gateway routes to: the workers' devices, then listed backends."""

@@ -1,4 +1,5 @@
-"""The model repository: one folder per model with a ``model.yaml`` (Triton-like).
+"""The model repository: one folder per model with a ``model.yaml`` (Triton-like), or a
+Triton model folder (``config.pbtxt`` and version folders: see ``triton_config``).
 
 ``model.yaml`` fields (every error names the file and the field):
 
@@ -27,7 +28,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,6 +47,7 @@ from evenserve.runtime.base import Runtime, RuntimeContext, TensorSpec
 from evenserve.runtime.device import DeviceTarget
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedParams
 from evenserve.runtime.factory import RUNTIME_PARAMS, create_runtime
+from evenserve.worker import triton_config
 
 RuntimeName = Literal["emulated", "transformers", "torch", "onnx"]
 
@@ -159,6 +162,10 @@ class ModelEntry:
     source: Path
     runtime_params: BaseModel | None
     emulated_params: EmulatedParams | None
+    #: What the model's config sets that evenserve ignores, one line each naming the field.
+    notes: list[str] = field(default_factory=list)
+    #: A Triton-repository model's original config (Triton's JSON), served as its config.
+    triton_config: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -239,9 +246,16 @@ def _validate_section(source: Path, section: str, raw: dict[str, Any] | None) ->
         raise ConfigError(f"{source}: {format_validation_error(exc, section)}") from exc
 
 
-def load_model(directory: Path, check_profile: bool = True) -> ModelEntry:
-    """Read and validate ``directory/model.yaml`` (and its ``profile``, if ``check_profile``)."""
+def load_model(
+    directory: Path, check_profile: bool = True, override: Mapping[str, Any] | None = None
+) -> ModelEntry:
+    """Read and validate ``directory/model.yaml`` (and its ``profile``, if ``check_profile``),
+    or a Triton folder's ``config.pbtxt`` (``override``: Triton's config JSON replacing it)."""
+    if triton_config.is_triton_folder(directory, MODEL_FILE):
+        return _load_triton(directory, override)
     source = directory / MODEL_FILE
+    if override is not None:
+        raise ConfigError(f"{source}: override: only config.pbtxt folders take one here")
     raw = read_yaml(source, f"{directory}: no {MODEL_FILE} in this model folder")
     if isinstance(raw, dict):
         raw.setdefault("name", directory.name)
@@ -257,6 +271,19 @@ def load_model(directory: Path, check_profile: bool = True) -> ModelEntry:
     entry.build_policy()  # fail at load time on a bad batching spec
     if check_profile:
         entry.latency_profile()
+    return entry
+
+
+def _load_triton(directory: Path, override: Mapping[str, Any] | None) -> ModelEntry:
+    """A Triton model folder (see ``triton_config``) validated as model.yaml would be."""
+    mapped = triton_config.read_triton(directory, override)
+    where = f"{directory}: override" if override is not None else str(mapped.source)
+    cfg = validate_document(ModelConfig, mapped.raw, where)
+    params = _validate_section(mapped.source, cfg.runtime, getattr(cfg, cfg.runtime))
+    entry = ModelEntry(
+        cfg, directory, mapped.source, params, None, mapped.notes, mapped.triton_json
+    )
+    entry.build_policy()
     return entry
 
 

@@ -8,7 +8,9 @@ and ``stop`` shut it down gracefully. The HTTP layer (``http_api``) only talks t
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import logging
 import math
 import sys
 import time
@@ -37,6 +39,8 @@ from evenserve.worker.kserve import ModelSignature
 from evenserve.worker.repository import ModelEntry
 from evenserve.worker.stats import ModelStats
 from evenserve.worker.timer import RealTimer
+
+log = logging.getLogger(__name__)
 
 GIB = 1024.0**3
 #: GIL switch interval while emulated runtimes are served (CPython's default is 5 ms).
@@ -102,6 +106,9 @@ class WorkerService:
         if not entries:
             raise ConfigError("a worker needs at least one model")
         self.entries = {e.name: e for e in entries}
+        for e in entries:
+            for note in e.notes:
+                log.warning("model %r: %s: %s", e.name, e.source, note)
         self.options = options
         self.device = options.device
         self.clock: Clock = clock or RealClock()
@@ -314,6 +321,21 @@ class WorkerService:
         e = self.entries[name]
         spec = self.batching_specs[name]
         policy = self.policies[name]
+        ours = {
+            "evenserve_device": {"string_value": self.device.name},
+            "evenserve_batching": {"string_value": spec_label(spec)},
+            "evenserve_runtime": {
+                "string_value": json.dumps(self.descriptions.get(name, {}), default=str)
+            },
+        }
+        if e.notes:
+            ours["evenserve_ignored"] = {"string_value": json.dumps(e.notes)}
+        if e.triton_config is not None:
+            # A Triton repository's model: its own config, as Triton clients expect it.
+            triton = copy.deepcopy(e.triton_config)
+            triton["name"] = name
+            triton["parameters"] = {**triton.get("parameters", {}), **ours}
+            return triton
         cfg: dict[str, Any] = {
             "name": name,
             "platform": f"evenserve_{e.config.runtime}",
@@ -333,13 +355,7 @@ class WorkerService:
                 }
             ],
             "version_policy": {"specific": {"versions": [e.config.version]}},
-            "parameters": {
-                "evenserve_device": {"string_value": self.device.name},
-                "evenserve_batching": {"string_value": spec_label(spec)},
-                "evenserve_runtime": {
-                    "string_value": json.dumps(self.descriptions.get(name, {}), default=str)
-                },
-            },
+            "parameters": ours,
         }
         if policy.max_batch_size > 1:
             delay_ms = spec.get("max_batch_delay_ms", spec.get("max_wait_ms", 0)) or 0
@@ -353,10 +369,11 @@ class WorkerService:
 
     def model_metadata_json(self, name: str) -> dict[str, Any]:
         e = self.entries[name]
+        triton = e.triton_config or {}
         return {
             "name": name,
             "versions": [e.config.version],
-            "platform": f"evenserve_{e.config.runtime}",
+            "platform": triton.get("platform") or f"evenserve_{e.config.runtime}",
             **{
                 kind: [
                     {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in ts
