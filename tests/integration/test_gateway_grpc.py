@@ -163,3 +163,17 @@ async def test_backends_without_grpc_are_not_candidates(workers: list[Background
                     await stub.ModelInfer(_request("http-only"), timeout=30)
                 assert err.value.code() == grpc.StatusCode.UNAVAILABLE
                 assert "'http-only'" in (err.value.details() or "")
+
+
+async def test_a_model_learned_from_the_workers_index_is_served_over_grpc(
+    workers: list[BackgroundWorker],
+) -> None:
+    """The cluster file names only ``pair``; the workers' indexes also list ``em``, so the
+    gateway routes ``em`` (HTTP and gRPC) without a config change."""
+    backends = specs(workers)
+    for b in backends:
+        b["models"] = ["pair"]
+    async with gateway(backends) as (g, addr):
+        assert g.registry.router.models_of("w0") >= {"em", "pair"}
+        assert all(g.registry.states[n].learned for n in ("w0", "w1"))
+        assert await _answered_by(addr, 4) == {"w0": 2, "w1": 2}

@@ -121,6 +121,8 @@ class Poller:
         self._probing: set[asyncio.Task[None]] = set()
         #: Misses not acted on because every other backend missed too (the gateway's lag).
         self.held = 0
+        #: Backends without models configured whose index answered 404/405 (warned once).
+        self._no_index: set[str] = set()
 
     def _client(self, url: str) -> HttpClient:
         c = self._clients.get(url)
@@ -232,8 +234,8 @@ class Poller:
             st.last_error = f"index: {type(exc).__name__} {exc}"
             return
         if resp.status in (404, 405):  # no model repository extension: the configured set
-            if not st.learned and not st.spec.models and not st.index:
-                st.learned = True  # said once: it hosts nothing the gateway can learn
+            if not st.learned and not st.index and name not in self._no_index:
+                self._no_index.add(name)  # said once: it hosts nothing the gateway can learn
                 log.warning(
                     "backend %s: no models configured and its repository index answered %d; "
                     "it gets no requests (list its models in the config)",

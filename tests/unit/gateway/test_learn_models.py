@@ -231,3 +231,14 @@ def test_models_is_optional_but_not_empty() -> None:
     assert cluster.backends()[0].models is None
     with pytest.raises(ConfigError, match=r"models: .*leave models out to learn them"):
         parse_cluster({"backends": [{"name": "x", "url": "http://x", "models": []}]}, Path("."))
+
+
+async def test_no_models_and_no_index_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    index = Index()
+    index.status = 404
+    p, reg, _, st = setup(None, index)
+    for _ in range(3):
+        await p.probe_index(st)
+    said = [m for m in caplog.messages if "no models configured" in m]
+    assert len(said) == 1 and "gpu0" in said[0]
+    assert not st.learned and reg.hosts_of("a") == ("gpu1",)
