@@ -179,7 +179,7 @@ class BackendRegistry:
         self.router.set_models(name, new, profiles={m: p for m, p in profs.items() if m in new})
         change = [f"+{m}" for m in sorted(new - old)] + [f"-{m}" for m in sorted(old - new)]
         reason = f"now [{', '.join(sorted(new))}] ({', '.join(change)})"
-        log.info("backend %s: models %s", name, reason)
+        log.warning("backend %s: models %s", name, reason)  # rare, and worth seeing
         self.events.append(HealthEvent(self.clock.now(), name, "models", reason))
         return True
 

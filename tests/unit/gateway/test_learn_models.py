@@ -242,3 +242,45 @@ async def test_no_models_and_no_index_is_said_once(caplog: pytest.LogCaptureFixt
     said = [m for m in caplog.messages if "no models configured" in m]
     assert len(said) == 1 and "gpu0" in said[0]
     assert not st.learned and reg.hosts_of("a") == ("gpu1",)
+
+
+async def test_the_gateways_index_readiness_and_404_follow_the_learned_states() -> None:
+    from evenserve.gateway.server import Gateway
+    from evenserve.httpio.server import Request
+
+    raw = {
+        "gateway": {"admin": {"token": "t" * 16}},
+        "backends": [
+            {"name": "g0", "url": "http://g0.test", "models": ["a"]},
+            {"name": "g1", "url": "http://g1.test"},
+        ],
+    }
+    g = Gateway(parse_cluster(raw, Path(".")), clock=FakeClock(5.0))
+    reg = g.registry
+    reg.admit("g0")
+    reg.admit("g1")
+
+    async def index() -> list[dict[str, Any]]:
+        resp = await g.repository_index(Request("POST", "/v2/repository/index", "", {}, b"{}"))
+        return list(json.loads(resp.body))
+
+    assert g.ready()
+    reg.set_index("g1", {"a": "READY", "b": "LOADING", "c": "UNAVAILABLE"})
+    assert await index() == [
+        {"name": "a", "state": "READY", "backends": {"g0": "READY", "g1": "READY"}},
+        {"name": "b", "state": "LOADING", "backends": {"g1": "LOADING"}},
+        {"name": "c", "state": "UNAVAILABLE", "backends": {"g1": "UNAVAILABLE"}},
+    ]
+    assert g.model_ready("b").status == 503 and g.model_ready("z").status == 404
+    assert g.ready()  # b loading and c unavailable do not make the gateway unready
+    reg.eject("g1", "connect-refused")
+    assert (await index())[0]["backends"] == {"g0": "READY", "g1": "UNAVAILABLE"}
+    reg.eject("g0", "connect-refused")
+    assert (await index())[0]["state"] == "UNAVAILABLE" and not g.ready()
+    # Nothing READY anywhere: not ready (it can serve nothing).
+    reg.admit("g0")
+    reg.admit("g1")
+    reg.set_index("g0", {})
+    reg.set_index("g1", {"b": "LOADING"})
+    assert reg.models() == ["b"] and not g.ready()
+    await g.dispatcher.aclose()
