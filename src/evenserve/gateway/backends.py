@@ -96,6 +96,33 @@ class BackendRegistry:
             )
         return hosted
 
+    def repository_index(self) -> list[dict[str, str]]:
+        """The gateway's repository index (HTTP and gRPC): each served model, READY while
+        some backend can take it."""
+        router = self.router
+        return [
+            {"name": m, "state": "READY" if router.candidates(m) else "UNAVAILABLE"}
+            for m in self.models()
+        ]
+
+    def model_control_refusal(self, model: str, action: str) -> str:
+        """Why the gateway refuses to ``action`` (load, unload) ``model``: it names the
+        workers that host it (HTTP answers 501, gRPC UNIMPLEMENTED)."""
+        hosts = [
+            f"{st.spec.name} ({st.spec.url})"
+            for st in self.states.values()
+            if model in st.spec.models
+        ]
+        where = (
+            f"model {model!r} is hosted by {', '.join(hosts)}"
+            if hosts
+            else f"no backend hosts model {model!r}"
+        )
+        return (
+            f"the gateway does not {action} models: model control goes to a worker ({where}); "
+            "an evenserve worker loads its repository when it starts"
+        )
+
     def hosts_model(self, model: str) -> bool:
         return model in self.hosted()
 
