@@ -93,6 +93,8 @@ async def test_health_inference_spread_and_errors(workers: list[BackgroundWorker
             assert await client.is_server_ready()
             assert await client.is_model_ready("em")
             assert not await client.is_model_ready("nope")
+            meta = await client.get_server_metadata()
+            assert "statistics" in meta.extensions  # perf_analyzer's server-side figures
         finally:
             await client.close()
         async with grpc.aio.insecure_channel(addr) as channel:

@@ -74,6 +74,10 @@ async def test_stats_through_the_gateway_sum_every_worker(workers: list[Backgrou
         assert (await c.get("/v2/models/em/versions/999/ready")).status_code == 404
         assert (await c.get("/v2/models/em/versions/1/ready")).status_code == 200
         assert (await c.get("/v2/models/nope/stats")).status_code == 404
+        # Every model's statistics (what perf_analyzer reads, when /v2 lists the extension).
+        assert "statistics" in (await c.get("/v2")).json()["extensions"]
+        r = await c.get("/v2/models/stats")
+        assert r.status_code == 200 and r.json()["model_stats"] == [agg]
         # The repository index is the registry's; model control is a worker's (named).
         assert (await c.get("/v2/repository/index")).json() == g.registry.repository_index()
         for action in ("load", "unload"):

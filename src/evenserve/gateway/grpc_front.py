@@ -25,7 +25,6 @@ request's scheduling deadline: its remaining time is forwarded as ``x-evenserve-
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -40,7 +39,7 @@ from evenserve.core.errors import ConfigError
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.dispatcher import Answer, Dispatcher, GrpcReply
 from evenserve.gateway.forwarder import ResponseTimeout, Unreachable
-from evenserve.gateway.stats import collect_model_stats
+from evenserve.gateway.stats import collect_all_stats, collect_model_stats
 
 S = grpc.StatusCode
 #: The HTTP counterpart of a backend's gRPC status, for the dispatcher's rules.
@@ -148,7 +147,9 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
         return service_pb2.ModelReadyResponse(ready=ok)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        return service_pb2.ServerMetadataResponse(name="evenserve-gateway", version=__version__)
+        return service_pb2.ServerMetadataResponse(
+            name="evenserve-gateway", version=__version__, extensions=wire.GATEWAY_EXTENSIONS
+        )
 
     # -- model metadata, config, statistics, repository -----------------------------------
     async def _from_one_host(self, method: str, request: Any, context: Any) -> Any:
@@ -197,22 +198,17 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
         name = request.name
         if name and not self.registry.hosts_model(name):
             await context.abort(S.NOT_FOUND, f"unknown model {name!r}")
-        models = [name] if name else self.registry.models()
-        version = request.version or None
         fwd = self.dispatcher.forwarder
-        got = await asyncio.gather(
-            *(
-                collect_model_stats(
-                    self.registry, fwd, m, wire.ModelPath(m, version, "stats").path()
-                )
-                for m in models
-            )
-        )
-        entries = [merged for merged, _ in got if merged is not None]
-        if models and not entries:
+        version = request.version or None
+        if name:
+            path = wire.ModelPath(name, version, "stats").path()
+            merged, named = await collect_model_stats(self.registry, fwd, name, path)
+            entries = [] if merged is None else [merged]
+        else:
+            entries, named = await collect_all_stats(self.registry, fwd, version)
+        if not entries and (name or self.registry.models()):
             what = f"model {name!r}" if name else "any model"
             await context.abort(S.UNAVAILABLE, f"no backend answered statistics for {what}")
-        named = sorted({n for _, hosts in got for n in hosts})
         context.set_trailing_metadata(((wire.BACKEND_HEADER, ",".join(named)),))
         return json_format.ParseDict(
             {"model_stats": entries},

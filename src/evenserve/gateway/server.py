@@ -4,9 +4,11 @@ Paths are the worker's (KServe v2): health, server metadata, model metadata/read
 and ``POST /v2/models/{m}[/versions/{v}]/infer``. Inference requests go through the
 Dispatcher (routing policy, retry, 429/503); metadata requests (and any request naming a
 model version, which only the backends know) go to any healthy host; a model's statistics
-are summed over every healthy host of the model (``gateway.stats``). Model control
-(``POST /v2/repository/models/{m}/load|unload``) answers 501 naming the workers that host the
-model: the gateway loads nothing (its gRPC front answers UNIMPLEMENTED, with the same words).
+are summed over every healthy host of the model (``gateway.stats``), and
+``/v2/models/stats`` gives every model's so (perf_analyzer reads it for its server-side
+figures). Model control (``POST /v2/repository/models/{m}/load|unload``) answers 501 naming
+the workers that host the model: the gateway loads nothing (its gRPC front answers
+UNIMPLEMENTED, with the same words).
 ``/metrics`` is the gateway's Prometheus text; ``/admin/...`` needs the bearer token.
 The HTTP server is ``httpio.server`` (asyncio protocol + httptools; design note 0007); a
 :class:`Gateway` is its handler: one dict lookup or ``core.wire.split_model_path`` per request.
@@ -32,7 +34,7 @@ from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import BackendSpec, LoadedCluster
 from evenserve.gateway.dispatcher import Answer, Dispatcher
 from evenserve.gateway.poller import Poller
-from evenserve.gateway.stats import collect_model_stats
+from evenserve.gateway.stats import collect_all_stats, collect_model_stats
 from evenserve.httpio.server import Limits, Request, Response, json_response
 from evenserve.httpio.serving import Serving
 from evenserve.metrics.gateway import BackendFigures, GatewayMetrics
@@ -195,6 +197,10 @@ class Gateway:
     # -- the handler --------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
         path = request.path
+        if path == wire.MODEL_STATS_PATH:  # every model's (perf_analyzer asks for these)
+            if request.method != "GET":
+                return _error(405, f"{path} takes GET")
+            return await self.all_stats()
         if path.startswith(wire.MODELS_PREFIX):
             found = wire.split_model_path(path)
             if found is None:
@@ -238,6 +244,14 @@ class Gateway:
         body = orjson.dumps({"model_stats": [merged]})
         return json_response(body, 200, {wire.BACKEND_HEADER: ",".join(named)})
 
+    async def all_stats(self) -> Response:
+        """Every model's statistics (``model_stats``), each summed as ``model_stats`` sums."""
+        entries, named = await collect_all_stats(self.registry, self.dispatcher.forwarder)
+        if not entries and self.registry.models():
+            return _error(503, "no backend answered statistics")
+        body = orjson.dumps({"model_stats": entries})
+        return json_response(body, 200, {wire.BACKEND_HEADER: ",".join(named)})
+
     def model_ready(self, model: str) -> Response:
         if not self.registry.hosts_model(model):
             return _error(404, f"unknown model {model!r}")
@@ -255,7 +269,7 @@ class Gateway:
             {
                 "name": "evenserve-gateway",
                 "version": __version__,
-                "extensions": ["binary_tensor_data", "model_repository"],
+                "extensions": list(wire.GATEWAY_EXTENSIONS),
             }
         )
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from evenserve.core.wire import ModelPath
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.forwarder import Forwarder
 
@@ -83,3 +84,19 @@ async def collect_model_stats(
     if not entries:
         return None, named
     return aggregate_model_stats(entries), named
+
+
+async def collect_all_stats(
+    registry: BackendRegistry, forwarder: Forwarder, version: str | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every served model's summed statistics (``/v2/models/stats``; gRPC ModelStatistics
+    with an empty name), skipping a model no backend answered for; the backends that did."""
+    models = registry.models()
+    got = await asyncio.gather(
+        *(
+            collect_model_stats(registry, forwarder, m, ModelPath(m, version, "stats").path())
+            for m in models
+        )
+    )
+    entries = [merged for merged, _ in got if merged is not None]
+    return entries, sorted({n for _, hosts in got for n in hosts})
