@@ -236,9 +236,10 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         model = request.model_name
         meta = {k.lower(): v for k, v in context.invocation_metadata() or ()}
-        forward = forward_metadata(meta, context.time_remaining())
 
         async def send(name: str) -> GrpcReply:
+            # The deadline as it stands at this try (a retry has less time left).
+            forward = forward_metadata(meta, context.time_remaining())
             call = self._stub(name).ModelInfer(request, timeout=self.timeout_s, metadata=forward)
             try:
                 response = await call
