@@ -25,6 +25,10 @@ $(VENV)/.dev: $(VENV)/.core
 .venv-mlserver/bin/mlserver:
 	bash scripts/setup_mlserver_env.sh
 
+# perf_analyzer 2.41 (bench/perf_analyzer.py) in a virtualenv of its own: see the script.
+.venv-perf/bin/perf_analyzer:
+	bash scripts/setup_perf_analyzer.sh
+
 setup: $(VENV)/.core
 setup-dev: $(VENV)/.dev .venv-mlserver/bin/mlserver
 

@@ -93,6 +93,8 @@ async def test_health_inference_spread_and_errors(workers: list[BackgroundWorker
             assert await client.is_server_ready()
             assert await client.is_model_ready("em")
             assert not await client.is_model_ready("nope")
+            meta = await client.get_server_metadata()
+            assert "statistics" in meta.extensions  # perf_analyzer's server-side figures
         finally:
             await client.close()
         async with grpc.aio.insecure_channel(addr) as channel:
@@ -144,8 +146,13 @@ async def test_unreachable_grpc_endpoint_is_retried_elsewhere(
     backends[0]["grpc_url"] = f"127.0.0.1:{dead_port()}"  # its HTTP side is healthy
     async with gateway(backends) as (g, addr):
         assert await _answered_by(addr, 4) == {"w1": 4}
-        # Every request that tried w0 first was sent on to w1 (a retry each).
-        assert g.metrics.retries.labels("em")._value.get() >= 2
+        # The request that tried w0 first was sent on to w1, and w0 was ejected at once, as
+        # over HTTP (its HTTP side being healthy, the poller readmits it: it may be tried again).
+        assert g.metrics.retries.labels("em")._value.get() >= 1
+        assert any(
+            e.backend == "w0" and e.event == "ejected" and e.reason == "connect-refused"
+            for e in g.registry.events
+        )
 
 
 async def test_backends_without_grpc_are_not_candidates(workers: list[BackgroundWorker]) -> None:
@@ -177,3 +184,142 @@ async def test_a_model_learned_from_the_workers_index_is_served_over_grpc(
         assert g.registry.router.models_of("w0") >= {"em", "pair"}
         assert all(g.registry.states[n].learned for n in ("w0", "w1"))
         assert await _answered_by(addr, 4) == {"w0": 2, "w1": 2}
+
+
+async def test_metadata_config_statistics_and_index(workers: list[BackgroundWorker]) -> None:
+    async with gateway(specs(workers)) as (g, addr), grpc.aio.insecure_channel(addr) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        call = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="em"), timeout=30)
+        meta = await call
+        assert meta.name == "em" and [t.name for t in meta.inputs] == ["x"]
+        assert dict(await call.trailing_metadata())[BACKEND_HEADER] in ("w0", "w1")
+        conf = await stub.ModelConfig(service_pb2.ModelConfigRequest(name="em"), timeout=30)
+        assert conf.config.name == "em" and conf.config.max_batch_size == 16
+
+        for rpc, req in (
+            (stub.ModelMetadata, service_pb2.ModelMetadataRequest(name="nope")),
+            (stub.ModelConfig, service_pb2.ModelConfigRequest(name="nope")),
+            (stub.ModelStatistics, service_pb2.ModelStatisticsRequest(name="nope")),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await rpc(req, timeout=30)
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            assert "'nope'" in (err.value.details() or "")
+
+        def counts() -> list[int]:
+            return [w.service.stats["em"].inference_count for w in workers]
+
+        before = counts()
+        for _ in range(4):  # round-robin: two requests of 3 rows on each worker
+            await stub.ModelInfer(_request(rows=3), timeout=30)
+        after = counts()
+        assert [a - b for a, b in zip(after, before, strict=True)] == [6, 6]
+        stats = await stub.ModelStatistics(
+            service_pb2.ModelStatisticsRequest(name="em"), timeout=30
+        )
+        (entry,) = stats.model_stats
+        assert entry.name == "em" and entry.inference_count == sum(after)
+        summed = sum(w.service.stats["em"].success.count for w in workers)
+        assert entry.inference_stats.success.count == summed
+        assert entry.inference_stats.queue.count >= 4
+        assert sum(b.compute_infer.count for b in entry.batch_stats) == entry.execution_count
+        every = await stub.ModelStatistics(service_pb2.ModelStatisticsRequest(), timeout=30)
+        # The workers' indexes also list ``waits``, which the cluster file does not name.
+        assert sorted(e.name for e in every.model_stats) == ["em", "pair", "waits"]
+
+        index = await stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), timeout=30)
+        got = [{"name": m.name, "state": m.state} for m in index.models]
+        both = {"w0": "READY", "w1": "READY"}
+        assert g.registry.repository_index() == [
+            {"name": m, "state": "READY", "backends": both} for m in ("em", "pair", "waits")
+        ]
+        assert got == [{"name": m, "state": "READY"} for m in ("em", "pair", "waits")]
+
+        load = service_pb2.RepositoryModelLoadRequest(model_name="em")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.RepositoryModelLoad(load, timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        details = err.value.details() or ""
+        assert "model control goes to a worker" in details and "w0 (" in details
+        unload = service_pb2.RepositoryModelUnloadRequest(model_name="em")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.RepositoryModelUnload(unload, timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "does not unload" in (err.value.details() or "")
+
+
+async def test_no_healthy_backend_is_unavailable() -> None:
+    backends = [
+        {
+            "name": "gone",
+            "url": f"http://127.0.0.1:{dead_port()}",
+            "grpc_url": f"127.0.0.1:{dead_port()}",
+            "models": ["em"],
+        }
+    ]
+    async with gateway(backends) as (_g, addr), grpc.aio.insecure_channel(addr) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for rpc, req in (
+            (stub.ModelMetadata, service_pb2.ModelMetadataRequest(name="em")),
+            (stub.ModelConfig, service_pb2.ModelConfigRequest(name="em")),
+            (stub.ModelStatistics, service_pb2.ModelStatisticsRequest(name="em")),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await rpc(req, timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "'em'" in (err.value.details() or "")
+        index = await stub.RepositoryIndex(
+            service_pb2.RepositoryIndexRequest(ready=True), timeout=30
+        )
+        assert list(index.models) == []
+
+
+class _Recorder(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """A backend's gRPC side that records each ModelInfer call's metadata."""
+
+    def __init__(self) -> None:
+        self.metadata: list[dict[str, str]] = []
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        self.metadata.append({k: v for k, v in context.invocation_metadata()})
+        return service_pb2.ModelInferResponse(model_name=request.model_name)
+
+
+async def test_client_grpc_deadline_is_forwarded_as_the_request_deadline(
+    workers: list[BackgroundWorker],
+) -> None:
+    recorder = _Recorder()
+    server = grpc.aio.server()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(recorder, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        backends = specs(workers)[:1]
+        backends[0]["grpc_url"] = f"127.0.0.1:{port}"
+        async with (
+            gateway(backends) as (_g, addr),
+            grpc.aio.insecure_channel(addr) as channel,
+        ):
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            await stub.ModelInfer(_request(), timeout=20)
+            deadline = (("x-evenserve-deadline-ms", "50"),)
+            await stub.ModelInfer(_request(), timeout=20, metadata=deadline)
+            await stub.ModelInfer(_request())
+    finally:
+        await server.stop(0)
+    first, second, third = recorder.metadata
+    # The client's 20 s (grpcio may round the deadline it sends up a little).
+    assert 0 < float(first["x-evenserve-deadline-ms"]) < 30_000
+    assert second["x-evenserve-deadline-ms"] == "50"
+    assert "x-evenserve-deadline-ms" not in third
+
+
+async def test_cli_host_applies_to_the_grpc_listener(workers: list[BackgroundWorker]) -> None:
+    raw = {"gateway": {"grpc_port": 0, "host": "127.0.0.1"}, "backends": specs(workers)}
+    g = Gateway(parse_cluster(raw, Path(".")), host="127.0.0.2")
+    async with serving(g):
+        assert g.grpc.address.startswith("127.0.0.2:")
+        async with grpc.aio.insecure_channel(f"127.0.0.2:{g.grpc.port}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            live = await stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=30)
+            assert live.live

@@ -74,6 +74,19 @@ async def test_stats_through_the_gateway_sum_every_worker(workers: list[Backgrou
         assert (await c.get("/v2/models/em/versions/999/ready")).status_code == 404
         assert (await c.get("/v2/models/em/versions/1/ready")).status_code == 200
         assert (await c.get("/v2/models/nope/stats")).status_code == 404
+        # Every model's statistics (what perf_analyzer reads, when /v2 lists the extension).
+        assert "statistics" in (await c.get("/v2")).json()["extensions"]
+        r = await c.get("/v2/models/stats")
+        # The workers' indexes list more models than the cluster file names: all are there.
+        every = {e["name"]: e for e in r.json()["model_stats"]}
+        assert r.status_code == 200 and every["em"] == agg and len(every) > 1
+        # The repository index is the registry's; model control is a worker's (named).
+        assert (await c.get("/v2/repository/index")).json() == g.registry.repository_index()
+        for action in ("load", "unload"):
+            r = await c.post(f"/v2/repository/models/em/{action}")
+            assert r.status_code == 501
+            message = r.json()["error"]
+            assert f"does not {action} models" in message and "w0 (http://" in message
 
 
 def test_aggregate_merges_batch_sizes_and_takes_the_latest_inference() -> None:

@@ -38,7 +38,7 @@ def gateway(
     try:
         cluster = load_cluster(config)
         token = cluster.resolve_admin_token()
-        gw = Gateway(cluster, admin_token=token.value)
+        gw = Gateway(cluster, admin_token=token.value, host=host)
     except EvenserveError as exc:
         fail(str(exc))
         return
@@ -52,9 +52,9 @@ def gateway(
                 "installed): pip install 'evenserve[grpc]'"
             )
     names = ", ".join(gw.registry.names())
-    grpc_at = "" if g.grpc_port is None else f" and grpc://{g.host}:{g.grpc_port}"
+    grpc_at = "" if g.grpc_port is None else f" and grpc://{gw.host}:{g.grpc_port}"
     err_console.print(
-        f"gateway on http://{host or g.host}:{port or g.port}{grpc_at}  routing {g.routing}  "
+        f"gateway on http://{gw.host}:{port or g.port}{grpc_at}  routing {g.routing}  "
         f"backends: {names}",
         highlight=False,
     )

@@ -33,6 +33,11 @@ LOAD_PATH = "/v2/evenserve/load"
 METRICS_PATH = "/metrics"
 
 
+#: The protocol extensions the gateway serves (HTTP ``/v2`` and gRPC ServerMetadata);
+#: perf_analyzer reads server-side figures only from a server that lists ``statistics``.
+GATEWAY_EXTENSIONS = ("binary_tensor_data", "model_repository", "statistics", "model_configuration")
+
+
 #: A model's routes (route templates), with and without a version; the model's metadata is
 #: the bare path, its ``/ready``, ``/config``, ``/stats`` and ``/infer`` follow it.
 MODEL_ROUTES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")

@@ -134,6 +134,32 @@ class BackendRegistry:
             hosted = self._hosted = frozenset(m for st in self.states.values() for m in st.index)
         return hosted
 
+    def repository_index(self) -> list[dict[str, Any]]:
+        """The gateway's repository index (HTTP and gRPC): every model some backend has,
+        READY when some backend can take it now, else the best state its backends report
+        (an ejected backend's READY counts as UNAVAILABLE), with each backend's state
+        (``backends``). Triton's shape plus ``backends``."""
+        out: list[dict[str, Any]] = []
+        for m in self.models():
+            states = self.states_of(m)
+            state = READY if self.router.candidates(m) else best_state(states.values())
+            out.append({"name": m, "state": state, "backends": states})
+        return out
+
+    def model_control_refusal(self, model: str, action: str) -> str:
+        """Why the gateway refuses to ``action`` (load, unload) ``model``: it names the
+        workers that host it (HTTP answers 501, gRPC UNIMPLEMENTED)."""
+        hosts = [f"{n} ({self.states[n].spec.url})" for n in self.hosts_of(model)]
+        where = (
+            f"model {model!r} is hosted by {', '.join(hosts)}"
+            if hosts
+            else f"no backend hosts model {model!r}"
+        )
+        return (
+            f"the gateway does not {action} models: model control goes to a worker ({where}); "
+            "an evenserve worker loads its repository when it starts"
+        )
+
     def hosts_model(self, model: str) -> bool:
         return model in self.hosted()
 

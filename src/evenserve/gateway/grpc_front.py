@@ -2,7 +2,13 @@
 
 Served when ``gateway.grpc_port`` is set, on the gateway's loop (grpcio's asyncio server):
 ServerLive, ServerReady (some backend is routable), ModelReady (the model has a routable
-host), ServerMetadata and ModelInfer; every other RPC answers UNIMPLEMENTED.
+host), ServerMetadata, ModelMetadata and ModelConfig (asked of one healthy host of the model
+over its ``grpc_url``, the next on UNAVAILABLE; NOT_FOUND for a model no backend hosts,
+UNAVAILABLE when no healthy host serves gRPC), ModelStatistics (summed over every healthy
+host, as the HTTP ``/stats``: ``gateway.stats``; an empty name: every model),
+RepositoryIndex (the HTTP index's list), RepositoryModelLoad/Unload (UNIMPLEMENTED, as HTTP's
+501: model control goes to a worker, named in the message) and ModelInfer; every other RPC
+answers UNIMPLEMENTED.
 
 ModelInfer goes through the Dispatcher's decision core like an HTTP request
 (``Dispatcher.infer_grpc``): unknown model NOT_FOUND, overload RESOURCE_EXHAUSTED with
@@ -10,16 +16,21 @@ ModelInfer goes through the Dispatcher's decision core like an HTTP request
 class and deadline metadata) to the chosen backend's ``grpc_url`` over one kept channel per
 backend, and its answer relayed with its code, message and trailing metadata, plus
 ``x-evenserve-backend``. A backend's UNAVAILABLE (not ready, draining, cannot connect) or
-RESOURCE_EXHAUSTED ``queue-full`` is retried once elsewhere, as HTTP's 503 and 429.
-Backends without a ``grpc_url`` are not candidates.
+RESOURCE_EXHAUSTED ``queue-full`` is retried once elsewhere, as HTTP's 503 and 429; a
+refused connection also ejects the backend at once, as over HTTP (the poller readmits it).
+Backends without a ``grpc_url`` are not candidates. The client's gRPC deadline becomes the
+request's scheduling deadline: its remaining time is forwarded as ``x-evenserve-deadline-ms``
+(the sooner of it and the client's own header), as an HTTP client's header is.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
+from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from evenserve import __version__
@@ -27,7 +38,8 @@ from evenserve.core import wire
 from evenserve.core.errors import ConfigError
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.dispatcher import Answer, Dispatcher, GrpcReply
-from evenserve.gateway.forwarder import ResponseTimeout
+from evenserve.gateway.forwarder import ResponseTimeout, Unreachable
+from evenserve.gateway.stats import collect_all_stats, collect_model_stats
 
 S = grpc.StatusCode
 #: The HTTP counterpart of a backend's gRPC status, for the dispatcher's rules.
@@ -46,14 +58,51 @@ GRPC_OF = {
     503: S.UNAVAILABLE,
     504: S.DEADLINE_EXCEEDED,
 }
-#: Request metadata forwarded to the backend.
-FORWARD_METADATA = (wire.PRIORITY_HEADER, wire.DEADLINE_HEADER)
+#: A client deadline further than this (seconds) is no deadline (grpcio's "infinite").
+NO_DEADLINE_S = 365 * 86400.0
+
+
+def deadline_ms(header: str | None, remaining_s: float | None) -> str | None:
+    """The ``x-evenserve-deadline-ms`` to forward: the client's gRPC deadline (its remaining
+    time, ``context.time_remaining()``) or the client's header, whichever is sooner; a header
+    that is not a number is forwarded as it is, for the worker to refuse."""
+    if remaining_s is None or remaining_s >= NO_DEADLINE_S:
+        return header
+    ms = max(remaining_s * 1000.0, 0.001)
+    if header is not None:
+        try:
+            given = float(header.strip())
+        except ValueError:
+            return header
+        if not given < ms:
+            return f"{ms:.3f}"
+        return header
+    return f"{ms:.3f}"
+
+
+def connect_refused(exc: Any) -> bool:
+    """A backend call that failed because the backend refused the connection."""
+    return exc.code() == S.UNAVAILABLE and "connection refused" in (exc.details() or "").lower()
 
 
 def http_status(code: Any, reason: str | None) -> int:
     if code == S.RESOURCE_EXHAUSTED:  # a refusal (429); without a reason, over the size limit
         return 429 if reason else 413
     return HTTP_OF.get(code, 500)
+
+
+def forward_metadata(
+    meta: Mapping[str, str], remaining_s: float | None
+) -> tuple[tuple[str, str], ...]:
+    """The request metadata forwarded to the backend: the class, and the deadline
+    (``deadline_ms``)."""
+    out = (
+        [(wire.PRIORITY_HEADER, meta[wire.PRIORITY_HEADER])] if wire.PRIORITY_HEADER in meta else []
+    )
+    deadline = deadline_ms(meta.get(wire.DEADLINE_HEADER), remaining_s)
+    if deadline is not None:
+        out.append((wire.DEADLINE_HEADER, deadline))
+    return tuple(out)
 
 
 class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -98,18 +147,105 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
         return service_pb2.ModelReadyResponse(ready=ok)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
-        return service_pb2.ServerMetadataResponse(name="evenserve-gateway", version=__version__)
+        return service_pb2.ServerMetadataResponse(
+            name="evenserve-gateway", version=__version__, extensions=wire.GATEWAY_EXTENSIONS
+        )
 
+    # -- model metadata, config, statistics, repository -----------------------------------
+    async def _from_one_host(self, method: str, request: Any, context: Any) -> Any:
+        """``method`` asked of one healthy gRPC host of ``request.name`` (the next one on
+        UNAVAILABLE, up to ``1 + forward.retries``), its answer relayed."""
+        model = request.name
+        if not self.registry.hosts_model(model):
+            await context.abort(
+                S.NOT_FOUND,
+                f"unknown model {model!r} (served: {', '.join(self.registry.models())})",
+            )
+        states = self.registry.states
+        hosts = [
+            v.name
+            for v in self.registry.router.candidates(model)
+            if states[v.name].spec.grpc_url is not None
+        ]
+        failures: list[str] = []
+        for name in hosts[: 1 + self.dispatcher.cfg.forward.retries]:
+            try:
+                response = await getattr(self._stub(name), method)(request, timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == S.UNAVAILABLE:
+                    if connect_refused(exc):
+                        self.registry.eject(name, "connect-refused")
+                    failures.append(f"{name}: {exc.details()}")
+                    continue
+                context.set_trailing_metadata(((wire.BACKEND_HEADER, name),))
+                await context.abort(exc.code(), exc.details() or "")
+            context.set_trailing_metadata(((wire.BACKEND_HEADER, name),))
+            return response
+        what = "; ".join(failures) if failures else "none is ready"
+        await context.abort(
+            S.UNAVAILABLE, f"no backend serving gRPC available for model {model!r} ({what})"
+        )
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        return await self._from_one_host("ModelMetadata", request, context)
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        return await self._from_one_host("ModelConfig", request, context)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        """Each model's statistics summed over its healthy hosts (every model's for an
+        empty name); UNAVAILABLE when no host answered."""
+        name = request.name
+        if name and not self.registry.hosts_model(name):
+            await context.abort(S.NOT_FOUND, f"unknown model {name!r}")
+        fwd = self.dispatcher.forwarder
+        version = request.version or None
+        if name:
+            path = wire.ModelPath(name, version, "stats").path()
+            merged, named = await collect_model_stats(self.registry, fwd, name, path)
+            entries = [] if merged is None else [merged]
+        else:
+            entries, named = await collect_all_stats(self.registry, fwd, version)
+        if not entries and (name or self.registry.models()):
+            what = f"model {name!r}" if name else "any model"
+            await context.abort(S.UNAVAILABLE, f"no backend answered statistics for {what}")
+        context.set_trailing_metadata(((wire.BACKEND_HEADER, ",".join(named)),))
+        return json_format.ParseDict(
+            {"model_stats": entries},
+            service_pb2.ModelStatisticsResponse(),
+            ignore_unknown_fields=True,
+        )
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        resp = service_pb2.RepositoryIndexResponse()
+        for entry in self.registry.repository_index():
+            if request.ready and entry["state"] != "READY":
+                continue
+            resp.models.add(name=entry["name"], state=entry["state"])
+        return resp
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        message = self.registry.model_control_refusal(request.model_name, "load")
+        await context.abort(S.UNIMPLEMENTED, message)
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        message = self.registry.model_control_refusal(request.model_name, "unload")
+        await context.abort(S.UNIMPLEMENTED, message)
+
+    # -- inference ------------------------------------------------------------------------
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         model = request.model_name
         meta = {k.lower(): v for k, v in context.invocation_metadata() or ()}
-        forward = tuple((k, meta[k]) for k in FORWARD_METADATA if k in meta)
 
         async def send(name: str) -> GrpcReply:
+            # The deadline as it stands at this try (a retry has less time left).
+            forward = forward_metadata(meta, context.time_remaining())
             call = self._stub(name).ModelInfer(request, timeout=self.timeout_s, metadata=forward)
             try:
                 response = await call
             except grpc.aio.AioRpcError as exc:
+                if connect_refused(exc):  # never reached the backend: eject, try elsewhere
+                    raise Unreachable("connect-refused") from None
                 trailing = tuple(
                     (k, v) for k, v in exc.trailing_metadata() or () if isinstance(v, str)
                 )

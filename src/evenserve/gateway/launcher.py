@@ -222,6 +222,8 @@ class Launcher:
         g = self.cluster.config.gateway
         if not port_free(g.host, g.port):
             busy.append(f"gateway ({g.host}:{g.port})")
+        if g.grpc_port and not port_free(g.host, g.grpc_port):
+            busy.append(f"gateway gRPC ({g.host}:{g.grpc_port})")
         if busy:
             raise LaunchError("ports already in use: " + ", ".join(busy))
 

@@ -4,7 +4,11 @@ Paths are the worker's (KServe v2): health, server metadata, model metadata/read
 and ``POST /v2/models/{m}[/versions/{v}]/infer``. Inference requests go through the
 Dispatcher (routing policy, retry, 429/503); metadata requests (and any request naming a
 model version, which only the backends know) go to any healthy host; a model's statistics
-are summed over every healthy host of the model (``gateway.stats``).
+are summed over every healthy host of the model (``gateway.stats``), and
+``/v2/models/stats`` gives every model's so (perf_analyzer reads it for its server-side
+figures). Model control (``POST /v2/repository/models/{m}/load|unload``) answers 501 naming
+the workers that host the model: the gateway loads nothing (its gRPC front answers
+UNIMPLEMENTED, with the same words).
 ``/metrics`` is the gateway's Prometheus text; ``/admin/...`` needs the bearer token.
 The HTTP server is ``httpio.server`` (asyncio protocol + httptools; design note 0007); a
 :class:`Gateway` is its handler: one dict lookup or ``core.wire.split_model_path`` per request.
@@ -12,7 +16,6 @@ The HTTP server is ``httpio.server`` (asyncio protocol + httptools; design note 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import random
@@ -27,11 +30,11 @@ from evenserve.core.clock import Clock, RealClock
 from evenserve.core.errors import ProfileError
 from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.gateway.admin import AdminAPI
-from evenserve.gateway.backends import BackendRegistry, best_state
+from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import BackendSpec, LoadedCluster
 from evenserve.gateway.dispatcher import Answer, Dispatcher
 from evenserve.gateway.poller import Poller
-from evenserve.gateway.stats import aggregate_model_stats
+from evenserve.gateway.stats import collect_all_stats, collect_model_stats
 from evenserve.httpio.server import Limits, Request, Response, json_response
 from evenserve.httpio.serving import Serving
 from evenserve.metrics.gateway import BackendFigures, GatewayMetrics
@@ -54,6 +57,20 @@ def _json(obj: object) -> Response:
     return json_response(json.dumps(obj, separators=(",", ":")).encode())
 
 
+#: ``/v2/repository/models/{m}/load`` and ``.../unload`` (the model repository extension).
+REPOSITORY_MODELS_PREFIX = "/v2/repository/models/"
+
+
+def _model_control(path: str) -> tuple[str, str] | None:
+    """(model, "load" | "unload") for a model-control path, else None."""
+    if not path.startswith(REPOSITORY_MODELS_PREFIX):
+        return None
+    model, _, action = path[len(REPOSITORY_MODELS_PREFIX) :].partition("/")
+    if action not in ("load", "unload") or not wire.is_safe_name(model):
+        return None
+    return model, action
+
+
 class Gateway:
     """Everything one gateway owns; an instance is the HTTP handler (``httpio.serving.App``)."""
 
@@ -63,10 +80,13 @@ class Gateway:
         *,
         clock: Clock | None = None,
         admin_token: str | None = None,
+        host: str | None = None,
     ) -> None:
         self.cluster = cluster
         cfg = cluster.config.gateway
         self.cfg = cfg
+        #: The listen address of both fronts (the CLI's ``--host``, else ``gateway.host``).
+        self.host = host or cfg.host
         self.clock = clock or RealClock()
         policy = ROUTING.build(cfg.routing, random.Random(cfg.seed), where="gateway.routing")
         self.registry = BackendRegistry.build(
@@ -133,7 +153,7 @@ class Gateway:
             from evenserve.gateway.grpc_front import GatewayGrpcServer  # the grpc extra
 
             self.grpc = GatewayGrpcServer(
-                self.registry, self.dispatcher, self.cfg.host, self.cfg.grpc_port
+                self.registry, self.dispatcher, self.host, self.cfg.grpc_port
             )
             await self.grpc.start()
 
@@ -179,6 +199,10 @@ class Gateway:
     # -- the handler --------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
         path = request.path
+        if path == wire.MODEL_STATS_PATH:  # every model's (perf_analyzer asks for these)
+            if request.method != "GET":
+                return _error(405, f"{path} takes GET")
+            return await self.all_stats()
         if path.startswith(wire.MODELS_PREFIX):
             found = wire.split_model_path(path)
             if found is None:
@@ -202,6 +226,9 @@ class Gateway:
         endpoint = self._exact.get((request.method, path))
         if endpoint is not None:
             return await endpoint(request)
+        control = _model_control(path)
+        if control is not None:
+            return _error(501, self.registry.model_control_refusal(*control))
         if path in self._paths:
             return _error(405, f"method {request.method} not allowed on {path}")
         return _error(404, f"no such path: {path[:200]!r}")
@@ -211,26 +238,20 @@ class Gateway:
         (``gateway.stats``); the backends that answered are named in x-evenserve-backend."""
         if not self.registry.hosts_model(model):
             return _error(404, f"unknown model {model!r}")
-        hosts = [v.name for v in self.registry.router.candidates(model)]
-        fwd = self.dispatcher.forwarder
-        replies = await asyncio.gather(
-            *(fwd.request("GET", self.registry.url(n), path, b"", {}) for n in hosts),
-            return_exceptions=True,
+        merged, named = await collect_model_stats(
+            self.registry, self.dispatcher.forwarder, model, path
         )
-        entries: list[dict[str, object]] = []
-        named: list[str] = []
-        for name, reply in zip(hosts, replies, strict=True):
-            if isinstance(reply, BaseException) or reply.status != 200:
-                continue
-            try:
-                doc = orjson.loads(reply.body)
-                entries += [e for e in doc["model_stats"] if isinstance(e, dict)]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                continue
-            named.append(name)
-        if not entries:
+        if merged is None:
             return _error(503, f"no backend answered statistics for model {model!r}")
-        body = orjson.dumps({"model_stats": [aggregate_model_stats(entries)]})
+        body = orjson.dumps({"model_stats": [merged]})
+        return json_response(body, 200, {wire.BACKEND_HEADER: ",".join(named)})
+
+    async def all_stats(self) -> Response:
+        """Every model's statistics (``model_stats``), each summed as ``model_stats`` sums."""
+        entries, named = await collect_all_stats(self.registry, self.dispatcher.forwarder)
+        if not entries and self.registry.models():
+            return _error(503, "no backend answered statistics")
+        body = orjson.dumps({"model_stats": entries})
         return json_response(body, 200, {wire.BACKEND_HEADER: ",".join(named)})
 
     def model_ready(self, model: str) -> Response:
@@ -250,21 +271,12 @@ class Gateway:
             {
                 "name": "evenserve-gateway",
                 "version": __version__,
-                "extensions": ["binary_tensor_data", "model_repository"],
+                "extensions": list(wire.GATEWAY_EXTENSIONS),
             }
         )
 
     async def repository_index(self, request: Request) -> Response:
-        """Every model some backend has: READY when some backend can take it now, else the
-        best state its backends report (an ejected backend's READY counts as UNAVAILABLE),
-        with each backend's state (``backends``). Triton's shape plus ``backends``."""
-        reg = self.registry
-        out = []
-        for m in reg.models():
-            states = reg.states_of(m)
-            state = "READY" if reg.router.candidates(m) else best_state(states.values())
-            out.append({"name": m, "state": state, "backends": states})
-        return _json(out)
+        return _json(self.registry.repository_index())
 
     async def prometheus(self, request: Request) -> Response:
         return Response(200, self.metrics.render(), {"content-type": "text/plain; version=0.0.4"})
@@ -274,5 +286,5 @@ def serve(gateway: Gateway, host: str | None = None, port: int | None = None) ->
     """Run the gateway until SIGINT/SIGTERM (open requests are answered first), on uvloop."""
     cfg = gateway.cfg
     Serving(
-        gateway, host or cfg.host, port or cfg.port, limits=gateway.limits, drain_timeout_s=10
+        gateway, host or gateway.host, port or cfg.port, limits=gateway.limits, drain_timeout_s=10
     ).run()

@@ -9,8 +9,15 @@ Summed: ``inference_count``, ``execution_count``, every ``{count, ns}`` of
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
+
+import orjson
+
+from evenserve.core.wire import ModelPath
+from evenserve.gateway.backends import BackendRegistry
+from evenserve.gateway.forwarder import Forwarder
 
 
 def _add_duration(into: dict[str, Any], d: Any) -> None:
@@ -50,3 +57,46 @@ def aggregate_model_stats(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out["batch_stats"] = [batches[s] for s in sorted(batches)]
     out["memory_usage"] = []
     return out
+
+
+async def collect_model_stats(
+    registry: BackendRegistry, forwarder: Forwarder, model: str, path: str
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """``model``'s statistics summed over every healthy backend hosting it (HTTP ``path``:
+    ``/v2/models/{m}[/versions/{v}]/stats``), and the backends that answered; None when none
+    did. The HTTP and the gRPC front both answer with this."""
+    hosts = [v.name for v in registry.router.candidates(model)]
+    replies = await asyncio.gather(
+        *(forwarder.request("GET", registry.url(n), path, b"", {}) for n in hosts),
+        return_exceptions=True,
+    )
+    entries: list[dict[str, Any]] = []
+    named: list[str] = []
+    for name, reply in zip(hosts, replies, strict=True):
+        if isinstance(reply, BaseException) or reply.status != 200:
+            continue
+        try:
+            doc = orjson.loads(reply.body)
+            entries += [e for e in doc["model_stats"] if isinstance(e, dict)]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            continue
+        named.append(name)
+    if not entries:
+        return None, named
+    return aggregate_model_stats(entries), named
+
+
+async def collect_all_stats(
+    registry: BackendRegistry, forwarder: Forwarder, version: str | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every served model's summed statistics (``/v2/models/stats``; gRPC ModelStatistics
+    with an empty name), skipping a model no backend answered for; the backends that did."""
+    models = registry.models()
+    got = await asyncio.gather(
+        *(
+            collect_model_stats(registry, forwarder, m, ModelPath(m, version, "stats").path())
+            for m in models
+        )
+    )
+    entries = [merged for merged, _ in got if merged is not None]
+    return entries, sorted({n for _, hosts in got for n in hosts})

@@ -94,6 +94,28 @@ def test_busy_port_and_dying_worker_fail_clearly(tmp_path: Path) -> None:
     la.stop()
 
 
+def test_busy_gateway_grpc_port_is_named(tmp_path: Path) -> None:
+    (tmp_path / "repo" / "a").mkdir(parents=True)
+    (tmp_path / "repo" / "a" / "model.yaml").write_text("runtime: emulated\n")
+    with socket.socket() as f1, socket.socket() as f2:
+        f1.bind(("127.0.0.1", 0))
+        f2.bind(("127.0.0.1", 0))
+        free = [f1.getsockname()[1], f2.getsockname()[1]]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        busy = s.getsockname()[1]
+        raw = {
+            "gateway": {"port": free[0], "grpc_port": busy},
+            "workers": {"repo": "repo", "devices": [{"name": "g0", "device": "cpu",
+                                                     "port": free[1]}]},
+        }  # fmt: skip
+        la = Launcher(parse_cluster(raw, tmp_path), tmp_path / "c.yaml", tmp_path, python="py")
+        la.plan()
+        with pytest.raises(LaunchError, match=f"gateway gRPC \\(127.0.0.1:{busy}\\)"):
+            la.start()
+
+
 def _token_cluster(tmp_path: Path, **admin: str) -> Launcher:
     (tmp_path / "repo" / "a").mkdir(parents=True, exist_ok=True)
     (tmp_path / "repo" / "a" / "model.yaml").write_text("runtime: emulated\n")
