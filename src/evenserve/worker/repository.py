@@ -27,6 +27,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -239,13 +240,21 @@ def _validate_section(source: Path, section: str, raw: dict[str, Any] | None) ->
         raise ConfigError(f"{source}: {format_validation_error(exc, section)}") from exc
 
 
-def load_model(directory: Path, check_profile: bool = True) -> ModelEntry:
-    """Read and validate ``directory/model.yaml`` (and its ``profile``, if ``check_profile``)."""
+def load_model(
+    directory: Path, check_profile: bool = True, override: Mapping[str, Any] | None = None
+) -> ModelEntry:
+    """Read and validate ``directory/model.yaml`` (and its ``profile``, if ``check_profile``).
+    ``override``: model.yaml fields replacing the file's top-level ones (a load request's
+    config), validated the same way; its errors name the field."""
     source = directory / MODEL_FILE
     raw = read_yaml(source, f"{directory}: no {MODEL_FILE} in this model folder")
+    where = str(source)
+    if override is not None and isinstance(raw, dict):
+        raw = {**raw, **override}
+        where = f"{source} with the load's config override"
     if isinstance(raw, dict):
         raw.setdefault("name", directory.name)
-    cfg = validate_document(ModelConfig, raw, str(source))
+    cfg = validate_document(ModelConfig, raw, where)
     if cfg.name != directory.name:
         raise ConfigError(
             f"{source}: name: {cfg.name!r} differs from its folder {directory.name!r}"
@@ -260,16 +269,20 @@ def load_model(directory: Path, check_profile: bool = True) -> ModelEntry:
     return entry
 
 
+def model_folders(repo: Path) -> list[Path]:
+    """The model folders of ``repo`` in name order (folders starting with '.' or '_' are
+    skipped); ConfigError when ``repo`` is not a folder."""
+    if not repo.is_dir():
+        raise ConfigError(f"--repo: not a folder: {repo}")
+    return sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+
+
 def load_repository(
     repo: Path, only: list[str] | None = None, check_profiles: bool = True
 ) -> list[ModelEntry]:
     """Every model folder of ``repo`` (folders starting with '.' or '_' are skipped)."""
-    if not repo.is_dir():
-        raise ConfigError(f"--repo: not a folder: {repo}")
     models = [
-        load_model(d, check_profiles)
-        for d in sorted(p for p in repo.iterdir() if p.is_dir())
-        if not d.name.startswith((".", "_")) and (only is None or d.name in only)
+        load_model(d, check_profiles) for d in model_folders(repo) if only is None or d.name in only
     ]
     if only is not None:
         missing = sorted(set(only) - {m.name for m in models})
