@@ -37,7 +37,7 @@ PAIR = {
         {"name": "mask", "datatype": "INT64", "shape": [1, 3], "data": [1, 1, 1]},
     ]
 }
-#: A slow model (300 ms a batch of one, one request a batch): for drain timeouts.
+#: A slow model (600 ms a batch of one, one request a batch): for drain timeouts.
 SLOW = {
     "runtime": "emulated",
     "max_batch_size": 1,
@@ -45,7 +45,7 @@ SLOW = {
     "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
     "emulated": {"profile": "profile.yaml"},
 }
-SLOW_PROFILE = {**PROFILE, "model": "slow", "points": [{"batch": 1, "latency_ms": 300.0}]}
+SLOW_PROFILE = {**PROFILE, "model": "slow", "points": [{"batch": 1, "latency_ms": 600.0}]}
 
 Mode = Literal["none", "explicit", "poll"]
 
@@ -271,6 +271,9 @@ async def test_unload_under_load_loses_no_request(
     await _until(lambda: service.model_state("em").state == "UNLOADING", "unloading")
     r = await c.post("/v2/models/em/infer", json=X)  # new requests are refused at once
     assert r.status_code == 503 and r.json()["error"] == "model 'em' is unloading"
+    # The load report's per-model figures leave it out at once (no router sends it more).
+    load = (await c.get(LOAD_PATH)).json()
+    assert load["queued_by_model"] == {} and load["max_batch_size_by_model"] == {}
     assert (await unload).status_code == 200
     stop.set()
     await asyncio.gather(*clients)
@@ -284,11 +287,12 @@ async def test_unload_under_load_loses_no_request(
 async def test_requests_queued_at_the_unload_run_even_if_their_policy_would_wait(
     explicit: tuple[WorkerService, httpx.AsyncClient],
 ) -> None:
-    _, c = explicit
+    service, c = explicit
     assert (await c.post(repository_path("waits", "load"))).status_code == 200
     # A static batch of 4 never fills with 2 requests: they wait until the unload flushes.
     waiting = [asyncio.ensure_future(c.post("/v2/models/waits/infer", json=X)) for _ in range(2)]
-    await asyncio.sleep(0.01)
+    queued = service.driver.sched.queued_by_model
+    await _until(lambda: queued().get("waits") == 2, "both queued")
     assert not any(w.done() for w in waiting)
     assert (await c.post(repository_path("waits", "unload"))).status_code == 200
     assert [(await w).status_code for w in waiting] == [200, 200]

@@ -34,7 +34,7 @@ from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
-from evenserve.runtime.torch_common import cuda_memory_bytes
+from evenserve.runtime.torch_common import cuda_memory_bytes, release_cuda_cache
 from evenserve.sched import ModelSetup
 from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.executor import ThreadedExecutor
@@ -122,6 +122,7 @@ def _release(runtime: Runtime) -> None:
     runtime.close()
     del runtime
     gc.collect()
+    release_cuda_cache()
     trim_memory()
 
 
