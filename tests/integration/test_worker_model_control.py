@@ -314,6 +314,30 @@ async def test_past_the_drain_timeout_queued_requests_get_a_clear_503(tmp_path: 
     }
 
 
+async def test_while_loading_the_model_is_listed_loading_and_requests_get_503(
+    explicit: tuple[WorkerService, httpx.AsyncClient],
+) -> None:
+    service, c = explicit
+    gate = threading.Event()
+    build = service._build_and_load
+
+    def slow_build(entry: Any) -> Any:
+        gate.wait(60)
+        return build(entry)
+
+    service._build_and_load = slow_build  # type: ignore[method-assign]
+    load = asyncio.ensure_future(c.post(repository_path("pair", "load")))
+    await _until(lambda: service.model_state("pair").state == "LOADING", "loading")
+    assert _states((await c.post(REPOSITORY_INDEX_PATH)).json())["pair"] == ("LOADING", None)
+    r = await c.post("/v2/models/pair/infer", json=PAIR)
+    assert r.status_code == 503 and r.json()["error"] == "model 'pair' is loading"
+    assert (await c.get("/v2/models/pair/ready")).status_code == 503
+    assert "pair" not in (await c.get(LOAD_PATH)).json()["queued_by_model"]
+    gate.set()
+    assert (await load).status_code == 200
+    assert (await c.post("/v2/models/pair/infer", json=PAIR)).status_code == 200
+
+
 async def test_loads_and_unloads_of_one_model_are_serialized(
     explicit: tuple[WorkerService, httpx.AsyncClient],
 ) -> None:

@@ -64,7 +64,7 @@ from evenserve.worker.kserve import (
     input_spec,
     request_class,
 )
-from evenserve.worker.service import ModelControlError, WorkerService
+from evenserve.worker.service import LOADING, ModelControlError, WorkerService
 
 EXTENSIONS = ["statistics", "model_configuration", "model_repository", "evenserve_load"]
 #: The gRPC status of each model control error's HTTP status.
@@ -280,6 +280,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     def _signature(self, name: str, version: str) -> ModelSignature:
         svc = self.service
         sig = svc.signatures.get(name)
+        if sig is None and svc.model_state(name).state == LOADING:
+            raise GrpcError(grpc.StatusCode.UNAVAILABLE, f"model {name!r} is loading")
         if sig is None:
             raise GrpcError(
                 grpc.StatusCode.NOT_FOUND,
@@ -397,7 +399,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         try:
             sig = self._signature(name, request.model_version)
         except GrpcError as err:
-            self.metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
+            if err.code == grpc.StatusCode.UNAVAILABLE:  # loading
+                self.metrics.observe_request(name, "unavailable", None)
+            else:
+                self.metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
             await self._abort(context, err)
         t0 = time.perf_counter()
         outcome = "error"

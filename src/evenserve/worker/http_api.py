@@ -44,7 +44,7 @@ from evenserve.worker.kserve import (
     parse_infer_request,
     request_class,
 )
-from evenserve.worker.service import ModelControlError, WorkerService
+from evenserve.worker.service import LOADING, ModelControlError, WorkerService
 
 if TYPE_CHECKING:
     from evenserve.worker.grpc_api import GrpcServer
@@ -226,6 +226,10 @@ class WorkerApp:
             return _error(f"{path[:200]!r} takes {method}", 405)
         sig = self.service.signatures.get(name)
         if sig is None:
+            if self.service.model_state(name).state == LOADING:  # soon served: retry
+                if suffix == "infer":
+                    self.metrics.observe_request(name, "unavailable", None)
+                return _error(f"model {name!r} is loading", 503)
             if suffix == "infer":
                 self.metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
             return _error(
