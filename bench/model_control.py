@@ -193,7 +193,7 @@ def main() -> None:
                 time.sleep(0.05)
             url = f"http://127.0.0.1:{port_file.read_text().strip()}"
             with httpx.Client(base_url=url, timeout=300) as c:
-                while c.get("/v2/health/ready").status_code != 200:
+                while not _ready(c):
                     time.sleep(0.05)
                 em = Load(url, "em", {"inputs": [_inp(4)]}, args.threads)
                 big = Load(url, "big", {"inputs": [_inp(IN)]}, args.threads)
@@ -252,6 +252,15 @@ def main() -> None:
     print(text)
     if args.json is not None:
         args.json.write_text(text + "\n")
+
+
+def _ready(c: httpx.Client) -> bool:
+    """The port file is written once bound, before the server listens: connection refused
+    means not yet."""
+    try:
+        return c.get("/v2/health/ready").status_code == 200
+    except httpx.ConnectError:
+        return False
 
 
 def _inp(n: int) -> dict[str, Any]:
