@@ -43,6 +43,10 @@ class FakeBackend:
     max_in_flight: int = 0
     #: When set, every inference waits for this event before answering (a test releases it).
     gate: asyncio.Event | None = None
+    #: Its repository index, model -> state (None: no index, 404, as a server without the
+    #: repository extension). A test changes it (and ``models``) to load or unload a model.
+    index: dict[str, str] | None = None
+    index_requests: int = 0
     seen_headers: list[dict[str, str]] = field(default_factory=list)
 
     def app(self) -> Starlette:
@@ -53,6 +57,7 @@ class FakeBackend:
                 Route("/v2/models/{model}", self._meta),
                 Route("/v2/models/{model}/infer", self._infer, methods=["POST"]),
                 Route(LOAD_PATH, self._load),
+                Route("/v2/repository/index", self._index, methods=["GET", "POST"]),
                 Route("/metrics", self._metrics),
             ]
         )
@@ -118,6 +123,14 @@ class FakeBackend:
         outputs = [{**i, "name": "OUTPUT0"} for i in inputs]
         return JSONResponse(
             {"model_name": m, "model_version": "1", "outputs": outputs, "served_by": self.name}
+        )
+
+    async def _index(self, request: Request) -> Response:
+        if self.index is None:
+            return JSONResponse({"error": "no repository extension"}, status_code=404)
+        self.index_requests += 1
+        return JSONResponse(
+            [{"name": m, "version": "1", "state": s, "reason": ""} for m, s in self.index.items()]
         )
 
     async def _load(self, request: Request) -> Response:

@@ -27,7 +27,7 @@ from evenserve.worker.repository import load_repository  # noqa: E402
 from evenserve.worker.server import BackgroundWorker  # noqa: E402
 from evenserve.worker.service import WorkerOptions, WorkerService  # noqa: E402
 
-from .fake_v2 import serving  # noqa: E402
+from .fake_v2 import FakeBackend, serving  # noqa: E402
 from .worker_repo import write_repo  # noqa: E402
 
 
@@ -151,12 +151,29 @@ async def test_unreachable_grpc_endpoint_is_retried_elsewhere(
 async def test_backends_without_grpc_are_not_candidates(workers: list[BackgroundWorker]) -> None:
     backends = specs(workers)
     del backends[0]["grpc_url"]
-    backends.append({"name": "h", "url": workers[0].url, "models": ["waits"]})
-    async with gateway(backends) as (_g, addr):
-        assert await _answered_by(addr, 3) == {"w1": 3}
-        async with grpc.aio.insecure_channel(addr) as channel:
-            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.ModelInfer(_request("waits"), timeout=30)
-            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert "'waits'" in (err.value.details() or "")
+    # An HTTP-only backend without a repository index: its configured models stand.
+    http_only = FakeBackend("h", ["http-only"])
+    async with serving(http_only.app()) as h:
+        backends.append({"name": "h", "url": h.url, "models": ["http-only"]})
+        async with gateway(backends) as (_g, addr):
+            assert await _answered_by(addr, 3) == {"w1": 3}
+            async with grpc.aio.insecure_channel(addr) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await stub.ModelInfer(_request("http-only"), timeout=30)
+                assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "'http-only'" in (err.value.details() or "")
+
+
+async def test_a_model_learned_from_the_workers_index_is_served_over_grpc(
+    workers: list[BackgroundWorker],
+) -> None:
+    """The cluster file names only ``pair``; the workers' indexes also list ``em``, so the
+    gateway routes ``em`` (HTTP and gRPC) without a config change."""
+    backends = specs(workers)
+    for b in backends:
+        b["models"] = ["pair"]
+    async with gateway(backends) as (g, addr):
+        assert g.registry.router.models_of("w0") >= {"em", "pair"}
+        assert all(g.registry.states[n].learned for n in ("w0", "w1"))
+        assert await _answered_by(addr, 4) == {"w0": 2, "w1": 2}

@@ -323,3 +323,48 @@ def test_simulation_conserves_requests(
     for m in s["models"].values():
         if m["slo_attainment"] is not None:
             assert 0.0 <= m["slo_attainment"] <= 1.0
+
+
+_MODELS = ("m", "x", "y")
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("sent"), st.sampled_from(_MODELS)),
+        st.tuples(st.just("done"), st.sampled_from(_MODELS)),
+        st.tuples(st.just("set"), st.frozensets(st.sampled_from(_MODELS))),
+    ),
+    max_size=60,
+)
+
+
+@given(_ops)
+@settings(max_examples=200, deadline=None)
+def test_set_models_never_leaks_in_flight_and_candidates_follow_the_set(
+    ops: list[tuple[str, object]],
+) -> None:
+    r = Router(ROUTING.build("least-connections"))
+    r.add_backend("a", ["m"])
+    out: dict[str, int] = {}
+    t = 0.0
+    for op, arg in ops:
+        t += 0.01
+        if op == "set":
+            assert isinstance(arg, frozenset)
+            r.set_models("a", arg)
+        elif op == "sent":
+            assert isinstance(arg, str)
+            if arg in r.models_of("a"):  # the dispatcher sends only to a candidate
+                r.sent("a", arg, t)
+                out[arg] = out.get(arg, 0) + 1
+        else:
+            assert isinstance(arg, str)
+            if out.get(arg):
+                r.done("a", arg, now_s=t)
+                out[arg] -= 1
+        v = r.view("a")
+        assert v.in_flight == sum(out.values())
+        assert all(v.in_flight_by_model.get(m, 0) == n for m, n in out.items())
+        for m in _MODELS:
+            assert (m in r.models_of("a")) == bool(r.candidates(m))
+    for m, n in out.items():
+        r.done("a", m, n)
+    assert r.view("a").in_flight == 0

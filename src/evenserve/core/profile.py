@@ -73,6 +73,10 @@ class LatencyProfile:
     _latency_s: dict[int, float] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
+    #: queue_parts_s by (requests, batch cap), filled as they are asked for.
+    _queue_s: dict[tuple[int, int], tuple[float, float]] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     @classmethod
     def from_points(
@@ -138,6 +142,24 @@ class LatencyProfile:
         s = self._latency_s.get(batch)
         if s is None:
             s = self._latency_s[batch] = self._interp(self.latency_ms, batch) / 1000.0
+        return s
+
+    def queue_parts_s(self, queued: int, cap: int) -> tuple[float, float]:
+        """Seconds to run ``queued`` requests as full batches of ``cap`` and then one partial
+        batch, as the two terms ``(floor(q / cap) * t(cap), t(q mod cap))`` (0 for none):
+        kept apart so that a sum of them adds in the same order as the terms themselves."""
+        key = (queued, cap)
+        s = self._queue_s.get(key)
+        if s is None:
+            if queued <= 0:
+                s = (0.0, 0.0)
+            else:
+                full, rest = divmod(queued, cap if cap > 1 else 1)
+                s = (
+                    full * self.latency_s(cap) if full else 0.0,
+                    self.latency_s(rest) if rest else 0.0,
+                )
+            self._queue_s[key] = s
         return s
 
     def batch_memory_bytes(self, batch: int) -> float:

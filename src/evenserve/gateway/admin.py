@@ -1,14 +1,17 @@
 """Admin API, behind a bearer token: backends with signals, health and scores; routing policy.
 
-- ``GET  /admin/backends``: every backend, its health (and why not), its current signals as the
-  router sees them, signal age, and per hosted model the policy's score (queue-aware: the
-  weighted score; least-expected-work: predicted finish seconds) and soft-overload flag
-  (queue-aware: it steers away from that host; it never refuses).
+- ``GET  /admin/backends``: every backend, its health (and why not), the models routed
+  there (``models``: READY in its index), its index (``index``: model -> state) and whether
+  that came from the backend (``models_learned``; False: the configured models), its
+  current signals as the router sees them, signal age, and per hosted model the policy's
+  score (queue-aware: the weighted score; least-expected-work: predicted finish seconds)
+  and soft-overload flag (queue-aware: it steers away from that host; it never refuses).
 - ``GET  /admin/routing``: the policy in force, as a spec (``{policy: name, ...params}``).
 - ``PUT  /admin/routing``: replace it with a spec; validated like the config file (400 naming
   the field on error); the very next routing decision uses it. This is how tuned parameters
   are pushed to a running gateway.
-- ``GET  /admin/events``: recent ejections and readmissions with gateway-clock times.
+- ``GET  /admin/events``: recent ejections and readmissions, and changes of a backend's
+  models (event ``models``, reason ``now [a, b] (+b)``), with gateway-clock times.
 A missing or wrong token is refused with 401 (``WWW-Authenticate: Bearer``).
 """
 
@@ -118,7 +121,9 @@ class AdminAPI:
                 {
                     "name": name,
                     "url": st.spec.url,
-                    "models": list(st.spec.models),
+                    "models": sorted(router.models_of(name)),
+                    "index": dict(sorted(st.index.items())),
+                    "models_learned": st.learned,
                     "signal_source": st.spec.signals.source,
                     "healthy": st.healthy,
                     "state": st.reason,

@@ -4,10 +4,20 @@ Routing state (signal windows, in-flight counts, the healthy flag the policy see
 the shared Router; this registry adds what only the live system has: URLs, signal sources,
 ejection reasons and a short event log (who was ejected or readmitted when, for the admin
 API and for measuring how fast a failure is noticed).
+
+Membership. Each backend's models are what its repository index says (``Poller.probe_index``,
+on the health period; ``set_index``): a model it lists READY is routable there; one it lists
+LOADING, UNLOADING or UNAVAILABLE is known there but not routable (a request for it is
+answered 503 with Retry-After, not 404); a model no backend lists is unknown (404). Until a
+backend's index first answers (and for good, when it has no index: 404/405), its configured
+``models`` stand for its index, all READY. Every change is made here, on the poller's
+schedule, never per request: ``hosted()`` and ``hosts_of()`` are rebuilt caches the request
+path reads.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -18,6 +28,18 @@ from evenserve.core.clock import Clock
 from evenserve.core.profile import LatencyProfile
 from evenserve.gateway.config import BackendSpec
 from evenserve.policy.routing import ROUTING, Router, RoutingPolicy
+
+log = logging.getLogger("evenserve.gateway")
+
+#: A model's state in a repository index (Triton's names), best first: a model several
+#: versions or backends list takes the best.
+STATES = ("READY", "LOADING", "UNLOADING", "UNAVAILABLE")
+READY = "READY"
+_RANK = {s: i for i, s in enumerate(STATES)}
+
+
+def best_state(states: Iterable[str]) -> str:
+    return min(states, key=lambda s: _RANK.get(s, len(STATES)), default="UNAVAILABLE")
 
 
 @dataclass
@@ -30,14 +52,19 @@ class BackendState:
     last_error: str | None = None
     #: Probes in a row that got no answer in time (reset by an answer).
     misses: int = 0
+    #: The backend's models by state, as its index last said (the configured models, READY,
+    #: until then); the READY ones are what the router routes there.
+    index: dict[str, str] = field(default_factory=dict)
+    #: Whether ``index`` came from the backend (False: the configured models).
+    learned: bool = False
 
 
 @dataclass(frozen=True)
 class HealthEvent:
     t_s: float
     backend: str
-    event: str  # "ejected" | "admitted"
-    reason: str
+    event: str  # "ready" | "ejected" | "admitted" | "models"
+    reason: str  # for "models": the new set and the change, "now [a, b] (+b)"
 
 
 EjectHook = Callable[[str, str], None]
@@ -50,7 +77,10 @@ class BackendRegistry:
     states: dict[str, BackendState] = field(default_factory=dict)
     events: deque[HealthEvent] = field(default_factory=lambda: deque(maxlen=256))
     on_eject: EjectHook | None = None
+    #: Each backend's whole profile set (a newly learned model's profile is looked up here).
+    profile_sets: dict[str, dict[str, LatencyProfile]] = field(default_factory=dict)
     _hosted: frozenset[str] | None = None
+    _hosts: dict[str, tuple[str, ...]] | None = None
 
     @classmethod
     def build(
@@ -68,16 +98,20 @@ class BackendRegistry:
         now = clock.now()
         for spec in specs:
             profs = profiles(spec) if profiles is not None else {}
+            models = spec.models or []
             router.add_backend(
                 spec.name,
-                spec.models,
-                profiles={m: p for m, p in profs.items() if m in spec.models},
+                models,
+                profiles={m: p for m, p in profs.items() if m in models},
                 max_batch_size=spec.max_batch_size,
                 weight=spec.weight,
             )
             # Not routable until the first successful probe says it is ready.
             router.set_healthy(spec.name, False)
-            reg.states[spec.name] = BackendState(spec=spec, changed_at_s=now)
+            reg.profile_sets[spec.name] = profs
+            reg.states[spec.name] = BackendState(
+                spec=spec, changed_at_s=now, index=dict.fromkeys(models, READY)
+            )
         return reg
 
     # -- membership -------------------------------------------------------------------------
@@ -85,19 +119,69 @@ class BackendRegistry:
         return list(self.states)
 
     def models(self) -> list[str]:
-        return sorted({m for st in self.states.values() for m in st.spec.models})
+        """Every model some backend has, in any state (sorted)."""
+        return sorted(self.hosted())
+
+    def ready_models(self) -> list[str]:
+        """Every model some backend lists READY (routable once that backend is healthy)."""
+        return sorted({m for st in self.states.values() for m, s in st.index.items() if s == READY})
 
     def hosted(self) -> frozenset[str]:
-        """Every model a configured backend hosts (the backends are fixed once built)."""
+        """Every model some backend has, in any state: a request for any other is 404.
+        Cached; rebuilt after a backend's index changes."""
         hosted = self._hosted
         if hosted is None:
-            hosted = self._hosted = frozenset(
-                m for st in self.states.values() for m in st.spec.models
-            )
+            hosted = self._hosted = frozenset(m for st in self.states.values() for m in st.index)
         return hosted
 
     def hosts_model(self, model: str) -> bool:
         return model in self.hosted()
+
+    def hosts_of(self, model: str) -> tuple[str, ...]:
+        """The backends that have ``model`` in any state (cached like ``hosted``)."""
+        hosts = self._hosts
+        if hosts is None:
+            by: dict[str, list[str]] = {}
+            for name, st in self.states.items():
+                for m in st.index:
+                    by.setdefault(m, []).append(name)
+            hosts = self._hosts = {m: tuple(n) for m, n in by.items()}
+        return hosts.get(model, ())
+
+    def states_of(self, model: str) -> dict[str, str]:
+        """Per backend that has ``model``: its state there (an ejected backend's READY
+        counts as UNAVAILABLE: it is not routable)."""
+        out: dict[str, str] = {}
+        for name in self.hosts_of(model):
+            st = self.states[name]
+            s = st.index[model]
+            out[name] = "UNAVAILABLE" if s == READY and not st.healthy else s
+        return out
+
+    def set_index(self, name: str, index: dict[str, str]) -> bool:
+        """Backend ``name``'s repository index answered ``index`` (model -> state): the
+        router routes its READY models there from now on. True when that set changed (then
+        one log line and a ``models`` event say how)."""
+        st = self.states[name]
+        before = st.index
+        st.learned = True
+        if index == before:
+            return False
+        st.index = dict(index)
+        if set(index) != set(before):
+            self._hosted = None
+            self._hosts = None
+        old = self.router.models_of(name)
+        new = frozenset(m for m, s in index.items() if s == READY)
+        if new == old:
+            return False
+        profs = self.profile_sets.get(name, {})
+        self.router.set_models(name, new, profiles={m: p for m, p in profs.items() if m in new})
+        change = [f"+{m}" for m in sorted(new - old)] + [f"-{m}" for m in sorted(old - new)]
+        reason = f"now [{', '.join(sorted(new))}] ({', '.join(change)})"
+        log.warning("backend %s: models %s", name, reason)  # rare, and worth seeing
+        self.events.append(HealthEvent(self.clock.now(), name, "models", reason))
+        return True
 
     def url(self, name: str) -> str:
         return self.states[name].spec.url

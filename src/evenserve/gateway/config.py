@@ -14,12 +14,18 @@ workers:                      # devices ``evenserve up`` starts one worker on ea
 backends:                     # servers started elsewhere (Triton, MLServer, other workers)
   - name: triton0
     url: http://127.0.0.1:8000
-    models: [resnet50]
+    models: [resnet50]          # optional: what it hosts at startup (default: learned)
     signals: {source: prometheus, url: http://127.0.0.1:8002/metrics, mapping: triton}
 ```
 
-The gateway routes to every worker device plus every listed backend. Everything is validated
-on load; an error names the field by its dotted path.
+The gateway routes to every worker device plus every listed backend. Which models each one
+hosts it learns from the backend's repository index (``POST /v2/repository/index``, read
+every ``health.interval_ms``): a model it lists READY is routed there, one LOADING,
+UNLOADING or UNAVAILABLE is known but not routed (503 with Retry-After), so models a
+backend loads or unloads at run time need no config change. A backend's ``models``, when
+given, is the set expected at startup (profiles are looked up for them at once) and stands
+until its index first answers, or for good when it has no index (404/405). Everything is
+validated on load; an error names the field by its dotted path.
 """
 
 from __future__ import annotations
@@ -237,7 +243,10 @@ class BackendSpec(Strict):
     grpc_url: str | None = Field(
         default=None, description="host:port of its KServe v2 gRPC API (gRPC goes only there)"
     )
-    models: list[ModelName] = Field(min_length=1)
+    models: list[ModelName] | None = Field(
+        default=None,
+        description="expected at startup (default: learned from its repository index)",
+    )
     signals: BackendSignals = Field(default_factory=BackendSignals)
     profiles: str | None = Field(default=None, description="profile set dir (for LEW)")
     max_batch_size: dict[str, int] = Field(default_factory=dict)
@@ -249,6 +258,16 @@ class BackendSpec(Strict):
         if not re.match(r"^https?://[^/\s]+", v):
             raise ValueError(f"expected http(s)://host:port, got {v!r}")
         return v.rstrip("/")
+
+    @field_validator("models")
+    @classmethod
+    def _models_ok(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError(
+                "empty: list the models it hosts at startup, or leave models out to learn "
+                "them from its repository index"
+            )
+        return v
 
     @field_validator("grpc_url")
     @classmethod
@@ -349,14 +368,19 @@ class LoadedCluster:
         return p if p.is_absolute() else (self.base_dir / p).resolve()
 
     def repo_models(self) -> list[str]:
-        """Model names in the workers' repository (sub-directories holding a model.yaml)."""
+        """Model names in the workers' repository (sub-directories holding a model.yaml, or a
+        Triton model folder's config.pbtxt)."""
         w = self.config.workers
         if w is None:
             return []
         repo = self.resolve(w.repo)
         if not repo.is_dir():
             raise ConfigError(f"workers.repo: not a directory: {repo}")
-        return sorted(p.name for p in repo.iterdir() if (p / "model.yaml").is_file())
+        return sorted(
+            p.name
+            for p in repo.iterdir()
+            if (p / "model.yaml").is_file() or (p / "config.pbtxt").is_file()
+        )
 
     def backends(self) -> list[BackendSpec]:
         """Every backend the gateway routes to: the workers' devices, then listed backends."""

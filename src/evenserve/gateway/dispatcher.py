@@ -1,7 +1,9 @@
 """The dispatcher: pick a backend with the routing policy, forward, retry once, answer once.
 
 Theory of operation. For one request to model m:
-1. Unknown model (no configured backend hosts it): 404, naming the known models.
+1. Unknown model (no backend has it, in any state: ``BackendRegistry.hosted``, learned from
+   the backends' repository indexes): 404, naming the known models. A model its backends
+   list only LOADING, UNLOADING or UNAVAILABLE has no healthy host: 503 (step 3).
 2. Overload that means overload (``overload.enabled``: may refuse): ``Router.refusal`` says
    whether every healthy host of m is full (its reported queue of m at its bound) or late
    (the work ahead of the request, predicted from the host's reported busy time, queues and
@@ -406,13 +408,18 @@ class Dispatcher:
         """Every try failed: the last backend's 429/503 as relayed, or the gateway's 503."""
         if fw.relayed is not None:
             return fw.relayed
-        what = "; ".join(fw.failures) if fw.failures else "none is ready"
+        what = "; ".join(fw.failures) if fw.failures else self._none_ready(fw.model)
         return error_answer(
             503,
             f"no backend available for model {fw.model!r} ({what})",
             "unavailable",
             {"retry-after": str(self.cfg.overload.retry_after_s)},
         )
+
+    def _none_ready(self, model: str) -> str:
+        """Why no backend could take ``model``: each host's state there (not the hot path)."""
+        states = self.registry.states_of(model)
+        return "none is ready: " + ", ".join(f"{n} {s}" for n, s in states.items())
 
     def _finish(self, model: str, ans: Answer, t0: float) -> Answer:
         self.metrics.observe_request(ans.backend, model, ans.outcome, time.perf_counter() - t0)

@@ -125,7 +125,7 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
                 )
             return GrpcReply(200, None, S.OK, response=response)
 
-        hosts = [st.spec.name for st in self.registry.states.values() if model in st.spec.models]
+        hosts = self.registry.hosts_of(model)
         without = [n for n in hosts if self.registry.states[n].spec.grpc_url is None]
         if hosts and len(without) == len(hosts):
             self.dispatcher.metrics.observe_request(None, model, "unavailable", None)

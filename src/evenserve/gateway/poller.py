@@ -21,6 +21,13 @@ tick, each probe a task of its own so that a slow backend delays no other).
   And never all at once without evidence: a miss does not eject while every other healthy
   backend has missed too (that is the gateway starving, not every backend failing at once;
   a hung backend then still leaves routing through the data plane's request timeout).
+- Every backend, whatever its source: every ``health.interval_ms`` POST its repository
+  index (``/v2/repository/index``, body ``{}``: every model with its state, Triton's shape
+  ``[{"name", "version", "state", "reason"}]``) and hand the states to
+  ``BackendRegistry.set_index``: READY models are routable there, others are known but not
+  (503, not 404). The index is advisory, never health: a backend that does not answer it
+  (refused, timeout, a bad body) keeps its last known set and is not ejected for it; one
+  without the extension (404/405) keeps its configured ``models``.
 - The signal period's tick also calls ``Router.expire``: a backend whose newest sample is
   older than ``signals.stale_after_ms`` has unknown signals (never "idle").
 Probes use one persistent keep-alive connection per backend (``httpio.client.HttpClient``)
@@ -40,10 +47,11 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
+from evenserve.core import wire
 from evenserve.core.clock import Clock
 from evenserve.core.load import LoadReport
-from evenserve.core.wire import HEALTH_READY_PATH, LOAD_PATH, METRICS_PATH
-from evenserve.gateway.backends import BackendRegistry, BackendState
+from evenserve.core.wire import HEALTH_READY_PATH, LOAD_PATH, METRICS_PATH, REPOSITORY_INDEX_PATH
+from evenserve.gateway.backends import STATES, BackendRegistry, BackendState, best_state
 from evenserve.gateway.config import GatewaySection
 from evenserve.gateway.prometheus_signals import PrometheusParseError, sample_from_text
 from evenserve.httpio.client import ConnectFailed, HttpClient, HttpClientError, Reply
@@ -52,6 +60,36 @@ log = logging.getLogger("evenserve.gateway.poller")
 Probe = Callable[[], Awaitable[None]]
 #: GET a URL within a time limit (seconds); raises ``httpio.client`` errors.
 Fetch = Callable[[str, float], Awaitable[Reply]]
+#: The body the index probe posts: every model, whatever its state (``{"ready": true}``
+#: would hide the LOADING ones).
+INDEX_BODY = b"{}"
+
+
+class BadIndex(ValueError):
+    """A repository index answer that is not a list of ``{name, state}`` objects."""
+
+
+def parse_index(body: bytes) -> dict[str, str]:
+    """A repository index answer as model -> state (the best over its versions; a state
+    Triton does not name counts as UNAVAILABLE; entries with an unroutable name are
+    skipped). BadIndex for an answer that is not such a list."""
+    try:
+        doc = wire.parse_json(body, "index")
+    except ValueError as exc:
+        raise BadIndex(str(exc)) from None
+    if not isinstance(doc, list):
+        raise BadIndex(f"expected a list, got {type(doc).__name__}")
+    found: dict[str, list[str]] = {}
+    for i, entry in enumerate(doc):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise BadIndex(f"entry {i}: expected an object with a name")
+        name = entry["name"]
+        if not wire.is_safe_name(name):
+            continue
+        state = entry.get("state")
+        state = state.upper() if isinstance(state, str) else ""
+        found.setdefault(name, []).append(state if state in STATES else "UNAVAILABLE")
+    return {m: best_state(states) for m, states in found.items()}
 
 
 @functools.cache
@@ -69,16 +107,22 @@ class Poller:
         cfg: GatewaySection,
         clock: Clock,
         fetch: Fetch | None = None,
+        index: Fetch | None = None,
     ) -> None:
         self.registry = registry
         self.cfg = cfg
         self.clock = clock
         self.fetch: Fetch = fetch or self._http_get
+        #: POST a repository index URL (``index``; default: over HTTP when ``fetch`` is the
+        #: default too, else ``fetch``, a test's, asked with GET).
+        self.index: Fetch = index or (self._http_index if fetch is None else self.fetch)
         self._clients: dict[str, HttpClient] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._probing: set[asyncio.Task[None]] = set()
         #: Misses not acted on because every other backend missed too (the gateway's lag).
         self.held = 0
+        #: Backends without models configured whose index answered 404/405 (warned once).
+        self._no_index: set[str] = set()
 
     def _client(self, url: str) -> HttpClient:
         c = self._clients.get(url)
@@ -90,6 +134,12 @@ class Poller:
     async def _http_get(self, url: str, timeout_s: float) -> Reply:
         origin, path = _split(url)
         return await self._client(origin).request("GET", path, timeout_s=timeout_s)
+
+    async def _http_index(self, url: str, timeout_s: float) -> Reply:
+        origin, path = _split(url)
+        return await self._client(origin).request(
+            "POST", path, INDEX_BODY, {"content-type": "application/json"}, timeout_s=timeout_s
+        )
 
     async def _get(self, st: BackendState, url: str, timeout_ms: float) -> Reply | None:
         """GET ``url``; None after a failure has been judged (ejected, or a miss counted)."""
@@ -173,14 +223,45 @@ class Poller:
         else:
             self.registry.eject(name, f"not-ready ({resp.status})")
 
+    async def probe_index(self, st: BackendState) -> None:
+        """Learn the backend's models from its repository index (never judges health)."""
+        name = st.spec.name
+        try:
+            resp = await self.index(
+                st.spec.url + REPOSITORY_INDEX_PATH, self.cfg.health.timeout_ms / 1000.0
+            )
+        except HttpClientError as exc:
+            st.last_error = f"index: {type(exc).__name__} {exc}"
+            return
+        if resp.status in (404, 405):  # no model repository extension: the configured set
+            if not st.learned and not st.index and name not in self._no_index:
+                self._no_index.add(name)  # said once: it hosts nothing the gateway can learn
+                log.warning(
+                    "backend %s: no models configured and its repository index answered %d; "
+                    "it gets no requests (list its models in the config)",
+                    name,
+                    resp.status,
+                )
+            return
+        try:
+            if resp.status != 200:
+                raise BadIndex(f"answered {resp.status}")
+            index = parse_index(resp.body)
+        except BadIndex as exc:
+            st.last_error = f"index: {exc}"
+            return
+        self.registry.set_index(name, index)
+
     def _probes(self, st: BackendState) -> list[tuple[float, Probe]]:
-        """A backend's probes with their periods (seconds), by its signal source."""
+        """A backend's probes with their periods (seconds), by its signal source; every
+        backend's index is read on the health period."""
         own_s = (st.spec.signals.interval_ms or self.cfg.signals.interval_ms) / 1000.0
+        health_s = self.cfg.health.interval_ms / 1000.0
+        index = (health_s, partial(self.probe_index, st))
         src = st.spec.signals.source
         if src == "evenserve":
-            return [(own_s, partial(self.probe_load, st))]
-        health_s = self.cfg.health.interval_ms / 1000.0
-        probes: list[tuple[float, Probe]] = [(health_s, partial(self.probe_ready, st))]
+            return [(own_s, partial(self.probe_load, st)), index]
+        probes: list[tuple[float, Probe]] = [(health_s, partial(self.probe_ready, st)), index]
         if src == "prometheus":
             probes.append((own_s, partial(self.probe_metrics, st)))
         return probes

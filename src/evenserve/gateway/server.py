@@ -27,7 +27,7 @@ from evenserve.core.clock import Clock, RealClock
 from evenserve.core.errors import ProfileError
 from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.gateway.admin import AdminAPI
-from evenserve.gateway.backends import BackendRegistry
+from evenserve.gateway.backends import BackendRegistry, best_state
 from evenserve.gateway.config import BackendSpec, LoadedCluster
 from evenserve.gateway.dispatcher import Answer, Dispatcher
 from evenserve.gateway.poller import Poller
@@ -147,8 +147,10 @@ class Gateway:
         await self.dispatcher.aclose()
 
     def ready(self) -> bool:
-        """Every served model has at least one routable backend."""
-        return all(self.registry.router.candidates(m) for m in self.registry.models())
+        """Some model is READY on a backend, and every such model has a routable backend (a
+        model only loading somewhere does not make the gateway unready)."""
+        models = self.registry.ready_models()
+        return bool(models) and all(self.registry.router.candidates(m) for m in models)
 
     def refused(self, status: int, path: str) -> None:
         """The server answered an inference request itself (body or head over the limit,
@@ -253,13 +255,16 @@ class Gateway:
         )
 
     async def repository_index(self, request: Request) -> Response:
-        router = self.registry.router
-        return _json(
-            [
-                {"name": m, "state": "READY" if router.candidates(m) else "UNAVAILABLE"}
-                for m in self.registry.models()
-            ]
-        )
+        """Every model some backend has: READY when some backend can take it now, else the
+        best state its backends report (an ejected backend's READY counts as UNAVAILABLE),
+        with each backend's state (``backends``). Triton's shape plus ``backends``."""
+        reg = self.registry
+        out = []
+        for m in reg.models():
+            states = reg.states_of(m)
+            state = "READY" if reg.router.candidates(m) else best_state(states.values())
+            out.append({"name": m, "state": state, "backends": states})
+        return _json(out)
 
     async def prometheus(self, request: Request) -> Response:
         return Response(200, self.metrics.render(), {"content-type": "text/plain; version=0.0.4"})

@@ -42,6 +42,7 @@ import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from email.utils import formatdate
 from functools import partial
 from http import HTTPStatus
 from typing import cast
@@ -138,9 +139,22 @@ def _status_line(status: int) -> bytes:
 _STATUS_LINES = {s.value: _status_line(s.value) for s in HTTPStatus}
 
 
+def _date_line() -> bytes:
+    return b"date: %s\r\n" % formatdate(usegmt=True).encode()
+
+
+#: The ``Date`` header line (RFC 9110 6.6.1: an origin server with a clock sends one), made
+#: once and renewed by every server's sweep (at most half a second old), not per response.
+_DATE = [_date_line()]
+
+
+def refresh_date() -> None:
+    _DATE[0] = _date_line()
+
+
 def encode_head(status: int, headers: dict[str, str] | None, length: int, close: bool) -> bytes:
     line = _STATUS_LINES.get(status) or _status_line(status)
-    parts = [line]
+    parts = [line, _DATE[0]]
     if headers:
         parts.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items())
     parts.append(b"content-length: %d\r\n" % length)
@@ -449,6 +463,7 @@ class HttpServer:
         loop = self.loop
         while True:
             await asyncio.sleep(period)
+            refresh_date()
             now = loop.time()
             for c in [c for c in self.connections if c.deadline and c.deadline <= now]:
                 c.timed_out()

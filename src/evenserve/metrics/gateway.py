@@ -63,7 +63,8 @@ class _BackendCollector(Collector):
 
 def model_label(model: str, known: Container[str]) -> str:
     """The ``model`` label of a request for ``model``: itself when the gateway serves it
-    (``known``: every model a configured backend hosts), else UNKNOWN_MODEL_LABEL."""
+    (``known``: every model some backend has, as learned from their indexes), else
+    UNKNOWN_MODEL_LABEL."""
     return model if model in known else UNKNOWN_MODEL_LABEL
 
 

@@ -1,4 +1,5 @@
-"""The model repository: one folder per model with a ``model.yaml`` (Triton-like).
+"""The model repository: one folder per model with a ``model.yaml`` (Triton-like), or a
+Triton model folder (``config.pbtxt`` and version folders: see ``triton_config``).
 
 ``model.yaml`` fields (every error names the file and the field):
 
@@ -28,7 +29,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,6 +47,7 @@ from evenserve.runtime.base import Runtime, RuntimeContext, TensorSpec
 from evenserve.runtime.device import DeviceTarget
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedParams
 from evenserve.runtime.factory import RUNTIME_PARAMS, create_runtime
+from evenserve.worker import triton_config
 
 RuntimeName = Literal["emulated", "transformers", "torch", "onnx"]
 
@@ -160,6 +162,10 @@ class ModelEntry:
     source: Path
     runtime_params: BaseModel | None
     emulated_params: EmulatedParams | None
+    #: What the model's config sets that evenserve ignores, one line each naming the field.
+    notes: list[str] = field(default_factory=list)
+    #: A Triton-repository model's original config (Triton's JSON), served as its config.
+    triton_config: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -243,9 +249,13 @@ def _validate_section(source: Path, section: str, raw: dict[str, Any] | None) ->
 def load_model(
     directory: Path, check_profile: bool = True, override: Mapping[str, Any] | None = None
 ) -> ModelEntry:
-    """Read and validate ``directory/model.yaml`` (and its ``profile``, if ``check_profile``).
-    ``override``: model.yaml fields replacing the file's top-level ones (a load request's
-    config), validated the same way; its errors name the field."""
+    """Read and validate ``directory/model.yaml`` (and its ``profile``, if ``check_profile``),
+    or a Triton folder's ``config.pbtxt``. ``override`` (a load request's config): for a
+    model.yaml folder, model.yaml fields replacing the file's top-level ones; for a Triton
+    folder, Triton's config JSON replacing config.pbtxt. Validated the same way; its errors
+    name the field."""
+    if triton_config.is_triton_folder(directory, MODEL_FILE):
+        return _load_triton(directory, override)
     source = directory / MODEL_FILE
     raw = read_yaml(source, f"{directory}: no {MODEL_FILE} in this model folder")
     where = str(source)
@@ -275,6 +285,19 @@ def model_folders(repo: Path) -> list[Path]:
     if not repo.is_dir():
         raise ConfigError(f"--repo: not a folder: {repo}")
     return sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+
+
+def _load_triton(directory: Path, override: Mapping[str, Any] | None) -> ModelEntry:
+    """A Triton model folder (see ``triton_config``) validated as model.yaml would be."""
+    mapped = triton_config.read_triton(directory, override)
+    where = f"{directory}: override" if override is not None else str(mapped.source)
+    cfg = validate_document(ModelConfig, mapped.raw, where)
+    params = _validate_section(mapped.source, cfg.runtime, getattr(cfg, cfg.runtime))
+    entry = ModelEntry(
+        cfg, directory, mapped.source, params, None, mapped.notes, mapped.triton_json
+    )
+    entry.build_policy()
+    return entry
 
 
 def load_repository(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import ctypes
 import gc
 import json
@@ -42,6 +43,7 @@ from evenserve.worker.kserve import ModelSignature
 from evenserve.worker.repository import MODEL_FILE, ModelEntry, load_model, model_folders
 from evenserve.worker.stats import ModelStats
 from evenserve.worker.timer import RealTimer
+from evenserve.worker.triton_config import TRITON_FILE
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,12 @@ def _release(runtime: Runtime) -> None:
     gc.collect()
     release_cuda_cache()
     trim_memory()
+
+
+def _config_file(directory: Path) -> Path:
+    """A model folder's config: model.yaml, else a Triton folder's config.pbtxt."""
+    own = directory / MODEL_FILE
+    return own if own.exists() else directory / TRITON_FILE
 
 
 def _mtime(path: Path) -> int | None:
@@ -249,6 +257,8 @@ class WorkerService:
 
     def _register(self, e: ModelEntry, b: _Built) -> None:
         n = e.name
+        for note in e.notes:  # what its config sets that evenserve ignores
+            log.warning("model %r: %s: %s", n, e.source, note)
         self.entries[n] = e
         self.signatures[n] = ModelSignature(
             n, e.config.version, e.inputs, e.outputs, e.config.max_batch_size
@@ -571,8 +581,8 @@ class WorkerService:
 
     async def poll_repository(self) -> list[tuple[str, str]]:
         """One rescan of the repository (poll model control): load new folders, unload the
-        models whose folder is gone, reload those whose model.yaml changed. A folder whose
-        load failed is tried again once its model.yaml changes. Returns what it did:
+        models whose folder is gone, reload those whose model.yaml (or config.pbtxt) changed.
+        A folder whose load failed is tried again once its config changes. Returns what it did:
         (model, ``load`` | ``reload`` | ``unload`` | ``load failed``)."""
         repo = self.options.repository
         assert repo is not None
@@ -583,7 +593,7 @@ class WorkerService:
             log.warning("repository poll: %s", exc)
             return done
         for name, d in folders.items():
-            mtime = _mtime(d / MODEL_FILE)
+            mtime = _mtime(_config_file(d))
             loaded = name in self.entries
             if name in self._mtimes and self._mtimes[name] == mtime:
                 continue
@@ -686,6 +696,21 @@ class WorkerService:
         e = self.entries[name]
         spec = self.batching_specs[name]
         policy = self.policies[name]
+        ours = {
+            "evenserve_device": {"string_value": self.device.name},
+            "evenserve_batching": {"string_value": spec_label(spec)},
+            "evenserve_runtime": {
+                "string_value": json.dumps(self.descriptions.get(name, {}), default=str)
+            },
+        }
+        if e.notes:
+            ours["evenserve_ignored"] = {"string_value": json.dumps(e.notes)}
+        if e.triton_config is not None:
+            # A Triton repository's model: its own config, as Triton clients expect it.
+            triton = copy.deepcopy(e.triton_config)
+            triton["name"] = name
+            triton["parameters"] = {**triton.get("parameters", {}), **ours}
+            return triton
         cfg: dict[str, Any] = {
             "name": name,
             "platform": f"evenserve_{e.config.runtime}",
@@ -705,13 +730,7 @@ class WorkerService:
                 }
             ],
             "version_policy": {"specific": {"versions": [e.config.version]}},
-            "parameters": {
-                "evenserve_device": {"string_value": self.device.name},
-                "evenserve_batching": {"string_value": spec_label(spec)},
-                "evenserve_runtime": {
-                    "string_value": json.dumps(self.descriptions.get(name, {}), default=str)
-                },
-            },
+            "parameters": ours,
         }
         if policy.max_batch_size > 1:
             delay_ms = spec.get("max_batch_delay_ms", spec.get("max_wait_ms", 0)) or 0
@@ -725,10 +744,11 @@ class WorkerService:
 
     def model_metadata_json(self, name: str) -> dict[str, Any]:
         e = self.entries[name]
+        triton = e.triton_config or {}
         return {
             "name": name,
             "versions": [e.config.version],
-            "platform": f"evenserve_{e.config.runtime}",
+            "platform": triton.get("platform") or f"evenserve_{e.config.runtime}",
             **{
                 kind: [
                     {"name": t.name, "datatype": t.datatype, "shape": [-1, *t.shape]} for t in ts

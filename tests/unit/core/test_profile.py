@@ -104,3 +104,13 @@ def test_published_a10_figures_are_exact(profiles_dir: Path) -> None:
     assert a10["resnet50"].latency_s(8) == pytest.approx(0.00229)
     assert a10["bert-base"].latency_s(64) == pytest.approx(0.03101)
     assert a10["bert-base"].sequence_length == 128
+
+
+def test_queue_parts_are_full_batches_then_the_partial_one() -> None:
+    p = LatencyProfile.from_points("m", {1: 2.0, 4: 5.0, 8: 9.0})
+    assert p.queue_parts_s(20, 8) == (2 * p.latency_s(8), p.latency_s(4))
+    assert p.queue_parts_s(16, 8) == (2 * p.latency_s(8), 0.0)
+    assert p.queue_parts_s(3, 8) == (0.0, p.latency_s(3))
+    assert p.queue_parts_s(0, 8) == (0.0, 0.0)
+    assert p.queue_parts_s(3, 0) == (3 * p.latency_s(1), 0.0)  # a cap below 1 counts as 1
+    assert p.queue_parts_s(20, 8) is p.queue_parts_s(20, 8)  # cached

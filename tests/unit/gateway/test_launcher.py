@@ -54,6 +54,16 @@ def test_model_not_in_repo_is_named(tmp_path: Path) -> None:
         la.plan()
 
 
+def test_triton_model_folders_count_as_the_repository_s_models(tmp_path: Path) -> None:
+    (tmp_path / "repo" / "a").mkdir(parents=True)
+    (tmp_path / "repo" / "a" / "model.yaml").write_text("runtime: emulated\n")
+    (tmp_path / "repo" / "t").mkdir()
+    (tmp_path / "repo" / "t" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"\n')
+    (tmp_path / "repo" / "neither").mkdir()
+    raw = {"workers": {"repo": "repo", "devices": [{"name": "g0", "device": "cpu"}]}}
+    assert parse_cluster(raw, tmp_path).repo_models() == ["a", "t"]
+
+
 def test_busy_port_and_dying_worker_fail_clearly(tmp_path: Path) -> None:
     (tmp_path / "repo" / "a").mkdir(parents=True)
     (tmp_path / "repo" / "a" / "model.yaml").write_text("runtime: emulated\n")

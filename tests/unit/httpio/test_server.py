@@ -213,3 +213,16 @@ async def test_a_deadline_met_late_by_a_busy_loop_looks_for_the_answer_once_more
     c._deadline(on_time, loop.time())
     assert fut is not None and isinstance(fut.exception(), ResponseTimeout)
     assert c.late_deadlines == 1
+
+
+async def test_every_answer_carries_a_date_header_in_http_date_form() -> None:
+    from email.utils import parsedate_to_datetime
+
+    async with server() as srv:
+        out = await raw(srv.port, b"GET /a HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        found = re.search(rb"\r\ndate: ([^\r]+)\r\n", out)
+        assert found is not None, out
+        when = parsedate_to_datetime(found.group(1).decode())
+        assert when.tzinfo is not None and found.group(1).endswith(b" GMT")
+        bad = await raw(srv.port, b"NOT HTTP\r\n\r\n")  # refusals written by the parser too
+        assert re.search(rb"\r\ndate: [^\r]+ GMT\r\n", bad), bad

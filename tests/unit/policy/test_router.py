@@ -251,3 +251,54 @@ def test_a_backend_not_yet_measured_is_assumed_as_fast_as_the_fastest(policy: st
     r.sent("a", "m", 10.0)  # one in flight on a: 2 ms there, 1 ms (assumed) on b or c
     view = r.choose(RequestInfo(request_id=1, model="m", arrival_s=10.0), 10.0)
     assert view is not None and view.name in ("b", "c")
+
+
+# -- set_models: a backend's model set changes at run time (the gateway learns it) ---------------
+def test_set_models_changes_candidates_and_keeps_the_backends_signals() -> None:
+    r = make_router()
+    r.observe("a", sample(0.0, 4.0))
+    r.sent("a", "m", 0.0)
+    r.set_models("a", ["x", "y"])
+    assert [v.name for v in r.candidates("m")] == ["b"]
+    assert [v.name for v in r.candidates("y")] == ["a"]
+    assert r.models_of("a") == frozenset({"x", "y"})
+    v = r.view("a")
+    # The window and the in-flight request of the removed model are kept...
+    assert v.signals_fresh and v.queue_depth == pytest.approx(5.0) and v.in_flight == 1
+    assert v.in_flight_by_model == {"m": 1}
+    # ...and its answer settles the count (no leak).
+    r.done("a", "m", now_s=0.1)
+    assert v.in_flight == 0 and v.in_flight_by_model.get("m", 0) == 0
+    assert "m" not in v.latency_per_request_s
+
+
+def test_set_models_drops_a_removed_models_learned_speed_and_profile() -> None:
+    r = make_router()
+    prof = LatencyProfile.from_points("m", {1: 0.01})
+    r.set_models("a", ["m", "x"], profiles={"m": prof, "other": prof})
+    assert dict(r.view("a").profiles) == {"m": prof}  # only models it hosts
+    for i in range(LEARN_MIN_ANSWERS):
+        r.sent("a", "m", float(i))
+        r.done("a", "m", now_s=float(i) + 0.5)
+    assert r.view("a").latency_per_request_s["m"] == pytest.approx(0.5)
+    r.set_models("a", ["x"])
+    v = r.view("a")
+    assert "m" not in v.latency_per_request_s and "m" not in v.profiles
+    assert "m" not in v.in_flight_by_model  # nothing out: its count is dropped too
+    # Learned again from scratch when it comes back.
+    r.set_models("a", ["m", "x"])
+    assert "m" not in v.latency_per_request_s
+    assert [b.name for b in r.candidates("m")] == ["a", "b"]
+
+
+def test_set_models_keeps_health_and_the_view_object() -> None:
+    r = make_router()
+    view = r.view("b")
+    r.set_healthy("b", False)
+    r.set_models("b", ["m", "z"])
+    assert r.candidates("z") == ()
+    r.set_healthy("b", True)
+    assert r.candidates("z") == [view]
+    assert r.choose(req("z"), 0.0) is view
+    with pytest.raises(KeyError):
+        r.set_models("nope", ["m"])

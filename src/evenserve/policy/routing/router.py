@@ -112,6 +112,45 @@ class Router:
         self._backends[name] = st
         self._rebuild()
 
+    def set_models(
+        self,
+        name: str,
+        models: Iterable[str],
+        *,
+        profiles: Mapping[str, LatencyProfile] | None = None,
+    ) -> None:
+        """``name`` now hosts ``models`` (the gateway learns this from the backend's
+        repository index): candidates change at once. The backend's signal window, in-flight
+        counts and health are kept; what the router knew of a removed model there (its
+        learned speed, sends awaiting an answer, sampled queue, profile) is dropped, except
+        its in-flight count while requests of it are still out (``done`` settles them).
+        ``profiles`` (None: keep what it has) are the profiles of the new set's models."""
+        st = self._backends[name]
+        new = frozenset(models)
+        if new == st.models and profiles is None:
+            return
+        v = st.view
+        for m in st.models - new:
+            if not st.in_flight_by_model.get(m):
+                st.in_flight_by_model.pop(m, None)
+            st.learned.pop(m, None)
+            st.estimate.pop(m, None)
+            st.sends.pop(m, None)
+            st.sampled_queued.pop(m, None)
+            st.sent_by_model.pop(m, None)
+            qbm = v.queued_by_model
+            if isinstance(qbm, dict):
+                qbm.pop(m, None)
+        profs = dict(v.profiles) if profiles is None else dict(profiles)
+        v.profiles = {m: p for m, p in profs.items() if m in new}
+        changed = new != st.models
+        st.models = new
+        if changed:
+            self._rebuild()
+
+    def models_of(self, name: str) -> frozenset[str]:
+        return self._backends[name].models
+
     def set_policy(self, policy: RoutingPolicy) -> None:
         self.policy = policy
 

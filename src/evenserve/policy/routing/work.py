@@ -49,11 +49,8 @@ def queue_work_s(
         return 0.0
     if profile is None:
         return q * item_s
-    full, rest = divmod(q, max(1, max_batch))
-    work = full * profile.latency_s(max_batch) if full else 0.0
-    if rest:
-        work += profile.latency_s(rest)
-    return work
+    full_s, rest_s = profile.queue_parts_s(q, max_batch)
+    return full_s + rest_s
 
 
 def _aged_busy_s(b: BackendView, now_s: float) -> float:
@@ -99,13 +96,10 @@ def predicted_finish_s(model: str, b: BackendView, now_s: float, fallback_item_s
             p = profiles.get(m)
             if p is None:
                 backlog += round(q) * b.latency_per_request_s.get(m, fallback_item_s)
-                continue
-            cap = caps.get(m, 1)
-            full, rest = divmod(round(q), cap if cap > 1 else 1)
-            if full:
-                backlog += full * p.latency_s(cap)
-            if rest:
-                backlog += p.latency_s(rest)
+            else:
+                full_s, rest_s = p.queue_parts_s(round(q), caps.get(m, 1))
+                backlog += full_s
+                backlog += rest_s
     # Its own share: work_r(q + 1) - work_r(q) = t(rest + 1) - t(rest), rest = q mod B_r.
     cap = caps.get(model, 1)
     rest = round(counts.get(model, 0.0)) % (cap if cap > 1 else 1)
