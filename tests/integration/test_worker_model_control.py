@@ -543,3 +543,79 @@ def test_grpc_model_control_disabled_in_mode_none(tmp_path: Path) -> None:
             assert err.value.message() == "model control is disabled (--model-control none)"
         finally:
             client.close()
+
+
+# -- a Triton model folder (config.pbtxt) under model control -----------------------------------
+TS_PBTXT = """
+name: "tiny_ts"
+backend: "pytorch"
+max_batch_size: 4
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+"""
+TS_INFER = {
+    "inputs": [{"name": "INPUT__0", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]
+}
+
+
+def _triton_folder(repo: Path) -> Path:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    import warnings
+
+    d = repo / "tiny_ts"
+    (d / "1").mkdir(parents=True)
+    (d / "config.pbtxt").write_text(TS_PBTXT)
+    with warnings.catch_warnings():  # TorchScript is deprecated upstream; still served
+        warnings.simplefilter("ignore")
+        torch.jit.save(torch.jit.script(torch.nn.Linear(3, 2)), str(d / "1" / "model.pt"))
+    return d
+
+
+async def test_a_triton_folder_loads_with_triton_config_json_as_its_override(
+    tmp_path: Path,
+) -> None:
+    repo = _repo(tmp_path)
+    _triton_folder(repo)
+    service = await _started(_service(repo, ["em"]))
+    async with _client(service) as c:
+        assert _states((await c.post(REPOSITORY_INDEX_PATH)).json())["tiny_ts"] == (
+            "UNAVAILABLE",
+            "not loaded",
+        )
+        assert (await c.post(repository_path("tiny_ts", "load"))).status_code == 200
+        assert (await c.post("/v2/models/tiny_ts/infer", json=TS_INFER)).status_code == 200
+        # Triton's load config: a whole model config JSON replacing config.pbtxt.
+        config = {
+            "name": "tiny_ts",
+            "backend": "pytorch",
+            "max_batch_size": 2,
+            "input": [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [3]}],
+            "output": [{"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [2]}],
+        }
+        body = {"parameters": {"config": json.dumps(config)}}
+        assert (await c.post(repository_path("tiny_ts", "load"), json=body)).status_code == 200
+        assert service.entries["tiny_ts"].config.max_batch_size == 2
+        bad = {"parameters": {"config": json.dumps({"bogus": 1})}}
+        r = await c.post(repository_path("tiny_ts", "load"), json=bad)
+        assert r.status_code == 400 and "bogus" in r.json()["error"]
+        assert (await c.post(repository_path("tiny_ts", "unload"))).status_code == 200
+    await service.stop()
+
+
+async def test_poll_reloads_a_triton_folder_when_its_config_pbtxt_changes(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    d = _triton_folder(repo)
+    service = await _started(_service(repo, ["tiny_ts"], "poll"))
+    assert await service.poll_repository() == []
+    pbtxt = d / "config.pbtxt"
+    st = pbtxt.stat()
+    pbtxt.write_text(TS_PBTXT.replace("max_batch_size: 4", "max_batch_size: 2"))
+    os.utime(pbtxt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert await service.poll_repository() == [("tiny_ts", "reload")]
+    assert service.entries["tiny_ts"].config.max_batch_size == 2
+    assert await service.poll_repository() == []
+    await service.stop()
