@@ -78,8 +78,32 @@ def worker(
         ),
     ] = None,
     models: Annotated[
-        str | None, typer.Option(help="Serve only these models (comma-separated).")
+        str | None,
+        typer.Option(
+            help="Serve only these models (comma-separated); with --model-control explicit, "
+            "the models loaded at startup (as --load-model)."
+        ),
     ] = None,
+    model_control: Annotated[
+        str,
+        typer.Option(
+            help="none: serve the models found at startup for the worker's life; explicit: "
+            "POST /v2/repository/models/M/load and /unload (and gRPC) load and unload models, "
+            "only --load-model/--models load at startup; poll: load every folder, then rescan "
+            "the repository every --repository-poll-secs (new folders load, removed ones "
+            "unload, a changed model.yaml reloads)."
+        ),
+    ] = "none",
+    load_model: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="With --model-control explicit: load this model at startup (repeatable)."
+        ),
+    ] = None,
+    repository_poll_secs: Annotated[
+        float,
+        typer.Option(help="With --model-control poll: seconds between rescans of the repository."),
+    ] = 5.0,
     profiles_dir: Annotated[
         Path, typer.Option(help="Where emulated:NAME looks for profile sets.")
     ] = Path("profiles"),
@@ -122,7 +146,7 @@ def worker(
 ) -> None:
     """Serve a model repository on one device over the KServe v2 protocol."""
     from evenserve.runtime.device import parse_device
-    from evenserve.worker.repository import load_repository
+    from evenserve.worker.repository import load_repository, model_folders
     from evenserve.worker.server import make_server
     from evenserve.worker.service import WorkerOptions, WorkerService
 
@@ -140,6 +164,14 @@ def worker(
             )
     if utilization_window_s <= 0:
         fail("--utilization-window-s: must be > 0")
+    if model_control not in ("none", "explicit", "poll"):
+        fail(f"--model-control: {model_control!r} is not none, explicit or poll")
+    if load_model and model_control != "explicit":
+        fail("--load-model: needs --model-control explicit")
+    if models and model_control == "poll":
+        fail("--models: not with --model-control poll (the poll serves every model folder)")
+    if repository_poll_secs <= 0:
+        fail("--repository-poll-secs: must be > 0")
     try:
         run = DeviceOptions.from_flags(
             instances=instances, interference=interference, memory_gb=memory_gb
@@ -152,7 +184,19 @@ def worker(
         )
         dev = parse_device(device)
         only = [m.strip() for m in models.split(",") if m.strip()] if models else None
-        entries = load_repository(repo, only)
+        if model_control == "explicit":
+            # The startup set: --load-model and --models (none: serve nothing until a load).
+            startup = sorted({*(load_model or []), *(only or [])})
+            folders = {d.name for d in model_folders(repo)}
+            missing = [m for m in startup if m not in folders]
+            if missing:
+                flag = "--load-model" if missing[0] in (load_model or []) else "--models"
+                fail(f"{flag}: no model folder {missing[0]!r} in {repo}")
+            entries = load_repository(repo, startup) if startup else []
+        elif model_control == "poll":
+            entries = load_repository(repo) if model_folders(repo) else []
+        else:
+            entries = load_repository(repo, only)
         options = WorkerOptions(
             device=dev,
             run=run,
@@ -163,10 +207,18 @@ def worker(
             utilization_window_s=utilization_window_s,
             cpu_threads=cpu_threads,
             drain_timeout_s=drain_timeout_s,
+            model_control="explicit"
+            if model_control == "explicit"
+            else "poll"
+            if model_control == "poll"
+            else "none",
+            repository=repo,
+            repository_poll_s=repository_poll_secs,
         )
         service = WorkerService(entries, options)
         err_console.print(
-            f"evenserve worker: loading {', '.join(service.entries)} on {dev.name} ...",
+            f"evenserve worker: loading {', '.join(service.entries) or 'no models'} on "
+            f"{dev.name} (model control: {model_control}) ...",
             highlight=False,
         )
         service.load()

@@ -28,6 +28,9 @@ HEALTH_LIVE_PATH = "/v2/health/live"
 HEALTH_READY_PATH = "/v2/health/ready"
 SERVER_METADATA_PATH = "/v2"
 REPOSITORY_INDEX_PATH = "/v2/repository/index"
+#: Triton's model repository extension: ``POST {prefix}{model}/load`` and ``.../unload``.
+REPOSITORY_MODELS_PREFIX = "/v2/repository/models/"
+REPOSITORY_ACTIONS = ("load", "unload")
 #: The worker's load report (JSON), polled by the gateway every signal interval.
 LOAD_PATH = "/v2/evenserve/load"
 METRICS_PATH = "/metrics"
@@ -113,6 +116,24 @@ def _decoded_name(segment: str) -> str | None:
     except UnicodeDecodeError:
         return None
     return name if is_safe_name(name) else None
+
+
+def split_repository_path(raw_path: str) -> tuple[str, str] | None:
+    """``/v2/repository/models/{model}/{load|unload}`` split into the model (percent-decoded
+    once, a safe name) and the action; None for any other path."""
+    path = raw_path.split("?", 1)[0].split("#", 1)[0]
+    if not path.startswith(REPOSITORY_MODELS_PREFIX):
+        return None
+    parts = path[len(REPOSITORY_MODELS_PREFIX) :].split("/")
+    if len(parts) != 2 or parts[1] not in REPOSITORY_ACTIONS:
+        return None
+    model = _decoded_name(parts[0])
+    return None if model is None else (model, parts[1])
+
+
+def repository_path(model: str, action: str) -> str:
+    """``/v2/repository/models/{model}/{action}``."""
+    return f"{REPOSITORY_MODELS_PREFIX}{model}/{action}"
 
 
 def infer_path(model: str, version: str | None = None) -> str:

@@ -21,6 +21,12 @@ REQUESTS = f"{PREFIX}_requests"  # counter (exported as _total), by model and ou
 BATCHES = f"{PREFIX}_batches"  # counter (exported as _total), by model
 REFUSALS = f"{PREFIX}_refusals"  # counter (_total): requests refused, by model and reason
 
+# Model control (the repository extension), per model.
+MODEL_LOADS = "evenserve_model_loads"  # counter (_total): load attempts, by model and outcome
+MODEL_UNLOADS = "evenserve_model_unloads"  # counter (_total): unloads done, by model
+#: The ``outcome`` label of MODEL_LOADS.
+LOAD_OUTCOMES = ("success", "failure")
+
 # Per device.
 DEVICE_BUSY_RATIO = f"{PREFIX}_device_busy_ratio"  # gauge: busy fraction over the window
 DEVICE_BUSY_SECONDS = f"{PREFIX}_device_busy_seconds"  # counter (_total): busy time, summed

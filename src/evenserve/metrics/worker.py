@@ -144,21 +144,37 @@ class WorkerMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.loads = Counter(
+            names.MODEL_LOADS,
+            "Model loads asked for (repository extension, poll), by outcome.",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.unloads = Counter(names.MODEL_UNLOADS, "Model unloads done.", ["model"], registry=r)
         r.register(_LiveCollector(device, snapshot, nvml))
-        # Every series of a served model exists from the start, at zero.
         for m in models:
-            for series in (
-                self.batch_size,
-                self.queue_time,
-                self.compute_time,
-                self.latency,
-                self.batches,
-            ):
-                series.labels(m)
-            for o in names.OUTCOMES:
-                self.requests.labels(m, o)
-            for reason in wire.REFUSAL_REASONS:
-                self.refusals.labels(m, reason)
+            self.add_model(m)
+
+    def add_model(self, m: str) -> None:
+        """Every series of a served model exists from its load on, at zero."""
+        for series in (
+            self.batch_size,
+            self.queue_time,
+            self.compute_time,
+            self.latency,
+            self.batches,
+        ):
+            series.labels(m)
+        for o in names.OUTCOMES:
+            self.requests.labels(m, o)
+        for reason in wire.REFUSAL_REASONS:
+            self.refusals.labels(m, reason)
+
+    def observe_load(self, model: str, outcome: str) -> None:
+        self.loads.labels(model, outcome).inc()
+
+    def observe_unload(self, model: str) -> None:
+        self.unloads.labels(model).inc()
 
     def observe_batch(self, model: str, items: int, queue_times_s: Sequence[float]) -> None:
         self.batch_size.labels(model).observe(items)

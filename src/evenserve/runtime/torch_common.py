@@ -9,6 +9,7 @@ torch only inside functions, so the core install never needs torch.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Literal
 
 import numpy as np
@@ -27,6 +28,17 @@ def cuda_memory_bytes(index: int) -> tuple[float, float]:
     torch = require("torch", "torch")
     free, total = torch.cuda.mem_get_info(index)
     return float(total - free), float(total)
+
+
+def release_cuda_cache() -> bool:
+    """Give torch's cached, unused CUDA blocks back to the driver (after a model is unloaded:
+    its tensors are freed into the caching allocator, not to the device). False when torch
+    is not imported or CUDA never initialized (nothing to give back)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return False
+    torch.cuda.empty_cache()
+    return True
 
 
 class TorchModuleRuntime:

@@ -49,6 +49,9 @@ _NOOP_DISPATCH = BatchingPolicyBase.on_dispatch
 QUEUED, DISPATCHED, GONE = 0, 1, 2
 #: Drop reason of requests still queued when a worker shuts down (not a wire refusal).
 SHUTDOWN = "shutdown"
+#: Drop reason of requests still queued when their model's unload timed out (not a wire
+#: refusal: the worker answers 503).
+UNLOADED = "unloaded"
 
 
 @dataclass(slots=True, eq=False)
@@ -173,6 +176,23 @@ class QueueSet(Generic[R]):
     def __contains__(self, model: str) -> bool:
         return model in self.queues
 
+    # -- models come and go ---------------------------------------------------------------
+    def add(self, setup: ModelSetup) -> ModelQueue[R]:
+        """A queue for one more model (ValueError: it has one)."""
+        if setup.name in self.queues:
+            raise ValueError(f"model {setup.name!r} already has a queue")
+        mq = self.queues[setup.name] = ModelQueue(setup, self.starvation_s)
+        return mq
+
+    def remove(self, model: str) -> None:
+        """Remove an empty model queue (ValueError: unknown, or requests still queued)."""
+        mq = self.queues.get(model)
+        if mq is None:
+            raise ValueError(f"model {model!r} has no queue")
+        if mq.queue.items:
+            raise ValueError(f"model {model!r}: {len(mq.queue.items)} request(s) still queued")
+        del self.queues[model]
+
     # -- depth accounting -----------------------------------------------------------------
     def _depth(self, now: float, delta: int) -> None:
         since = self.stats_since_s
@@ -292,10 +312,12 @@ class QueueSet(Generic[R]):
         self._depth(now, -1)
         return True
 
-    def abandon(self, now: float, reason: str = SHUTDOWN) -> int:
-        """Drop every queued request with ``reason``; returns how many."""
+    def abandon(self, now: float, reason: str = SHUTDOWN, model: str | None = None) -> int:
+        """Drop every queued request (of ``model``: all models when None) with ``reason``;
+        returns how many."""
         n = 0
-        for mq in self.queues.values():
+        chosen = self.queues.values() if model is None else [self.queues[model]]
+        for mq in list(chosen):
             for r in mq.queue.pop(len(mq.queue)):
                 n += 1
                 self._leave(r, now, reason)

@@ -39,7 +39,13 @@ from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S
 from evenserve.sched.actions import Batch, SchedulerActions
 from evenserve.sched.hosted import Hosted, flush
 from evenserve.sched.memory import MemoryAccount
-from evenserve.sched.queues import NO_QUEUE_OPTIONS, ModelSetup, QueuedRequest, QueueSet
+from evenserve.sched.queues import (
+    NO_QUEUE_OPTIONS,
+    SHUTDOWN,
+    ModelSetup,
+    QueuedRequest,
+    QueueSet,
+)
 from evenserve.sched.slots import Slots
 
 R = TypeVar("R", bound=QueuedRequest)
@@ -74,8 +80,8 @@ class DeviceScheduler(Generic[R]):
                 raise ValueError(f"model {m!r} has no queue")
         self.queues = queues
         self.actions = actions
+        self.draining = False
         # Models in name order: next_batch breaks ties by the order it sees them.
-        self.models = tuple(names)
         self._hosted: list[Hosted[R]] = [
             Hosted(
                 queues.queues[m],
@@ -83,6 +89,23 @@ class DeviceScheduler(Generic[R]):
             )
             for m in names
         ]
+        self._derive()
+        self.instances = instances
+        self.slots: Slots[R] = Slots(device, actions, utilization_window_s, origin_s)
+        self._free = self.slots.free
+        self.busy = self.slots.busy
+        self.in_flight = 0
+        self.batches_started = 0
+        self.memory = MemoryAccount(self._weights_bytes(), memory_total_bytes)
+        self._watch = queues.watches
+        self._plan_wake = math.inf
+        self._timers: list[float] = []
+        self._planning = False
+        self._replan = False
+
+    def _derive(self) -> None:
+        """The figures that follow the hosted models (at start, and when models come and go)."""
+        self.models = tuple(h.mq.name for h in self._hosted)
         self._by_name = {h.mq.name: h for h in self._hosted}
         #: The most requests one batch of each model takes here (its policy's cap; the load
         #: snapshot carries it to routers that predict work).
@@ -97,25 +120,59 @@ class DeviceScheduler(Generic[R]):
             for h in self._hosted
             if h.mq.setup.max_queue is not None
         }
-        self._owns_queues = len(names) == len(queues.queues)
-        self._direct = (
-            len(names) == 1 and queues.starvation_s is None and queues.class_headroom is None
+        self._owns_queues = len(self._hosted) == len(self.queues.queues)
+        qs = self.queues
+        self._direct = len(self._hosted) == 1 and (
+            self.draining or (qs.starvation_s is None and qs.class_headroom is None)
         )
-        self.instances = instances
-        self.slots: Slots[R] = Slots(device, actions, utilization_window_s, origin_s)
-        self._free = self.slots.free
-        self.busy = self.slots.busy
-        self.in_flight = 0
-        self.batches_started = 0
-        self.memory = MemoryAccount(
-            sum(h.profile.weights_bytes for h in self._hosted if h.profile), memory_total_bytes
-        )
-        self._watch = queues.watches
-        self._plan_wake = math.inf
-        self._timers: list[float] = []
-        self._planning = False
-        self._replan = False
-        self.draining = False
+
+    def _weights_bytes(self) -> float:
+        return sum(h.profile.weights_bytes for h in self._hosted if h.profile)
+
+    # -- models come and go (model control) ------------------------------------------------
+    def add_model(
+        self, setup: ModelSetup, now: float, profile: LatencyProfile | None = None
+    ) -> None:
+        """Host one more model with a queue of its own (``profile``: this device's, by default
+        the setup's). ValueError: it is hosted already, or this device shares its queues."""
+        if not self._owns_queues:
+            raise ValueError("add_model: this device shares its queues with others")
+        if setup.name in self._by_name:
+            raise ValueError(f"model {setup.name!r} is hosted here already")
+        mq = self.queues.add(setup)
+        h = Hosted(mq, setup.profile if profile is None else profile)
+        if self.draining:
+            h.policy = flush(mq.policy)
+        # Models in name order: next_batch breaks ties by the order it sees them.
+        self._hosted = sorted([*self._hosted, h], key=lambda x: x.mq.name)
+        self._derive()
+        self.memory.weights_bytes = self._weights_bytes()
+
+    def remove_model(self, name: str, now: float) -> None:
+        """Stop hosting ``name``. ValueError: not hosted, or requests of it are still queued or
+        running (drain it first: ``flush_model``, then ``abandon(now, model=...)``)."""
+        h = self._by_name.get(name)
+        if h is None:
+            raise ValueError(f"model {name!r} is not hosted here")
+        if not self._owns_queues:
+            raise ValueError("remove_model: this device shares its queues with others")
+        queued, running = len(h.mq.queue.items), h.mq.in_flight
+        if queued or running or any(b.model == name for b in self.slots.running.values()):
+            raise ValueError(
+                f"model {name!r}: {queued} request(s) queued and {running} running; "
+                "a model leaves only when it has none"
+            )
+        self.queues.remove(name)
+        self._hosted = [x for x in self._hosted if x is not h]
+        self._derive()
+        self.memory.weights_bytes = self._weights_bytes()
+
+    def flush_model(self, name: str, now: float) -> None:
+        """Run what is queued for ``name`` without waiting for its policy's windows (the
+        model is being unloaded); KeyError: not hosted."""
+        h = self._by_name[name]
+        h.policy = flush(h.mq.policy)
+        self._plan(now)
 
     # -- events ---------------------------------------------------------------------------
     def offer(self, r: R, now: float) -> str | None:
@@ -188,12 +245,12 @@ class DeviceScheduler(Generic[R]):
         self.draining = True
         for h in self._hosted:
             h.policy = flush(h.mq.policy)
-        self._direct = len(self._hosted) == 1
+        self._derive()
         self._plan(now)
 
-    def abandon(self, now: float) -> int:
-        """Drop everything still queued (shutdown); returns how many."""
-        return self.queues.abandon(now)
+    def abandon(self, now: float, reason: str = SHUTDOWN, model: str | None = None) -> int:
+        """Drop everything still queued (shutdown), or only ``model``'s; returns how many."""
+        return self.queues.abandon(now, reason, model)
 
     def observe_memory(self, used_bytes: float | None, total_bytes: float | None) -> None:
         """Measured device memory (a real device); replaces the profiles' account."""

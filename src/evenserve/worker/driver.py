@@ -40,6 +40,7 @@ from evenserve.sched import (
     NO_QUEUE_OPTIONS,
     ONE_INSTANCE,
     QUEUED,
+    UNLOADED,
     Batch,
     DeviceScheduler,
     ModelQueue,
@@ -162,6 +163,8 @@ class BatchDriver:
         self._ids = itertools.count(1)
         self._submitting: PendingRequest | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
+        #: Unloads waiting for their model to have nothing queued or running.
+        self._model_waiters: dict[str, list[asyncio.Future[None]]] = {}
 
     # The device's figures are the scheduler's: ``self.sched`` (queued_by_model, busy, ...).
     def _queue(self, model: str) -> ModelQueue[PendingRequest]:
@@ -235,6 +238,8 @@ class BatchDriver:
                 wait,
             )
         fut.add_done_callback(functools.partial(self._on_future_done, req))
+        if self._model_waiters:  # planning may have expired an unloading model's last ones
+            self._notify_if_idle()
         return req
 
     def _on_future_done(self, req: PendingRequest, fut: asyncio.Future[Any]) -> None:
@@ -278,6 +283,13 @@ class BatchDriver:
                         f"model {model!r}: the request can no longer finish by its deadline, so "
                         f"it will not run (waited {waited * 1000:.1f} ms in the queue, deadline "
                         f"{deadline_ms:.1f} ms after arrival)",
+                    )
+                )
+            elif reason == UNLOADED:
+                fut.set_exception(
+                    DrainingError(
+                        f"model {model!r} was unloaded before this request could run (it "
+                        "waited past the unload's drain timeout)"
                     )
                 )
             else:
@@ -327,11 +339,53 @@ class BatchDriver:
         return self.sched.idle
 
     def _notify_if_idle(self) -> None:
+        if self._model_waiters:
+            for model in [m for m in self._model_waiters if self.model_idle(m)]:
+                for w in self._model_waiters.pop(model):
+                    if not w.done():
+                        w.set_result(None)
         if self._idle_waiters and self.sched.idle:
             for w in self._idle_waiters:
                 if not w.done():
                     w.set_result(None)
             self._idle_waiters.clear()
+
+    # -- model control --------------------------------------------------------------------
+    def add_model(self, setup: ModelSetup) -> None:
+        """Serve one more model from now on (its executor must already run it)."""
+        self.sched.add_model(setup, self.clock.now())
+
+    def model_idle(self, model: str) -> bool:
+        """Nothing of ``model`` queued or running (True when it is not hosted)."""
+        mq = self.sched.queues.queues.get(model)
+        return mq is None or (not mq.queue.items and mq.in_flight == 0)
+
+    async def drain_model(self, model: str, timeout_s: float | None = None) -> int:
+        """Run what is queued for ``model`` without waiting for its policy's windows and wait
+        until nothing of it is queued or running; after ``timeout_s`` its requests still
+        queued are answered with DrainingError (running batches are waited for). The caller
+        refuses new requests for it meanwhile. Returns how many were dropped so."""
+        self.sched.flush_model(model, self.clock.now())
+        dropped = 0
+        if self.model_idle(model):
+            return dropped
+        waiter = self._wait_model(model)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError:
+            dropped = self.sched.abandon(self.clock.now(), UNLOADED, model=model)
+            if not self.model_idle(model):
+                await self._wait_model(model)
+        return dropped
+
+    def _wait_model(self, model: str) -> asyncio.Future[None]:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._model_waiters.setdefault(model, []).append(waiter)
+        return waiter
+
+    def remove_model(self, model: str) -> None:
+        """Stop serving ``model`` (ValueError unless ``drain_model`` left it idle)."""
+        self.sched.remove_model(model, self.clock.now())
 
     def begin_drain(self) -> None:
         """Refuse new requests from now on and run what is queued without waiting."""

@@ -77,6 +77,17 @@ class ThreadedExecutor:
             max_workers=instances, thread_name_prefix="evenserve-device"
         )
 
+    def add(self, model: str, runtime: Runtime, input_names: Sequence[str]) -> None:
+        """Run batches of one more (loaded) model."""
+        self.runtimes[model] = runtime
+        self.input_names[model] = list(input_names)
+
+    def remove(self, model: str) -> Runtime:
+        """Forget a model with no batch running (the driver's drain ensures it); returns its
+        runtime for the caller to close."""
+        self.input_names.pop(model, None)
+        return self.runtimes.pop(model)
+
     def _run(self, model: str, payloads: Sequence[Inputs]) -> BatchResult:
         try:
             return run_batch(self.runtimes[model], self.input_names[model], payloads)

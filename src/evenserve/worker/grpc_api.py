@@ -5,10 +5,14 @@ The protocol's messages and service come from tritonclient's generated modules (
 the same event loop as the HTTP server, so an inference request goes to the very driver,
 queues and refusals an HTTP one does, and is counted in the same metrics and statistics.
 
-Served: ServerLive, ServerReady, ModelReady (false for a model not served here),
-ServerMetadata, ModelMetadata, ModelConfig, ModelStatistics, RepositoryIndex, ModelInfer.
-Every other RPC (streaming, model control, shared memory, trace, log settings) answers
-UNIMPLEMENTED.
+Served: ServerLive, ServerReady, ModelReady (false for a model not served here or not
+READY), ServerMetadata, ModelMetadata, ModelConfig, ModelStatistics, RepositoryIndex (every
+model folder with its state), RepositoryModelLoad (``parameters["config"].string_param``: a
+JSON object of model.yaml fields overriding the file's), RepositoryModelUnload, ModelInfer.
+Every other RPC (streaming, shared memory, trace, log settings) answers UNIMPLEMENTED.
+Model control answers as HTTP does: INVALID_ARGUMENT a bad config or request, or model
+control disabled; NOT_FOUND no such model folder; UNAVAILABLE shutting down; INTERNAL the
+load failed.
 
 ModelInfer takes each input either as typed ``contents`` (the field of its datatype:
 ``fp32_contents`` for FP32, ``int_contents`` for INT8/16/32 ...; FP16 only raw) or, for
@@ -56,12 +60,20 @@ from evenserve.worker.kserve import (
     RequestedOutput,
     check_shape,
     class_parameters,
+    config_override,
     input_spec,
     request_class,
 )
-from evenserve.worker.service import WorkerService
+from evenserve.worker.service import LOADING, ModelControlError, WorkerService
 
-EXTENSIONS = ["statistics", "model_configuration", "evenserve_load"]
+EXTENSIONS = ["statistics", "model_configuration", "model_repository", "evenserve_load"]
+#: The gRPC status of each model control error's HTTP status.
+CONTROL_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    503: grpc.StatusCode.UNAVAILABLE,
+    500: grpc.StatusCode.INTERNAL,
+}
 #: The typed ``contents`` field of each datatype (FP16 has none: raw contents only).
 CONTENTS_FIELD = {
     "BOOL": "bool_contents",
@@ -268,6 +280,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     def _signature(self, name: str, version: str) -> ModelSignature:
         svc = self.service
         sig = svc.signatures.get(name)
+        if sig is None and svc.model_state(name).state == LOADING:
+            raise GrpcError(grpc.StatusCode.UNAVAILABLE, f"model {name!r} is loading")
         if sig is None:
             raise GrpcError(
                 grpc.StatusCode.NOT_FOUND,
@@ -296,7 +310,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelReady(self, request: Any, context: Any) -> Any:
         sig = self.service.signatures.get(request.name)
         known = sig is not None and request.version in ("", sig.version)
-        return service_pb2.ModelReadyResponse(ready=known and self.service.ready)
+        return service_pb2.ModelReadyResponse(
+            ready=known and self.service.model_ready(request.name)
+        )
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerMetadataResponse(
@@ -343,14 +359,39 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         )
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
-        svc = self.service
-        state = "READY" if svc.ready else "UNAVAILABLE"
         resp = service_pb2.RepositoryIndexResponse()
-        if request.ready and not svc.ready:
-            return resp
-        for n, s in svc.signatures.items():
-            resp.models.add(name=n, version=s.version, state=state)
+        for m in self.service.repository_index(bool(request.ready)):
+            resp.models.add(**m)
         return resp
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        try:
+            override = None
+            params = dict(request.parameters)
+            unknown = sorted(k for k in params if k != "config")
+            if unknown:
+                raise ProtocolError(
+                    f"parameters[{unknown[0]!r}]: not supported (only parameters['config']: "
+                    "model.yaml fields as JSON)"
+                )
+            if "config" in params:
+                p = params["config"]
+                if p.WhichOneof("parameter_choice") != "string_param":
+                    raise ProtocolError("parameters['config']: expected string_param (JSON)")
+                override = config_override(p.string_param, "parameters['config']")
+            await self.service.request_load(request.model_name, override)
+        except ProtocolError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except ModelControlError as exc:
+            await context.abort(CONTROL_CODES.get(exc.status, grpc.StatusCode.INTERNAL), str(exc))
+        return service_pb2.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        try:
+            await self.service.request_unload(request.model_name)
+        except ModelControlError as exc:
+            await context.abort(CONTROL_CODES.get(exc.status, grpc.StatusCode.INTERNAL), str(exc))
+        return service_pb2.RepositoryModelUnloadResponse()
 
     # -- inference -----------------------------------------------------------------------------
     async def ModelInfer(self, request: Any, context: Any) -> Any:
@@ -358,7 +399,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         try:
             sig = self._signature(name, request.model_version)
         except GrpcError as err:
-            self.metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
+            if err.code == grpc.StatusCode.UNAVAILABLE:  # loading
+                self.metrics.observe_request(name, "unavailable", None)
+            else:
+                self.metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
             await self._abort(context, err)
         t0 = time.perf_counter()
         outcome = "error"
@@ -386,6 +430,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             priority, deadline_in_s = request_class(req, metadata)
         except ProtocolError as exc:
             return GrpcError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)), "bad_request"
+        refusal = service.model_refusal(sig.name)  # no await from here to the submit
+        if refusal is not None:
+            return GrpcError(grpc.StatusCode.UNAVAILABLE, refusal), "unavailable"
         try:
             pending = service.driver.submit(
                 sig.name,

@@ -39,18 +39,25 @@ from evenserve.worker.kserve import (
     ProtocolError,
     encode_infer_response,
     error_body,
+    load_override,
     parse_header_length,
     parse_infer_request,
     request_class,
 )
-from evenserve.worker.service import WorkerService
+from evenserve.worker.service import LOADING, ModelControlError, WorkerService
 
 if TYPE_CHECKING:
     from evenserve.worker.grpc_api import GrpcServer
 
 #: Bodies larger than this are parsed and encoded off the event loop.
 OFFLOAD_BYTES = 256 * 1024
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "evenserve_load"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "statistics",
+    "model_configuration",
+    "model_repository",
+    "evenserve_load",
+]
 Endpoint = Callable[[Request], Awaitable[Response]]
 JSON = {"content-type": "application/json"}
 
@@ -101,6 +108,20 @@ def read_body(request: Request, limit: int) -> bytes:
     return out
 
 
+def _json_body(request: Request, limit: int) -> dict[str, Any] | None:
+    """An optional JSON object body (None when empty); ProtocolError otherwise."""
+    data = read_body(request, limit)
+    if not data.strip():
+        return None
+    try:
+        body = wire.parse_json(data)
+    except ValueError as exc:
+        raise ProtocolError(str(exc)) from None
+    if not isinstance(body, dict):
+        raise ProtocolError("body: expected a JSON object")
+    return body
+
+
 class WorkerApp:
     """The worker's HTTP handler (an ``httpio.serving.App``). With ``manage_lifecycle`` its
     startup starts the service's driver and its shutdown drains the queues and stops the
@@ -138,7 +159,7 @@ class WorkerApp:
         self._per_model: dict[str, Callable[[str], Response]] = {
             "": lambda name: _json(svc.model_metadata_json(name)),
             "config": lambda name: _json(svc.model_config_json(name)),
-            "ready": lambda name: Response(200 if svc.ready else 503),
+            "ready": lambda name: Response(200 if svc.model_ready(name) else 503),
             "stats": lambda name: _json({"model_stats": [svc.stats[name].json()]}),
         }
 
@@ -191,6 +212,11 @@ class WorkerApp:
             return await endpoint(request)
         if path in self._paths:
             return _error(f"method {request.method} not allowed on {path}", 405)
+        control = wire.split_repository_path(path)
+        if control is not None:
+            if request.method != "POST":
+                return _error(f"{path[:200]!r} takes POST", 405)
+            return await self.repository_control(request, *control)
         found = wire.split_model_path(path)
         if found is None:
             return _error(f"no such path: {path[:200]!r}", 404)
@@ -200,6 +226,10 @@ class WorkerApp:
             return _error(f"{path[:200]!r} takes {method}", 405)
         sig = self.service.signatures.get(name)
         if sig is None:
+            if self.service.model_state(name).state == LOADING:  # soon served: retry
+                if suffix == "infer":
+                    self.metrics.observe_request(name, "unavailable", None)
+                return _error(f"model {name!r} is loading", 503)
             if suffix == "infer":
                 self.metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
             return _error(
@@ -230,11 +260,36 @@ class WorkerApp:
         return _json({"model_stats": [s.json() for s in self.service.stats.values()]})
 
     async def repository_index(self, request: Request) -> Response:
+        """Triton's index: every model folder and model known, with its state; the body
+        ``{"ready": true}`` keeps the READY ones."""
+        ready_only = False
+        try:
+            body = _json_body(request, self.service.options.max_body_bytes)
+            if body is not None:
+                ready = body.get("ready", False)
+                if not isinstance(ready, bool):
+                    raise ProtocolError("ready: must be true or false")
+                ready_only = ready
+        except ProtocolError as exc:
+            return _error(str(exc), exc.status)
+        return _json(self.service.repository_index(ready_only))
+
+    async def repository_control(self, request: Request, name: str, action: str) -> Response:
+        """``POST /v2/repository/models/{m}/load`` (optional body ``{"parameters": {"config":
+        "<model.yaml fields as JSON>"}}``, the config as a string as Triton takes it, or as
+        an object) and ``.../unload``: 200 ``{}`` once done."""
         svc = self.service
-        state = "READY" if svc.ready else "UNAVAILABLE"
-        return _json(
-            [{"name": n, "version": s.version, "state": state} for n, s in svc.signatures.items()]
-        )
+        try:
+            body = _json_body(request, svc.options.max_body_bytes)
+            if action == "load":
+                await svc.request_load(name, load_override(body))
+            else:
+                await svc.request_unload(name)
+        except ProtocolError as exc:
+            return _error(str(exc), exc.status)
+        except ModelControlError as exc:
+            return _error(str(exc), exc.status)
+        return _json({})
 
     async def load(self, request: Request) -> Response:
         if not self.service.started:
@@ -276,6 +331,9 @@ class WorkerApp:
         except ProtocolError as exc:
             outcome = {413: "too_large"}.get(exc.status, "bad_request")
             return _error(str(exc), exc.status), outcome
+        refusal = service.model_refusal(name)  # no await from here to the submit
+        if refusal is not None:
+            return _error(refusal, 503), "unavailable"
         try:  # refused or draining at once, or while it waited; or its batch failed
             pending = service.driver.submit(
                 name, req.inputs, items=req.items, priority=priority, deadline_in_s=deadline_in_s

@@ -388,3 +388,37 @@ def encode_infer_response(
 
 def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
+
+
+def load_override(body: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A load request's config override: ``parameters.config``, a JSON string (Triton's
+    shape) or an object, of model.yaml fields; None when not given. ProtocolError naming the
+    field when malformed."""
+    if body is None:
+        return None
+    params = body.get("parameters")
+    if params is None:
+        return None
+    if not isinstance(params, dict):
+        raise ProtocolError("parameters: expected a JSON object")
+    unknown = sorted(k for k in params if k != "config")
+    if unknown:
+        raise ProtocolError(
+            f"parameters.{unknown[0]}: not supported (only parameters.config: model.yaml "
+            "fields as JSON)"
+        )
+    return config_override(params.get("config"), "parameters.config")
+
+
+def config_override(config: Any, where: str) -> dict[str, Any] | None:
+    """The override a load's ``config`` parameter holds (a JSON string or an object)."""
+    if config is None:
+        return None
+    if isinstance(config, str):
+        try:
+            config = wire.parse_json(config.encode(), where)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
+    if not isinstance(config, dict):
+        raise ProtocolError(f"{where}: expected a JSON object of model.yaml fields")
+    return config

@@ -250,16 +250,21 @@ def load_model(
     directory: Path, check_profile: bool = True, override: Mapping[str, Any] | None = None
 ) -> ModelEntry:
     """Read and validate ``directory/model.yaml`` (and its ``profile``, if ``check_profile``),
-    or a Triton folder's ``config.pbtxt`` (``override``: Triton's config JSON replacing it)."""
+    or a Triton folder's ``config.pbtxt``. ``override`` (a load request's config): for a
+    model.yaml folder, model.yaml fields replacing the file's top-level ones; for a Triton
+    folder, Triton's config JSON replacing config.pbtxt. Validated the same way; its errors
+    name the field."""
     if triton_config.is_triton_folder(directory, MODEL_FILE):
         return _load_triton(directory, override)
     source = directory / MODEL_FILE
-    if override is not None:
-        raise ConfigError(f"{source}: override: only config.pbtxt folders take one here")
     raw = read_yaml(source, f"{directory}: no {MODEL_FILE} in this model folder")
+    where = str(source)
+    if override is not None and isinstance(raw, dict):
+        raw = {**raw, **override}
+        where = f"{source} with the load's config override"
     if isinstance(raw, dict):
         raw.setdefault("name", directory.name)
-    cfg = validate_document(ModelConfig, raw, str(source))
+    cfg = validate_document(ModelConfig, raw, where)
     if cfg.name != directory.name:
         raise ConfigError(
             f"{source}: name: {cfg.name!r} differs from its folder {directory.name!r}"
@@ -272,6 +277,14 @@ def load_model(
     if check_profile:
         entry.latency_profile()
     return entry
+
+
+def model_folders(repo: Path) -> list[Path]:
+    """The model folders of ``repo`` in name order (folders starting with '.' or '_' are
+    skipped); ConfigError when ``repo`` is not a folder."""
+    if not repo.is_dir():
+        raise ConfigError(f"--repo: not a folder: {repo}")
+    return sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 
 
 def _load_triton(directory: Path, override: Mapping[str, Any] | None) -> ModelEntry:
@@ -291,12 +304,8 @@ def load_repository(
     repo: Path, only: list[str] | None = None, check_profiles: bool = True
 ) -> list[ModelEntry]:
     """Every model folder of ``repo`` (folders starting with '.' or '_' are skipped)."""
-    if not repo.is_dir():
-        raise ConfigError(f"--repo: not a folder: {repo}")
     models = [
-        load_model(d, check_profiles)
-        for d in sorted(p for p in repo.iterdir() if p.is_dir())
-        if not d.name.startswith((".", "_")) and (only is None or d.name in only)
+        load_model(d, check_profiles) for d in model_folders(repo) if only is None or d.name in only
     ]
     if only is not None:
         missing = sorted(set(only) - {m.name for m in models})

@@ -8,19 +8,23 @@ and ``stop`` shut it down gracefully. The HTTP layer (``http_api``) only talks t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import ctypes
+import gc
 import json
 import logging
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from evenserve.core import wire
 from evenserve.core.clock import Clock, RealClock
-from evenserve.core.errors import ConfigError
+from evenserve.core.errors import ConfigError, EvenserveError
 from evenserve.core.load import LoadReport
 from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import LatencyProfile
@@ -31,14 +35,15 @@ from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
-from evenserve.runtime.torch_common import cuda_memory_bytes
+from evenserve.runtime.torch_common import cuda_memory_bytes, release_cuda_cache
 from evenserve.sched import ModelSetup
 from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.executor import ThreadedExecutor
 from evenserve.worker.kserve import ModelSignature
-from evenserve.worker.repository import ModelEntry
+from evenserve.worker.repository import MODEL_FILE, ModelEntry, load_model, model_folders
 from evenserve.worker.stats import ModelStats
 from evenserve.worker.timer import RealTimer
+from evenserve.worker.triton_config import TRITON_FILE
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,89 @@ class WorkerOptions:
     utilization_window_s: float = 1.0
     cpu_threads: int | None = None
     drain_timeout_s: float = 30.0
+    #: Model control (Triton's ``--model-control-mode``): ``none``, the models given are
+    #: served for the worker's life; ``explicit``, the repository extension's load and unload
+    #: requests change them; ``poll``, the repository is rescanned every
+    #: ``repository_poll_s`` (new folders load, removed ones unload, a changed model.yaml
+    #: reloads).
+    model_control: Literal["none", "explicit", "poll"] = "none"
+    #: The model repository (model control loads from it; the index lists its folders).
+    repository: Path | None = None
+    repository_poll_s: float = 5.0
+
+
+#: Model states (Triton's repository index).
+READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
+
+
+@dataclass(frozen=True)
+class ModelState:
+    state: str
+    #: Why it is UNAVAILABLE (``unloaded``, ``not loaded``, ``load failed: ...``).
+    reason: str | None = None
+    version: str | None = None
+
+    def json(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": name}
+        if self.version is not None:
+            out["version"] = self.version
+        out["state"] = self.state
+        if self.reason is not None:
+            out["reason"] = self.reason
+        return out
+
+
+class ModelControlError(EvenserveError):
+    """A load or unload request that cannot be done; ``status`` is its HTTP status (400 bad
+    request or config, 404 no such model folder, 503 shutting down, 500 the load failed)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def trim_memory() -> bool:
+    """Give freed heap memory back to the OS (glibc's ``malloc_trim(0)``); False where there
+    is no glibc (other platforms, musl)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
+def _release(runtime: Runtime) -> None:
+    """Close an unloaded model's runtime and collect what it held (runs in a thread)."""
+    runtime.close()
+    del runtime
+    gc.collect()
+    release_cuda_cache()
+    trim_memory()
+
+
+def _config_file(directory: Path) -> Path:
+    """A model folder's config: model.yaml, else a Triton folder's config.pbtxt."""
+    own = directory / MODEL_FILE
+    return own if own.exists() else directory / TRITON_FILE
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+@dataclass
+class _Built:
+    """A model's runtime (loaded or not) with its policy, spec and profile."""
+
+    runtime: Runtime
+    policy: Any
+    spec: Any
+    profile: LatencyProfile | None
 
 
 class _Telemetry(DriverObserver):
@@ -87,9 +175,10 @@ class _Telemetry(DriverObserver):
     def batch_finished(self, batch: RunningBatch, result: BatchResult, now_s: float) -> None:
         for o in self.extra:
             o.batch_finished(batch, result, now_s)
-        if result.error is None:
+        stats = self.stats.get(batch.model)
+        if result.error is None and stats is not None:
             self.metrics.observe_compute(batch.model, result.compute_s)
-            self.stats[batch.model].record_batch(
+            stats.record_batch(
                 batch.items,
                 len(batch.requests),
                 [batch.started_s - r.arrival_s for r in batch.requests],
@@ -103,45 +192,38 @@ class WorkerService:
     def __init__(
         self, entries: Sequence[ModelEntry], options: WorkerOptions, clock: Clock | None = None
     ) -> None:
-        if not entries:
-            raise ConfigError("a worker needs at least one model")
-        self.entries = {e.name: e for e in entries}
-        for e in entries:
-            for note in e.notes:
-                log.warning("model %r: %s: %s", e.name, e.source, note)
+        if not entries and options.model_control == "none":
+            raise ConfigError("a worker needs at least one model (or --model-control explicit)")
+        if options.model_control != "none" and options.repository is None:
+            raise ConfigError(f"model control {options.model_control!r} needs the repository")
         self.options = options
         self.device = options.device
         self.clock: Clock = clock or RealClock()
         self.ready = False
         self.draining = False
-        self.signatures = {
-            e.name: ModelSignature(
-                e.name, e.config.version, e.inputs, e.outputs, e.config.max_batch_size
-            )
-            for e in entries
-        }
+        # The models served (READY or UNLOADING), with what serving them takes.
+        self.entries: dict[str, ModelEntry] = {}
+        self.signatures: dict[str, ModelSignature] = {}
         self.runtimes: dict[str, Runtime] = {}
+        self.policies: dict[str, Any] = {}
+        self.batching_specs: dict[str, Any] = {}
+        self.profiles: dict[str, LatencyProfile | None] = {}
+        self.stats: dict[str, ModelStats] = {}
+        self.descriptions: dict[str, dict[str, Any]] = {}
+        #: Every model's state (the index); folders never loaded are absent.
+        self.states: dict[str, ModelState] = {}
+        #: model.yaml's mtime when each model was last (tried to be) loaded (poll mode).
+        self._mtimes: dict[str, int | None] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
         # Emulated models share one device when batches run at once (they slow each other).
         run = options.run
-        shared = EmulatedDevice(run.interference) if run.instances > 1 else None
+        self._shared = EmulatedDevice(run.interference) if run.instances > 1 else None
         for e in entries:
-            try:
-                self.runtimes[e.name] = e.create_runtime(
-                    options.device,
-                    cpu_threads=options.cpu_threads,
-                    profiles_dir=options.profiles_dir,
-                    emulated_device=shared,
-                )
-            except ConfigError as exc:
-                raise ConfigError(f"{e.source}: {exc}") from exc
-        self.policies = {e.name: e.build_policy(options.batching_override) for e in entries}
-        self.batching_specs = {e.name: e.batching_spec(options.batching_override) for e in entries}
-        # A model without a profile file of its own has its emulated runtime's, if any.
-        self.profiles: dict[str, LatencyProfile | None] = {
-            e.name: e.latency_profile() or getattr(self.runtimes[e.name], "profile", None)
-            for e in entries
-        }
-        self.stats = {e.name: ModelStats(e.name, e.config.version) for e in entries}
+            if e.name in self.entries:
+                raise ConfigError(f"model {e.name!r} is given twice")
+            self._register(e, self._build(e))
+            self.states[e.name] = ModelState(LOADING, version=e.config.version)
+            self._mtimes[e.name] = _mtime(e.source)
         self.nvml = (
             NvmlSampler.open(options.device.index or 0) if options.device.kind == "cuda" else None
         )
@@ -152,9 +234,66 @@ class WorkerService:
         self._driver: BatchDriver | None = None
         self._executor: ThreadedExecutor | None = None
         self._memory_cache: tuple[float, float | None, float | None] = (-math.inf, None, None)
-        self.descriptions: dict[str, dict[str, Any]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
         self._saved_switch_interval: float | None = None
+        self._poller: asyncio.Task[None] | None = None
+
+    def _build(self, e: ModelEntry) -> _Built:
+        """The runtime (not loaded), policy and profile of one model (ConfigError naming its
+        file)."""
+        try:
+            rt = e.create_runtime(
+                self.options.device,
+                cpu_threads=self.options.cpu_threads,
+                profiles_dir=self.options.profiles_dir,
+                emulated_device=self._shared,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{e.source}: {exc}") from exc
+        override = self.options.batching_override
+        # A model without a profile file of its own has its emulated runtime's, if any.
+        profile = e.latency_profile() or getattr(rt, "profile", None)
+        return _Built(rt, e.build_policy(override), e.batching_spec(override), profile)
+
+    def _register(self, e: ModelEntry, b: _Built) -> None:
+        n = e.name
+        for note in e.notes:  # what its config sets that evenserve ignores
+            log.warning("model %r: %s: %s", n, e.source, note)
+        self.entries[n] = e
+        self.signatures[n] = ModelSignature(
+            n, e.config.version, e.inputs, e.outputs, e.config.max_batch_size
+        )
+        self.runtimes[n] = b.runtime
+        self.policies[n] = b.policy
+        self.batching_specs[n] = b.spec
+        self.profiles[n] = b.profile
+        self.stats[n] = ModelStats(n, e.config.version)
+
+    def _unregister(self, n: str) -> Runtime:
+        for d in (
+            self.entries,
+            self.signatures,
+            self.policies,
+            self.batching_specs,
+            self.profiles,
+            self.stats,
+            self.descriptions,
+        ):
+            d.pop(n, None)
+        return self.runtimes.pop(n)
+
+    def _setup(self, n: str) -> ModelSetup:
+        e = self.entries[n]
+        return ModelSetup(
+            name=n,
+            policy=self.policies[n],
+            profile=self.profiles[n],
+            max_batch_size=e.config.max_batch_size,
+            max_queue=e.config.max_queue_size or self.options.queue.max_queue_per_model,
+            priority=e.config.priority_value,
+            deadline_s=e.config.deadline_s,
+            slo_s=e.config.slo_s,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
     def load(self) -> None:
@@ -166,33 +305,27 @@ class WorkerService:
                 raise ConfigError(f"{self.entries[name].source}: {exc}") from exc
             self.descriptions[name] = rt.describe()
 
-    async def start(self) -> None:
-        """Create the driver on the running loop; the worker is ready afterwards."""
-        self.loop = asyncio.get_running_loop()
-        if any(isinstance(rt, EmulatedRuntime) for rt in self.runtimes.values()):
+    def _emulated_switch_interval(self) -> None:
+        if self._saved_switch_interval is None and any(
+            isinstance(rt, EmulatedRuntime) for rt in self.runtimes.values()
+        ):
             # An emulated batch ends when its device thread wakes up, which needs the GIL;
             # with CPython's default 5 ms switch interval a busy HTTP thread delays that by
             # up to 5 ms and inflates millisecond batches. A shorter interval bounds it.
             self._saved_switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(EMULATED_SWITCH_INTERVAL_S)
+
+    async def start(self) -> None:
+        """Create the driver on the running loop; the worker is ready afterwards (with poll
+        model control, the repository poller starts too)."""
+        self.loop = asyncio.get_running_loop()
+        self._emulated_switch_interval()
         self._executor = ThreadedExecutor(
             self.runtimes,
             {n: [s.name for s in e.inputs] for n, e in self.entries.items()},
             instances=self.options.run.instances,
         )
-        models = [
-            ModelSetup(
-                name=n,
-                policy=self.policies[n],
-                profile=self.profiles[n],
-                max_batch_size=e.config.max_batch_size,
-                max_queue=e.config.max_queue_size or self.options.queue.max_queue_per_model,
-                priority=e.config.priority_value,
-                deadline_s=e.config.deadline_s,
-                slo_s=e.config.slo_s,
-            )
-            for n, e in self.entries.items()
-        ]
+        models = [self._setup(n) for n in self.entries]
         emulated = self.device.kind == "emulated"
         self._driver = BatchDriver(
             models,
@@ -207,14 +340,19 @@ class WorkerService:
             memory_total_bytes=self.options.run.memory_gb * GIB if emulated else None,
             memory_probe=None if emulated else self.memory_bytes,
         )
+        for n, e in self.entries.items():
+            self.states[n] = ModelState(READY, version=e.config.version)
         self.ready = True
+        if self.options.model_control == "poll":
+            self._poller = asyncio.ensure_future(self._poll_forever())
 
     def count_infer(self, model: str, outcome: str, elapsed_s: float) -> None:
         """One inference request answered (HTTP or gRPC): its metrics, and the model's
         statistics unless it never reached the model or was cancelled."""
         self.metrics.observe_request(model, outcome, elapsed_s)
-        if outcome not in ("not_found", "cancelled"):
-            self.stats[model].record_request(outcome == "success", elapsed_s)
+        stats = self.stats.get(model)  # None: unloaded since
+        if outcome not in ("not_found", "cancelled") and stats is not None:
+            stats.record_request(outcome == "success", elapsed_s)
 
     def add_observer(self, observer: DriverObserver) -> None:
         """Also tell ``observer`` about every batch (e.g. a trace recorder)."""
@@ -244,17 +382,247 @@ class WorkerService:
 
     async def stop(self) -> None:
         self.begin_drain()
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
         if self._driver is not None:
             await self._driver.drain(self.options.drain_timeout_s)
         if self._executor is not None:
             await asyncio.to_thread(self._executor.shutdown)
-        for rt in self.runtimes.values():
+        for rt in list(self.runtimes.values()):
             rt.close()
         if self.nvml is not None:
             self.nvml.close()
         if self._saved_switch_interval is not None:
             sys.setswitchinterval(self._saved_switch_interval)
             self._saved_switch_interval = None
+
+    # -- model control -------------------------------------------------------------------------
+    def model_state(self, name: str) -> ModelState:
+        st = self.states.get(name)
+        return st if st is not None else ModelState(UNAVAILABLE, "not loaded")
+
+    def model_ready(self, name: str) -> bool:
+        return self.ready and self.model_state(name).state == READY
+
+    def model_refusal(self, name: str) -> str | None:
+        """Why a new inference request for ``name`` is refused now (503), None when it may be
+        queued. Checked right before it is submitted (no await between)."""
+        if self.draining or not self.ready:
+            return "the worker is not ready (loading or shutting down)"
+        st = self.model_state(name)
+        if st.state == READY:
+            return None
+        if st.state == UNLOADING:
+            return f"model {name!r} is unloading"
+        if st.state == LOADING:
+            return f"model {name!r} is loading"
+        return f"model {name!r} is not loaded ({st.reason})"
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """Every model folder of the repository and every model known, with its state."""
+        names = set(self.states)
+        repo = self.options.repository
+        if repo is not None:
+            with contextlib.suppress(ConfigError, OSError):
+                names.update(d.name for d in model_folders(repo))
+        out = []
+        for n in sorted(names):
+            st = self.model_state(n)
+            if ready_only and not (st.state == READY and self.ready):
+                continue
+            out.append(st.json(n))
+        return out
+
+    def _check_control(self, action: str) -> None:
+        mode = self.options.model_control
+        if mode == "none":
+            raise ModelControlError("model control is disabled (--model-control none)", 400)
+        if mode == "poll":
+            raise ModelControlError(
+                f"explicit model {action} is not allowed while the repository is polled "
+                "(--model-control poll)",
+                400,
+            )
+
+    async def request_load(self, name: str, override: Mapping[str, Any] | None = None) -> None:
+        """A load request of the repository extension (explicit model control only)."""
+        self._check_control("load")
+        await self.load_model(name, override)
+
+    async def request_unload(self, name: str) -> None:
+        """An unload request of the repository extension (explicit model control only)."""
+        self._check_control("unload")
+        await self.unload_model(name)
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        lock = self._locks.get(name)
+        if lock is None:
+            lock = self._locks[name] = asyncio.Lock()
+        return lock
+
+    def _folder(self, name: str) -> Path:
+        repo = self.options.repository
+        if repo is None:
+            raise ModelControlError("this worker has no model repository to load from", 400)
+        if not wire.is_safe_name(name) or name.startswith((".", "_")):
+            raise ModelControlError(f"model {name!r}: not a model folder name", 400)
+        d = repo / name
+        if not d.is_dir():
+            raise ModelControlError(f"no model folder {name!r} in {repo}", 404)
+        return d
+
+    def _check_running(self) -> None:
+        if self.draining:
+            raise ModelControlError("the worker is shutting down", 503)
+        if self._driver is None or self._executor is None:
+            raise ModelControlError("the worker has not started yet", 503)
+
+    async def load_model(self, name: str, override: Mapping[str, Any] | None = None) -> None:
+        """Load (or reload) model ``name`` from its repository folder; ``override``: model.yaml
+        fields replacing the file's top-level ones. The model is LOADING meanwhile, READY
+        after. A model already loaded is reloaded: the new config is validated first (a bad
+        one leaves the old model serving), then the old one is unloaded (drained: no request
+        lost) and the new one loaded. ModelControlError with the status otherwise."""
+        self._check_running()
+        directory = self._folder(name)
+        async with self._lock(name):
+            self._check_running()
+            try:
+                entry = await asyncio.to_thread(load_model, directory, True, override)
+            except ConfigError as exc:
+                self.metrics.observe_load(name, "failure")
+                if name not in self.entries:
+                    self.states[name] = ModelState(UNAVAILABLE, f"load failed: {exc}")
+                raise ModelControlError(str(exc), 400) from exc
+            if name in self.entries:
+                await self._unload(name)  # reload: unload, then load the new config
+            self.states[name] = ModelState(LOADING, version=entry.config.version)
+            self._mtimes[name] = _mtime(entry.source)
+            try:
+                built, description = await asyncio.to_thread(self._build_and_load, entry)
+            except Exception as exc:
+                self.metrics.observe_load(name, "failure")
+                self.states[name] = ModelState(UNAVAILABLE, f"load failed: {exc}")
+                status = 400 if isinstance(exc, ConfigError) else 500
+                text = str(exc) if status == 400 else f"{type(exc).__name__}: {exc}"
+                raise ModelControlError(f"model {name!r}: load failed: {text}", status) from exc
+            if self.draining:  # shut down while it loaded
+                await asyncio.to_thread(_release, built.runtime)
+                self.states[name] = ModelState(UNAVAILABLE, "unloaded")
+                raise ModelControlError("the worker is shutting down", 503)
+            self._install(entry, built, description)
+            self.metrics.observe_load(name, "success")
+            self.states[name] = ModelState(READY, version=entry.config.version)
+            log.info("model %s loaded", name)
+
+    def _build_and_load(self, entry: ModelEntry) -> tuple[_Built, dict[str, Any]]:
+        """Build and load a model's runtime (runs in a thread)."""
+        built = self._build(entry)
+        try:
+            built.runtime.load()
+        except ConfigError as exc:
+            built.runtime.close()
+            raise ConfigError(f"{entry.source}: {exc}") from exc
+        except BaseException:
+            built.runtime.close()
+            raise
+        return built, built.runtime.describe()
+
+    def _install(self, entry: ModelEntry, built: _Built, description: dict[str, Any]) -> None:
+        """A loaded model joins the executor, the scheduler, signatures, stats and metrics."""
+        assert self._executor is not None and self._driver is not None
+        n = entry.name
+        self._register(entry, built)
+        self.descriptions[n] = description
+        self._executor.add(n, built.runtime, [s.name for s in entry.inputs])
+        self._driver.add_model(self._setup(n))
+        self.metrics.add_model(n)
+        self._emulated_switch_interval()
+
+    async def unload_model(self, name: str) -> None:
+        """Unload a READY model: UNLOADING at once (new requests for it are refused with 503),
+        its queued and running requests finish (queued ones still waiting after the drain
+        timeout are refused with 503), then it leaves the scheduler and the executor, its
+        runtime is closed and the memory given back; UNAVAILABLE (``unloaded``) after."""
+        self._check_running()
+        async with self._lock(name):
+            self._check_running()
+            st = self.model_state(name)
+            if name not in self.entries or st.state != READY:
+                raise ModelControlError(
+                    f"model {name!r} is not loaded (state {st.state}"
+                    + (f": {st.reason}" if st.reason else "")
+                    + ")",
+                    400,
+                )
+            await self._unload(name)
+
+    async def _unload(self, name: str) -> None:
+        assert self._executor is not None and self._driver is not None
+        version = self.entries[name].config.version
+        self.states[name] = ModelState(UNLOADING, version=version)
+        dropped = await self._driver.drain_model(name, self.options.drain_timeout_s)
+        if dropped:
+            log.warning(
+                "model %s: %d queued request(s) refused at the unload timeout", name, dropped
+            )
+        self._driver.remove_model(name)
+        self._executor.remove(name)
+        runtime = self._unregister(name)
+        self._mtimes.pop(name, None)
+        await asyncio.to_thread(_release, runtime)
+        del runtime
+        self.metrics.observe_unload(name)
+        self.states[name] = ModelState(UNAVAILABLE, "unloaded", version)
+        log.info("model %s unloaded", name)
+
+    async def poll_repository(self) -> list[tuple[str, str]]:
+        """One rescan of the repository (poll model control): load new folders, unload the
+        models whose folder is gone, reload those whose model.yaml (or config.pbtxt) changed.
+        A folder whose load failed is tried again once its config changes. Returns what it did:
+        (model, ``load`` | ``reload`` | ``unload`` | ``load failed``)."""
+        repo = self.options.repository
+        assert repo is not None
+        done: list[tuple[str, str]] = []
+        try:
+            folders = {d.name: d for d in model_folders(repo)}
+        except ConfigError as exc:
+            log.warning("repository poll: %s", exc)
+            return done
+        for name, d in folders.items():
+            mtime = _mtime(_config_file(d))
+            loaded = name in self.entries
+            if name in self._mtimes and self._mtimes[name] == mtime:
+                continue
+            if not loaded and self.states.get(name, ModelState(UNAVAILABLE)).state != UNAVAILABLE:
+                continue  # loading or unloading: the next poll looks again
+            self._mtimes[name] = mtime
+            try:
+                await self.load_model(name)
+                done.append((name, "reload" if loaded else "load"))
+            except ModelControlError as exc:
+                log.warning("repository poll: %s", exc)
+                done.append((name, "load failed"))
+        for name in [n for n in self.entries if n not in folders]:
+            try:
+                await self.unload_model(name)
+                done.append((name, "unload"))
+            except ModelControlError as exc:
+                log.warning("repository poll: %s", exc)
+        return done
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.repository_poll_s)
+            if self.draining:
+                return
+            try:
+                await self.poll_repository()
+            except Exception:  # a poll must never end the poller
+                log.exception("repository poll failed")
 
     # -- signals -----------------------------------------------------------------------------
     def memory_bytes(self) -> tuple[float | None, float | None]:
@@ -294,24 +662,31 @@ class WorkerService:
         )
 
     def load_report(self) -> LoadReport:
+        """The load report; its per-model figures list only READY models (the ones a router
+        may send work to: not those loading or unloading). The device's totals count all."""
         d = self.driver
         now = self.clock.now()
         used, total = self.memory_bytes()
+        routable = {n for n, st in self.states.items() if st.state == READY}
+
+        def ready_only(by_model: Mapping[str, Any]) -> dict[str, Any]:
+            return {m: v for m, v in by_model.items() if m in routable}
+
         return LoadReport(
             timestamp_s=time.time(),
             device=self.device.name,
             queue_depth=d.sched.waiting,
             in_flight=d.sched.in_flight,
-            queued_by_model=d.sched.queued_by_model(),
-            in_flight_by_model=d.sched.in_flight_by_model(),
+            queued_by_model=ready_only(d.sched.queued_by_model()),
+            in_flight_by_model=ready_only(d.sched.in_flight_by_model()),
             utilization=d.sched.busy.fraction(now),
             utilization_window_s=self.options.utilization_window_s,
             memory_used_bytes=used,
             memory_total_bytes=total,
             busy_remaining_s=d.sched.busy_remaining_s(now),
-            max_batch_size_by_model=d.sched.max_batch_size,
-            slo_ms_by_model={m: s * 1000.0 for m, s in d.sched.slo_s.items()},
-            max_queue_by_model=d.sched.max_queue,
+            max_batch_size_by_model=ready_only(d.sched.max_batch_size),
+            slo_ms_by_model={m: s * 1000.0 for m, s in ready_only(d.sched.slo_s).items()},
+            max_queue_by_model=ready_only(d.sched.max_queue),
             ready=self.ready,
         )
 

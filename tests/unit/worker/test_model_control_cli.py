@@ -1,0 +1,96 @@
+"""``evenserve worker --model-control / --load-model / --repository-poll-secs``: the startup
+set each mode loads, and clear errors naming the flag."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from evenserve.cli.worker_cmd import worker
+from evenserve.worker.service import WorkerService
+
+EM = {
+    "runtime": "emulated",
+    "max_batch_size": 4,
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
+    "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
+    "emulated": {"profile": "profile.yaml"},
+}
+PROFILE = {
+    "model": "m",
+    "device": "test device (synthetic)",
+    "runtime": "emulated",
+    "precision": "fp32",
+    "source": "Synthetic figures for tests (not a measurement).",
+    "points": [{"batch": 1, "latency_ms": 1.0}, {"batch": 4, "latency_ms": 2.0}],
+}
+
+
+def _repo(tmp_path: Path, names: tuple[str, ...] = ("a", "b")) -> Path:
+    for n in names:
+        d = tmp_path / "repo" / n
+        d.mkdir(parents=True)
+        (d / "model.yaml").write_text(yaml.safe_dump(EM))
+        (d / "profile.yaml").write_text(yaml.safe_dump({**PROFILE, "model": n}))
+    return tmp_path / "repo"
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[WorkerService]:
+    """The services the command would serve (the server is not run)."""
+    out: list[WorkerService] = []
+
+    class _Server:
+        def run(self) -> None:
+            return None
+
+    def make_server(service: WorkerService, sock: Any, **kw: Any) -> _Server:
+        out.append(service)
+        sock.close()
+        return _Server()
+
+    monkeypatch.setattr("evenserve.worker.server.make_server", make_server)
+    return out
+
+
+def test_explicit_loads_only_the_startup_set(tmp_path: Path, served: list[WorkerService]) -> None:
+    repo = _repo(tmp_path)
+    worker(repo=repo, port=0, model_control="explicit", load_model=["b"])
+    (svc,) = served
+    assert list(svc.entries) == ["b"]
+    assert svc.options.model_control == "explicit" and svc.options.repository == repo
+    worker(repo=repo, port=0, model_control="explicit", models="a")  # --models: the same
+    assert list(served[1].entries) == ["a"]
+    worker(repo=repo, port=0, model_control="explicit")  # nothing until a load
+    assert list(served[2].entries) == []
+
+
+def test_none_and_poll_load_every_folder(tmp_path: Path, served: list[WorkerService]) -> None:
+    repo = _repo(tmp_path)
+    worker(repo=repo, port=0)
+    worker(repo=repo, port=0, model_control="poll", repository_poll_secs=2.5)
+    assert [list(s.entries) for s in served] == [["a", "b"], ["a", "b"]]
+    assert served[1].options.repository_poll_s == 2.5
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"model_control": "sometimes"}, "--model-control: 'sometimes' is not none, explicit"),
+        ({"load_model": ["a"]}, "--load-model: needs --model-control explicit"),
+        ({"model_control": "poll", "models": "a"}, "--models: not with --model-control poll"),
+        ({"model_control": "poll", "repository_poll_secs": 0}, "--repository-poll-secs: must"),
+        ({"model_control": "explicit", "load_model": ["zz"]}, "--load-model: no model folder 'zz'"),
+    ],
+)
+def test_bad_flags_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kw: dict[str, Any], message: str
+) -> None:
+    repo = _repo(tmp_path)
+    with pytest.raises(typer.Exit):
+        worker(repo=repo, port=0, **kw)
+    assert message in capsys.readouterr().err
