@@ -69,10 +69,18 @@ class BadIndex(ValueError):
     """A repository index answer that is not a list of ``{name, state}`` objects."""
 
 
+#: Reasons an UNAVAILABLE entry gives when the model is simply not loaded there (Triton's
+#: ``unloaded``; an evenserve worker's ``not loaded`` and ``unloaded``): the backend does not
+#: host it, so the gateway answers 404 for it as the backend itself does, not 503.
+NOT_LOADED_REASONS = frozenset({"unloaded", "not loaded"})
+
+
 def parse_index(body: bytes) -> dict[str, str]:
     """A repository index answer as model -> state (the best over its versions; a state
     Triton does not name counts as UNAVAILABLE; entries with an unroutable name are
-    skipped). BadIndex for an answer that is not such a list."""
+    skipped, and so are models that are not loaded: no state at all, as Triton lists a
+    folder never loaded, or UNAVAILABLE for a reason in ``NOT_LOADED_REASONS``). BadIndex
+    for an answer that is not such a list."""
     try:
         doc = wire.parse_json(body, "index")
     except ValueError as exc:
@@ -88,6 +96,13 @@ def parse_index(body: bytes) -> dict[str, str]:
             continue
         state = entry.get("state")
         state = state.upper() if isinstance(state, str) else ""
+        reason = entry.get("reason")
+        if not state or (
+            state == "UNAVAILABLE"
+            and isinstance(reason, str)
+            and reason.strip().lower() in NOT_LOADED_REASONS
+        ):
+            continue
         found.setdefault(name, []).append(state if state in STATES else "UNAVAILABLE")
     return {m: best_state(states) for m, states in found.items()}
 

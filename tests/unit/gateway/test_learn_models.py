@@ -210,8 +210,12 @@ def test_parse_index_takes_each_models_best_state() -> None:
             {"name": "a", "version": "2", "state": "READY"},
             {"name": "b", "state": "loading"},
             {"name": "c", "state": "SOMETHING"},
-            {"name": "d"},
+            {"name": "d", "state": "UNAVAILABLE", "reason": "load failed: bad file"},
             {"name": "../x", "state": "READY"},
+            # Not loaded there: not hosted (404 through the gateway, as on the backend).
+            {"name": "never"},
+            {"name": "gone", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"},
+            {"name": "idle", "state": "UNAVAILABLE", "reason": "not loaded"},
         ]
     ).encode()
     assert parse_index(body) == {
