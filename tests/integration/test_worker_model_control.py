@@ -21,12 +21,11 @@ import pytest
 import yaml
 
 from evenserve.core.wire import LOAD_PATH, REPOSITORY_INDEX_PATH, repository_path
-from evenserve.httpio.server import Request
 from evenserve.runtime.device import parse_device
-from evenserve.worker.http_api import create_app
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
 from evenserve.worker.service import WorkerOptions, WorkerService
+from tests.app_client import worker_client
 
 from .worker_repo import MODELS, PROFILE, metric_samples, write_repo
 
@@ -79,22 +78,7 @@ def _service(
 
 
 def _client(service: WorkerService) -> httpx.AsyncClient:
-    app = create_app(service, manage_lifecycle=False)
-
-    async def handler(r: httpx.Request) -> httpx.Response:
-        req = Request(
-            r.method,
-            r.url.raw_path.split(b"?")[0].decode(),
-            r.url.query.decode(),
-            {k.lower(): v for k, v in r.headers.items()},
-            await r.aread(),
-        )
-        resp = await app(req)
-        return httpx.Response(resp.status, content=resp.body, headers=resp.headers or {})
-
-    return httpx.AsyncClient(
-        transport=httpx.MockTransport(handler), base_url="http://worker", timeout=60
-    )
+    return worker_client(service, timeout=60)
 
 
 async def _started(service: WorkerService) -> WorkerService:

@@ -14,11 +14,10 @@ import yaml
 
 from evenserve.core.options import QueueOptions
 from evenserve.core.wire import LOAD_PATH
-from evenserve.httpio.server import Request
 from evenserve.runtime.device import parse_device
-from evenserve.worker.http_api import create_app
 from evenserve.worker.repository import load_model, load_repository
 from evenserve.worker.service import WorkerOptions, WorkerService
+from tests.app_client import worker_client
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "models" / "tiny"
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
@@ -32,20 +31,7 @@ def _service() -> WorkerService:
 
 
 def _client(service: WorkerService) -> httpx.AsyncClient:
-    app = create_app(service, manage_lifecycle=False)
-
-    async def handler(r: httpx.Request) -> httpx.Response:
-        req = Request(
-            r.method,
-            r.url.raw_path.split(b"?")[0].decode(),
-            r.url.query.decode(),
-            {k.lower(): v for k, v in r.headers.items()},
-            await r.aread(),
-        )
-        resp = await app(req)
-        return httpx.Response(resp.status, content=resp.body, headers=resp.headers or {})
-
-    return httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://worker")
+    return worker_client(service)
 
 
 async def test_not_started_then_ready_then_draining() -> None:
