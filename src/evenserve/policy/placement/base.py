@@ -1,0 +1,190 @@
+"""Placement: which models are resident on which device, and how many replicas they get.
+
+A placement policy is pure, like routing and batching policies: it reads a ``ClusterView``
+(per-model demand, sizes and load costs; per-device memory, residents and their recent use)
+and returns actions (``Load``, ``Unload``) that its driver carries out: the simulator's
+cluster on its event heap, the live controller through the workers' model-control API. The
+driver reports back through the next view (a load in progress is ``LOADING`` until the
+driver says it is done), so a policy never assumes an action has taken effect.
+
+Pools (the articles' hot / warm / cold):
+- *hot*: resident on a device (``READY``, or ``LOADING`` there);
+- *warm*: in host memory (``ClusterView.warm``): swapping it in costs ``warm_load_s``;
+- *cold*: on disk: ``cold_load_s`` (disk -> host -> device).
+
+The two questions a policy answers:
+- ``on_miss(model, view)``: a request came for a model no active device has hot. Return the
+  actions that make it resident on one device: a ``Load``, preceded by the ``Unload``s that
+  free the memory it needs (never a model with outstanding requests there). ``[]``: it cannot
+  be placed now (the request is refused with 503 and Retry-After, never dropped silently).
+- ``rebalance(view)``: asked every ``interval_s`` by the driver: replicas for hot models,
+  evictions of idle ones, pre-loads. Hysteresis (so that nothing flaps) is the policy's.
+
+Every action list must keep each device within its memory (``check_actions``: the drivers
+and the property tests apply it), and never both load and unload one model on one device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from evenserve.policy.registry import Registry
+
+READY = "READY"
+LOADING = "LOADING"
+UNLOADING = "UNLOADING"
+#: The states a model has on a device it is resident on (memory held in each of them).
+RESIDENT_STATES = (READY, LOADING, UNLOADING)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What placement needs to know of one model (from its profile and model.yaml)."""
+
+    name: str
+    #: Device memory it holds while resident (its weights).
+    weights_bytes: float
+    #: Seconds to make it resident from disk (disk -> host -> device), and from host memory.
+    cold_load_s: float
+    warm_load_s: float
+    #: Seconds of one batch at its usual size, and that size: a request's device cost is
+    #: about ``batch_s / max_batch_size`` (what a replica can serve: ``max_batch_size /
+    #: batch_s`` requests per second).
+    batch_s: float
+    max_batch_size: int = 1
+    slo_s: float | None = None
+
+    @property
+    def capacity_rps(self) -> float:
+        """Requests per second one replica serves when busy all the time."""
+        return self.max_batch_size / self.batch_s if self.batch_s > 0 else float("inf")
+
+
+@dataclass(slots=True)
+class DeviceView:
+    """One device as placement sees it. ``models``: resident model -> state (READY,
+    LOADING, UNLOADING: each holds its weights); ``last_used_s``: when a request for a
+    model was last sent here; ``outstanding``: its requests queued or running here now;
+    ``active``: powered on and taking work (autoscaling turns devices on and off)."""
+
+    name: str
+    memory_total_bytes: float
+    models: dict[str, str] = field(default_factory=dict)
+    last_used_s: dict[str, float] = field(default_factory=dict)
+    outstanding: dict[str, int] = field(default_factory=dict)
+    utilization: float = 0.0
+    active: bool = True
+
+    def used_bytes(self, models: Mapping[str, ModelInfo]) -> float:
+        return sum(models[m].weights_bytes for m in self.models)
+
+    def free_bytes(self, models: Mapping[str, ModelInfo]) -> float:
+        return max(0.0, self.memory_total_bytes - self.used_bytes(models))
+
+    def ready(self, model: str) -> bool:
+        return self.models.get(model) == READY
+
+
+@dataclass(slots=True)
+class ClusterView:
+    """The whole cluster at ``now_s``: models, devices, demand (requests per second per
+    model, the driver's smoothed estimate) and the warm pool (models held in host memory)."""
+
+    now_s: float
+    models: Mapping[str, ModelInfo]
+    devices: Sequence[DeviceView]
+    rate_rps: Mapping[str, float] = field(default_factory=dict)
+    warm: frozenset[str] = frozenset()
+
+    def device(self, name: str) -> DeviceView:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+    def hosts(self, model: str) -> list[DeviceView]:
+        """Active devices where ``model`` is READY or LOADING."""
+        return [d for d in self.devices if d.active and d.models.get(model) in (READY, LOADING)]
+
+    def load_s(self, model: str) -> float:
+        """Seconds to make ``model`` resident now (warm or cold)."""
+        info = self.models[model]
+        return info.warm_load_s if model in self.warm else info.cold_load_s
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    model: str
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    model: str
+    device: str
+
+
+Action = Load | Unload
+
+
+class PlacementError(ValueError):
+    """An action list a policy must not return (over memory, a conflict, an unknown name)."""
+
+
+def check_actions(view: ClusterView, actions: Iterable[Action]) -> None:
+    """Raise PlacementError unless ``actions``, applied in order to ``view``, keep every
+    device within its memory, load only models not resident there onto active devices,
+    unload only resident models without outstanding requests, and never both load and
+    unload one model on one device. (An unload frees its memory at once for this check: the
+    driver starts a load only once the unloads before it are done.)"""
+    models = view.models
+    resident = {d.name: dict(d.models) for d in view.devices}
+    by_name = {d.name: d for d in view.devices}
+    touched: dict[tuple[str, str], str] = {}
+    for a in actions:
+        d = by_name.get(a.device)
+        if d is None:
+            raise PlacementError(f"{a}: no device {a.device!r}")
+        if a.model not in models:
+            raise PlacementError(f"{a}: no model {a.model!r}")
+        key = (a.model, a.device)
+        kind = "load" if isinstance(a, Load) else "unload"
+        if touched.get(key, kind) != kind:
+            raise PlacementError(f"{a}: {a.model!r} both loaded and unloaded on {a.device!r}")
+        touched[key] = kind
+        here = resident[a.device]
+        if isinstance(a, Load):
+            if not d.active:
+                raise PlacementError(f"{a}: device {a.device!r} is not active")
+            if a.model in here:
+                raise PlacementError(f"{a}: {a.model!r} is already resident on {a.device!r}")
+            here[a.model] = LOADING
+            used = sum(models[m].weights_bytes for m in here)
+            if used > d.memory_total_bytes:
+                raise PlacementError(
+                    f"{a}: {used / 2**30:.2f} GiB over {a.device!r}'s "
+                    f"{d.memory_total_bytes / 2**30:.2f} GiB"
+                )
+        else:
+            if here.get(a.model) not in (READY, LOADING):
+                raise PlacementError(f"{a}: {a.model!r} is not resident on {a.device!r}")
+            if d.outstanding.get(a.model, 0) > 0:
+                raise PlacementError(f"{a}: {a.model!r} has requests outstanding on {a.device!r}")
+            del here[a.model]
+
+
+@runtime_checkable
+class PlacementPolicy(Protocol):
+    def on_miss(self, model: str, view: ClusterView) -> list[Action]:
+        """Make ``model`` resident on one active device (unloads first, then one Load), or
+        ``[]`` when it cannot be placed now."""
+        ...
+
+    def rebalance(self, view: ClusterView) -> list[Action]:
+        """Periodic changes: replicas, evictions, pre-loads (``[]``: none)."""
+        ...
+
+
+PLACEMENT: Registry[PlacementPolicy] = Registry("placement")
