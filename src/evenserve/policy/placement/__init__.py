@@ -1,33 +1,43 @@
 """Placement policies (which models are resident where); see ``base``."""
 
 from evenserve.policy.placement.base import (
+    AUTOSCALING,
     LOADING,
     PLACEMENT,
     READY,
     UNLOADING,
     Action,
+    Autoscaler,
     ClusterView,
     DeviceView,
     Load,
     ModelInfo,
     PlacementError,
     PlacementPolicy,
+    ScaleAction,
+    ScaleDown,
+    ScaleUp,
     Unload,
     check_actions,
 )
 
 __all__ = [
+    "AUTOSCALING",
     "LOADING",
     "PLACEMENT",
     "READY",
     "UNLOADING",
     "Action",
+    "Autoscaler",
     "ClusterView",
     "DeviceView",
     "Load",
     "ModelInfo",
     "PlacementError",
     "PlacementPolicy",
+    "ScaleAction",
+    "ScaleDown",
+    "ScaleUp",
     "Unload",
     "check_actions",
 ]

@@ -188,3 +188,33 @@ class PlacementPolicy(Protocol):
 
 
 PLACEMENT: Registry[PlacementPolicy] = Registry("placement")
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleUp:
+    """Turn on an inactive device (start its worker); it takes work once it is ready."""
+
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleDown:
+    """Drain an active device (its queued and running requests finish, nothing new is sent
+    to it), then turn it off (stop its worker): its residents leave with it."""
+
+    device: str
+
+
+ScaleAction = ScaleUp | ScaleDown
+
+
+@runtime_checkable
+class Autoscaler(Protocol):
+    def decide(self, view: ClusterView) -> list[ScaleAction]:
+        """Devices to turn on or off now (``[]``: none). Asked every ``interval_s`` by the
+        driver; the hysteresis (how long a burst or a quiet spell must last) is the
+        autoscaler's, and it reads devices being turned on as not active yet."""
+        ...
+
+
+AUTOSCALING: Registry[Autoscaler] = Registry("autoscaling")
