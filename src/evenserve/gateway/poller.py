@@ -25,14 +25,14 @@ tick, each probe a task of its own so that a slow backend delays no other).
   index (``/v2/repository/index``, body ``{}``: every model with its state, Triton's shape
   ``[{"name", "version", "state", "reason"}]``) and hand the states to
   ``BackendRegistry.set_index``: READY models are routable there, others are known but not
-  (503, not 404). The index is advisory, never health: a backend that does not answer it
+  (503, not 404; entries that say "not loaded" count as absent: 404). The index is advisory, never health: a backend that does not answer it
   (refused, timeout, a bad body) keeps its last known set and is not ejected for it; one
   without the extension (404/405) keeps its configured ``models``.
 - The signal period's tick also calls ``Router.expire``: a backend whose newest sample is
   older than ``signals.stale_after_ms`` has unknown signals (never "idle").
 Probes use one persistent keep-alive connection per backend (``httpio.client.HttpClient``)
 apart from the data plane: 4 backends polled every 100 ms cost well under 1 % of a core
-(bench/gateway_idle.py).
+(``bench/vs_nginx.py``'s ``idle`` scenario: an idle gateway's CPU).
 """
 
 from __future__ import annotations
