@@ -298,7 +298,7 @@ def profile(
     ] = "wall",
 ) -> None:
     """Measure a model at a list of batch sizes and write a profile YAML."""
-    from evenserve.runtime.device import parse_device
+    from evenserve.runtime.device import parse_device, select_visible_device
     from evenserve.worker.profiler import build_runtime, measure, write_profile
     from evenserve.worker.repository import load_repository
 
@@ -315,6 +315,7 @@ def profile(
     clock_kind: Literal["wall", "cpu"] = "cpu" if clock == "cpu" else "wall"
     try:
         dev = parse_device(device)
+        select_visible_device(dev)  # a MIG slice, before CUDA starts
         (entry,) = load_repository(repo, [model], check_profiles=False)
         runtime = build_runtime(
             entry, dev, precision=precision, cpu_threads=cpu_threads, profiles_dir=profiles_dir
