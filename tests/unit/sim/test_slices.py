@@ -66,3 +66,16 @@ def test_a_bad_slice_names_the_field(tmp_path: Path) -> None:
         _load(tmp_path, "mig=3g.twentygb")
     msg = str(ei.value)
     assert "devices.0.slice" in msg and "mig='3g.twentygb'" in msg, msg
+
+
+def test_the_mig_slices_scenario(tmp_path: Path) -> None:
+    """scenarios/mig-slices.yaml, shortened: slices with their own memory and speed."""
+    root = Path(__file__).resolve().parents[3]
+    ld = load_scenario(root / "scenarios" / "mig-slices.yaml", ["duration_s=4", "warmup_s=1"])
+    sim = Simulation(ld, "least-expected-work")
+    assert sim.by_name["mig3g0"].sched.memory.used_total()[1] == 40 * GIB
+    assert sim.by_name["mig1g"].sched.memory.used_total()[1] == 10 * GIB
+    whole = ld.profile_sets["fast"]["resnet50"].latency_s(8)
+    assert sim.by_name["mig1g"].profiles["resnet50"].latency_s(8) == pytest.approx(whole * 7)
+    rec = simulate(ld, "least-expected-work")
+    assert len(rec.requests.arrival_s) > 0
