@@ -59,3 +59,11 @@ def test_the_license_is_apache_2() -> None:
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert os.path.islink(ROOT / "profiles")  # one copy: the package's
+
+
+def test_worker_help_documents_the_device_forms() -> None:
+    result = CliRunner().invoke(app, ["worker", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    text = " ".join(result.output.replace("│", " ").split())
+    for form in ("cuda:N#share=K/M", "cuda:MIG-<uuid>", "CUDA_VISIBLE_DEVICES", "#mig=<G>g.<M>gb"):
+        assert form in text, form

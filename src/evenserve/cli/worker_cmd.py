@@ -56,7 +56,15 @@ def _help(model: type[BaseModel], name: str, more: str = "") -> str:
 def worker(
     repo: Annotated[Path, typer.Option(help="Model repository: one folder per model.")],
     device: Annotated[
-        str, typer.Option(help="cpu, cuda:N, or emulated:PROFILE_SET (a folder or a name).")
+        str,
+        typer.Option(
+            help="cpu; cuda:N; cuda:N#share=K/M (K of M time-sliced shares of GPU N: memory "
+            "cap total x K/M, busy time its own batches); cuda:MIG-<uuid> (one MIG slice, "
+            "also MIG-GPU-<uuid>/<gi>/<ci>: the worker sets CUDA_VISIBLE_DEVICES to it and "
+            "sees it as cuda:0, memory from NVML for the slice); emulated:PROFILE_SET (a "
+            "folder or a name), with #mig=<G>g.<M>gb (M GiB, latency x 7/G) or #share=K/M "
+            "(memory x K/M)."
+        ),
     ] = "cpu",
     port: Annotated[int, typer.Option(help="Port (0: any free port, see --port-file).")] = 8000,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
@@ -145,7 +153,7 @@ def worker(
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "warning",
 ) -> None:
     """Serve a model repository on one device over the KServe v2 protocol."""
-    from evenserve.runtime.device import parse_device
+    from evenserve.runtime.device import parse_device, select_visible_device
     from evenserve.worker.repository import load_repository, model_folders
     from evenserve.worker.server import make_server
     from evenserve.worker.service import WorkerOptions, WorkerService
@@ -183,6 +191,8 @@ def worker(
             ignore_priority=ignore_priority,
         )
         dev = parse_device(device)
+        # A MIG slice: the only CUDA device this process sees, chosen before CUDA starts.
+        select_visible_device(dev)
         only = [m.strip() for m in models.split(",") if m.strip()] if models else None
         if model_control == "explicit":
             # The startup set: --load-model and --models (none: serve nothing until a load).
@@ -288,7 +298,7 @@ def profile(
     ] = "wall",
 ) -> None:
     """Measure a model at a list of batch sizes and write a profile YAML."""
-    from evenserve.runtime.device import parse_device
+    from evenserve.runtime.device import parse_device, select_visible_device
     from evenserve.worker.profiler import build_runtime, measure, write_profile
     from evenserve.worker.repository import load_repository
 
@@ -305,6 +315,7 @@ def profile(
     clock_kind: Literal["wall", "cpu"] = "cpu" if clock == "cpu" else "wall"
     try:
         dev = parse_device(device)
+        select_visible_device(dev)  # a MIG slice, before CUDA starts
         (entry,) = load_repository(repo, [model], check_profiles=False)
         runtime = build_runtime(
             entry, dev, precision=precision, cpu_threads=cpu_threads, profiles_dir=profiles_dir

@@ -17,6 +17,11 @@ class LoadReport(BaseModel):
 
     timestamp_s: float = Field(description="worker wall-clock time (time.time())")
     device: str = Field(description="device this worker owns, e.g. cpu, cuda:0, emulated:a10")
+    device_kind: str | None = Field(default=None, description="cpu, cuda or emulated")
+    device_slice: str | None = Field(
+        default=None,
+        description="the part of a GPU it owns: mig-3g.20gb, mig-<uuid>, share-1of2 (None: all)",
+    )
     queue_depth: int = Field(ge=0, description="requests waiting, all models")
     in_flight: int = Field(ge=0, description="requests inside running batches")
     queued_by_model: dict[str, int] = Field(default_factory=dict)

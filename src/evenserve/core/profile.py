@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +169,20 @@ class LatencyProfile:
     @property
     def weights_bytes(self) -> float:
         return self.weights_mb * MB
+
+    def at_speed(self, fraction: float) -> LatencyProfile:
+        """This profile on a device running at ``fraction`` of the profiled one's speed (a
+        MIG slice: compute slices / 7): every latency divided by ``fraction``; memory and
+        weights unchanged. ``fraction`` 1 returns this profile."""
+        if not 0 < fraction <= 1:
+            raise ValueError(f"speed fraction {fraction} not in (0, 1]")
+        if fraction == 1:
+            return self
+        return replace(
+            self,
+            latency_ms=tuple(v / fraction for v in self.latency_ms),
+            device=f"{self.device} at {fraction:.3g}x",
+        )
 
     def per_item_s(self, batch: int) -> float:
         return self.latency_s(batch) / max(1, batch)

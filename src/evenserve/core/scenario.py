@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions
+from evenserve.core.slices import DeviceSlice, parse_slice
 from evenserve.core.validation import Strict
 from evenserve.core.wire import PRIORITY_CLASSES
 
@@ -25,6 +26,35 @@ class DeviceSpec(DeviceOptions):
     models: list[str] = Field(min_length=1)
     profile_set: str | None = None
     count: int = Field(default=1, ge=1, description="expand into NAME0..NAME{count-1}")
+    slice: str | None = Field(
+        default=None,
+        description="part of a GPU (core.slices): mig=<G>g.<M>gb (its own M GiB, latency x "
+        "7/G) or share=K/M (memory_gb x K/M, full speed, no contention between shares)",
+    )
+
+    @field_validator("slice")
+    @classmethod
+    def _slice_ok(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_slice(v)  # ValueError naming the bad part, under devices[i].slice
+        return v
+
+    @property
+    def device_slice(self) -> DeviceSlice | None:
+        return None if self.slice is None else parse_slice(self.slice)
+
+    @property
+    def memory_total_bytes(self) -> float:
+        """The device's memory cap: ``memory_gb``, a share's part or a MIG profile's own."""
+        total = self.memory_gb * 1024.0**3
+        sl = self.device_slice
+        return total if sl is None else sl.memory_bytes(total)
+
+    @property
+    def compute_fraction(self) -> float:
+        """Its speed as a fraction of its profiles' device (a MIG slice: G/7)."""
+        sl = self.device_slice
+        return 1.0 if sl is None else sl.compute_fraction
 
 
 class ModelSpec(ModelOptions):

@@ -121,6 +121,12 @@ class AdminAPI:
                 {
                     "name": name,
                     "url": st.spec.url,
+                    "device": {
+                        "name": st.device_name,
+                        "device": st.device,
+                        "kind": st.device_kind,
+                        "slice": st.device_slice,
+                    },
                     "models": sorted(router.models_of(name)),
                     "index": dict(sorted(st.index.items())),
                     "models_learned": st.learned,

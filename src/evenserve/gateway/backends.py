@@ -57,6 +57,15 @@ class BackendState:
     index: dict[str, str] = field(default_factory=dict)
     #: Whether ``index`` came from the backend (False: the configured models).
     learned: bool = False
+    #: The device its load report names: string, kind, slice (None until one came).
+    device: str | None = None
+    device_kind: str | None = None
+    device_slice: str | None = None
+
+    @property
+    def device_name(self) -> str:
+        """The backend's name, with its slice when it is part of a GPU (``gpu0/mig-3g.20gb``)."""
+        return f"{self.spec.name}/{self.device_slice}" if self.device_slice else self.spec.name
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import bundled_profile_set
 from evenserve.core.validation import Strict, read_yaml, validate_document
 from evenserve.policy.routing import ROUTING
+from evenserve.runtime.device import parse_device
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -249,6 +250,13 @@ class BackendSpec(Strict):
     )
     signals: BackendSignals = Field(default_factory=BackendSignals)
     profiles: str | None = Field(default=None, description="profile set dir (for LEW)")
+    profile_speed: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="the backend's speed as a fraction of the profiles' device (an emulated "
+        "MIG slice: its compute slices / 7); its profiles' latencies are divided by it",
+    )
     max_batch_size: dict[str, int] = Field(default_factory=dict)
     weight: float = Field(default=1.0, ge=0)
 
@@ -283,7 +291,11 @@ class DeviceEntry(DeviceOptions, QueueOptions):
     model the gateway learns from the worker's load reports."""
 
     name: Name
-    device: str = Field(min_length=1, description="cpu | cuda:N | emulated:PROFILE_SET")
+    device: str = Field(
+        min_length=1,
+        description="cpu | cuda:N | cuda:N#share=K/M | cuda:MIG-<uuid> | emulated:PROFILE_SET "
+        "(#mig=<G>g.<M>gb or #share=K/M)",
+    )
     models: list[ModelName] | None = Field(default=None, description="default: every repo model")
     port: int | None = Field(default=None, ge=1, le=65535)
     grpc_port: int | None = Field(
@@ -302,9 +314,11 @@ class DeviceEntry(DeviceOptions, QueueOptions):
     @field_validator("device")
     @classmethod
     def _device_ok(cls, v: str) -> str:
-        if v == "cpu" or re.fullmatch(r"cuda:\d+", v) or re.fullmatch(r"emulated:.+", v):
-            return v
-        raise ValueError(f"expected cpu, cuda:N or emulated:PROFILE_SET, got {v!r}")
+        try:
+            parse_device(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("--device ")) from None
+        return v
 
 
 class WorkersSection(Strict):
@@ -392,8 +406,8 @@ class LoadedCluster:
                 models = d.models if d.models is not None else all_models
                 if not models:
                     raise ConfigError(f"workers.devices.{i}.models: the repository has no models")
-                emulated = d.device.startswith("emulated:")
-                profiles = d.device.removeprefix("emulated:") if emulated else None
+                target = parse_device(d.device)
+                profiles = target.profile_set  # None unless emulated
                 out.append(
                     BackendSpec(
                         name=d.name,
@@ -401,6 +415,7 @@ class LoadedCluster:
                         grpc_url=None if d.grpc_port is None else f"{w.host}:{d.grpc_port}",
                         models=list(models),
                         profiles=profiles,
+                        profile_speed=target.compute_fraction,
                     )
                 )
         out.extend(self.config.backends)

@@ -7,8 +7,10 @@ terminal reaches only this process, which then stops things in order: the gatewa
 stops accepting and finishes what it has), then every worker with SIGTERM (each drains its
 queues), then SIGKILL for anything still alive after the drain timeout. On Linux each child
 also gets SIGTERM if this process dies without cleaning up (PR_SET_PDEATHSIG).
-- GPUs are pinned with CUDA_VISIBLE_DEVICES=N (the worker then sees its GPU as cuda:0);
-  ``emulated:`` and ``cpu`` workers get an empty CUDA_VISIBLE_DEVICES.
+- GPUs are pinned with CUDA_VISIBLE_DEVICES=N (the worker then sees its GPU as cuda:0; a
+  share keeps its ``#share=K/M``); a MIG slice ``cuda:MIG-<uuid>`` with
+  CUDA_VISIBLE_DEVICES=<uuid> (its worker sets the same itself); ``emulated:`` and ``cpu``
+  workers get an empty CUDA_VISIBLE_DEVICES.
 - A device that hosts only some of the repository's models gets ``--models a,b``.
 - Startup waits until every worker answers ``/v2/health/ready``, then the gateway, then prints
   where to send requests. A worker that exits on its own is restarted (``workers.restart``),
@@ -48,6 +50,7 @@ from evenserve.gateway.config import (
     LoadedCluster,
     write_private,
 )
+from evenserve.runtime.device import parse_device
 
 #: How a child runs the CLI. Not ``-m evenserve.cli.main``: run as ``__main__`` that module
 #: would be loaded twice and commands registered by other modules would miss the running app.
@@ -124,9 +127,14 @@ def port_free(host: str, port: int) -> bool:
 def worker_env(device: str, base: dict[str, str]) -> tuple[str, dict[str, str]]:
     """The device string the worker gets and its environment (GPU pinning)."""
     env = dict(base)
-    if device.startswith("cuda:"):
-        env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
-        return "cuda:0", env
+    target = parse_device(device)
+    if target.kind == "cuda":
+        if target.mig_uuid is not None:  # the worker sees its slice as cuda:0 either way
+            env["CUDA_VISIBLE_DEVICES"] = target.mig_uuid
+            return device, env
+        env["CUDA_VISIBLE_DEVICES"] = str(target.index)
+        tail = f"#{target.slice.text}" if target.slice is not None else ""
+        return f"cuda:0{tail}", env
     env["CUDA_VISIBLE_DEVICES"] = ""
     return device, env
 
@@ -172,10 +180,12 @@ class Launcher:
         return ["--models", ",".join(d.models)]
 
     def _device_arg(self, device: str) -> str:
-        if device.startswith("emulated:"):
-            where = self.cluster.profile_dir(device.split(":", 1)[1])
+        target = parse_device(device)
+        if target.kind == "emulated" and target.profile_set is not None:
+            where = self.cluster.profile_dir(target.profile_set)
             if where is not None:
-                return f"emulated:{where}"
+                tail = f"#{target.slice.text}" if target.slice is not None else ""
+                return f"emulated:{where}{tail}"
         return device
 
     def plan(self) -> None:

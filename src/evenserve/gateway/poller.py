@@ -207,6 +207,8 @@ class Poller:
         if not report.ready:
             self.registry.eject(name, "not-ready")
             return
+        st.device, st.device_kind = report.device, report.device_kind
+        st.device_slice = report.device_slice
         self.registry.router.observe(name, report.to_sample(self.clock.now()))
         self.registry.admit(name)
 

@@ -130,10 +130,11 @@ class Gateway:
             )
             return {}
         try:
-            return load_profile_set(where)
+            loaded = load_profile_set(where)
         except ProfileError as exc:
             log.warning("backend %s: %s", spec.name, exc)
             return {}
+        return {m: p.at_speed(spec.profile_speed) for m, p in loaded.items()}
 
     def _count_ejection(self, name: str, reason: str) -> None:
         self.metrics.ejections.labels(name, reason.split(" ")[0]).inc()

@@ -4,6 +4,11 @@ pynvml is optional: ``NvmlSampler.open`` returns None when it is missing or no G
 and the worker exports its own busy-time figures either way. NVML's "utilization" is the
 fraction of time any kernel ran, which is not the same as how busy the worker kept the
 device; both are exported, side by side, so the difference is visible.
+
+A MIG slice (``NvmlSampler.open_mig``): the handle is the slice's own
+(``nvmlDeviceGetHandleByUUID`` on its ``MIG-...`` UUID), so memory used and total are the
+slice's, never the parent GPU's. NVML reports no utilization (nor PCIe throughput) per MIG
+instance, so neither is read: the worker's own busy time is the slice's utilization.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class NvmlSample:
-    sm_utilization_ratio: float
+    #: None for a MIG slice (NVML has no per-instance utilization).
+    sm_utilization_ratio: float | None
     memory_used_bytes: float
     memory_total_bytes: float
     pcie_tx_bytes_per_second: float | None
@@ -25,10 +31,19 @@ class NvmlSample:
 
 
 class NvmlSampler:
-    def __init__(self, nvml: ModuleType, handle: Any, index: int) -> None:
+    def __init__(
+        self, nvml: ModuleType, handle: Any, index: int, mig_uuid: str | None = None
+    ) -> None:
         self._nvml = nvml
         self._handle = handle
         self.index = index
+        #: The MIG slice sampled (its handle is the slice's), or None for a whole GPU.
+        self.mig_uuid = mig_uuid
+
+    @property
+    def label(self) -> str:
+        """The ``gpu`` label of its metrics: the index, or the MIG slice's UUID."""
+        return self.mig_uuid or str(self.index)
 
     @classmethod
     def open(cls, index: int, module: ModuleType | None = None) -> NvmlSampler | None:
@@ -41,11 +56,41 @@ class NvmlSampler:
             return None
         return cls(nvml, handle, index)
 
+    @classmethod
+    def open_mig(cls, uuid: str, module: ModuleType | None = None) -> NvmlSampler | None:
+        """A sampler for the MIG slice ``uuid`` (``MIG-...``), or None when NVML is
+        unavailable or no slice has that UUID."""
+        try:
+            nvml = module or importlib.import_module("pynvml")
+            nvml.nvmlInit()
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+        except Exception:
+            return None
+        return cls(nvml, handle, 0, mig_uuid=uuid)
+
+    def memory(self) -> tuple[float, float] | None:
+        """(used, total) bytes of the device or slice, or None when NVML fails."""
+        try:
+            mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
+        except Exception:
+            return None
+        return float(mem.used), float(mem.total)
+
     def sample(self) -> NvmlSample | None:
         n = self._nvml
+        mem = self.memory()
+        if mem is None:
+            return None
+        if self.mig_uuid is not None:
+            return NvmlSample(
+                sm_utilization_ratio=None,
+                memory_used_bytes=mem[0],
+                memory_total_bytes=mem[1],
+                pcie_tx_bytes_per_second=None,
+                pcie_rx_bytes_per_second=None,
+            )
         try:
             util = n.nvmlDeviceGetUtilizationRates(self._handle)
-            mem = n.nvmlDeviceGetMemoryInfo(self._handle)
         except Exception:
             return None
         tx = rx = None
@@ -55,8 +100,8 @@ class NvmlSampler:
             rx = 1024.0 * n.nvmlDeviceGetPcieThroughput(self._handle, n.NVML_PCIE_UTIL_RX_BYTES)
         return NvmlSample(
             sm_utilization_ratio=float(util.gpu) / 100.0,
-            memory_used_bytes=float(mem.used),
-            memory_total_bytes=float(mem.total),
+            memory_used_bytes=mem[0],
+            memory_total_bytes=mem[1],
             pcie_tx_bytes_per_second=tx,
             pcie_rx_bytes_per_second=rx,
         )

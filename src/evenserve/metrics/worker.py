@@ -41,14 +41,28 @@ def _one(kind: Family, name: str, doc: str, label: str, key: str, value: float) 
 
 class _LiveCollector(Collector):
     def __init__(
-        self, device: str, snapshot: Callable[[], DeviceSnapshot], nvml: NvmlSampler | None
+        self,
+        device: str,
+        snapshot: Callable[[], DeviceSnapshot],
+        nvml: NvmlSampler | None,
+        kind: str = "",
+        slice_label: str = "",
     ) -> None:
         self.device = device
+        self.kind = kind
+        self.slice_label = slice_label
         self.snapshot = snapshot
         self.nvml = nvml
 
     def collect(self) -> Iterator[Metric]:
         s = self.snapshot()
+        info = GaugeMetricFamily(
+            names.DEVICE_INFO,
+            "The device: its string, kind (cpu, cuda, emulated) and slice (mig-..., share-KofM).",
+            labels=["device", "kind", "slice"],
+        )
+        info.add_metric([self.device, self.kind, self.slice_label], 1.0)
+        yield info
         for name, doc, by_model in (
             (names.QUEUE_DEPTH, "Requests waiting, per model.", s.queued_by_model),
             (names.IN_FLIGHT, "Requests inside running batches, per model.", s.in_flight_by_model),
@@ -102,7 +116,7 @@ class _LiveCollector(Collector):
             (names.GPU_PCIE_RX, "NVML PCIe receive throughput.", ns.pcie_rx_bytes_per_second),
         ):
             if value is not None:
-                yield _one(GaugeMetricFamily, name, doc, "gpu", str(nvml.index), value)
+                yield _one(GaugeMetricFamily, name, doc, "gpu", nvml.label, value)
 
 
 class WorkerMetrics:
@@ -114,6 +128,9 @@ class WorkerMetrics:
         models: Sequence[str],
         snapshot: Callable[[], DeviceSnapshot],
         nvml: NvmlSampler | None = None,
+        *,
+        kind: str = "",
+        slice_label: str = "",
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
@@ -151,7 +168,7 @@ class WorkerMetrics:
             registry=r,
         )
         self.unloads = Counter(names.MODEL_UNLOADS, "Model unloads done.", ["model"], registry=r)
-        r.register(_LiveCollector(device, snapshot, nvml))
+        r.register(_LiveCollector(device, snapshot, nvml, kind, slice_label))
         for m in models:
             self.add_model(m)
 

@@ -217,7 +217,8 @@ def resolve_profile(
                 f"model {ctx.model!r}: emulated.profile_name: no profile {name!r} in profile "
                 f"set {set_dir} (profiles: {known})"
             )
-        return load_profile(path)
+        # A MIG slice of the emulated device runs at its compute fraction (core.slices).
+        return load_profile(path).at_speed(dev.compute_fraction)
     if p.profile is None:
         raise ConfigError(
             f"model {ctx.model!r}: emulated.profile: required on device {dev.name} "

@@ -51,7 +51,7 @@ class OnnxRuntime:
                     f"(available: {', '.join(available)}); install onnxruntime-gpu"
                 )
             providers: list[Any] = [
-                ("CUDAExecutionProvider", {"device_id": ctx.device.index or 0}),
+                ("CUDAExecutionProvider", {"device_id": ctx.device.cuda_index}),
                 "CPUExecutionProvider",
             ]
         else:

@@ -30,6 +30,13 @@ def cuda_memory_bytes(index: int) -> tuple[float, float]:
     return float(total - free), float(total)
 
 
+def cuda_process_memory_bytes(index: int) -> float:
+    """Bytes this process holds on one CUDA device (torch's caching allocator: reserved, which
+    includes what it caches): a time-sliced share's used memory, not the other workers'."""
+    torch = require("torch", "torch")
+    return float(torch.cuda.memory_reserved(index))
+
+
 def release_cuda_cache() -> bool:
     """Give torch's cached, unused CUDA blocks back to the driver (after a model is unloaded:
     its tensors are freed into the caching allocator, not to the device). False when torch
@@ -62,7 +69,7 @@ class TorchModuleRuntime:
         if device.kind == "cuda":
             if not torch.cuda.is_available():
                 raise ConfigError(f"--device {device.name}: torch sees no CUDA device")
-            if device.index is not None and device.index >= torch.cuda.device_count():
+            if device.cuda_index >= torch.cuda.device_count():
                 raise ConfigError(
                     f"--device {device.name}: only {torch.cuda.device_count()} CUDA device(s)"
                 )
@@ -94,7 +101,7 @@ class TorchModuleRuntime:
         with torch.inference_mode():
             result = self._module(*args, **kwargs)
             if device.kind == "cuda":
-                torch.cuda.synchronize(device.index)
+                torch.cuda.synchronize(device.cuda_index)
         return result
 
     def _output(self, spec: TensorSpec, value: Any, batch: int) -> Array:

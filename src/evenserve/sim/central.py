@@ -39,7 +39,7 @@ class CentralQueue:
                 d,
                 models=d.models,
                 device=spec,
-                memory_total_bytes=spec.memory_gb * 1024.0**3,
+                memory_total_bytes=spec.memory_total_bytes,
                 utilization_window_s=sim.utilization_window_s,
                 profiles=d.profiles,
             )

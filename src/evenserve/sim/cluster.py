@@ -119,7 +119,7 @@ class Simulation:
                 spec,  # a scenario device has the DeviceOptions, an arm the QueueOptions
                 arm,
                 stats_since_s=self.warmup_s,
-                memory_total_bytes=spec.memory_gb * GIB,
+                memory_total_bytes=spec.memory_total_bytes,
                 utilization_window_s=self.utilization_window_s,
             )
         self.by_name = {d.name: d for d in self.devices}

@@ -30,7 +30,9 @@ class LoadedScenario:
     def profiles_for(self, device: DeviceSpec) -> dict[str, LatencyProfile]:
         """Model name -> profile for the models placed on ``device``."""
         ps = self.profile_sets[self.scenario.profile_set_of(device)]
-        return {m: ps[self.scenario.models[m].profile or m] for m in device.models}
+        # A MIG slice runs its profiles at its compute fraction (core.slices).
+        speed = device.compute_fraction
+        return {m: ps[self.scenario.models[m].profile or m].at_speed(speed) for m in device.models}
 
     def resolve(self, relative: str) -> Path:
         return self.base_dir / relative  # an absolute path stays as it is

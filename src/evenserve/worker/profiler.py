@@ -142,9 +142,9 @@ def measure(
             )
         inputs = synthetic_batch(entry, b, overrides, rng)
         if torch is not None:
-            torch.cuda.synchronize(device.index)
-            torch.cuda.reset_peak_memory_stats(device.index)
-            before = torch.cuda.memory_allocated(device.index)
+            torch.cuda.synchronize(device.cuda_index)
+            torch.cuda.reset_peak_memory_stats(device.cuda_index)
+            before = torch.cuda.memory_allocated(device.cuda_index)
         for _ in range(warmup):
             runtime.run(inputs)
         walls: list[float] = []

@@ -35,7 +35,11 @@ from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
-from evenserve.runtime.torch_common import cuda_memory_bytes, release_cuda_cache
+from evenserve.runtime.torch_common import (
+    cuda_memory_bytes,
+    cuda_process_memory_bytes,
+    release_cuda_cache,
+)
 from evenserve.sched import ModelSetup
 from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.executor import ThreadedExecutor
@@ -105,6 +109,15 @@ class ModelControlError(EvenserveError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+def _open_nvml(device: DeviceTarget) -> NvmlSampler | None:
+    """The NVML sampler of a CUDA device: a MIG slice's by its UUID, a GPU's by index."""
+    if device.kind != "cuda":
+        return None
+    if device.mig_uuid is not None:
+        return NvmlSampler.open_mig(device.mig_uuid)
+    return NvmlSampler.open(device.cuda_index)
 
 
 def trim_memory() -> bool:
@@ -224,11 +237,14 @@ class WorkerService:
             self._register(e, self._build(e))
             self.states[e.name] = ModelState(LOADING, version=e.config.version)
             self._mtimes[e.name] = _mtime(e.source)
-        self.nvml = (
-            NvmlSampler.open(options.device.index or 0) if options.device.kind == "cuda" else None
-        )
+        self.nvml = _open_nvml(options.device)
         self.metrics = WorkerMetrics(
-            options.device.name, list(self.entries), self._snapshot, self.nvml
+            options.device.name,
+            list(self.entries),
+            self._snapshot,
+            self.nvml,
+            kind=options.device.kind,
+            slice_label=options.device.slice_label or "",
         )
         self._telemetry = _Telemetry(self.metrics, self.stats)
         self._driver: BatchDriver | None = None
@@ -252,7 +268,11 @@ class WorkerService:
             raise ConfigError(f"{e.source}: {exc}") from exc
         override = self.options.batching_override
         # A model without a profile file of its own has its emulated runtime's, if any.
-        profile = e.latency_profile() or getattr(rt, "profile", None)
+        # On an emulated MIG slice the model's own profile runs at the slice's speed too.
+        own = e.latency_profile()
+        if own is not None and self.device.kind == "emulated":
+            own = own.at_speed(self.device.compute_fraction)
+        profile = own or getattr(rt, "profile", None)
         return _Built(rt, e.build_policy(override), e.batching_spec(override), profile)
 
     def _register(self, e: ModelEntry, b: _Built) -> None:
@@ -336,8 +356,9 @@ class WorkerService:
             queue=self.options.queue,
             observer=self._telemetry,
             utilization_window_s=self.options.utilization_window_s,
-            # An emulated device's memory is the profiles' account; a real one is measured.
-            memory_total_bytes=self.options.run.memory_gb * GIB if emulated else None,
+            # An emulated device's memory is the profiles' account (a slice's or share's cap);
+            # a real one is measured (a share's cap applied to the measured total).
+            memory_total_bytes=self._emulated_total() if emulated else None,
             memory_probe=None if emulated else self.memory_bytes,
         )
         for n, e in self.entries.items():
@@ -632,19 +653,38 @@ class WorkerService:
             if self._driver is not None:
                 return self._driver.sched.memory.used_total()
             accounted = sum(rt.resident_bytes() for rt in self.runtimes.values())
-            return accounted, self.options.run.memory_gb * GIB
+            return accounted, self._emulated_total()
         now = time.monotonic()
         if now - self._memory_cache[0] < 0.1:
             return self._memory_cache[1], self._memory_cache[2]
         used: float | None
         total: float | None
         try:
-            used, total = (
-                cuda_memory_bytes(dev.index or 0) if dev.kind == "cuda" else host_memory_bytes()
-            )
+            used, total = self._measured_memory()
         except Exception:
             used = total = None
         self._memory_cache = (now, used, total)
+        return used, total
+
+    def _emulated_total(self) -> float:
+        """An emulated device's memory cap: ``memory_gb``, a share's part of it, or a MIG
+        profile's own memory."""
+        return self.device.memory_cap_bytes(self.options.run.memory_gb * GIB)
+
+    def _measured_memory(self) -> tuple[float, float]:
+        """(used, total) bytes measured: a MIG slice's from NVML on the slice's handle (torch's
+        view of its only visible device without NVML); a share's own process's bytes against
+        its part of the GPU; a whole GPU's or the host's as reported."""
+        dev = self.device
+        if dev.kind != "cuda":
+            return host_memory_bytes()
+        if dev.mig_uuid is not None and self.nvml is not None:
+            mem = self.nvml.memory()
+            if mem is not None:
+                return mem
+        used, total = cuda_memory_bytes(dev.cuda_index)
+        if dev.slice is not None:  # a time-sliced share
+            return cuda_process_memory_bytes(dev.cuda_index), dev.memory_cap_bytes(total)
         return used, total
 
     def _snapshot(self) -> DeviceSnapshot:
@@ -675,6 +715,8 @@ class WorkerService:
         return LoadReport(
             timestamp_s=time.time(),
             device=self.device.name,
+            device_kind=self.device.kind,
+            device_slice=self.device.slice_label,
             queue_depth=d.sched.waiting,
             in_flight=d.sched.in_flight,
             queued_by_model=ready_only(d.sched.queued_by_model()),

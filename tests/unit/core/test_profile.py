@@ -114,3 +114,16 @@ def test_queue_parts_are_full_batches_then_the_partial_one() -> None:
     assert p.queue_parts_s(0, 8) == (0.0, 0.0)
     assert p.queue_parts_s(3, 0) == (3 * p.latency_s(1), 0.0)  # a cap below 1 counts as 1
     assert p.queue_parts_s(20, 8) is p.queue_parts_s(20, 8)  # cached
+
+
+def test_a_profile_at_a_slices_speed() -> None:
+    from evenserve.core.profile import LatencyProfile
+
+    p = LatencyProfile.from_points("m", {1: 3.0, 8: 12.0}, memory_mb={1: 5.0, 8: 40.0})
+    assert p.at_speed(1.0) is p
+    q = p.at_speed(3 / 7)
+    assert q.latency_s(1) == pytest.approx(0.007) and q.latency_s(8) == pytest.approx(0.028)
+    assert q.batch_memory_bytes(8) == p.batch_memory_bytes(8)  # memory is the same
+    for bad in (0.0, 1.5, -1.0):
+        with pytest.raises(ValueError, match="speed fraction"):
+            p.at_speed(bad)

@@ -257,3 +257,34 @@ def test_write_private_is_owner_only_even_over_a_wider_file(tmp_path: Path) -> N
     assert target.read_text() == "new" and stat.S_IMODE(target.stat().st_mode) == 0o600
     fresh = write_private(tmp_path / "token", "t")
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
+
+
+def test_worker_devices_take_slices_and_shares() -> None:
+    mig = "MIG-4f2d8c1e-93a7-5b11-8a3e-0123456789ab"
+    raw = cluster(
+        workers={
+            "repo": "r",
+            "devices": [
+                {"name": "g0", "device": "emulated:toy#mig=3g.20gb", "models": ["m"]},
+                {"name": "g1", "device": "emulated:toy#share=1/2", "models": ["m"]},
+                {"name": "g2", "device": f"cuda:{mig}", "models": ["m"]},
+                {"name": "g3", "device": "cuda:0#share=1/2", "models": ["m"]},
+            ],
+        }
+    )
+    specs = {b.name: b for b in parse_cluster(raw, Path(".")).backends()}
+    assert specs["g0"].profiles == "toy" and specs["g0"].profile_speed == pytest.approx(3 / 7)
+    assert specs["g1"].profiles == "toy" and specs["g1"].profile_speed == 1.0
+    assert specs["g2"].profiles is None and specs["g3"].profiles is None
+
+
+def test_a_bad_slice_names_the_device_field() -> None:
+    msg = error_of(
+        cluster(
+            workers={
+                "repo": "r",
+                "devices": [{"name": "g", "device": "cuda:0#share=3/2", "models": ["m"]}],
+            }
+        )
+    )
+    assert "workers.devices.0.device" in msg and "share='3/2'" in msg, msg

@@ -22,6 +22,27 @@ def test_gpu_pinning_and_emulated_devices() -> None:
     assert dev == "emulated:a10-trt-fp16" and env["CUDA_VISIBLE_DEVICES"] == ""
 
 
+def test_pinning_shares_and_mig_slices() -> None:
+    dev, env = worker_env("cuda:2#share=1/2", {})
+    assert dev == "cuda:0#share=1/2" and env["CUDA_VISIBLE_DEVICES"] == "2"
+    mig = "MIG-4f2d8c1e-93a7-5b11-8a3e-0123456789ab"
+    dev, env = worker_env(f"cuda:{mig}", {"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert dev == f"cuda:{mig}" and env["CUDA_VISIBLE_DEVICES"] == mig
+    dev, env = worker_env("emulated:a10-trt-fp16#mig=3g.20gb", {})
+    assert dev == "emulated:a10-trt-fp16#mig=3g.20gb" and env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_an_emulated_slice_keeps_its_part_when_its_profile_set_is_resolved(
+    tmp_path: Path,
+) -> None:
+    cfg = ROOT / "examples" / "cluster-seed.yaml"
+    la = Launcher(load_cluster(cfg), cfg, tmp_path, python="py")
+    arg = la._device_arg("emulated:a10-trt-fp16#mig=3g.20gb")
+    where, _, tail = arg.removeprefix("emulated:").partition("#")
+    assert Path(where).is_dir() and Path(where).name == "a10-trt-fp16"
+    assert tail == "mig=3g.20gb"
+
+
 def test_seed_plan_one_worker_per_device_with_placement(tmp_path: Path) -> None:
     cfg = ROOT / "examples" / "cluster-seed.yaml"
     la = Launcher(load_cluster(cfg), cfg, tmp_path, python="py")

@@ -31,14 +31,18 @@ class Backend:
         self.ready = True
         self.hung = False
         self.queue = 2
+        self.device = "emulated:x"
+        self.kind: str | None = "emulated"
+        self.slice: str | None = None
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         if not self.up:
             raise httpx.ConnectError("refused", request=request)
         if request.url.path == LOAD_PATH:
             rep = LoadReport(
-                timestamp_s=time.time(), device="emulated:x", queue_depth=self.queue,
-                in_flight=1, queued_by_model={"m": self.queue}, utilization=0.5,
+                timestamp_s=time.time(), device=self.device, device_kind=self.kind,
+                device_slice=self.slice, queue_depth=self.queue, in_flight=1,
+                queued_by_model={"m": self.queue}, utilization=0.5,
                 utilization_window_s=1.0, memory_used_bytes=4e9, memory_total_bytes=24e9,
                 ready=self.ready,
             )  # fmt: skip
@@ -87,6 +91,18 @@ async def test_load_probe_observes_admits_and_stale_signals_become_unknown() -> 
     assert reg.router.expire(clock.now()) == ["a"]
     v = reg.router.view("a")
     assert not v.signals_fresh and v.utilization is None and v.memory_free_bytes is None
+
+
+async def test_the_load_report_names_the_backends_device_and_slice() -> None:
+    p, reg, _clock, be = setup({"source": "evenserve"})
+    st = reg.states["a"]
+    assert st.device is None and st.device_name == "a"
+    await p.probe_load(st)
+    assert (st.device, st.device_kind, st.device_slice) == ("emulated:x", "emulated", None)
+    assert st.device_name == "a"
+    be.device, be.slice = "emulated:x#mig=3g.20gb", "mig-3g.20gb"
+    await p.probe_load(st)
+    assert st.device_name == "a/mig-3g.20gb"
 
 
 async def test_load_probe_ejects_on_refusal_and_not_ready_and_readmits() -> None:

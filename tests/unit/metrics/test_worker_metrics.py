@@ -102,3 +102,69 @@ def test_nvml_figures_beside_the_workers_own() -> None:
 
 def test_nvml_absent_means_no_sampler() -> None:
     assert NvmlSampler.open(0) is None  # pynvml is not installed here (or no GPU answers)
+
+
+class _FakeMigNvml(_FakeNvml):
+    """pynvml with one GPU (80 GiB) holding one MIG slice (20 GiB); utilization and PCIe
+    throughput raise for the slice, as NVML's do for a MIG handle."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> str:
+        self.asked.append(f"uuid:{uuid}")
+        if uuid != MIG:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return "mig-handle"
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> str:
+        self.asked.append(f"index:{i}")
+        return super().nvmlDeviceGetHandleByIndex(i)
+
+    def nvmlDeviceGetMemoryInfo(self, h: str) -> Any:
+        self.asked.append(f"memory:{h}")
+        if h == "mig-handle":
+            return SimpleNamespace(used=2 * 2**30, total=20 * 2**30, free=18 * 2**30)
+        return SimpleNamespace(used=30 * 2**30, total=80 * 2**30, free=50 * 2**30)
+
+    def nvmlDeviceGetUtilizationRates(self, h: str) -> Any:
+        self.asked.append(f"utilization:{h}")
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    def nvmlDeviceGetPcieThroughput(self, h: str, counter: int) -> int:
+        self.asked.append(f"pcie:{h}")
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+
+MIG = "MIG-4f2d8c1e-93a7-5b11-8a3e-0123456789ab"
+
+
+def test_a_mig_slice_is_sampled_by_uuid_with_its_own_memory() -> None:
+    fake = _FakeMigNvml()
+    sampler = NvmlSampler.open_mig(MIG, module=fake)  # type: ignore[arg-type]
+    assert sampler is not None and sampler.label == MIG
+    s = sampler.sample()
+    assert s is not None
+    # the slice's memory (20 GiB), never the parent GPU's (80 GiB); no utilization read
+    assert (s.memory_used_bytes, s.memory_total_bytes) == (2 * 2**30, 20 * 2**30)
+    assert s.sm_utilization_ratio is None and s.pcie_tx_bytes_per_second is None
+    assert fake.asked == [f"uuid:{MIG}", "memory:mig-handle"]
+    m = WorkerMetrics(
+        f"cuda:{MIG}", ["m"], _snapshot, sampler, kind="cuda", slice_label="mig-4f2d8c1e"
+    )
+    page = m.render()[0].decode()
+    assert f'evenserve_gpu_memory_total_bytes{{gpu="{MIG}"}} 2.147483648e+10' in page
+    assert "evenserve_gpu_sm_utilization_ratio" not in page
+    assert "evenserve_gpu_pcie" not in page
+    assert (
+        f'evenserve_worker_device_info{{device="cuda:{MIG}",kind="cuda",slice="mig-4f2d8c1e"}} 1.0'
+        in page
+    )
+    assert not any(a.startswith(("utilization", "pcie", "index")) for a in fake.asked)
+
+
+def test_an_unknown_mig_uuid_means_no_sampler() -> None:
+    fake = _FakeMigNvml()
+    other = "MIG-00000000-0000-0000-0000-000000000000"
+    assert NvmlSampler.open_mig(other, module=fake) is None  # type: ignore[arg-type]
