@@ -110,7 +110,7 @@ def test_sigterm_drains_queued_requests_then_exits(
 
 def test_bad_arguments_fail_clearly(repo: Path, tmp_path: Path) -> None:
     for args, message in (
-        (["--repo", str(repo), "--device", "gpu7"], "--device: 'gpu7' is not a device"),
+        (["--repo", str(repo), "--device", "gpu7"], "--device 'gpu7': 'gpu7' is not a device kind"),
         (["--repo", str(tmp_path / "none")], "--repo: not a folder"),
         (["--repo", str(repo), "--device", "emulated:nowhere"], "profile set not found"),
         (["--repo", str(repo), "--batching", "{policy: nope}"], "unknown batching policy 'nope'"),

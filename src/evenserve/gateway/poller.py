@@ -25,7 +25,8 @@ tick, each probe a task of its own so that a slow backend delays no other).
   index (``/v2/repository/index``, body ``{}``: every model with its state, Triton's shape
   ``[{"name", "version", "state", "reason"}]``) and hand the states to
   ``BackendRegistry.set_index``: READY models are routable there, others are known but not
-  (503, not 404; entries that say "not loaded" count as absent: 404). The index is advisory, never health: a backend that does not answer it
+  (503, not 404; entries that say "not loaded" count as absent: 404). The index is
+  advisory, never health: a backend that does not answer it
   (refused, timeout, a bad body) keeps its last known set and is not ejected for it; one
   without the extension (404/405) keeps its configured ``models``.
 - The signal period's tick also calls ``Router.expire``: a backend whose newest sample is
