@@ -364,3 +364,18 @@ async def test_grpc_requests_wait_for_a_load_and_past_the_bound_get_unavailable(
     finally:
         await server.stop(0)
         await service.stop()
+
+
+def test_models_at_startup_that_do_not_fit_are_refused_before_loading(
+    tmp_path: Path, gate: Gate
+) -> None:
+    from evenserve.core.errors import ConfigError
+
+    service = _service(tmp_path, "emulated", startup=["big", "other"])
+    with pytest.raises(ConfigError) as err:
+        service.load()
+    assert str(err.value) == (
+        "not enough device memory for the models: needs 5.86 GiB (big 2.93 GiB, other "
+        "2.93 GiB), --memory-gb is 5.00 GiB"
+    )
+    assert gate.slept == []

@@ -338,7 +338,17 @@ class WorkerService:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def load(self) -> None:
-        """Load every runtime (blocking)."""
+        """Load every runtime (blocking; an emulated one sleeps its load time). On an emulated
+        device, ConfigError first when their weights do not fit in its memory."""
+        if self.device.kind == "emulated":
+            need = sum(self._weights_bytes(n) for n in self.runtimes)
+            total = self.options.run.memory_gb * GIB
+            if need > total:
+                each = ", ".join(f"{n} {gib(self._weights_bytes(n))}" for n in self.runtimes)
+                raise ConfigError(
+                    f"not enough device memory for the models: needs {gib(need)} ({each}), "
+                    f"--memory-gb is {gib(total)}"
+                )
         for name, rt in self.runtimes.items():
             try:
                 rt.load()
