@@ -298,27 +298,30 @@ async def test_past_the_drain_timeout_queued_requests_get_a_clear_503(tmp_path: 
     }
 
 
-async def test_while_loading_the_model_is_listed_loading_and_requests_get_503(
+async def test_while_loading_the_model_is_listed_loading_and_requests_wait_for_it(
     explicit: tuple[WorkerService, httpx.AsyncClient],
 ) -> None:
     service, c = explicit
     gate = threading.Event()
-    build = service._build_and_load
+    load_built = service._load_built
 
-    def slow_build(entry: Any) -> Any:
+    def slow_load(entry: Any, built: Any) -> Any:
         gate.wait(60)
-        return build(entry)
+        return load_built(entry, built)
 
-    service._build_and_load = slow_build  # type: ignore[method-assign]
+    service._load_built = slow_load  # type: ignore[method-assign]
     load = asyncio.ensure_future(c.post(repository_path("pair", "load")))
     await _until(lambda: service.model_state("pair").state == "LOADING", "loading")
     assert _states((await c.post(REPOSITORY_INDEX_PATH)).json())["pair"] == ("LOADING", None)
-    r = await c.post("/v2/models/pair/infer", json=PAIR)
-    assert r.status_code == 503 and r.json()["error"] == "model 'pair' is loading"
+    infer = asyncio.ensure_future(c.post("/v2/models/pair/infer", json=PAIR))
+    await _until(lambda: service.waiting_for_load("pair") == 1, "the request waits")
     assert (await c.get("/v2/models/pair/ready")).status_code == 503
-    assert "pair" not in (await c.get(LOAD_PATH)).json()["queued_by_model"]
+    report = (await c.get(LOAD_PATH)).json()
+    assert "pair" not in report["queued_by_model"] and report["loading_models"] == ["pair"]
     gate.set()
     assert (await load).status_code == 200
+    r = await infer
+    assert r.status_code == 200 and "x-evenserve-load-wait-ms" in r.headers
     assert (await c.post("/v2/models/pair/infer", json=PAIR)).status_code == 200
 
 

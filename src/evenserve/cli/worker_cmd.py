@@ -112,6 +112,15 @@ def worker(
         float,
         typer.Option(help="With --model-control poll: seconds between rescans of the repository."),
     ] = 5.0,
+    load_wait_ms: Annotated[
+        float,
+        typer.Option(
+            help="An inference request for a model being loaded (LOADING) waits this long for "
+            "the load to end, then runs (its response has x-evenserve-load-wait-ms); past it, "
+            "503 with Retry-After. A failed load answers its waiting requests 503 with its "
+            "error. 0: refuse at once."
+        ),
+    ] = 10000.0,
     profiles_dir: Annotated[
         Path, typer.Option(help="Where emulated:NAME looks for profile sets.")
     ] = Path("profiles"),
@@ -180,6 +189,8 @@ def worker(
         fail("--models: not with --model-control poll (the poll serves every model folder)")
     if repository_poll_secs <= 0:
         fail("--repository-poll-secs: must be > 0")
+    if not load_wait_ms >= 0:
+        fail("--load-wait-ms: must be >= 0")
     try:
         run = DeviceOptions.from_flags(
             instances=instances, interference=interference, memory_gb=memory_gb
@@ -224,6 +235,7 @@ def worker(
             else "none",
             repository=repo,
             repository_poll_s=repository_poll_secs,
+            load_wait_s=load_wait_ms / 1000.0,
         )
         service = WorkerService(entries, options)
         err_console.print(

@@ -40,6 +40,11 @@ class LoadReport(BaseModel):
     max_queue_by_model: dict[str, int] = Field(
         default_factory=dict, description="queue bound per model (unbounded models absent)"
     )
+    loading_models: list[str] = Field(
+        default_factory=list,
+        description="models being loaded here now (requests for them wait for the load, up "
+        "to the worker's --load-wait-ms); the per-model figures above list READY models only",
+    )
     ready: bool = True
 
     def to_sample(self, received_at_s: float) -> LoadSample:

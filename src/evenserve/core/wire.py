@@ -150,6 +150,9 @@ PRIORITY_HEADER = "x-evenserve-priority"
 DEADLINE_HEADER = "x-evenserve-deadline-ms"
 #: Response: why the worker refused the request (one of REFUSAL_REASONS).
 REASON_HEADER = "x-evenserve-reason"
+#: Response header (gRPC: trailing metadata) with the milliseconds an inference request
+#: waited for its model's load (requests that arrived while it was LOADING).
+LOAD_WAIT_HEADER = "x-evenserve-load-wait-ms"
 #: Response (from the gateway): the backend that answered.
 BACKEND_HEADER = "x-evenserve-backend"
 RETRY_AFTER_HEADER = "retry-after"

@@ -168,6 +168,11 @@ class WorkerMetrics:
             registry=r,
         )
         self.unloads = Counter(names.MODEL_UNLOADS, "Model unloads done.", ["model"], registry=r)
+        self.load_wait = per_model(
+            names.LOAD_WAIT,
+            "Time an inference request waited for its model's load (requests that arrived "
+            "while it was LOADING).",
+        )
         r.register(_LiveCollector(device, snapshot, nvml, kind, slice_label))
         for m in models:
             self.add_model(m)
@@ -189,6 +194,9 @@ class WorkerMetrics:
 
     def observe_load(self, model: str, outcome: str) -> None:
         self.loads.labels(model, outcome).inc()
+
+    def observe_load_wait(self, model: str, waited_s: float) -> None:
+        self.load_wait.labels(model).observe(waited_s)
 
     def observe_unload(self, model: str) -> None:
         self.unloads.labels(model).inc()

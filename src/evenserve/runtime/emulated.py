@@ -21,6 +21,14 @@ moves whenever another batch starts or ends, then sleeps the last stretch precis
 Memory: the profile's resident weights while loaded and its working memory per batch; the
 worker adds them up against the emulated device's configured total. Needs no torch.
 
+Loading takes time. ``load`` sleeps the model's load time (in the calling thread: the worker
+loads from a thread, so the event loop goes on serving): ``emulated.load_ms`` when model.yaml
+gives it, else derived from the profile's weights as a host-to-device copy at
+``LOAD_BYTES_PER_S`` (2 GB/s, a PCIe 4 x16 link well below its peak, as weights read from the
+page cache reach it) plus ``COLD_LOAD_S`` (50 ms: creating the context and the buffers). A
+model of 440 MB loads in 0.05 + 0.44e9 * 1.048576 / 2e9 = 0.28 s. There is no warm pool: a
+reload after an unload costs the same as the first load.
+
 Failures on purpose: with ``fail_value`` set, a batch whose first input holds that value
 raises instead of running (EmulatedFailure), as a real runtime failing would, so the worker
 answers 500 ``inference failed`` to every request of that batch (tests of what a client, a
@@ -65,6 +73,12 @@ class EmulatedParams(Strict):
         default=None,
         description="a batch whose first input holds this value fails (the worker answers 500)",
     )
+    load_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="how long loading the model takes, ms (default: 50 ms plus the profile's "
+        "weights at 2 GB/s)",
+    )
 
 
 class EmulatedFailure(RuntimeError):
@@ -92,6 +106,25 @@ class PreciseSleeper:
         # one switch interval, so the HTTP thread is never starved for longer than that.
         while time.perf_counter() < end:
             pass
+
+
+#: Weights copied to the device per second while an emulated model loads (2 GB/s).
+LOAD_BYTES_PER_S = 2e9
+#: What every emulated load costs on top of its weights (seconds).
+COLD_LOAD_S = 0.05
+
+
+def load_time_s(profile: LatencyProfile, load_ms: float | None = None) -> float:
+    """How long loading a model takes: ``load_ms`` when given, else COLD_LOAD_S plus its
+    weights at LOAD_BYTES_PER_S."""
+    if load_ms is not None:
+        return load_ms / 1000.0
+    return COLD_LOAD_S + profile.weights_bytes / LOAD_BYTES_PER_S
+
+
+def load_sleep(seconds: float) -> None:
+    """The wait of an emulated load (a function of its own, so tests can hold a load)."""
+    time.sleep(seconds)
 
 
 #: Hand a batch to the precise sleeper once its end is this close (seconds).
@@ -134,15 +167,20 @@ class EmulatedRuntime:
         profile: LatencyProfile,
         device: EmulatedDevice | None = None,
         fail_value: float | None = None,
+        load_ms: float | None = None,
     ) -> None:
         self.ctx = ctx
         self.profile = profile
         self.device = device
         self.fail_value = fail_value
+        #: How long ``load`` takes (seconds).
+        self.load_s = load_time_s(profile, load_ms)
         self._sleeper = PreciseSleeper()
         self._loaded = False
 
     def load(self) -> None:
+        """Sleep the load time (blocking: call it from a thread); resident afterwards."""
+        load_sleep(self.load_s)
         self._loaded = True
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
@@ -181,6 +219,7 @@ class EmulatedRuntime:
             "profile_runtime": p.runtime,
             "precision": p.precision,
             "profile_source": p.source,
+            "load_ms": round(self.load_s * 1000.0, 3),
         }
 
     def close(self) -> None:

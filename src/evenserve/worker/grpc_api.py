@@ -30,7 +30,10 @@ counted in the metrics), the queue is full (``queue-full``) or the request was s
 (``shed``); DEADLINE_EXCEEDED ``deadline-infeasible`` or ``deadline-expired``; UNAVAILABLE
 not ready or shutting down; INTERNAL the runtime failed. A refusal's reason is the first word
 of the message and the trailing metadata ``x-evenserve-reason`` (with ``retry-after`` in
-seconds where a retry may cure it).
+seconds where a retry may cure it). An inference request for a model being loaded waits for
+the load as over HTTP (at most ``--load-wait-ms``; UNAVAILABLE with ``retry-after`` past it,
+UNAVAILABLE with the load's error if it fails); the trailing metadata
+``x-evenserve-load-wait-ms`` says how long it waited.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from evenserve.worker.kserve import (
     input_spec,
     request_class,
 )
-from evenserve.worker.service import LOADING, ModelControlError, WorkerService
+from evenserve.worker.service import LOADING, LoadWaitError, ModelControlError, WorkerService
 
 EXTENSIONS = ["statistics", "model_configuration", "model_repository", "evenserve_load"]
 #: The gRPC status of each model control error's HTTP status.
@@ -102,6 +105,10 @@ REFUSAL_OUTCOMES = {
     wire.DEADLINE_INFEASIBLE: "deadline_infeasible",
     wire.DEADLINE_EXPIRED: "deadline_expired",
 }
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000.0:.3f}"
 
 
 class GrpcError(Exception):
@@ -396,6 +403,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     # -- inference -----------------------------------------------------------------------------
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         name = request.model_name
+        t0 = time.perf_counter()
+        wait_meta: list[tuple[str, str]] = []
+        if name not in self.service.signatures and self.service.model_state(name).state == (
+            LOADING
+        ):
+            try:
+                waited_s = await self.service.await_load(name)
+            except LoadWaitError as exc:
+                meta = [(wire.LOAD_WAIT_HEADER, _ms(exc.waited_s))]
+                if exc.retry_after_s is not None:
+                    meta.append(("retry-after", str(max(1, math.ceil(exc.retry_after_s)))))
+                self.metrics.observe_request(name, "unavailable", None)
+                await self._abort(context, GrpcError(grpc.StatusCode.UNAVAILABLE, str(exc), meta))
+            wait_meta = [(wire.LOAD_WAIT_HEADER, _ms(waited_s))]
         try:
             sig = self._signature(name, request.model_version)
         except GrpcError as err:
@@ -403,8 +424,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 self.metrics.observe_request(name, "unavailable", None)
             else:
                 self.metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
+            err.metadata = (*err.metadata, *wait_meta)
             await self._abort(context, err)
-        t0 = time.perf_counter()
+        if not wait_meta:
+            t0 = time.perf_counter()
         outcome = "error"
         try:
             response, outcome = await self._infer(request, context, sig)
@@ -414,7 +437,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         finally:
             self.service.count_infer(name, outcome, time.perf_counter() - t0)
         if isinstance(response, GrpcError):
+            response.metadata = (*response.metadata, *wait_meta)
             await self._abort(context, response)
+        if wait_meta:
+            context.set_trailing_metadata(wait_meta)
         return response
 
     async def _infer(self, request: Any, context: Any, sig: ModelSignature) -> tuple[Any, str]:

@@ -6,8 +6,12 @@ names the field); 413 body over the limit; 415 unsupported Content-Encoding; 429
 Retry-After: the queue is full (``queue-full``) or the request was shed from a full queue for
 a request of a higher class (``shed``); 504: the request's deadline cannot be met, refused at
 once (``deadline-infeasible``) or found while it waited (``deadline-expired``); 503 not ready
-or shutting down; 500 the runtime failed. A refusal's reason is the first word of the
-message and the ``x-evenserve-reason`` header (the gateway reads it). Errors are
+or shutting down; 500 the runtime failed. An inference request for a model being loaded
+(LOADING) waits for the load, at most ``--load-wait-ms``, then runs as any other; its response
+carries ``x-evenserve-load-wait-ms`` (the time it waited). Past the bound it is answered 503
+with Retry-After (``model 'm' is still loading after N ms``); if the load fails, 503 with the
+load's error. A model being unloaded is refused at once (503). A refusal's reason is the
+first word of the message and the ``x-evenserve-reason`` header (the gateway reads it). Errors are
 ``{"error": "..."}`` as Triton sends them, so tritonclient shows the message.
 Every infer request is counted once in ``evenserve_worker_requests_total`` by outcome, and
 every refusal once in ``evenserve_worker_refusals_total`` by reason.
@@ -44,7 +48,7 @@ from evenserve.worker.kserve import (
     parse_infer_request,
     request_class,
 )
-from evenserve.worker.service import LOADING, ModelControlError, WorkerService
+from evenserve.worker.service import LOADING, LoadWaitError, ModelControlError, WorkerService
 
 if TYPE_CHECKING:
     from evenserve.worker.grpc_api import GrpcServer
@@ -77,6 +81,10 @@ def _refusal(exc: RefusedError) -> tuple[Response, str]:
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     return _error(str(exc), wire.REFUSAL_STATUS[exc.reason], headers), REFUSAL_OUTCOMES[exc.reason]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000.0:.3f}"
 
 
 def _json(obj: Any, status: int = 200) -> Response:
@@ -225,6 +233,8 @@ class WorkerApp:
         if request.method != method:
             return _error(f"{path[:200]!r} takes {method}", 405)
         sig = self.service.signatures.get(name)
+        if sig is None and suffix == "infer" and self.service.model_state(name).state == LOADING:
+            return await self.infer_after_load(request, name, version)
         if sig is None:
             if self.service.model_state(name).state == LOADING:  # soon served: retry
                 if suffix == "infer":
@@ -300,8 +310,31 @@ class WorkerApp:
         body, content_type = self.metrics.render()
         return Response(200, body, {"content-type": content_type})
 
-    async def infer(self, request: Request, name: str, sig: ModelSignature) -> Response:
+    async def infer_after_load(self, request: Request, name: str, version: str | None) -> Response:
+        """An inference request for a model being loaded: wait for the load (bounded), then
+        serve it as any other; the response says how long it waited."""
         t0 = time.perf_counter()
+        svc = self.service
+        try:
+            waited_s = await svc.await_load(name)
+        except LoadWaitError as exc:
+            headers = {wire.LOAD_WAIT_HEADER: _ms(exc.waited_s)}
+            if exc.retry_after_s is not None:
+                headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
+            svc.metrics.observe_request(name, "unavailable", None)
+            return _error(str(exc), 503, headers)
+        sig = svc.signatures.get(name)
+        if sig is None or version not in (None, "", sig.version):
+            response = await self(request)  # unloaded again meanwhile, or no such version
+        else:
+            response = await self.infer(request, name, sig, t0)
+        headers = {**(response.headers or {}), wire.LOAD_WAIT_HEADER: _ms(waited_s)}
+        return Response(response.status, response.body, headers)
+
+    async def infer(
+        self, request: Request, name: str, sig: ModelSignature, t0: float | None = None
+    ) -> Response:
+        t0 = time.perf_counter() if t0 is None else t0
         outcome = "error"
         try:
             response, outcome = await self._infer(request, name, sig)

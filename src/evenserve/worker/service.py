@@ -79,6 +79,9 @@ class WorkerOptions:
     #: The model repository (model control loads from it; the index lists its folders).
     repository: Path | None = None
     repository_poll_s: float = 5.0
+    #: How long an inference request for a model being loaded waits for the load to end
+    #: before it is answered 503 (``--load-wait-ms``).
+    load_wait_s: float = 10.0
 
 
 #: Model states (Triton's repository index).
@@ -118,6 +121,42 @@ def _open_nvml(device: DeviceTarget) -> NvmlSampler | None:
     if device.mig_uuid is not None:
         return NvmlSampler.open_mig(device.mig_uuid)
     return NvmlSampler.open(device.cuda_index)
+
+
+class LoadWaitError(EvenserveError):
+    """An inference request waited for its model's load in vain (503): the model is still
+    loading after ``--load-wait-ms`` (``retry_after_s`` set), or the load failed or the worker
+    began shutting down meanwhile (the message says which)."""
+
+    def __init__(self, message: str, waited_s: float, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.waited_s = waited_s
+        self.retry_after_s = retry_after_s
+
+
+class _LoadWatch:
+    """One load in progress, for the requests waiting for it: set once it ends (``error``:
+    why it failed, None when the model is READY)."""
+
+    __slots__ = ("error", "event", "expected_s", "started_s", "waiting")
+
+    def __init__(self, expected_s: float | None) -> None:
+        self.event = asyncio.Event()
+        self.error: str | None = None
+        self.started_s = time.perf_counter()
+        #: How long the load should take, when the runtime says (emulated models).
+        self.expected_s = expected_s
+        #: Requests waiting for it now.
+        self.waiting = 0
+
+    def finish(self, error: str | None) -> None:
+        if not self.event.is_set():
+            self.error = error
+            self.event.set()
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
 
 
 def trim_memory() -> bool:
@@ -228,6 +267,8 @@ class WorkerService:
         #: model.yaml's mtime when each model was last (tried to be) loaded (poll mode).
         self._mtimes: dict[str, int | None] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        #: The loads in progress (model control), which inference requests may wait for.
+        self._loads: dict[str, _LoadWatch] = {}
         # Emulated models share one device when batches run at once (they slow each other).
         run = options.run
         self._shared = EmulatedDevice(run.interference) if run.instances > 1 else None
@@ -317,7 +358,17 @@ class WorkerService:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def load(self) -> None:
-        """Load every runtime (blocking)."""
+        """Load every runtime (blocking; an emulated one sleeps its load time). On an emulated
+        device, ConfigError first when their weights do not fit in its memory."""
+        if self.device.kind == "emulated":
+            need = sum(self._weights_bytes(n) for n in self.runtimes)
+            total = self._emulated_total()  # --memory-gb, or a slice's or share's cap
+            if need > total:
+                each = ", ".join(f"{n} {gib(self._weights_bytes(n))}" for n in self.runtimes)
+                raise ConfigError(
+                    f"not enough device memory for the models: needs {gib(need)} ({each}), "
+                    f"the device has {gib(total)}"
+                )
         for name, rt in self.runtimes.items():
             try:
                 rt.load()
@@ -398,6 +449,8 @@ class WorkerService:
         """Stop accepting inference; run what is queued now (called on SIGTERM/Ctrl-C)."""
         self.draining = True
         self.ready = False
+        for watch in self._loads.values():  # the requests waiting for a load are answered
+            watch.finish("the worker is shutting down")
         if self._driver is not None:
             self._driver.begin_drain()
 
@@ -503,10 +556,14 @@ class WorkerService:
 
     async def load_model(self, name: str, override: Mapping[str, Any] | None = None) -> None:
         """Load (or reload) model ``name`` from its repository folder; ``override``: model.yaml
-        fields replacing the file's top-level ones. The model is LOADING meanwhile, READY
-        after. A model already loaded is reloaded: the new config is validated first (a bad
-        one leaves the old model serving), then the old one is unloaded (drained: no request
-        lost) and the new one loaded. ModelControlError with the status otherwise."""
+        fields replacing the file's top-level ones. The model is LOADING meanwhile (inference
+        requests for it wait for the load: ``await_load``), READY after. A model already
+        loaded is reloaded: the new config is validated and its runtime built first, and its
+        memory checked (a bad one, or one that does not fit, leaves the old model serving),
+        then the old one is unloaded (drained: no request lost) and the new one loaded. On an
+        emulated device a load whose weights do not fit in the memory not yet held (the
+        resident models' weights and those being loaded) is refused (400). ModelControlError
+        with the status otherwise."""
         self._check_running()
         directory = self._folder(name)
         async with self._lock(name):
@@ -518,30 +575,100 @@ class WorkerService:
                 if name not in self.entries:
                     self.states[name] = ModelState(UNAVAILABLE, f"load failed: {exc}")
                 raise ModelControlError(str(exc), 400) from exc
-            if name in self.entries:
-                await self._unload(name)  # reload: unload, then load the new config
-            self.states[name] = ModelState(LOADING, version=entry.config.version)
-            self._mtimes[name] = _mtime(entry.source)
+            reload = name in self.entries
+            watch = None if reload else self._begin_loading(entry)
+            reserved = 0.0
+            #: What the requests waiting for the load are told (None: it is READY).
+            failure: str | None = f"model {name!r}: the load was interrupted"
             try:
-                built, description = await asyncio.to_thread(self._build_and_load, entry)
-            except Exception as exc:
-                self.metrics.observe_load(name, "failure")
-                self.states[name] = ModelState(UNAVAILABLE, f"load failed: {exc}")
-                status = 400 if isinstance(exc, ConfigError) else 500
-                text = str(exc) if status == 400 else f"{type(exc).__name__}: {exc}"
-                raise ModelControlError(f"model {name!r}: load failed: {text}", status) from exc
-            if self.draining:  # shut down while it loaded
-                await asyncio.to_thread(_release, built.runtime)
-                self.states[name] = ModelState(UNAVAILABLE, "unloaded")
-                raise ModelControlError("the worker is shutting down", 503)
-            self._install(entry, built, description)
-            self.metrics.observe_load(name, "success")
-            self.states[name] = ModelState(READY, version=entry.config.version)
-            log.info("model %s loaded", name)
+                try:
+                    built = await asyncio.to_thread(self._build_entry, entry)
+                except ConfigError as exc:
+                    raise self._load_failed(name, str(exc), 400, keep=reload) from exc
+                memory = self.driver.sched.memory
+                need = built.profile.weights_bytes if built.profile is not None else 0.0
+                free = memory.unreserved_bytes()
+                old = self._weights_bytes(name) if reload else 0.0
+                if free is not None:
+                    if need > free + old:
+                        await asyncio.to_thread(built.runtime.close)
+                        raise self._load_failed(
+                            name,
+                            f"not enough device memory: needs {gib(need)}, free "
+                            f"{gib(max(0.0, free + old))} (of {gib(memory.total_bytes or 0.0)})",
+                            400,
+                            keep=reload,
+                        )
+                    # Held from now on: what the old model frees joins once it is unloaded.
+                    reserved = max(0.0, need - old)
+                    memory.loading_bytes += reserved
+                if reload:
+                    await self._unload(name)  # reload: unload, then load the new config
+                    if free is not None:
+                        memory.loading_bytes += need - reserved
+                        reserved = need
+                    watch = self._begin_loading(entry, built)
+                elif watch is not None:
+                    watch.expected_s = getattr(built.runtime, "load_s", None)
+                try:
+                    description = await asyncio.to_thread(self._load_built, entry, built)
+                except Exception as exc:
+                    status = 400 if isinstance(exc, ConfigError) else 500
+                    text = str(exc) if status == 400 else f"{type(exc).__name__}: {exc}"
+                    raise self._load_failed(name, text, status, keep=False) from exc
+                if self.draining:  # shut down while it loaded
+                    await asyncio.to_thread(_release, built.runtime)
+                    self.states[name] = ModelState(UNAVAILABLE, "unloaded")
+                    raise ModelControlError("the worker is shutting down", 503)
+                # No await from here: its weights move from the reservation to the account.
+                self._install(entry, built, description)
+                memory.loading_bytes = max(0.0, memory.loading_bytes - reserved)
+                reserved = 0.0
+                self.metrics.observe_load(name, "success")
+                self.states[name] = ModelState(READY, version=entry.config.version)
+                failure = None
+                log.info("model %s loaded", name)
+            except ModelControlError as exc:
+                failure = str(exc)
+                raise
+            finally:
+                if reserved:
+                    memory = self.driver.sched.memory
+                    memory.loading_bytes = max(0.0, memory.loading_bytes - reserved)
+                if self._loads.get(name) is watch:
+                    self._loads.pop(name, None)
+                if watch is not None:
+                    watch.finish(failure)
 
-    def _build_and_load(self, entry: ModelEntry) -> tuple[_Built, dict[str, Any]]:
-        """Build and load a model's runtime (runs in a thread)."""
-        built = self._build(entry)
+    def _begin_loading(self, entry: ModelEntry, built: _Built | None = None) -> _LoadWatch:
+        """The model is LOADING: requests for it wait on the watch returned."""
+        name = entry.name
+        self.states[name] = ModelState(LOADING, version=entry.config.version)
+        self._mtimes[name] = _mtime(entry.source)
+        watch = _LoadWatch(None if built is None else getattr(built.runtime, "load_s", None))
+        self._loads[name] = watch
+        return watch
+
+    def _load_failed(self, name: str, text: str, status: int, keep: bool) -> ModelControlError:
+        """A load that failed: counted, the model UNAVAILABLE (``keep``: the old one still
+        serves, a reload refused before it was unloaded), the error to raise."""
+        self.metrics.observe_load(name, "failure")
+        if not keep:
+            self.states[name] = ModelState(UNAVAILABLE, f"load failed: {text}")
+        return ModelControlError(f"model {name!r}: load failed: {text}", status)
+
+    def _weights_bytes(self, name: str) -> float:
+        profile = self.profiles.get(name)
+        return profile.weights_bytes if profile is not None else 0.0
+
+    def _build_entry(self, entry: ModelEntry) -> _Built:
+        """Build a model's runtime, not loaded (runs in a thread; ConfigError naming its
+        file)."""
+        return self._build(entry)
+
+    def _load_built(self, entry: ModelEntry, built: _Built) -> dict[str, Any]:
+        """Load a built runtime (runs in a thread: an emulated load sleeps its load time);
+        closed again if that fails. Returns its description."""
         try:
             built.runtime.load()
         except ConfigError as exc:
@@ -550,7 +677,44 @@ class WorkerService:
         except BaseException:
             built.runtime.close()
             raise
-        return built, built.runtime.describe()
+        return built.runtime.describe()
+
+    def waiting_for_load(self, name: str) -> int:
+        """How many inference requests wait for the load of ``name`` now."""
+        watch = self._loads.get(name)
+        return 0 if watch is None else watch.waiting
+
+    async def await_load(self, name: str) -> float:
+        """Wait for the load of model ``name`` to end, at most ``load_wait_s``; the seconds
+        waited (0.0 at once when no load of it is in progress). LoadWaitError (503) when it
+        is still loading after the bound, when the load failed (its error), when the worker
+        began shutting down. The wait is observed in ``evenserve_load_wait_seconds``."""
+        watch = self._loads.get(name)
+        if watch is None:
+            return 0.0
+        bound = self.options.load_wait_s
+        t0 = time.perf_counter()
+        if not watch.event.is_set():
+            watch.waiting += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(watch.event.wait(), max(bound, 0.0))
+            finally:
+                watch.waiting -= 1
+        waited = time.perf_counter() - t0
+        self.metrics.observe_load_wait(name, waited)
+        if not watch.event.is_set():
+            left = None
+            if watch.expected_s is not None:
+                left = watch.started_s + watch.expected_s - time.perf_counter()
+            raise LoadWaitError(
+                f"model {name!r} is still loading after {bound * 1000.0:g} ms",
+                waited,
+                retry_after_s=max(1.0, left or 1.0),
+            )
+        if watch.error is not None:
+            raise LoadWaitError(watch.error, waited)
+        return waited
 
     def _install(self, entry: ModelEntry, built: _Built, description: dict[str, Any]) -> None:
         """A loaded model joins the executor, the scheduler, signatures, stats and metrics."""
@@ -729,6 +893,7 @@ class WorkerService:
             max_batch_size_by_model=ready_only(d.sched.max_batch_size),
             slo_ms_by_model={m: s * 1000.0 for m, s in ready_only(d.sched.slo_s).items()},
             max_queue_by_model=ready_only(d.sched.max_queue),
+            loading_models=sorted(n for n, st in self.states.items() if st.state == LOADING),
             ready=self.ready,
         )
 

@@ -181,3 +181,31 @@ def test_batches_sharing_an_emulated_device_slow_each_other() -> None:
     start = time.perf_counter()
     rts[0].run({"ids": np.zeros((1, 2), dtype=np.int64)})
     assert time.perf_counter() - start >= 0.040
+
+
+def test_a_load_sleeps_its_load_time_and_only_then_holds_its_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slept: list[float] = []
+    resident_while_sleeping: list[float] = []
+    prof = LatencyProfile.from_points("m", {1: 0.1}, weights_mb=1000)
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        resident_while_sleeping.append(rt.resident_bytes())
+
+    monkeypatch.setattr(emulated, "load_sleep", sleep)
+    rt = EmulatedRuntime(_ctx(), prof)
+    rt.load()
+    derived = emulated.COLD_LOAD_S + 1000 * 1024 * 1024 / emulated.LOAD_BYTES_PER_S
+    assert slept == [derived] and resident_while_sleeping == [0.0]
+    assert rt.resident_bytes() == prof.weights_bytes
+    assert rt.describe()["load_ms"] == round(derived * 1000, 3)
+    rt.close()
+    EmulatedRuntime(_ctx(), prof, load_ms=0).load()  # load_ms given: it, not the weights
+    assert slept == [derived, 0.0]
+
+
+def test_load_ms_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="load_ms"):
+        EmulatedParams(load_ms=-1)

@@ -1,4 +1,5 @@
-"""``evenserve worker --model-control / --load-model / --repository-poll-secs``: the startup
+"""``evenserve worker --model-control / --load-model / --repository-poll-secs /
+--load-wait-ms``: the startup
 set each mode loads, and clear errors naming the flag."""
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ def test_none_and_poll_load_every_folder(tmp_path: Path, served: list[WorkerServ
     worker(repo=repo, port=0, model_control="poll", repository_poll_secs=2.5)
     assert [list(s.entries) for s in served] == [["a", "b"], ["a", "b"]]
     assert served[1].options.repository_poll_s == 2.5
+    assert served[0].options.load_wait_s == 10.0  # --load-wait-ms 10000 by default
+    worker(repo=repo, port=0, model_control="explicit", load_wait_ms=250)
+    assert served[2].options.load_wait_s == 0.25
 
 
 @pytest.mark.parametrize(
@@ -85,6 +89,7 @@ def test_none_and_poll_load_every_folder(tmp_path: Path, served: list[WorkerServ
         ({"model_control": "poll", "models": "a"}, "--models: not with --model-control poll"),
         ({"model_control": "poll", "repository_poll_secs": 0}, "--repository-poll-secs: must"),
         ({"model_control": "explicit", "load_model": ["zz"]}, "--load-model: no model folder 'zz'"),
+        ({"load_wait_ms": -1}, "--load-wait-ms: must be >= 0"),
     ],
 )
 def test_bad_flags_are_named(
