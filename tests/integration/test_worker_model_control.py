@@ -132,8 +132,12 @@ async def test_load_serve_unload_and_what_follows(
 ) -> None:
     service, c = explicit
     assert (await c.post("/v2/models/pair/infer", json=PAIR)).status_code == 404
+    v0 = (await c.get(LOAD_PATH)).json()["models_version"]
+    assert (await c.get(LOAD_PATH)).json()["models_version"] == v0  # nothing moved
     r = await c.post(repository_path("pair", "load"))
     assert r.status_code == 200 and r.json() == {}
+    v1 = (await c.get(LOAD_PATH)).json()["models_version"]
+    assert v1 != v0  # the gateway reads the index again
     assert _states((await c.post(REPOSITORY_INDEX_PATH)).json())["pair"] == ("READY", None)
     assert (await c.get("/v2/models/pair/ready")).status_code == 200
     assert (await c.post("/v2/models/pair/infer", json=PAIR)).status_code == 200
@@ -144,6 +148,7 @@ async def test_load_serve_unload_and_what_follows(
 
     r = await c.post(repository_path("pair", "unload"))
     assert r.status_code == 200 and r.json() == {}
+    assert (await c.get(LOAD_PATH)).json()["models_version"] not in (v0, v1)
     assert _states((await c.post(REPOSITORY_INDEX_PATH)).json())["pair"] == (
         "UNAVAILABLE",
         "unloaded",

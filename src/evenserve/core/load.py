@@ -45,6 +45,11 @@ class LoadReport(BaseModel):
         description="models being loaded here now (requests for them wait for the load, up "
         "to the worker's --load-wait-ms); the per-model figures above list READY models only",
     )
+    models_version: int | None = Field(
+        default=None,
+        description="changes whenever a model's state changes here (load, unload): a gateway "
+        "reads the repository index again only when it moved (None: not reported)",
+    )
     ready: bool = True
 
     def to_sample(self, received_at_s: float) -> LoadSample:

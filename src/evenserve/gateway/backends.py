@@ -18,6 +18,7 @@ path reads.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -61,6 +62,11 @@ class BackendState:
     device: str | None = None
     device_kind: str | None = None
     device_slice: str | None = None
+    #: The models version of its newest load report (None: not reported), the version its
+    #: index was last read at, and when (the poller skips reads while nothing moved).
+    models_version: int | None = None
+    index_version: int | None = None
+    index_read_s: float = -math.inf
 
     @property
     def device_name(self) -> str:

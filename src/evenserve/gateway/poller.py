@@ -108,6 +108,11 @@ def parse_index(body: bytes) -> dict[str, str]:
     return {m: best_state(states) for m, states in found.items()}
 
 
+#: How long a backend's index is trusted while its models version has not moved (a safety
+#: net: any change the version did not show is seen within this).
+INDEX_REFRESH_S = 10.0
+
+
 @functools.cache
 def _split(url: str) -> tuple[str, str]:
     """``http://host:port/p?q`` -> (``http://host:port``, ``/p?q``)."""
@@ -208,6 +213,7 @@ class Poller:
         if not report.ready:
             self.registry.eject(name, "not-ready")
             return
+        st.models_version = report.models_version
         st.device, st.device_kind = report.device, report.device_kind
         st.device_slice = report.device_slice
         self.registry.router.observe(name, report.to_sample(self.clock.now()))
@@ -242,8 +248,19 @@ class Poller:
             self.registry.eject(name, f"not-ready ({resp.status})")
 
     async def probe_index(self, st: BackendState) -> None:
-        """Learn the backend's models from its repository index (never judges health)."""
+        """Learn the backend's models from its repository index (never judges health). A
+        backend whose load reports carry a models version is read again only when it moved
+        since the last read, or ``INDEX_REFRESH_S`` after it (a backend without one: every
+        time)."""
         name = st.spec.name
+        version = st.models_version
+        now = self.clock.now()
+        if (
+            version is not None
+            and version == st.index_version
+            and now - st.index_read_s < INDEX_REFRESH_S
+        ):
+            return
         try:
             resp = await self.index(
                 st.spec.url + REPOSITORY_INDEX_PATH, self.cfg.health.timeout_ms / 1000.0
@@ -268,6 +285,7 @@ class Poller:
         except BadIndex as exc:
             st.last_error = f"index: {exc}"
             return
+        st.index_version, st.index_read_s = version, now
         self.registry.set_index(name, index)
 
     def _probes(self, st: BackendState) -> list[tuple[float, Probe]]:

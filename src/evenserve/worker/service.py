@@ -15,6 +15,7 @@ import gc
 import json
 import logging
 import math
+import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -103,6 +104,28 @@ class ModelState:
         if self.reason is not None:
             out["reason"] = self.reason
         return out
+
+
+class ModelStates(dict[str, ModelState]):
+    """Each model's state; ``version`` moves at every change (the load report carries it, so a
+    gateway reads the repository index only when it moved). It starts at a random number, so
+    a restarted worker does not repeat the versions of the one before it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = random.randrange(1 << 40)
+
+    def __setitem__(self, name: str, state: ModelState) -> None:
+        super().__setitem__(name, state)
+        self.version += 1
+
+    def __delitem__(self, name: str) -> None:
+        super().__delitem__(name)
+        self.version += 1
+
+    def pop(self, name: str, *default: Any) -> Any:
+        self.version += 1
+        return super().pop(name, *default)
 
 
 class ModelControlError(EvenserveError):
@@ -263,7 +286,7 @@ class WorkerService:
         self.stats: dict[str, ModelStats] = {}
         self.descriptions: dict[str, dict[str, Any]] = {}
         #: Every model's state (the index); folders never loaded are absent.
-        self.states: dict[str, ModelState] = {}
+        self.states = ModelStates()
         #: model.yaml's mtime when each model was last (tried to be) loaded (poll mode).
         self._mtimes: dict[str, int | None] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -894,6 +917,7 @@ class WorkerService:
             slo_ms_by_model={m: s * 1000.0 for m, s in ready_only(d.sched.slo_s).items()},
             max_queue_by_model=ready_only(d.sched.max_queue),
             loading_models=sorted(n for n, st in self.states.items() if st.state == LOADING),
+            models_version=self.states.version,
             ready=self.ready,
         )
 

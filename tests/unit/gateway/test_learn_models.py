@@ -288,3 +288,31 @@ async def test_the_gateways_index_readiness_and_404_follow_the_learned_states() 
     reg.set_index("g1", {"b": "LOADING"})
     assert reg.models() == ["b"] and not g.ready()
     await g.dispatcher.aclose()
+
+
+async def test_the_index_is_read_again_only_when_the_models_version_moved() -> None:
+    from evenserve.gateway.poller import INDEX_REFRESH_S
+
+    index = Index({"a": "READY"})
+    p, reg, clock, st = setup(["a"], index)
+    await p.probe_index(st)  # no version reported yet: read every time
+    await p.probe_index(st)
+    assert len(index.calls) == 2
+    st.models_version = 7  # a load report carried a version
+    await p.probe_index(st)
+    await p.probe_index(st)  # unchanged: no request
+    clock.advance(INDEX_REFRESH_S / 2)
+    await p.probe_index(st)
+    assert len(index.calls) == 3
+    index.entries["b"] = "READY"
+    st.models_version = 8  # the worker loaded a model
+    await p.probe_index(st)
+    assert len(index.calls) == 4 and routed(reg, "b") == ["gpu0"]
+    clock.advance(INDEX_REFRESH_S)  # the safety net: read again after the refresh bound
+    await p.probe_index(st)
+    assert len(index.calls) == 5
+    index.error = ResponseTimeout("index")  # a failed read is not a read: tried again
+    st.models_version = 9
+    await p.probe_index(st)
+    await p.probe_index(st)
+    assert len(index.calls) == 7
