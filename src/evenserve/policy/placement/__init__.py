@@ -1,10 +1,11 @@
 """Placement policies (which models are resident where) and autoscalers; see ``base``.
 
 Importing this package registers every built-in one: placement ``static``, ``lru``,
-``cost-aware``.
+``cost-aware``; autoscaling ``none``, ``demand``.
 """
 
 from evenserve.policy.placement import (  # noqa: F401  (import registers the policies)
+    autoscale,
     cost_aware,
     lru,
     static,
