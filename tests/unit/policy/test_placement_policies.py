@@ -321,3 +321,23 @@ def test_every_action_list_of_a_run_is_valid(
             m: r * data.draw(st.sampled_from([0.0, 0.5, 1.0, 2.0]), label="rate")
             for m, r in v.rate_rps.items()
         } or dict(v.rate_rps)
+
+
+def test_the_worked_example_of_the_design_note() -> None:
+    """docs/design/0009-placement.md, "A worked example"."""
+
+    def example() -> ClusterView:
+        d0 = device("d0", 16, ["s1", "s2", "big"], used={"s1": 97.0, "s2": 98.0, "big": 99.0})
+        d0.utilization = 0.5
+        d1 = device("d1", 8, ["hot"], used={"hot": 99.9}, util=0.9)
+        rates = {"s1": 5.0, "s2": 5.0, "big": 0.0, "hot": 12.0}
+        return cluster([d0, d1, device("d2", 16, active=False)], rates)
+
+    assert build("static").on_miss("wide", example()) == []
+    assert build("lru").on_miss("wide", example()) == [Unload("hot", "d1"), Load("wide", "d1")]
+    assert build("cost-aware").on_miss("wide", example()) == [
+        Unload("big", "d0"),
+        Load("wide", "d0"),
+    ]
+    assert build("cost-aware").rebalance(example()) == [Unload("big", "d0"), Load("hot", "d0")]
+    assert build("lru").rebalance(example()) == build("static").rebalance(example()) == []
