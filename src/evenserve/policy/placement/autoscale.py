@@ -1,0 +1,138 @@
+"""Autoscalers: ``none`` (the device set never changes) and ``demand``.
+
+**demand.** The demand in devices is the larger of two estimates, one from the models'
+request rates and one from what the active devices report::
+
+    demand   = max( sum over models m of rate_rps[m] / capacity_rps(m),
+                    sum over active devices d of utilization(d) )
+    required = max(min_devices, ceil(demand / target_utilization))
+
+(``rate / capacity`` is the fraction of one device that m keeps busy; a model whose capacity
+is infinite counts 0.) ``count`` is the active devices, plus those this autoscaler asked to
+turn on and the view does not show active yet, less those it asked to turn off (draining).
+
+- **Up**: as soon as ``required > count`` has held for ``up_after_s`` (default 0.5 s; the
+  first view where it holds starts the clock, and with ``up_after_s = 0`` that view
+  decides), ``ScaleUp`` the inactive devices, in name order, that make up the difference (as
+  many as there are). The decision comes ``up_after_s`` plus at most one ``interval_s``
+  after the burst reaches the view.
+- **Down**: only after ``required <= count - 1`` (one device fewer would still meet the
+  target) has held for ``quiet_s`` (default 30 s), with no scale-up or -down of its own
+  pending: ``ScaleDown`` the least-loaded active device (lowest utilization, then fewest
+  outstanding requests, then the last in name order), one at a time (the quiet clock
+  restarts after each), never below ``min_devices`` (default 1).
+
+A device asked to turn on (off) counts as on (off) until the view agrees, or for
+``pending_s`` (default 120 s) at most, after which the request is forgotten (a device that
+failed to start is asked again). Deterministic given the sequence of views.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+
+from evenserve.policy.placement.base import (
+    AUTOSCALING,
+    ClusterView,
+    ScaleAction,
+    ScaleDown,
+    ScaleUp,
+)
+from evenserve.policy.registry import PolicyParams
+
+#: Slack on the clock comparisons, so that 1.9 - 0.9 counts as the 1.0 s it means.
+_EPS_S = 1e-9
+
+
+class NoAutoscaleParams(PolicyParams):
+    pass
+
+
+@AUTOSCALING.register("none", NoAutoscaleParams, "the device set never changes")
+class NoAutoscaler:
+    def __init__(self, params: NoAutoscaleParams) -> None:
+        self.params = params
+
+    def decide(self, view: ClusterView) -> list[ScaleAction]:
+        return []
+
+
+class DemandParams(PolicyParams):
+    target_utilization: float = Field(default=0.7, gt=0, le=1)
+    up_after_s: float = Field(default=0.5, ge=0)
+    quiet_s: float = Field(default=30.0, ge=0)
+    min_devices: int = Field(default=1, ge=0)
+    pending_s: float = Field(default=120.0, gt=0)
+
+
+def demand_devices(view: ClusterView) -> float:
+    """The demand in devices (module docstring): the larger of the two estimates."""
+    from_rates = 0.0
+    for m, rate in view.rate_rps.items():
+        cap = view.models[m].capacity_rps if m in view.models else math.inf
+        if math.isfinite(cap) and cap > 0:
+            from_rates += rate / cap
+    from_devices = sum(d.utilization for d in view.devices if d.active)
+    return max(from_rates, from_devices)
+
+
+def required_devices(view: ClusterView, target_utilization: float, min_devices: int) -> int:
+    """``max(min_devices, ceil(demand / target_utilization))`` (a hair of slack against
+    floating point: 0.7 / 0.7 * 3 is one device, not two)."""
+    need = math.ceil(demand_devices(view) / target_utilization - 1e-9)
+    return max(min_devices, need)
+
+
+@AUTOSCALING.register("demand", DemandParams, "active devices follow demand / target")
+class DemandAutoscaler:
+    def __init__(self, params: DemandParams) -> None:
+        self.params = params
+        self._up: dict[str, float] = {}
+        self._down: dict[str, float] = {}
+        self._above_since: float | None = None
+        self._below_since: float | None = None
+
+    def decide(self, view: ClusterView) -> list[ScaleAction]:
+        p, now = self.params, view.now_s
+        active = {d.name for d in view.devices if d.active}
+        self._up = {n: t for n, t in self._up.items() if n not in active and now - t < p.pending_s}
+        self._down = {n: t for n, t in self._down.items() if n in active and now - t < p.pending_s}
+        count = len(active) - len(self._down) + len(self._up)
+        required = required_devices(view, p.target_utilization, p.min_devices)
+
+        if required > count:
+            self._below_since = None
+            if self._above_since is None:
+                self._above_since = now
+            if now - self._above_since < p.up_after_s - _EPS_S:
+                return []
+            off = sorted(d.name for d in view.devices if not d.active and d.name not in self._up)
+            ups = off[: required - count]
+            if not ups:
+                return []
+            self._above_since = None
+            for n in ups:
+                self._up[n] = now
+            return [ScaleUp(n) for n in ups]
+
+        self._above_since = None
+        quiet = required <= count - 1 and count - 1 >= p.min_devices
+        if not quiet or self._up or self._down:
+            self._below_since = None
+            return []
+        if self._below_since is None:
+            self._below_since = now
+        if now - self._below_since < p.quiet_s - _EPS_S:
+            return []
+        candidates = [d for d in view.devices if d.active and d.name not in self._down]
+        if not candidates:
+            return []
+        victim = max(
+            candidates,
+            key=lambda d: (-d.utilization, -sum(d.outstanding.values()), d.name),
+        )
+        self._below_since = None
+        self._down[victim.name] = now
+        return [ScaleDown(victim.name)]

@@ -1,0 +1,242 @@
+"""cost-aware: evict by what an eviction is expected to cost, not by recency (ours).
+
+**Cost of evicting model m from device d.** If a request for m arrives before m is back, it
+waits for the reload (``view.load_s(m)``: warm or cold). With m's demand ``r`` (requests per
+second) and ``k`` READY replicas of m on other active devices, each serving up to
+``c = capacity_rps(m)``, the rate the eviction leaves without a device is
+``u = r`` when ``k = 0`` and ``u = max(0, r - k * c)`` otherwise (no cost when another
+replica has the spare capacity). The expected cost is the requests that arrive during one
+reload and must wait for it::
+
+    cost(m, d) = u * load_s(m)
+
+(``u * load_s`` is also the expected number of arrivals in the reload window, so a model
+that is rarely asked for costs about its probability of being asked for before it is back).
+A model with no demand costs 0: among those, the least recently used goes first.
+
+**Which evictions.** To make room for a model on d, take d's evictable residents (READY, no
+request outstanding there, not changed within ``hold_s``) in increasing cost per byte freed
+(ties: least recently used, name), until the model fits; then drop, last chosen first, any
+victim not needed after all. Greedy by cost per byte is the usual knapsack heuristic: it
+frees the bytes at the least cost per byte, so one large idle model goes before several
+small busy ones, which is what LRU gets wrong (the ModelMesh complaint: one large model's
+load evicting most of the others, each of which then misses and reloads).
+
+**Where a miss goes.** The device minimizing ``sum cost(victims) + balance_weight *
+utilization(d)`` (ties: fewer evictions, more free bytes after the load, name). If no device
+can take it without evicting a model changed within ``hold_s``, such models are considered
+too (a request is waiting); no device at all: ``[]``.
+
+**rebalance**, with ``R`` replicas (READY or LOADING) of m and ``c`` as above:
+
+- down first: ``R >= 2`` and ``r < low_utilization * (R - 1) * c``: unload one READY replica
+  without outstanding requests (the least recently used one, ties: busiest device, name).
+  ``R - 1 >= 1`` keeps one replica while ``r > 0`` (a cache keeps even an idle model until
+  its memory is wanted).
+- then up, hottest first: ``R >= 1``, none LOADING, and ``r > target_utilization * R * c``:
+  one more replica where a miss would go, evicting only models whose cost is below the
+  benefit ``(r - target_utilization * R * c) * load_s(m)`` (the overflow over one load time,
+  the same measure as a cost), and whose total is too.
+- no pre-loads (an unhosted model is placed by its first miss).
+
+**Hysteresis.** The policy keeps, per (model, device), when it last loaded or unloaded it
+there. Nothing changed within ``hold_s`` is undone: rebalance does not unload a model it
+loaded there, nor reload one it unloaded there, within ``hold_s``; a model's replica count
+does not go down within ``hold_s`` of adding one anywhere, nor up within ``hold_s`` of
+removing one. The state depends only on the sequence of views and actions, so the policy is
+deterministic. Params: ``target_utilization`` (0.7), ``low_utilization`` (0.3), ``hold_s``
+(10), ``balance_weight`` (1.0, in the unit of a cost: requests).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, model_validator
+
+from evenserve.policy.placement.base import (
+    LOADING,
+    PLACEMENT,
+    Action,
+    ClusterView,
+    DeviceView,
+    Load,
+    Unload,
+)
+from evenserve.policy.placement.common import (
+    apply_actions,
+    argmin,
+    evictable,
+    fits,
+    free_after,
+    plan,
+    prune,
+    ready_replicas,
+    targets,
+)
+from evenserve.policy.registry import PolicyParams
+
+
+class CostAwareParams(PolicyParams):
+    target_utilization: float = Field(default=0.7, gt=0, le=1)
+    low_utilization: float = Field(default=0.3, ge=0, le=1)
+    hold_s: float = Field(default=10.0, ge=0)
+    balance_weight: float = Field(default=1.0, ge=0)
+
+    @model_validator(mode="after")
+    def _low_below_target(self) -> CostAwareParams:
+        if self.low_utilization >= self.target_utilization:
+            raise ValueError("low_utilization must be below target_utilization")
+        return self
+
+
+def eviction_cost(view: ClusterView, model: str, device: str) -> float:
+    """``u * load_s(model)``: the requests expected to wait for a reload (module docstring)."""
+    rate = view.rate_rps.get(model, 0.0)
+    others = ready_replicas(view, model, besides=device)
+    unserved = max(0.0, rate - others * view.models[model].capacity_rps) if others else rate
+    return unserved * view.load_s(model)
+
+
+@PLACEMENT.register(
+    "cost-aware", CostAwareParams, "evict by expected reload cost; replicas follow demand"
+)
+class CostAwarePlacement:
+    def __init__(self, params: CostAwareParams) -> None:
+        self.params = params
+        #: (model, device) -> (when, "load" | "unload") of this policy's last change there.
+        self._changed: dict[tuple[str, str], tuple[float, str]] = {}
+
+    # -- hysteresis --------------------------------------------------------------------
+
+    def _held(self, model: str, device: str, now_s: float) -> bool:
+        last = self._changed.get((model, device))
+        return last is not None and now_s - last[0] < self.params.hold_s
+
+    def _recent(self, model: str, kind: str, now_s: float) -> bool:
+        return any(
+            m == model and k == kind and now_s - t < self.params.hold_s
+            for (m, _), (t, k) in self._changed.items()
+        )
+
+    def _record(self, now_s: float, actions: list[Action]) -> None:
+        for a in actions:
+            self._changed[(a.model, a.device)] = (
+                now_s,
+                "load" if isinstance(a, Load) else "unload",
+            )
+
+    # -- choosing victims and a device -------------------------------------------------
+
+    def _victims(
+        self, view: ClusterView, model: str, d: DeviceView, budget: float, with_held: bool
+    ) -> tuple[list[str], float] | None:
+        """The evictions making room for ``model`` on ``d`` (each and all costing less than
+        ``budget``) and their total cost, or None."""
+        costs = {
+            m: eviction_cost(view, m, d.name)
+            for m in evictable(d)
+            if with_held or not self._held(m, d.name, view.now_s)
+        }
+        if math.isfinite(budget):
+            costs = {m: c for m, c in costs.items() if c < budget}
+        order = sorted(
+            costs,
+            key=lambda m: (
+                costs[m] / max(view.models[m].weights_bytes, 1.0),
+                d.last_used_s.get(m, -math.inf),
+                m,
+            ),
+        )
+        chosen: list[str] = []
+        for m in order:
+            if fits(d, view.models, model, chosen):
+                break
+            chosen.append(m)
+        if not fits(d, view.models, model, chosen):
+            return None
+        chosen = prune(d, view.models, model, chosen)
+        total = sum(costs[m] for m in chosen)
+        if math.isfinite(budget) and chosen and total >= budget:
+            return None
+        return chosen, total
+
+    def _place(
+        self, view: ClusterView, model: str, budget: float, with_held: bool, rebalancing: bool
+    ) -> list[Action]:
+        options = []
+        for d in targets(view, model):
+            if rebalancing and self._held(model, d.name, view.now_s):
+                continue
+            found = self._victims(view, model, d, budget, with_held)
+            if found is None:
+                continue
+            victims, cost = found
+            key = (
+                cost + self.params.balance_weight * d.utilization,
+                len(victims),
+                -free_after(d, view.models, model, victims),
+                d.name,
+            )
+            options.append((key, plan(model, d.name, victims)))
+        return argmin(options)
+
+    # -- the interface -----------------------------------------------------------------
+
+    def on_miss(self, model: str, view: ClusterView) -> list[Action]:
+        if view.hosts(model):
+            return []
+        actions = self._place(view, model, math.inf, with_held=False, rebalancing=False)
+        if not actions:
+            actions = self._place(view, model, math.inf, with_held=True, rebalancing=False)
+        self._record(view.now_s, actions)
+        return actions
+
+    def rebalance(self, view: ClusterView) -> list[Action]:
+        p, now = self.params, view.now_s
+        actions: list[Action] = []
+        work = view
+        for model in sorted(view.models):  # down first: it frees memory for the ups
+            rate, cap = view.rate_rps.get(model, 0.0), view.models[model].capacity_rps
+            hosts = work.hosts(model)
+            if len(hosts) < 2 or not rate < p.low_utilization * (len(hosts) - 1) * cap:
+                continue
+            if self._recent(model, "load", now):
+                continue
+            idle = [
+                d
+                for d in hosts
+                if d.ready(model)
+                and d.outstanding.get(model, 0) == 0
+                and not self._held(model, d.name, now)
+            ]
+            if not idle:
+                continue
+            d = min(
+                idle,
+                key=lambda d: (d.last_used_s.get(model, -math.inf), -d.utilization, d.name),
+            )
+            step: list[Action] = [Unload(model, d.name)]
+            actions += step
+            work = apply_actions(work, step)
+
+        def overflow(model: str) -> float:
+            cap = view.models[model].capacity_rps
+            replicas = len(work.hosts(model))
+            return view.rate_rps.get(model, 0.0) - p.target_utilization * replicas * cap
+
+        hot = [
+            m
+            for m in view.models
+            if work.hosts(m)
+            and not any(d.models.get(m) == LOADING for d in work.hosts(m))
+            and overflow(m) > 0
+            and not self._recent(m, "unload", now)
+        ]
+        for model in sorted(hot, key=lambda m: (-overflow(m) / view.models[m].capacity_rps, m)):
+            benefit = overflow(model) * view.load_s(model)
+            step = self._place(work, model, benefit, with_held=False, rebalancing=True)
+            actions += step
+            work = apply_actions(work, step)
+        self._record(now, actions)
+        return actions

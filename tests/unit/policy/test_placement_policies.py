@@ -1,0 +1,343 @@
+"""Placement policies' decisions on hand-built views, and their properties on random runs."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from evenserve.policy.placement import (
+    LOADING,
+    PLACEMENT,
+    READY,
+    UNLOADING,
+    ClusterView,
+    DeviceView,
+    Load,
+    PlacementPolicy,
+    Unload,
+    check_actions,
+)
+from evenserve.policy.placement.cost_aware import eviction_cost
+from evenserve.policy.registry import PolicySpecError
+
+from .placement_helpers import GIB, device, model, step
+
+
+def build(spec: object) -> PlacementPolicy:
+    policy = PLACEMENT.build(spec)
+    assert isinstance(policy, PlacementPolicy)
+    return policy
+
+
+MODELS = {
+    m.name: m
+    for m in (
+        model("big", 8),
+        model("s1", 4),
+        model("s2", 4),
+        model("new", 4),
+        model("wide", 8),
+        model("hot", 2),
+    )
+}
+
+
+def cluster(
+    devices: list[DeviceView], rate: dict[str, float] | None = None, now_s: float = 100.0
+) -> ClusterView:
+    return ClusterView(now_s, MODELS, devices, rate or {})
+
+
+# -- static ----------------------------------------------------------------------------
+
+
+def test_static_fills_the_device_with_most_free_memory_and_never_evicts() -> None:
+    v = cluster([device("d0", 16, ["s1"]), device("d1", 16, ["big"]), device("d2", 24, ["big"])])
+    policy = build("static")
+    assert policy.on_miss("new", v) == [Load("new", "d2")]  # 16 free, against 12 and 8
+    full = cluster([device("d0", 8, ["s1", "s2"]), device("d1", 8, ["big"])])
+    assert policy.on_miss("new", full) == []
+    assert policy.on_miss("s1", full) == []  # already hosted: nothing to do
+    assert policy.rebalance(cluster([device("d0", 16, ["s1", "s2", "big"])], {"s1": 100})) == []
+
+
+def test_a_device_that_is_off_takes_no_load() -> None:
+    v = cluster([device("d0", 16, ["big"]), device("off", 24, active=False)])
+    assert build("static").on_miss("new", v) == [Load("new", "d0")]
+
+
+# -- lru -------------------------------------------------------------------------------
+
+
+def test_lru_evicts_the_least_recently_used_and_skips_busy_and_loading_models() -> None:
+    d0 = device(
+        "d0",
+        12,
+        {"s1": READY, "s2": READY, "hot": LOADING},
+        used={"s1": 50.0, "s2": 90.0, "hot": 10.0},
+    )
+    v = cluster([d0])
+    assert build("lru").on_miss("new", v) == [Unload("s1", "d0"), Load("new", "d0")]
+    d0.outstanding["s1"] = 1  # s1 is busy: s2 goes although it was used later
+    assert build("lru").on_miss("new", v) == [Unload("s2", "d0"), Load("new", "d0")]
+    d0.outstanding["s2"] = 3  # nothing evictable is left (hot is still loading)
+    assert build("lru").on_miss("new", v) == []
+
+
+def test_lru_takes_the_device_needing_fewest_evictions_then_most_free_memory() -> None:
+    one = device("one", 12, ["s1", "s2"], used={"s1": 1.0, "s2": 2.0})  # 4 free: evict 1
+    two = device("two", 13, ["hot", "s2"], used={"hot": 0.0, "s2": 0.0})  # 7 free: evict 1
+    none = device("none", 8, ["hot"])  # 6 free
+    policy = build("lru")
+    assert policy.on_miss("wide", cluster([one, two])) == [
+        Unload("hot", "two"),
+        Load("wide", "two"),
+    ]  # both need one eviction (hot before s2 on a tie: name); two has 1 GiB left, one 0
+    # new fits everywhere as it is: the most free memory after the load (3 GiB on two)
+    assert policy.on_miss("new", cluster([one, two, none])) == [Load("new", "two")]
+    assert policy.on_miss("new", cluster([one, none])) == [Load("new", "none")]
+
+
+def test_lru_idle_eviction_is_off_by_default_and_spares_what_it_just_loaded() -> None:
+    d0 = device("d0", 16, ["s1", "s2"], used={"s1": 10.0, "s2": 95.0})
+    v = cluster([d0], now_s=100.0)
+    assert build("lru").rebalance(v) == []
+    policy = build({"policy": "lru", "idle_evict_s": 30})
+    assert policy.rebalance(v) == [Unload("s1", "d0")]  # idle 90 s; s2 only 5 s
+    loaded = step(v, policy.on_miss("new", v), 100.0)
+    later = step(loaded, [], 120.0)  # new is READY, never used yet: loaded 20 s ago
+    assert Unload("new", "d0") not in policy.rebalance(later)
+    assert Unload("new", "d0") in policy.rebalance(step(later, [], 131.0))
+
+
+# -- cost-aware ------------------------------------------------------------------------
+
+
+def test_the_cost_of_an_eviction_is_the_unserved_rate_times_the_load_time() -> None:
+    d0 = device("d0", 24, ["s1", "s2"])
+    d1 = device("d1", 24, ["s2"])
+    v = ClusterView(0.0, MODELS, [d0, d1], {"s1": 6.0, "s2": 6.0}, warm=frozenset({"s1"}))
+    assert eviction_cost(v, "s1", "d0") == pytest.approx(6.0 * 1.0)  # warm: 1 s to reload
+    assert eviction_cost(v, "s2", "d0") == 0.0  # d1 carries 6 of its 10 req/s
+    v.rate_rps = {"s2": 13.0}
+    assert eviction_cost(v, "s2", "d0") == pytest.approx(3.0 * 4.0)  # 3 req/s over d1, cold
+    d1.models["s2"] = LOADING  # a loading replica serves nothing yet
+    assert eviction_cost(v, "s2", "d0") == pytest.approx(13.0 * 4.0)
+
+
+def test_recency_and_cost_disagree_lru_evicts_busy_small_models_cost_aware_the_idle_one() -> None:
+    """The ModelMesh complaint: an 8 GiB load evicts the two small models that serve all the
+    traffic because they were used a moment before the idle large one."""
+    used = {"s1": 97.0, "s2": 98.0, "big": 99.0}
+    d0 = device("d0", 16, ["s1", "s2", "big"], used=used)
+    v = cluster([d0], {"s1": 5.0, "s2": 5.0, "big": 0.0})
+    assert build("lru").on_miss("wide", v) == [
+        Unload("s1", "d0"),
+        Unload("s2", "d0"),
+        Load("wide", "d0"),
+    ]
+    assert build("cost-aware").on_miss("wide", v) == [Unload("big", "d0"), Load("wide", "d0")]
+    assert build("lru").on_miss("new", v) == [Unload("s1", "d0"), Load("new", "d0")]
+    assert build("cost-aware").on_miss("new", v) == [Unload("big", "d0"), Load("new", "d0")]
+
+
+def test_cost_aware_frees_bytes_at_the_least_cost_per_byte_and_drops_needless_victims() -> None:
+    # s1 (4 GiB, 1 req/s: cost 4) against big (8 GiB, 1.5 req/s: cost 6): per byte, big is
+    # cheaper; once big is chosen s1 is not needed at all.
+    d0 = device("d0", 16, ["s1", "big"])
+    v = cluster([d0], {"s1": 1.0, "big": 1.5})
+    assert build("cost-aware").on_miss("wide", v) == [Unload("big", "d0"), Load("wide", "d0")]
+
+
+def test_cost_aware_places_a_miss_where_evicting_costs_least_then_on_the_idler_device() -> None:
+    a = device("a", 6, ["s1"], util=0.1)  # room for new only without s1: cost 2 * 4
+    b = device("b", 6, ["s2"], util=0.5)  # without s2: cost 1 * 4
+    c = device("c", 12, ["big"], util=0.9)
+    v = cluster([a, b, c], {"s1": 2.0, "s2": 1.0})
+    assert build("cost-aware").on_miss("new", v) == [Load("new", "c")]  # fits: cost 0.9
+    v2 = cluster([a, b], {"s1": 2.0, "s2": 1.0})
+    assert build("cost-aware").on_miss("new", v2) == [Unload("s2", "b"), Load("new", "b")]
+    v3 = cluster([device("a", 8, util=0.6), device("b", 8, util=0.2)])
+    assert build("cost-aware").on_miss("new", v3) == [Load("new", "b")]
+
+
+def test_cost_aware_adds_a_replica_under_demand_and_removes_it_after_the_hold() -> None:
+    policy = build("cost-aware")  # hold_s 10, target 0.7, low 0.3; hot serves 10 req/s
+    d0 = device("d0", 16, ["hot"], util=0.8)
+    d1 = device("d1", 16, ["s1"], util=0.2)
+    d2 = device("d2", 16, ["big", "s2"], util=0.1)
+    v = cluster([d0, d1, d2], {"hot": 9.0, "s1": 1.0}, now_s=0.0)
+    up = policy.rebalance(v)  # 9 > 0.7 * 1 * 10: a replica, on the idlest device with room
+    assert up == [Load("hot", "d2")]
+    check_actions(v, up)
+    v = step(v, up, 1.0)
+    v.rate_rps = {"hot": 20.0}
+    assert policy.rebalance(v) == []  # hot is still LOADING on d2: no third replica yet
+    v = step(v, [], 2.0)  # READY: 20 > 0.7 * 2 * 10
+    assert policy.rebalance(v) == [Load("hot", "d1")]
+    v = step(step(v, [Load("hot", "d1")], 3.0), [], 4.0)
+    v.rate_rps = {"hot": 0.5}  # 0.5 < 0.3 * 2 * 10: a replica too many, but one was added at 2
+    assert policy.rebalance(v) == []
+    v = step(v, [], 11.9)
+    assert policy.rebalance(v) == []  # still within 10 s of that load
+    v = step(v, [], 12.5)
+    v.device("d0").outstanding["hot"] = 2  # busy: not that one; d1 is the busier of the others
+    assert policy.rebalance(v) == [Unload("hot", "d1")]
+    v = step(v, [Unload("hot", "d1")], 13.0)  # 0.5 < 0.3 * 1 * 10: d2 goes too
+    assert policy.rebalance(v) == [Unload("hot", "d2")]
+    v = step(v, [Unload("hot", "d2")], 14.0)
+    v.device("d0").outstanding.clear()
+    assert policy.rebalance(v) == []  # the last replica stays while there is demand
+    v.rate_rps = {"hot": 20.0}  # a burst right after removing replicas: the count holds
+    assert policy.rebalance(v) == []
+    v = step(v, [], 22.8)  # d1's unload (12.5) is 10.3 s old, d2's (13) not yet 10
+    assert policy.rebalance(v) == []  # the model's last removal (13) is within 10 s
+    v = step(v, [], 23.0)
+    assert policy.rebalance(v) == [Load("hot", "d2")]
+
+
+def test_a_replica_evicts_only_models_cheaper_than_its_benefit() -> None:
+    d0 = device("d0", 4, ["hot"])
+    d1 = device("d1", 4, ["s1"])
+    # hot overflows by 8 - 7 = 1 req/s over one 4 s load: benefit 4; s1 costs 2 * 4 = 8.
+    v = cluster([d0, d1], {"hot": 8.0, "s1": 2.0}, now_s=0.0)
+    assert build("cost-aware").rebalance(v) == []
+    v.rate_rps = {"hot": 10.0, "s1": 0.5}  # benefit 12, cost 2
+    assert build("cost-aware").rebalance(v) == [Unload("s1", "d1"), Load("hot", "d1")]
+
+
+def test_cost_aware_does_not_undo_its_own_changes_within_the_hold() -> None:
+    policy = build({"policy": "cost-aware", "hold_s": 10})
+    d0 = device("d0", 6, ["s1"])  # evicting s1 costs 0.1 * 4
+    d1 = device("d1", 6, ["s2"])  # s2: 0.2 * 4
+    v = cluster([d0, d1], {"s1": 0.1, "s2": 0.2}, now_s=0.0)
+    first = policy.on_miss("new", v)
+    assert first == [Unload("s1", "d0"), Load("new", "d0")]
+    v = step(step(v, first, 1.0), [], 2.0)  # new is READY on d0
+    # another miss: it would be cheapest to evict new (no demand yet) but that was loaded 2 s
+    # ago: s2 goes instead
+    assert policy.on_miss("s1", v) == [Unload("s2", "d1"), Load("s1", "d1")]
+    # with nothing else to evict a waiting request still gets the held model's room
+    solo = cluster([device("d0", 8, {"new": READY, "hot": LOADING})], now_s=2.0)
+    policy2 = build("cost-aware")
+    assert policy2.on_miss("new", cluster([device("d0", 8, {"hot": LOADING})], now_s=0.0)) == [
+        Load("new", "d0")
+    ]
+    assert policy2.on_miss("s1", solo) == [Unload("new", "d0"), Load("s1", "d0")]
+
+
+def test_cost_aware_params_are_checked() -> None:
+    with pytest.raises(PolicySpecError, match="low_utilization"):
+        PLACEMENT.parse({"policy": "cost-aware", "low_utilization": 0.8})
+    with pytest.raises(PolicySpecError, match="hold_s"):
+        PLACEMENT.parse({"policy": "cost-aware", "hold_s": -1})
+    with pytest.raises(PolicySpecError, match="idle_evict_s"):
+        PLACEMENT.parse({"policy": "lru", "idle_evict_s": 0})
+
+
+# -- properties ------------------------------------------------------------------------
+
+NAMES = [f"m{i}" for i in range(6)]
+
+
+@st.composite
+def views(draw: st.DrawFn) -> ClusterView:
+    sizes = draw(st.lists(st.integers(1, 10), min_size=2, max_size=6))
+    models = {
+        f"m{i}": model(
+            f"m{i}",
+            gb,
+            cold_s=draw(st.floats(0.1, 10)),
+            warm_s=0.1,
+            cap_rps=draw(st.floats(1, 50)),
+        )
+        for i, gb in enumerate(sizes)
+    }
+    devices = []
+    for k in range(draw(st.integers(1, 4))):
+        total = draw(st.integers(4, 24))
+        states: dict[str, str] = {}
+        used = 0
+        for m in draw(st.permutations(list(models))):
+            gb = models[m].weights_bytes / GIB
+            if used + gb <= total and draw(st.booleans()):
+                states[m] = draw(st.sampled_from([READY, READY, LOADING, UNLOADING]))
+                used += int(gb)
+        devices.append(
+            DeviceView(
+                f"d{k}",
+                total * GIB,
+                states,
+                last_used_s={m: draw(st.floats(0, 100)) for m in states},
+                outstanding={m: draw(st.integers(0, 2)) for m in states},
+                utilization=draw(st.floats(0, 1)),
+                active=k == 0 or draw(st.booleans()),
+            )
+        )
+    rates = {m: draw(st.sampled_from([0.0, 0.5, 3.0, 20.0, 80.0])) for m in models}
+    return ClusterView(
+        100.0, models, devices, rates, frozenset(draw(st.sets(st.sampled_from(list(models)))))
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "static",
+        "lru",
+        {"policy": "lru", "idle_evict_s": 5},
+        "cost-aware",
+        {"policy": "cost-aware", "hold_s": 0},
+    ],
+)
+@given(start=views(), data=st.data())
+def test_every_action_list_of_a_run_is_valid(
+    spec: object, start: ClusterView, data: st.DataObject
+) -> None:
+    policy = build(spec)
+    v = start
+    for _ in range(data.draw(st.integers(1, 12), label="steps")):
+        now = v.now_s + data.draw(st.sampled_from([0.5, 3.0, 11.0]), label="dt")
+        if data.draw(st.booleans(), label="miss?"):
+            missed = data.draw(st.sampled_from(sorted(v.models)), label="model")
+            actions = policy.on_miss(missed, v)
+            check_actions(v, actions)
+            if actions:
+                assert actions[-1] == Load(missed, actions[-1].device)
+                assert all(isinstance(a, Unload) for a in actions[:-1])
+                assert not v.hosts(missed)
+        else:
+            actions = policy.rebalance(v)
+            check_actions(v, actions)
+        if spec == "static":
+            assert not any(isinstance(a, Unload) for a in actions)
+        v = step(v, actions, now)
+        for d in v.devices:  # new requests arrive and finish: the outstanding counts move
+            d.outstanding = {m: data.draw(st.integers(0, 1), label="out") for m in d.models}
+            if d.models and data.draw(st.booleans(), label="used?"):
+                d.last_used_s[data.draw(st.sampled_from(sorted(d.models)), label="used")] = now
+        v.rate_rps = {
+            m: r * data.draw(st.sampled_from([0.0, 0.5, 1.0, 2.0]), label="rate")
+            for m, r in v.rate_rps.items()
+        } or dict(v.rate_rps)
+
+
+def test_the_worked_example_of_the_design_note() -> None:
+    """docs/design/0009-placement.md, "A worked example"."""
+
+    def example() -> ClusterView:
+        d0 = device("d0", 16, ["s1", "s2", "big"], used={"s1": 97.0, "s2": 98.0, "big": 99.0})
+        d0.utilization = 0.5
+        d1 = device("d1", 8, ["hot"], used={"hot": 99.9}, util=0.9)
+        rates = {"s1": 5.0, "s2": 5.0, "big": 0.0, "hot": 12.0}
+        return cluster([d0, d1, device("d2", 16, active=False)], rates)
+
+    assert build("static").on_miss("wide", example()) == []
+    assert build("lru").on_miss("wide", example()) == [Unload("hot", "d1"), Load("wide", "d1")]
+    assert build("cost-aware").on_miss("wide", example()) == [
+        Unload("big", "d0"),
+        Load("wide", "d0"),
+    ]
+    assert build("cost-aware").rebalance(example()) == [Unload("big", "d0"), Load("hot", "d0")]
+    assert build("lru").rebalance(example()) == build("static").rebalance(example()) == []
