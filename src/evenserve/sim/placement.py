@@ -27,8 +27,9 @@ Theory of operation (all on the simulation's event heap):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from evenserve.core.results import RequestLog
 from evenserve.core.scenario import DeviceSpec
 from evenserve.core.wire import NO_BACKEND, OVERLOADED
 from evenserve.policy.batching import BATCHING
@@ -46,13 +47,24 @@ from evenserve.policy.placement import (
     Unload,
 )
 from evenserve.policy.placement.controller import PlacementController
-from evenserve.sched import QueueSet
-from evenserve.sim.device import SimDevice, SimRequest
-
-if TYPE_CHECKING:
-    from evenserve.sim.cluster import Simulation
+from evenserve.policy.routing import Router
+from evenserve.sched import DeviceScheduler, QueueSet
+from evenserve.sim.device import SimDevice, SimHost, SimRequest
 
 GIB = 1024.0**3
+
+
+class PlacementHost(SimHost, Protocol):
+    """What the placement driver needs of the simulation that holds it."""
+
+    router: Router | None
+    log: RequestLog
+    refusals: bool
+    end_s: float
+
+    def new_scheduler(
+        self, d: SimDevice, spec: DeviceSpec, models: tuple[str, ...] | list[str]
+    ) -> DeviceScheduler[SimRequest]: ...
 
 
 @dataclass(eq=False)
@@ -85,7 +97,7 @@ class _Device:
 
 
 class SimPlacement:
-    def __init__(self, sim: Simulation, devices: list[tuple[SimDevice, DeviceSpec]]) -> None:
+    def __init__(self, sim: PlacementHost, devices: list[tuple[SimDevice, DeviceSpec]]) -> None:
         self.sim = sim
         arm, sc = sim.arm, sim.sc
         self.load_wait_s = arm.load_wait_ms / 1000.0
