@@ -11,7 +11,8 @@ import pytest
 import tests.placement_policies  # noqa: F401  (registers the test policies)
 from evenserve.core.errors import ConfigError
 from evenserve.policy.placement import PLACEMENT
-from evenserve.report.summary import summarize
+from evenserve.report.summary import run_summary, summarize
+from evenserve.report.table import compare_table_rows
 from evenserve.sim.cluster import Simulation
 from evenserve.sim.loader import load_scenario
 
@@ -47,6 +48,7 @@ def test_many_models_runs_with_a_stand_in_policy(repo_root: Path) -> None:
     rec = static.run()
     assert rec.device_seconds == pytest.approx(5 * 20.0)
     assert rec.evictions == 0 and rec.loads == 0
+    static_summary = summarize(rec, timeseries=False)
 
     lru = Simulation(ld, "lru")
     rec = lru.run()
@@ -60,3 +62,11 @@ def test_many_models_runs_with_a_stand_in_policy(repo_root: Path) -> None:
     log = rec.requests
     for fin, reason in zip(log.finish_s, log.drop_reason, strict=True):
         assert not (not math.isnan(fin) and reason is not None)
+
+    # The comparison shows the cost and what misses cost, and every arm's devices.
+    header, rows = compare_table_rows(run_summary(sc.name, 1, {"static": static_summary, "lru": s}))
+    by = {r[0]: r[1:] for r in rows}
+    assert header == ["figure", "static", "lru"]
+    assert by["device-seconds"] == ["100", "80"]
+    assert by["evictions"][0] == "0" and by["loads"][1] == str(s["loads"])
+    assert by["util st0"][1] == "-" and by["util g0"][0] == "-"
