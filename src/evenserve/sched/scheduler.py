@@ -330,6 +330,15 @@ class DeviceScheduler(Generic[R]):
         self._derive()
         self._plan(now)
 
+    def end_drain(self, now: float) -> None:
+        """Take new requests again (a device turned off after draining, and on again): every
+        hosted model batches with its own policy."""
+        self.draining = False
+        for h in self._hosted:
+            h.policy = h.mq.policy
+        self._derive()
+        self._plan(now)
+
     def abandon(self, now: float, reason: str = SHUTDOWN, model: str | None = None) -> int:
         """Drop everything still queued (shutdown), or only ``model``'s; returns how many."""
         return self.queues.abandon(now, reason, model)

@@ -312,14 +312,8 @@ class Simulation:
             central_max, central_mean = self.central.depth(end)
         else:
             for d in self.devices:
-                qsets = (
-                    [d.sched.queues]
-                    if self.placement is None
-                    else self.placement.queue_sets(d.name)
-                )
-                # A device turned on again had a fresh scheduler: its spans do not overlap.
-                d.trace.exact_mean_queue_depth = sum(q.mean_depth(end) for q in qsets)
-                d.trace.exact_max_queue_depth = float(max(q.depth_max for q in qsets))
+                d.trace.exact_mean_queue_depth = d.sched.queues.mean_depth(end)
+                d.trace.exact_max_queue_depth = float(d.sched.queues.depth_max)
         pl = self.placement
         for d in self.devices:
             d.trace.active_s = end if pl is None else pl.active_s(d.name, end)

@@ -17,9 +17,9 @@ Theory of operation (all on the simulation's event heap):
   it is done. An unload asked while the model is still loading happens once it is loaded.
 - Every ``placement_interval_ms``: each device's busy fraction to the controller, then its
   ``tick`` (rebalance, autoscaling). ScaleUp: the device costs from then, and takes work
-  after ``start_ms`` (a fresh, empty scheduler). ScaleDown: nothing new is sent; it drains
-  (its queued requests run at once, loads and unloads under way finish), then it is off
-  and its residents leave it.
+  after ``start_ms`` (its scheduler, empty, ends its drain). ScaleDown: nothing new is
+  sent; it drains (its queued requests run at once, loads and unloads under way finish),
+  then it is off and its residents leave it.
 - Memory: a device's resident weights (loading, ready, unloading) never exceed
   ``memory_gb``: asserted at every load start (a controller or policy bug otherwise).
 """
@@ -48,7 +48,6 @@ from evenserve.policy.placement import (
 )
 from evenserve.policy.placement.controller import PlacementController
 from evenserve.policy.routing import Router
-from evenserve.sched import DeviceScheduler, QueueSet
 from evenserve.sim.device import SimDevice, SimHost, SimRequest
 
 GIB = 1024.0**3
@@ -61,10 +60,6 @@ class PlacementHost(SimHost, Protocol):
     log: RequestLog
     refusals: bool
     end_s: float
-
-    def new_scheduler(
-        self, d: SimDevice, spec: DeviceSpec, models: tuple[str, ...] | list[str]
-    ) -> DeviceScheduler[SimRequest]: ...
 
 
 @dataclass(eq=False)
@@ -87,8 +82,6 @@ class _Device:
     unload_after_load: set[str] = field(default_factory=set)
     #: Requests for a load that waits for room (not started yet), by model.
     parked: dict[str, list[SimRequest]] = field(default_factory=dict)
-    #: Every QueueSet this device had (a device turned on again gets a fresh scheduler).
-    past_queues: list[QueueSet[SimRequest]] = field(default_factory=list)
     peak_weights_bytes: float = 0.0
 
     @property
@@ -243,9 +236,7 @@ class SimPlacement:
         now = self.sim.loop.now
         pd = self.devices[name]
         pd.starting = False
-        d = pd.sim_device
-        pd.past_queues.append(d.sched.queues)
-        d.sched = self.sim.new_scheduler(d, pd.spec, [])
+        pd.sim_device.sched.end_drain(now)  # empty: its models left when it stopped
         self.controller.device_ready(name, now)
         self._sync_router(pd)
 
@@ -307,10 +298,6 @@ class SimPlacement:
     def active_s(self, name: str, end_s: float) -> float:
         pd = self.devices[name]
         return pd.active_s + (0.0 if pd.on_since_s is None else end_s - pd.on_since_s)
-
-    def queue_sets(self, name: str) -> list[QueueSet[SimRequest]]:
-        pd = self.devices[name]
-        return [*pd.past_queues, pd.sim_device.sched.queues]
 
 
 __all__ = ["SimPlacement"]

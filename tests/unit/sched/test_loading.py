@@ -76,3 +76,13 @@ def test_loaded_needs_a_loading_model_and_a_loading_model_can_be_removed() -> No
     s.remove_model("a", 0.5)  # an unload before the load finished: nothing was queued
     assert s.loading == frozenset()
     assert s.memory.weights_bytes == pytest.approx(50 * MIB)
+
+
+def test_a_drained_device_takes_requests_again_after_end_drain() -> None:
+    act = Actions()
+    s = scheduler_for([], act)
+    s.begin_drain(0.0)
+    s.end_drain(1.0)
+    s.add_model(model("a", PROF_A), now=1.0)
+    assert s.offer(req(1, "a", 1.0), 1.0) is None
+    assert len(act.started) == 1
