@@ -197,3 +197,27 @@ def test_tick_runs_every_interval_and_scale_actions_are_sequenced() -> None:
     assert c.devices["s0"].models == {}
     assert c.counts.scale_ups == 1 and c.counts.scale_downs == 1
     assert math.isfinite(c.interval_s)
+
+
+class _Script:
+    """A policy that answers what it is given: on_miss and rebalance from lists."""
+
+    def __init__(self, miss: list[Action], rebalance: list[list[Action]]) -> None:
+        self.miss = miss
+        self.rebalances = rebalance
+
+    def on_miss(self, model: str, view: ClusterView) -> list[Action]:
+        return self.miss
+
+    def rebalance(self, view: ClusterView) -> list[Action]:
+        return self.rebalances.pop(0) if self.rebalances else []
+
+
+def test_unloading_a_load_that_never_started_just_forgets_it() -> None:
+    policy = _Script([Unload("a", "d0"), Load("c", "d0")], [[Unload("c", "d0")]])
+    c = PlacementController(infos(), [DeviceView("d0", 12 * GIB, {"a": READY, "b": READY})], policy)
+    assert c.route_miss("c", 0.0) == ("d0", [Unload("a", "d0")])  # c waits for a
+    assert c.tick(0.0) == []  # c's load is dropped before it started: nothing to carry out
+    assert c.devices["d0"].models == {"a": UNLOADING, "b": READY}
+    assert c.unload_done("a", "d0", 0.01) == []  # no load waits any more
+    assert c.counts.loads == 0 and c.counts.evictions == 2
