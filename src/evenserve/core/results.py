@@ -20,6 +20,9 @@ class RequestLog:
     device: list[str] = field(default_factory=list)
     drop_reason: list[str | None] = field(default_factory=list)
     priority: list[int] = field(default_factory=list)
+    #: Seconds a request waited for its model to load (request index -> seconds; only the
+    #: requests that waited for a load: until it was done, or until they timed out).
+    load_wait_s: dict[int, float] = field(default_factory=dict)
 
     def add(self, model: str, arrival_s: float, priority: int = 10) -> int:
         self.model.append(model)
@@ -56,6 +59,9 @@ class DeviceTrace:
     #: Batches the device runs at once; busy intervals overlap up to this many deep and
     #: utilization is their total over ``instances`` x time.
     instances: int = 1
+    #: Seconds the device was on (turned on to turned off; the cost a user pays), over the
+    #: whole run; None when not known (a live run).
+    active_s: float | None = None
 
 
 @dataclass
@@ -74,3 +80,11 @@ class RunRecords:
     #: Queue depth of a central queue (central-queue arm): exact max and mean in the window.
     central_max_queue_depth: float | None = None
     central_mean_queue_depth: float | None = None
+    #: Every device's ``active_s`` summed over the whole run (the simulator: all devices
+    #: on for the whole run unless the arm has placement with autoscaling); None: not known.
+    device_seconds: float | None = None
+    #: Placement (an arm with ``placement``; 0 otherwise): model loads started (cold: from
+    #: disk; warm: from host memory) and evictions (unloads, to make room or by rebalance).
+    loads: int = 0
+    warm_loads: int = 0
+    evictions: int = 0

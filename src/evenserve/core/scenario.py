@@ -20,16 +20,25 @@ CENTRAL_QUEUE = "central-queue"
 
 class DeviceSpec(DeviceOptions):
     """A simulated device: its name, the models placed on it, its profile set, and how it
-    runs batches (``DeviceOptions``: instances, interference, memory)."""
+    runs batches (``DeviceOptions``: instances, interference, memory). Under an arm with
+    ``placement`` its models are the initial placement (an active device may start empty,
+    and one that is not ``active`` starts off: autoscaling turns it on); without placement a
+    device hosts its models the whole run, always on."""
 
     name: str = Field(min_length=1)
-    models: list[str] = Field(min_length=1)
+    models: list[str] = Field(default_factory=list)
     profile_set: str | None = None
     count: int = Field(default=1, ge=1, description="expand into NAME0..NAME{count-1}")
     slice: str | None = Field(
         default=None,
         description="part of a GPU (core.slices): mig=<G>g.<M>gb (its own M GiB, latency x "
         "7/G) or share=K/M (memory_gb x K/M, full speed, no contention between shares)",
+    )
+    active: bool = Field(
+        default=True, description="on at the start (placement arms: off until scaled up)"
+    )
+    start_ms: float = Field(
+        default=2000.0, ge=0, description="scale-up time: turned on -> taking work"
     )
 
     @field_validator("slice")
@@ -56,12 +65,52 @@ class DeviceSpec(DeviceOptions):
         sl = self.device_slice
         return 1.0 if sl is None else sl.compute_fraction
 
+    @model_validator(mode="after")
+    def _inactive_starts_empty(self) -> DeviceSpec:
+        if not self.active and self.models:
+            raise ValueError("models: a device that is not active starts with none")
+        return self
+
+
+#: Load-time assumptions when a model gives none (placement arms): bandwidth from disk to
+#: device (through host memory), and from host memory to device, plus a fixed set-up cost.
+#: Round figures for an NVMe SSD (2 GB/s) and PCIe 4.0 x16 in practice (12 GB/s); a
+#: scenario that knows better sets ``load_ms`` / ``warm_load_ms``.
+COLD_LOAD_BYTES_PER_S = 2e9
+COLD_LOAD_FIXED_S = 0.050
+WARM_LOAD_BYTES_PER_S = 12e9
+WARM_LOAD_FIXED_S = 0.005
+
 
 class ModelSpec(ModelOptions):
     """A model: its SLO (required here), class, deadline and latency profile."""
 
     slo_ms: float = Field(gt=0)
     profile: str | None = Field(default=None, description="profile name; default: model name")
+    load_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="cold load, disk -> host -> device (default: weights / 2 GB/s + 50 ms)",
+    )
+    warm_load_ms: float | None = Field(
+        default=None,
+        ge=0,
+        description="warm load, host -> device (default: weights / 12 GB/s + 5 ms)",
+    )
+
+    def load_times_s(self, weights_bytes: float) -> tuple[float, float]:
+        """(cold, warm) load seconds: the given ones, else the bandwidth assumptions."""
+        cold = (
+            weights_bytes / COLD_LOAD_BYTES_PER_S + COLD_LOAD_FIXED_S
+            if self.load_ms is None
+            else self.load_ms / 1000.0
+        )
+        warm = (
+            weights_bytes / WARM_LOAD_BYTES_PER_S + WARM_LOAD_FIXED_S
+            if self.warm_load_ms is None
+            else self.warm_load_ms / 1000.0
+        )
+        return cold, warm
 
 
 class Phase(Strict):
@@ -153,6 +202,32 @@ class ArmSpec(QueueOptions):
         ),
     )
     description: str | None = None
+    devices: list[str] | None = Field(
+        default=None, description="the (expanded) devices this arm runs on; default: all"
+    )
+    placement: Any = Field(
+        default=None,
+        description="placement policy {policy: NAME, ...}: models are loaded and unloaded",
+    )
+    autoscaling: Any = Field(
+        default=None, description="autoscaler {policy: NAME, ...} (needs placement)"
+    )
+    placement_interval_ms: float = Field(
+        default=1000.0, gt=0, description="how often rebalance and autoscaling are asked"
+    )
+    load_wait_ms: float = Field(
+        default=10000.0, gt=0, description="a request waits this long for a load at most"
+    )
+    unload_ms: float = Field(default=10.0, ge=0, description="time an unload takes")
+    host_memory_gb: float = Field(
+        default=0.0, ge=0, description="host memory for warm models (GiB; 0: none)"
+    )
+
+    @model_validator(mode="after")
+    def _placement_options(self) -> ArmSpec:
+        if self.autoscaling is not None and self.placement is None:
+            raise ValueError("autoscaling: needs placement")
+        return self
 
 
 class SignalSpec(Strict):
@@ -192,7 +267,6 @@ class Scenario(Strict):
             raise ValueError(
                 f"default_profile_set: unknown profile set {self.default_profile_set!r}"
             )
-        placed: set[str] = set()
         seen: set[str] = set()
         for i, d in enumerate(self.expanded_devices()):
             if d.name in seen:
@@ -201,7 +275,6 @@ class Scenario(Strict):
             for m in d.models:
                 if m not in self.models:
                     raise ValueError(f"devices[{i}].models: unknown model {m!r}")
-                placed.add(m)
             ps = d.profile_set or self.default_profile_set
             if ps is None:
                 if len(self.profile_sets) != 1:
@@ -210,9 +283,15 @@ class Scenario(Strict):
                     )
             elif ps not in self.profile_sets:
                 raise ValueError(f"devices[{i}].profile_set: unknown profile set {ps!r}")
-        for m in self.models:
-            if m not in placed:
-                raise ValueError(f"models.{m}: not placed on any device")
+        for arm, spec in self.arms.items():
+            devs = self.arm_devices(arm)  # unknown names raise here
+            if spec.placement is not None:
+                continue  # models are loaded where the policy says
+            placed = {m for d in devs for m in d.models}
+            for m in self.models:
+                if m not in placed:
+                    where = "" if spec.devices is None else f" of arms.{arm}.devices"
+                    raise ValueError(f"models.{m}: not placed on any device{where}")
         wl = self.workload  # a trace names its models in its file, checked when it is read
         field = "rates_rps" if isinstance(wl, OpenLoop) else "mix"
         for m in getattr(wl, field, {}):
@@ -235,6 +314,20 @@ class Scenario(Strict):
         assert isinstance(self.workload, OpenLoop)
         wl = self.workload.model_copy(update={"phases": list(self.levels[level])})
         return self.model_copy(update={"workload": wl})
+
+    def arm_devices(self, arm: str) -> list[DeviceSpec]:
+        """The expanded devices arm ``arm`` runs on (ValueError: it names an unknown one)."""
+        names = self.arms[arm].devices
+        devs = self.expanded_devices()
+        if names is None:
+            return devs
+        by_name = {d.name: d for d in devs}
+        for i, n in enumerate(names):
+            if n not in by_name:
+                raise ValueError(f"arms.{arm}.devices[{i}]: unknown device {n!r}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"arms.{arm}.devices: a device is listed twice")
+        return [by_name[n] for n in names]
 
     def expanded_devices(self) -> list[DeviceSpec]:
         return [

@@ -169,13 +169,17 @@ SHED = "shed"
 DEADLINE_INFEASIBLE = "deadline-infeasible"
 #: 504: while it waited the request could no longer finish by its deadline.
 DEADLINE_EXPIRED = "deadline-expired"
-REFUSAL_REASONS = (QUEUE_FULL, SHED, DEADLINE_INFEASIBLE, DEADLINE_EXPIRED)
+#: 503 with Retry-After: the request waited longer than the device's load bound
+#: (``load_wait``) for its model to finish loading.
+LOAD_TIMEOUT = "load-timeout"
+REFUSAL_REASONS = (QUEUE_FULL, SHED, DEADLINE_INFEASIBLE, DEADLINE_EXPIRED, LOAD_TIMEOUT)
 #: HTTP status of each refusal.
 REFUSAL_STATUS: Mapping[str, int] = {
     QUEUE_FULL: 429,
     SHED: 429,
     DEADLINE_INFEASIBLE: 504,
     DEADLINE_EXPIRED: 504,
+    LOAD_TIMEOUT: 503,
 }
 #: Simulator-only drop reason: no device hosts the model (the gateway answers 503).
 NO_BACKEND = "no-backend"

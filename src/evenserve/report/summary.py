@@ -16,6 +16,13 @@ Definitions (all over the measured window ``[warmup_s, end_s]``):
   instantaneous max (``exact_*``), which under a batching window include the requests a
   window deliberately holds back.
 - requests: over the whole run; arrived = completed + dropped + in_flight.
+- device_seconds (the simulator; None live): each device's time on, summed over the whole
+  run (the cost a user pays): devices x duration unless placement turns devices on and off.
+- loads, warm_loads, evictions: placement's model loads started (warm: from host memory) and
+  unloads (to make room or by rebalance), over the whole run; 0 without placement.
+- load_wait: requests that arrived in the window and waited for their model to load (until
+  it was loaded, or until they timed out as ``load-timeout``): how many, and the mean, P99
+  and max of that wait in ms (part of their latency).
 """
 
 from __future__ import annotations
@@ -48,6 +55,24 @@ def latency_figures(lat_ms: np.ndarray) -> dict[str, float | None]:
     out["max"] = _r(float(lat_ms.max()))
     out["mean"] = _r(float(lat_ms.mean()))
     return out
+
+
+def load_wait_figures(rec: RunRecords) -> dict[str, Any]:
+    """Waits for a load of the requests that arrived in the measured window (ms)."""
+    arr = rec.requests.arrival_s
+    t0, t1 = rec.warmup_s, rec.end_s
+    w = np.asarray(
+        [s for i, s in rec.requests.load_wait_s.items() if t0 <= arr[i] < t1], dtype=float
+    )
+    if w.size == 0:
+        return {"requests": 0, "mean_ms": None, "p99_ms": None, "max_ms": None}
+    ms = w * 1000.0
+    return {
+        "requests": int(w.size),
+        "mean_ms": _r(float(ms.mean())),
+        "p99_ms": _r(float(np.percentile(ms, 99.0))),
+        "max_ms": _r(float(ms.max())),
+    }
 
 
 def _busy_counter_at(tr: DeviceTrace, t: np.ndarray) -> np.ndarray:
@@ -192,6 +217,11 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
         "utilization_spread_pts": _r((max(utils) - min(utils)) * 100.0) if utils else 0.0,
         "max_queue_depth": _r(max_q_all),
         "requests": counts(everyone),
+        "device_seconds": None if rec.device_seconds is None else _r(rec.device_seconds),
+        "loads": rec.loads,
+        "warm_loads": rec.warm_loads,
+        "evictions": rec.evictions,
+        "load_wait": load_wait_figures(rec),
         "window_s": {"start": t0, "end": t1},
     }
     prio = np.asarray(log.priority, dtype=int) if len(log.priority) == len(log) else None

@@ -37,6 +37,10 @@ def compare_rows(summary: dict[str, Any], baseline: str = "baseline") -> list[di
             "max_queue_depth": a["max_queue_depth"],
             "slo_attainment": {m: v["slo_attainment"] for m, v in a["models"].items()},
             "devices": {d: v["utilization"] for d, v in a["devices"].items()},
+            "device_seconds": a.get("device_seconds"),
+            "loads": a.get("loads", 0),
+            "evictions": a.get("evictions", 0),
+            "load_wait_p99_ms": (a.get("load_wait") or {}).get("p99_ms"),
         }
         if base is not None and base["throughput_rps"]:
             row["throughput_vs_baseline"] = round(a["throughput_rps"] / base["throughput_rps"], 3)
@@ -84,7 +88,8 @@ def compare_table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[st
 
     add("routing", [r["routing"] for r in rows])
     add("batching", [r["batching"] for r in rows])
-    devices = list(next(iter(arms.values()))["devices"])
+    # Every arm's devices (arms may run on different devices: placement scenarios).
+    devices = list(dict.fromkeys(d for a in arms.values() for d in a["devices"]))
     for d in devices:
         add(f"util {d}", [_fmt(r["devices"].get(d), 1, pct=True) for r in rows])
     add("util mean", [_fmt(r["utilization_mean"], 1, pct=True) for r in rows])
@@ -93,6 +98,14 @@ def compare_table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[st
     add("P99 ms", [_fmt(r["p99_ms"], 2) for r in rows])
     add("throughput rps", [_fmt(r["throughput_rps"]) for r in rows])
     add("max queue depth", [_fmt(r["max_queue_depth"], 0) for r in rows])
+    # Placement figures, where they tell arms apart (an arm that loads, evicts, or pays for
+    # other device time): cost in device-seconds, and what misses cost.
+    secs = {r["device_seconds"] for r in rows}
+    if any(r["loads"] or r["evictions"] for r in rows) or len(secs) > 1:
+        add("device-seconds", [_fmt(r["device_seconds"], 0) for r in rows])
+        add("loads", [str(r["loads"]) for r in rows])
+        add("evictions", [str(r["evictions"]) for r in rows])
+        add("load wait P99 ms", [_fmt(r["load_wait_p99_ms"], 1) for r in rows])
     models = list(next(iter(arms.values()))["models"])
     for m in models:
         add(f"SLO met {m}", [_fmt(r["slo_attainment"].get(m), 2, pct=True) for r in rows])

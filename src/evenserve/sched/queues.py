@@ -304,6 +304,14 @@ class QueueSet(Generic[R]):
             r.state = DISPATCHED
         return taken, items
 
+    def drop_queued(self, r: R, now: float, reason: str) -> bool:
+        """Drop one queued request with ``reason`` (reported through ``on_drop``); False if
+        it was not queued."""
+        if r.state != QUEUED or not self.queues[r.model].queue.remove(r):
+            return False
+        self._leave(r, now, reason)
+        return True
+
     def cancel(self, r: R, now: float) -> bool:
         """Take a queued request out (its caller went away); False if it was not queued."""
         if r.state != QUEUED or not self.queues[r.model].queue.remove(r):

@@ -22,18 +22,26 @@ Theory of operation.
   time; a wake-up that finds nothing due does nothing. So drivers never cancel a timer (an
   event heap cannot), and both drivers see the same calls at the same times.
 - Timing and busy time are ``sched.slots``'; memory is ``sched.memory``'s account.
+- Loading models (``begin_load`` ... ``loaded``): a model being loaded onto the device holds
+  its weights from the load's start; its requests are admitted and queue, but no batch of it
+  starts until ``loaded``. With a bound (``load_wait_s``), a request that has waited that long
+  for the load is dropped as ``load-timeout`` (503 with Retry-After), on a wake-up the
+  scheduler asks for, like the deadline watch. Devices without loading models never take
+  these paths.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
 
 from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import Dispatch, LoadSample
+from evenserve.core.wire import LOAD_TIMEOUT
 from evenserve.policy.batching.device import next_batch
 from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S
 from evenserve.sched.actions import Batch, SchedulerActions
@@ -41,6 +49,7 @@ from evenserve.sched.hosted import Hosted, flush
 from evenserve.sched.memory import MemoryAccount
 from evenserve.sched.queues import (
     NO_QUEUE_OPTIONS,
+    QUEUED,
     SHUTDOWN,
     ModelSetup,
     QueuedRequest,
@@ -81,6 +90,9 @@ class DeviceScheduler(Generic[R]):
         self.queues = queues
         self.actions = actions
         self.draining = False
+        #: Models loading here: name -> (load-wait bound or None, the queued requests with
+        #: the time each times out, in offer order).
+        self._loading: dict[str, tuple[float | None, deque[tuple[float, R]]]] = {}
         # Models in name order: next_batch breaks ties by the order it sees them.
         self._hosted: list[Hosted[R]] = [
             Hosted(
@@ -121,8 +133,13 @@ class DeviceScheduler(Generic[R]):
             if h.mq.setup.max_queue is not None
         }
         self._owns_queues = len(self._hosted) == len(self.queues.queues)
+        #: The models that may start batches (all but those loading).
+        loading = self._loading
+        self._serving = (
+            [h for h in self._hosted if h.mq.name not in loading] if loading else self._hosted
+        )
         qs = self.queues
-        self._direct = len(self._hosted) == 1 and (
+        self._direct = len(self._serving) == 1 and (
             self.draining or (qs.starvation_s is None and qs.class_headroom is None)
         )
 
@@ -148,6 +165,56 @@ class DeviceScheduler(Generic[R]):
         self._derive()
         self.memory.weights_bytes = self._weights_bytes()
 
+    def begin_load(
+        self,
+        setup: ModelSetup,
+        now: float,
+        profile: LatencyProfile | None = None,
+        load_wait_s: float | None = None,
+    ) -> None:
+        """Start loading one more model (as ``add_model``; its weights are held from now):
+        its requests queue, none runs, until ``loaded``. ``load_wait_s``: a request that
+        waits this long for the load is dropped as ``load-timeout`` (None: no bound)."""
+        if load_wait_s is not None and load_wait_s < 0:
+            raise ValueError("load_wait_s must be >= 0")
+        self.add_model(setup, now, profile)
+        self._loading[setup.name] = (load_wait_s, deque())
+        self._derive()
+
+    def loaded(self, name: str, now: float) -> list[R]:
+        """``name`` finished loading: its batches may start. Returns the requests that were
+        waiting for the load (queued now), so a driver can count their wait. ValueError: it
+        is not loading here."""
+        if self._loading.pop(name, None) is None:
+            raise ValueError(f"model {name!r} is not loading here")
+        waited = list(self._by_name[name].mq.queue.items)
+        self._derive()
+        self._plan(now)
+        return waited
+
+    @property
+    def loading(self) -> frozenset[str]:
+        """The models loading here now."""
+        return frozenset(self._loading)
+
+    def _expire_loads(self, now: float) -> None:
+        """Drop (``load-timeout``) the requests that have waited their bound for a load."""
+        qs = self.queues
+        for _, waits in list(self._loading.values()):
+            while waits and waits[0][0] <= now:
+                _, r = waits.popleft()
+                qs.drop_queued(r, now, LOAD_TIMEOUT)
+
+    def _load_watch_at(self) -> float:
+        """When the next request waiting for a load times out (inf: none)."""
+        at = math.inf
+        for _, waits in self._loading.values():
+            while waits and waits[0][1].state != QUEUED:
+                waits.popleft()
+            if waits and waits[0][0] < at:
+                at = waits[0][0]
+        return at
+
     def remove_model(self, name: str, now: float) -> None:
         """Stop hosting ``name``. ValueError: not hosted, or requests of it are still queued or
         running (drain it first: ``flush_model``, then ``abandon(now, model=...)``)."""
@@ -163,6 +230,7 @@ class DeviceScheduler(Generic[R]):
                 "a model leaves only when it has none"
             )
         self.queues.remove(name)
+        self._loading.pop(name, None)
         self._hosted = [x for x in self._hosted if x is not h]
         self._derive()
         self.memory.weights_bytes = self._weights_bytes()
@@ -180,6 +248,8 @@ class DeviceScheduler(Generic[R]):
         ``deadline-infeasible``, or ``draining``). KeyError: its model is not hosted here."""
         if self.draining:
             return DRAINING
+        if self._loading and r.model in self._loading:
+            return self._offer_loading(r, now)
         if r.deadline_s is None:
             reason = self.queues.offer(r, now)
             if reason is None and self._free:
@@ -191,6 +261,16 @@ class DeviceScheduler(Generic[R]):
                 self._plan(now)
             else:
                 self._ensure_timer()
+        return reason
+
+    def _offer_loading(self, r: R, now: float) -> str | None:
+        """Queue a request of a model that is loading (it waits for ``loaded``)."""
+        reason = self.queues.offer(r, now, self.busy_remaining_s(now))
+        if reason is None:
+            bound, waits = self._loading[r.model]
+            if bound is not None:
+                waits.append((now + bound, r))
+            self._ensure_timer()
         return reason
 
     def finished(self, batch: Batch[R], now: float, took_s: float | None = None) -> None:
@@ -223,6 +303,8 @@ class DeviceScheduler(Generic[R]):
             heapq.heapify(timers)
         if self._watch:
             self.queues.watch(now)
+        if self._loading:
+            self._expire_loads(now)
         if self._plan_wake <= now:
             self._plan(now)
         else:
@@ -245,6 +327,15 @@ class DeviceScheduler(Generic[R]):
         self.draining = True
         for h in self._hosted:
             h.policy = flush(h.mq.policy)
+        self._derive()
+        self._plan(now)
+
+    def end_drain(self, now: float) -> None:
+        """Take new requests again (a device turned off after draining, and on again): every
+        hosted model batches with its own policy."""
+        self.draining = False
+        for h in self._hosted:
+            h.policy = h.mq.policy
         self._derive()
         self._plan(now)
 
@@ -275,7 +366,7 @@ class DeviceScheduler(Generic[R]):
     def _plan_once(self, now: float) -> None:
         wake = math.inf
         free = self._free
-        hosted = self._hosted
+        hosted = self._serving
         queues = self.queues
         while free:
             if self._direct:  # one model, no class rules: ask its policy directly
@@ -314,12 +405,13 @@ class DeviceScheduler(Generic[R]):
         free_mem = self.memory.free_bytes()
         drain = self.draining
         headroom = None if drain else qs.class_headroom
-        for h in self._hosted:
+        serving = self._serving
+        for h in serving:
             h.view.memory_free_bytes = free_mem
             if headroom is not None:
                 h.view.arrival_rate_rps = h.mq.rate.rate_at(now)
         nb = next_batch(
-            ((h.view, h.policy) for h in self._hosted if h.view.requests or headroom is not None),
+            ((h.view, h.policy) for h in serving if h.view.requests or headroom is not None),
             now,
             starvation_s=None if drain else qs.starvation_s,
             class_headroom=headroom,
@@ -346,6 +438,10 @@ class DeviceScheduler(Generic[R]):
         need = self._plan_wake
         if self._watch:
             w = self.queues.watch_at
+            if w < need:
+                need = w
+        if self._loading:
+            w = self._load_watch_at()
             if w < need:
                 need = w
         if need == math.inf:

@@ -20,7 +20,7 @@ class CentralQueue:
     def __init__(self, sim: SimHost) -> None:
         self.sim = sim
         sc, arm = sim.sc, sim.arm
-        specs = sc.expanded_devices()
+        specs = [d for d in sc.arm_devices(sim.arm_name) if d.active]
         profiles = {s.name: sim.loaded.profiles_for(s) for s in specs}
         # Admission reads a model's first host's profile (devices may differ).
         first = {m: next(p[m] for p in profiles.values() if m in p) for m in sc.models}

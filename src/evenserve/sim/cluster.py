@@ -12,6 +12,9 @@ Theory of operation. Everything happens on one EventLoop with a virtual clock.
   the gateway's poller feeds it the workers' load reports.
 - The Router hears each send and each answer with the virtual time (``sent``/``done``, as
   the gateway's dispatcher calls them), so it learns each device's speed the same way.
+- An arm with ``placement`` loads and unloads models and turns devices on and off
+  (sim.placement; the controller is policy.placement.controller). Without it every device
+  of the arm hosts its models the whole run, on from start to end.
 - An arm with ``overload_refusals`` drops a request as ``overloaded`` when the Router's
   refusal rule holds (every host full or predicted late past the SLO), as the gateway with
   ``overload.enabled`` answers 429; off by default, as the live bench's gateway is.
@@ -25,16 +28,23 @@ from collections.abc import Iterator
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import RequestLog, RunRecords
-from evenserve.core.scenario import CENTRAL_QUEUE, ClosedLoop, OpenLoop, TraceWorkload
-from evenserve.core.wire import NO_BACKEND, OVERLOADED
+from evenserve.core.scenario import (
+    CENTRAL_QUEUE,
+    ClosedLoop,
+    DeviceSpec,
+    OpenLoop,
+    TraceWorkload,
+)
+from evenserve.core.wire import LOAD_TIMEOUT, NO_BACKEND, OVERLOADED
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import batching_label, spec_label
 from evenserve.policy.routing import ROUTING, Router
-from evenserve.sched import QUEUED, Batch, ModelSetup, scheduler_for
+from evenserve.sched import QUEUED, Batch, DeviceScheduler, ModelSetup, scheduler_for
 from evenserve.sim.central import CentralQueue
 from evenserve.sim.device import SimDevice, SimRequest
 from evenserve.sim.engine import EventLoop
 from evenserve.sim.loader import LoadedScenario
+from evenserve.sim.placement import SimPlacement
 from evenserve.workload import (
     Arrival,
     ClosedLoopUsers,
@@ -78,12 +88,13 @@ class Simulation:
         self._users: ClosedLoopUsers | None = None
         self._open_arrival_cb = self._open_arrival  # one bound method for every event
         self.central: CentralQueue | None = None
+        self.placement: SimPlacement | None = None
         if self.arm.routing == CENTRAL_QUEUE:
             self.central = CentralQueue(self)
             self._arrive = self.central.arrive
         else:
             self._build_devices()
-            self._arrive = self._routed_arrival
+            self._arrive = self._routed_arrival if self.placement is None else self.placement.arrive
 
     def model_setup(self, model: str, profile: LatencyProfile | None) -> ModelSetup:
         """How ``model`` is queued on a device with ``profile`` (its own policy object)."""
@@ -108,29 +119,50 @@ class Simulation:
             self.hosts[m].append(d)
         return d
 
+    def new_scheduler(
+        self, d: SimDevice, spec: DeviceSpec, models: tuple[str, ...] | list[str]
+    ) -> DeviceScheduler[SimRequest]:
+        """A scheduler for device ``d`` hosting ``models`` (its own queues)."""
+        return scheduler_for(
+            [self.model_setup(m, d.profiles[m]) for m in models],
+            d,
+            spec,  # a scenario device has the DeviceOptions, an arm the QueueOptions
+            self.arm,
+            stats_since_s=self.warmup_s,
+            memory_total_bytes=spec.memory_total_bytes,
+            utilization_window_s=self.utilization_window_s,
+        )
+
     def _build_devices(self) -> None:
         sc, arm = self.sc, self.arm
-        for spec in sc.expanded_devices():
-            d = self.add_device(spec.name, self.loaded.profiles_for(spec))
+        placed = arm.placement is not None
+        built: list[tuple[SimDevice, DeviceSpec]] = []
+        for spec in sc.arm_devices(self.arm_name):
+            if not placed and not spec.active:
+                continue  # spares are placement's
+            if placed:  # any model may be loaded here; it starts with its own
+                profiles = {m: self.loaded.profile_of(spec, m) for m in sc.models}
+                d = SimDevice(self, spec.name, profiles)
+                d.models = tuple(sorted(spec.models))
+                self.devices.append(d)
+                for m in d.models:
+                    self.hosts[m].append(d)
+            else:
+                d = self.add_device(spec.name, self.loaded.profiles_for(spec))
             d.trace.instances = spec.instances
-            d.sched = scheduler_for(
-                [self.model_setup(m, d.profiles[m]) for m in d.models],
-                d,
-                spec,  # a scenario device has the DeviceOptions, an arm the QueueOptions
-                arm,
-                stats_since_s=self.warmup_s,
-                memory_total_bytes=spec.memory_total_bytes,
-                utilization_window_s=self.utilization_window_s,
-            )
+            d.sched = self.new_scheduler(d, spec, d.models)
+            built.append((d, spec))
         self.by_name = {d.name: d for d in self.devices}
         self.router = Router(ROUTING.build(arm.routing, self.policy_rng), window=sc.signals.window)
         for d in self.devices:
             self.router.add_backend(
                 d.name,
                 d.models,
-                profiles=d.profiles,
+                profiles=d.profiles if not placed else {m: d.profiles[m] for m in d.models},
                 max_batch_size=d.sched.max_batch_size,
             )
+        if placed:
+            self.placement = SimPlacement(self, built)
 
     # -- workload ---------------------------------------------------------------------------
     def _new_request(
@@ -210,6 +242,10 @@ class Simulation:
         self.log.drop_reason[r.idx] = reason
         if device is not None and self.router is not None:
             self.router.done(device, r.model)
+            if self.placement is not None:
+                if reason == LOAD_TIMEOUT:
+                    self.log.load_wait_s[r.idx] = self.loop.now - r.arrival_s
+                self.placement.done(r.model, device, 1)
         if r.user >= 0:
             self._schedule_user(r.user)
 
@@ -223,6 +259,8 @@ class Simulation:
                 self._schedule_user(r.user)
         if self.router is not None:
             self.router.done(device, batch.model, len(batch.requests), now)
+            if self.placement is not None:
+                self.placement.done(batch.model, device, len(batch.requests))
 
     def _routed_arrival(self, r: SimRequest) -> None:
         router = self.router
@@ -258,6 +296,8 @@ class Simulation:
     # -- run --------------------------------------------------------------------------------
     def run(self) -> RunRecords:
         self.loop.at(0.0, self._sample, None)
+        if self.placement is not None:
+            self.loop.at(self.placement.controller.interval_s, self.placement.tick, None)
         wl = self.sc.workload
         if isinstance(wl, OpenLoop):
             self._start_open_loop(wl)
@@ -274,6 +314,10 @@ class Simulation:
             for d in self.devices:
                 d.trace.exact_mean_queue_depth = d.sched.queues.mean_depth(end)
                 d.trace.exact_max_queue_depth = float(d.sched.queues.depth_max)
+        pl = self.placement
+        for d in self.devices:
+            d.trace.active_s = end if pl is None else pl.active_s(d.name, end)
+        counts = None if pl is None else pl.controller.counts
         arm = self.arm
         return RunRecords(
             scenario=self.sc.name,
@@ -289,6 +333,10 @@ class Simulation:
             timeseries_interval_s=self.sc.timeseries_interval_s,
             central_max_queue_depth=central_max,
             central_mean_queue_depth=central_mean,
+            device_seconds=sum(d.trace.active_s or 0.0 for d in self.devices),
+            loads=0 if counts is None else counts.loads,
+            warm_loads=0 if counts is None else counts.warm_loads,
+            evictions=0 if counts is None else counts.evictions,
         )
 
 

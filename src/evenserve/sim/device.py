@@ -22,6 +22,7 @@ class SimHost(Protocol):
     loop: EventLoop
     sc: Scenario
     arm: ArmSpec
+    arm_name: str
     loaded: LoadedScenario
     policy_rng: random.Random
     warmup_s: float

@@ -18,7 +18,10 @@ from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.core.scenario import CENTRAL_QUEUE, DeviceSpec, Scenario
 from evenserve.core.validation import read_yaml, validate_document
 from evenserve.policy.batching import BATCHING
+from evenserve.policy.placement import AUTOSCALING, PLACEMENT
 from evenserve.policy.routing import ROUTING
+
+GIB = 1024.0**3
 
 
 @dataclass
@@ -29,10 +32,13 @@ class LoadedScenario:
 
     def profiles_for(self, device: DeviceSpec) -> dict[str, LatencyProfile]:
         """Model name -> profile for the models placed on ``device``."""
+        return {m: self.profile_of(device, m) for m in device.models}
+
+    def profile_of(self, device: DeviceSpec, model: str) -> LatencyProfile:
+        """The profile of ``model`` on ``device`` (any model: placement may load it there);
+        a MIG slice runs it at its compute fraction (core.slices)."""
         ps = self.profile_sets[self.scenario.profile_set_of(device)]
-        # A MIG slice runs its profiles at its compute fraction (core.slices).
-        speed = device.compute_fraction
-        return {m: ps[self.scenario.models[m].profile or m].at_speed(speed) for m in device.models}
+        return ps[self.scenario.models[model].profile or model].at_speed(device.compute_fraction)
 
     def resolve(self, relative: str) -> Path:
         return self.base_dir / relative  # an absolute path stays as it is
@@ -83,6 +89,12 @@ def parse_scenario(raw: Any, base_dir: Path, source: str = "scenario") -> Loaded
         BATCHING.parse(spec.batching, f"{source}: arms.{arm}.batching")
         for m, b in spec.batching_per_model.items():
             BATCHING.parse(b, f"{source}: arms.{arm}.batching_per_model.{m}")
+        if spec.placement is not None:
+            if spec.routing == CENTRAL_QUEUE:
+                raise ConfigError(f"{source}: arms.{arm}.placement: not with central-queue")
+            PLACEMENT.parse(spec.placement, f"{source}: arms.{arm}.placement")
+        if spec.autoscaling is not None:
+            AUTOSCALING.parse(spec.autoscaling, f"{source}: arms.{arm}.autoscaling")
     sets: dict[str, dict[str, LatencyProfile]] = {}
     for name, rel in sc.profile_sets.items():
         try:
@@ -98,7 +110,35 @@ def parse_scenario(raw: Any, base_dir: Path, source: str = "scenario") -> Loaded
                     f"{source}: models.{m}.profile: no profile {prof!r} in profile set "
                     f"{ps_name!r} ({sc.profile_sets[ps_name]}), needed by device {d.name!r}"
                 )
+    _check_placement_arms(sc, sets, source)
     return LoadedScenario(scenario=sc, base_dir=base_dir, profile_sets=sets)
+
+
+def _check_placement_arms(
+    sc: Scenario, sets: dict[str, dict[str, LatencyProfile]], source: str
+) -> None:
+    """Under placement every model may be loaded on every device of the arm (it needs a
+    profile in each one's set), and the initial placement fits each device's memory."""
+    index = {d.name: i for i, d in enumerate(sc.expanded_devices())}
+    for arm, spec in sc.arms.items():
+        if spec.placement is None:
+            continue
+        for d in sc.arm_devices(arm):
+            ps_name = sc.profile_set_of(d)
+            for m, ms in sc.models.items():
+                prof = ms.profile or m
+                if prof not in sets[ps_name]:
+                    raise ConfigError(
+                        f"{source}: models.{m}.profile: no profile {prof!r} in profile set "
+                        f"{ps_name!r}, needed by arms.{arm} (placement) on device {d.name!r}"
+                    )
+            used = sum(sets[ps_name][sc.models[m].profile or m].weights_bytes for m in d.models)
+            if used > d.memory_total_bytes:
+                raise ConfigError(
+                    f"{source}: devices[{index[d.name]}].models: weights {used / GIB:.2f} GiB "
+                    f"over the {d.memory_total_bytes / GIB:.2f} GiB of {d.name!r} "
+                    f"(arms.{arm} places them)"
+                )
 
 
 def with_level(loaded: LoadedScenario, level: str | None) -> LoadedScenario:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from evenserve.core.clock import Clock
 from evenserve.core.errors import EvenserveError
 from evenserve.core.options import DeviceOptions, QueueOptions
-from evenserve.core.wire import DEADLINE_EXPIRED, DEADLINE_INFEASIBLE, SHED
+from evenserve.core.wire import DEADLINE_EXPIRED, DEADLINE_INFEASIBLE, LOAD_TIMEOUT, SHED
 from evenserve.sched import (
     DRAINING,
     NO_QUEUE_OPTIONS,
@@ -283,6 +283,16 @@ class BatchDriver:
                         f"model {model!r}: the request can no longer finish by its deadline, so "
                         f"it will not run (waited {waited * 1000:.1f} ms in the queue, deadline "
                         f"{deadline_ms:.1f} ms after arrival)",
+                    )
+                )
+            elif reason == LOAD_TIMEOUT:
+                wait = self.sched.estimate_wait_s(model, now)
+                fut.set_exception(
+                    RefusedError(
+                        reason,
+                        f"model {model!r} is loading and this request waited "
+                        f"{waited * 1000:.1f} ms for it, the most a request waits for a load",
+                        wait,
                     )
                 )
             elif reason == UNLOADED:

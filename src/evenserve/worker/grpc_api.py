@@ -98,12 +98,14 @@ REFUSAL_CODES = {
     wire.SHED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     wire.DEADLINE_INFEASIBLE: grpc.StatusCode.DEADLINE_EXCEEDED,
     wire.DEADLINE_EXPIRED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    wire.LOAD_TIMEOUT: grpc.StatusCode.UNAVAILABLE,
 }
 REFUSAL_OUTCOMES = {
     wire.QUEUE_FULL: "rejected_queue_full",
     wire.SHED: "shed",
     wire.DEADLINE_INFEASIBLE: "deadline_infeasible",
     wire.DEADLINE_EXPIRED: "deadline_expired",
+    wire.LOAD_TIMEOUT: "unavailable",
 }
 
 

@@ -72,6 +72,7 @@ REFUSAL_OUTCOMES = {
     wire.SHED: "shed",
     wire.DEADLINE_INFEASIBLE: "deadline_infeasible",
     wire.DEADLINE_EXPIRED: "deadline_expired",
+    wire.LOAD_TIMEOUT: "unavailable",
 }
 
 

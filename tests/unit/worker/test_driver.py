@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
+from evenserve.policy.batching import BATCHING
+from evenserve.sched import ModelSetup
 from evenserve.worker.driver import DrainingError, RefusedError, UnknownModelError
 from evenserve.worker.timer import TimerHandle
 
@@ -270,3 +272,17 @@ async def test_a_timer_that_fires_a_hair_early_does_not_stall_the_queue() -> Non
         h.timer.run_until_idle()
         assert r.future.done()  # type: ignore[union-attr]
     assert [s[2] for s in h.rec.started] == [1, 1, 1]
+
+
+async def test_a_request_waiting_past_the_load_bound_is_refused_load_timeout() -> None:
+    h = make_driver({"a": {"policy": "none"}}, {"a": FAST})
+    setup = ModelSetup("b", BATCHING.build({"policy": "none"}), FAST)
+    h.driver.sched.begin_load(setup, h.clock.now(), load_wait_s=0.5)
+    r = h.driver.submit("b", "x")
+    h.timer.advance_to(0.4999)
+    assert not r.future.done()  # type: ignore[union-attr]
+    h.timer.advance_to(0.5)
+    exc = r.future.exception()  # type: ignore[union-attr]
+    assert isinstance(exc, RefusedError) and exc.reason == "load-timeout"
+    assert exc.retry_after_s is not None and "waited 500.0 ms" in str(exc)
+    assert h.rec.dropped == [("b", "load-timeout")]

@@ -1,0 +1,343 @@
+"""The placement controller: the pure state machine between a placement policy and its driver.
+
+One object for the simulator's cluster and (later) the live ``evenserve up``: it keeps the
+ClusterView a policy reads, asks the policy and the autoscaler, checks what they answer, and
+sequences the actions for the driver to carry out. It never reads a clock: every event comes
+with its time, and every decision goes out as a return value.
+
+Events in: ``arrival`` (a request of a model reached the front door: the demand estimate),
+``sent`` / ``done`` (requests outstanding on a device, its last use), ``load_done``,
+``unload_done``, ``utilization``, ``device_ready``, ``device_stopped``.
+
+Decisions out: ``route_miss(model, now)`` (no device has the model READY: the device where it
+is LOADING, else the policy's ``on_miss``) and ``tick(now)`` (every ``interval_s``: the
+policy's ``rebalance`` and the autoscaler's ``decide``). Both return the actions the driver
+starts *now*:
+
+- an ``Unload`` is reported ``UNLOADING`` (its weights still held) until ``unload_done``; it
+  counts as an eviction (every unload the policy asks for makes room or rebalances);
+- a ``Load`` is reported ``LOADING`` at once (so the policy does not place the model twice
+  and requests for it go there), but it is handed to the driver only when the device's
+  memory holds it next to everything still resident there, UNLOADING models included. A Load
+  that must wait for unloads comes out of the ``unload_done`` that frees its room (in the
+  order the policy asked). ``load_seconds`` says how long a started load takes (warm or cold
+  as the model was when it started);
+- ``ScaleUp``: the device is *starting* (not active) until ``device_ready``; ``ScaleDown``:
+  it is inactive at once (nothing new is placed or routed there), the driver drains it and
+  reports ``device_stopped``; its residents leave with it (into the warm pool). Scale actions
+  for a device already starting, or already stopping or off, are dropped.
+
+The warm pool: host memory of ``host_memory_bytes``. A model that leaves a device (an unload
+done, a device stopped) and a model loaded from disk (it passed through host memory) are
+warm; beyond the capacity the least recently used warm models go cold. A warm load touches
+the model's place in the LRU order.
+
+A policy answer ``check_actions`` refuses is a bug in that policy: PlacementError is raised,
+never passed on to a driver.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from evenserve.policy.batching.rate import RateEstimator
+from evenserve.policy.placement.base import (
+    LOADING,
+    READY,
+    UNLOADING,
+    Action,
+    Autoscaler,
+    ClusterView,
+    DeviceView,
+    Load,
+    ModelInfo,
+    PlacementError,
+    PlacementPolicy,
+    ScaleAction,
+    ScaleUp,
+    Unload,
+    check_actions,
+)
+
+#: Time constant of the per-model demand estimate placement reads (seconds): long enough
+#: that a second's quiet does not look like no demand, short enough to follow a day/night
+#: swing within a minute.
+PLACEMENT_RATE_TAU_S = 10.0
+
+
+@dataclass(slots=True)
+class PlacementCounts:
+    """What the controller did, for a run's records."""
+
+    loads: int = 0
+    cold_loads: int = 0
+    warm_loads: int = 0
+    #: Unloads the policy asked for (to make room, or by rebalance).
+    evictions: int = 0
+    scale_ups: int = 0
+    scale_downs: int = 0
+    #: Misses the policy could not place (the request is refused with 503).
+    unplaced: int = 0
+    #: (time, model, device) of every load started, for tests and traces.
+    load_log: list[tuple[float, str, str]] = field(default_factory=list)
+
+
+class PlacementController:
+    def __init__(
+        self,
+        models: Mapping[str, ModelInfo],
+        devices: Sequence[DeviceView],
+        policy: PlacementPolicy,
+        autoscaler: Autoscaler | None = None,
+        *,
+        host_memory_bytes: float = 0.0,
+        interval_s: float = 1.0,
+        rate_tau_s: float = PLACEMENT_RATE_TAU_S,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        self.models = dict(models)
+        self.devices = {d.name: d for d in devices}
+        for d in devices:
+            for m in d.models:
+                if m not in self.models:
+                    raise ValueError(f"device {d.name!r}: unknown model {m!r}")
+            if d.used_bytes(self.models) > d.memory_total_bytes:
+                raise ValueError(f"device {d.name!r}: its residents are over its memory")
+        self.policy = policy
+        self.autoscaler = autoscaler
+        self.host_memory_bytes = host_memory_bytes
+        self.interval_s = interval_s
+        self._rates = {m: RateEstimator(rate_tau_s) for m in self.models}
+        self._warm: OrderedDict[str, None] = OrderedDict()
+        #: Loads decided but waiting for unloads on their device, in order.
+        self._pending: dict[str, list[Load]] = {d.name: [] for d in devices}
+        self._load_s: dict[tuple[str, str], float] = {}
+        self._starting: set[str] = set()
+        self._stopping: set[str] = set()
+        self._next_tick_s = 0.0
+        self.counts = PlacementCounts()
+
+    # -- the view ---------------------------------------------------------------------------
+    def view(self, now: float) -> ClusterView:
+        """The cluster as the policy sees it now (the controller's own objects)."""
+        return ClusterView(
+            now_s=now,
+            models=self.models,
+            devices=list(self.devices.values()),
+            rate_rps={m: r.rate_at(now) for m, r in self._rates.items()},
+            warm=frozenset(self._warm),
+        )
+
+    @property
+    def warm(self) -> list[str]:
+        """The warm pool, least recently used first."""
+        return list(self._warm)
+
+    def rate_rps(self, model: str, now: float) -> float:
+        return self._rates[model].rate_at(now)
+
+    def ready_models(self, device: str) -> list[str]:
+        """The models READY on ``device`` (what a router may send there)."""
+        return sorted(m for m, s in self.devices[device].models.items() if s == READY)
+
+    def load_seconds(self, load: Load) -> float:
+        """How long a started ``load`` takes (warm or cold, as it was when it started)."""
+        return self._load_s[(load.model, load.device)]
+
+    @property
+    def starting(self) -> frozenset[str]:
+        return frozenset(self._starting)
+
+    # -- events in --------------------------------------------------------------------------
+    def arrival(self, model: str, now: float) -> None:
+        self._rates[model].observe(now)
+
+    def sent(self, model: str, device: str, now: float) -> None:
+        d = self.devices[device]
+        d.outstanding[model] = d.outstanding.get(model, 0) + 1
+        d.last_used_s[model] = now
+
+    def done(self, model: str, device: str, n: int, now: float) -> None:
+        d = self.devices[device]
+        left = d.outstanding.get(model, 0) - n
+        if left < 0:
+            raise ValueError(f"done: {model!r} on {device!r}: more done than sent")
+        if left:
+            d.outstanding[model] = left
+        else:
+            d.outstanding.pop(model, None)
+
+    def utilization(self, device: str, value: float) -> None:
+        self.devices[device].utilization = value
+
+    def load_done(self, model: str, device: str, now: float) -> None:
+        d = self.devices[device]
+        if d.models.get(model) == LOADING:
+            d.models[model] = READY
+        # (An Unload asked while it loaded left it UNLOADING: its unload_done follows.)
+
+    def unload_done(self, model: str, device: str, now: float) -> list[Action]:
+        """``model`` left ``device``; returns the waiting loads that now fit there (start
+        them)."""
+        d = self.devices[device]
+        if d.models.get(model) != UNLOADING:
+            raise ValueError(f"unload_done: {model!r} is not unloading on {device!r}")
+        del d.models[model]
+        self._make_warm(model)
+        return list(self._start_pending(device, now))
+
+    def device_ready(self, device: str, now: float) -> None:
+        d = self.devices[device]
+        self._starting.discard(device)
+        d.active = True
+        d.models.clear()
+        d.utilization = 0.0
+
+    def device_stopped(self, device: str, now: float) -> None:
+        """``device`` is off (drained): its residents leave it (into the warm pool)."""
+        d = self.devices[device]
+        if any(d.outstanding.values()):
+            raise ValueError(f"device_stopped: {device!r} still has requests outstanding")
+        self._stopping.discard(device)
+        d.active = False
+        for m in list(d.models):
+            self._make_warm(m)
+        d.models.clear()
+        self._pending[device] = []
+        d.utilization = 0.0
+
+    # -- decisions out ----------------------------------------------------------------------
+    def route_miss(self, model: str, now: float) -> tuple[str | None, list[Action]]:
+        """Where a request for ``model`` goes when no active device has it READY: the device
+        loading it (no actions), else where the policy's ``on_miss`` loads it (and the
+        actions to start now); ``(None, [])``: it cannot be placed now (refuse with 503)."""
+        view = self.view(now)
+        hosts = view.hosts(model)
+        if hosts:
+            ready = [d for d in hosts if d.models[model] == READY]
+            pick = min(ready or hosts, key=lambda d: (d.outstanding.get(model, 0), d.name))
+            return pick.name, []
+        proposed = self.policy.on_miss(model, view)
+        if not proposed:
+            self.counts.unplaced += 1
+            return None, []
+        self._check(view, proposed, "on_miss")
+        target = [a for a in proposed if isinstance(a, Load) and a.model == model]
+        if not target:
+            raise PlacementError(f"on_miss({model!r}): no Load of {model!r} in {proposed}")
+        started = self._apply(proposed, now)
+        return target[-1].device, started
+
+    def tick(self, now: float) -> list[Action | ScaleAction]:
+        """Every ``interval_s`` (earlier calls do nothing): the policy's rebalance, then the
+        autoscaler's decision; returns what to start now."""
+        if now < self._next_tick_s:
+            return []
+        self._next_tick_s = now + self.interval_s
+        view = self.view(now)
+        out: list[Action | ScaleAction] = []
+        proposed = self.policy.rebalance(view)
+        if proposed:
+            self._check(view, proposed, "rebalance")
+            out.extend(self._apply(proposed, now))
+        if self.autoscaler is not None:
+            for s in self.autoscaler.decide(self.view(now)):
+                if self._scale(s):
+                    out.append(s)
+        return out
+
+    # -- internals --------------------------------------------------------------------------
+    def _check(self, view: ClusterView, actions: Iterable[Action], where: str) -> None:
+        try:
+            check_actions(view, actions)
+        except PlacementError as exc:
+            raise PlacementError(f"placement policy {where}: {exc}") from exc
+
+    def _apply(self, actions: Sequence[Action], now: float) -> list[Action]:
+        started: list[Action] = []
+        touched: set[str] = set()
+        for a in actions:
+            d = self.devices[a.device]
+            if isinstance(a, Unload):
+                self.counts.evictions += 1
+                pend = self._pending[a.device]
+                waiting = [p for p in pend if p.model == a.model]
+                if waiting:  # its load never started: forget it, nothing to unload
+                    pend.remove(waiting[0])
+                    del d.models[a.model]
+                    touched.add(a.device)
+                    continue
+                d.models[a.model] = UNLOADING
+                started.append(a)
+            else:
+                d.models[a.model] = LOADING
+                self._pending[a.device].append(a)
+                touched.add(a.device)
+        for name in sorted(touched):
+            started.extend(self._start_pending(name, now))
+        return started
+
+    def _start_pending(self, device: str, now: float) -> Iterable[Load]:
+        """Start the waiting loads of ``device`` that fit, in order (a load that does not fit
+        holds back those after it: first come, first served)."""
+        d = self.devices[device]
+        pend = self._pending[device]
+        while pend:
+            load = pend[0]
+            others = sum(
+                self.models[m].weights_bytes
+                for m, s in d.models.items()
+                if m != load.model and not (s == LOADING and self._is_pending(device, m))
+            )
+            if others + self.models[load.model].weights_bytes > d.memory_total_bytes:
+                return
+            pend.pop(0)
+            warm = load.model in self._warm
+            info = self.models[load.model]
+            self._load_s[(load.model, load.device)] = info.warm_load_s if warm else info.cold_load_s
+            self.counts.loads += 1
+            if warm:
+                self.counts.warm_loads += 1
+            else:
+                self.counts.cold_loads += 1
+            self.counts.load_log.append((now, load.model, load.device))
+            self._make_warm(load.model)  # a cold load passes through host memory
+            yield load
+
+    def _is_pending(self, device: str, model: str) -> bool:
+        return any(p.model == model for p in self._pending[device])
+
+    def _make_warm(self, model: str) -> None:
+        w = self._warm
+        w[model] = None
+        w.move_to_end(model)
+        cap = self.host_memory_bytes
+        while w and sum(self.models[m].weights_bytes for m in w) > cap:
+            w.popitem(last=False)
+
+    def _scale(self, s: ScaleAction) -> bool:
+        d = self.devices.get(s.device)
+        if d is None:
+            raise PlacementError(f"autoscaler: no device {s.device!r}")
+        if isinstance(s, ScaleUp):
+            if d.active or s.device in self._starting:
+                return False
+            if s.device in self._stopping:
+                return False  # it is still draining: ask again once it is off
+            self._starting.add(s.device)
+            self.counts.scale_ups += 1
+            return True
+        if not d.active or s.device in self._stopping:
+            return False
+        if any(st == LOADING and self._is_pending(s.device, m) for m, st in d.models.items()):
+            return False  # a load waits for room there: not now
+        d.active = False
+        self._stopping.add(s.device)
+        self.counts.scale_downs += 1
+        return True
+
+
+__all__ = ["PLACEMENT_RATE_TAU_S", "PlacementController", "PlacementCounts"]

@@ -1,0 +1,223 @@
+"""The placement controller: pure, times given as numbers."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import tests.placement_policies  # noqa: F401  (registers the test policies)
+from evenserve.policy.placement import (
+    AUTOSCALING,
+    LOADING,
+    PLACEMENT,
+    READY,
+    UNLOADING,
+    Action,
+    ClusterView,
+    DeviceView,
+    Load,
+    ModelInfo,
+    PlacementError,
+    ScaleDown,
+    ScaleUp,
+    Unload,
+)
+from evenserve.policy.placement.controller import PlacementController
+
+GIB = 2.0**30
+
+
+def infos() -> dict[str, ModelInfo]:
+    return {
+        m: ModelInfo(m, w * GIB, cold_load_s=2.0, warm_load_s=0.5, batch_s=0.01, max_batch_size=8)
+        for m, w in (("a", 4), ("b", 6), ("c", 6), ("d", 2))
+    }
+
+
+def controller(
+    devices: list[DeviceView] | None = None, host_gib: float = 0.0, **kw: object
+) -> PlacementController:
+    devs = devices or [
+        DeviceView("d0", 12 * GIB, {"a": READY, "b": READY}),
+        DeviceView("d1", 12 * GIB, {}),
+    ]
+    return PlacementController(
+        infos(),
+        devs,
+        PLACEMENT.build("test-fit-or-evict"),
+        host_memory_bytes=host_gib * GIB,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_a_miss_loads_where_it_fits_and_later_misses_go_to_the_loading_host() -> None:
+    c = controller()
+    dev, actions = c.route_miss("c", 1.0)
+    assert (dev, actions) == ("d1", [Load("c", "d1")])
+    assert c.devices["d1"].models == {"c": LOADING}
+    assert c.load_seconds(Load("c", "d1")) == 2.0  # cold
+    assert c.route_miss("c", 1.5) == ("d1", [])  # loading there: no second load
+    c.load_done("c", "d1", 3.0)
+    assert c.ready_models("d1") == ["c"]
+    assert c.counts.loads == 1 and c.counts.cold_loads == 1
+
+
+def test_a_load_that_needs_room_waits_for_its_unloads() -> None:
+    c = controller([DeviceView("d0", 12 * GIB, {"a": READY, "b": READY})])
+    c.sent("b", "d0", 0.5)  # b is busy: a (idle) is the one to go
+    dev, actions = c.route_miss("c", 1.0)
+    assert dev == "d0"
+    assert actions == [Unload("a", "d0")]  # the load waits: a still holds its memory
+    assert c.devices["d0"].models == {"a": UNLOADING, "b": READY, "c": LOADING}
+    assert c.counts.evictions == 1 and c.counts.loads == 0
+    assert c.route_miss("c", 1.005) == ("d0", [])
+    assert c.unload_done("a", "d0", 1.01) == [Load("c", "d0")]
+    assert c.devices["d0"].models == {"b": READY, "c": LOADING}
+    assert c.counts.loads == 1
+
+
+def test_unload_done_needs_an_unloading_model() -> None:
+    c = controller()
+    with pytest.raises(ValueError, match="not unloading"):
+        c.unload_done("a", "d0", 0.0)
+
+
+def test_the_warm_pool_keeps_the_most_recent_within_host_memory() -> None:
+    c = controller([DeviceView("d0", 12 * GIB, {"a": READY, "b": READY})], host_gib=10.0)
+    assert c.route_miss("d", 1.0) == ("d0", [Load("d", "d0")])  # 2 GiB: fits
+    assert c.warm == ["d"]  # a load from disk passes through host memory
+    c.load_done("d", "d0", 3.0)
+    c.sent("b", "d0", 3.0)  # b is busy; a and d are idle
+    dev, acts = c.route_miss("c", 4.0)  # 6 GiB: a and d must go
+    assert (dev, acts) == ("d0", [Unload("a", "d0"), Unload("d", "d0")])
+    assert c.unload_done("a", "d0", 4.01) == []  # not room enough yet
+    assert c.warm == ["d", "a"]
+    assert c.unload_done("d", "d0", 4.01) == [Load("c", "d0")]
+    assert c.load_seconds(Load("c", "d0")) == 2.0  # c was cold
+    # c (6) came through host memory: over 10 GiB the least recently used (a) went cold.
+    assert c.warm == ["d", "c"]
+    c.load_done("c", "d0", 6.0)
+    c.done("b", "d0", 1, 6.0)
+    c.sent("c", "d0", 6.0)
+    _, acts = c.route_miss("d", 7.0)  # d is warm now...
+    assert acts == [Unload("b", "d0")]  # ...but its load waits for b's unload
+    assert c.unload_done("b", "d0", 7.01) == [Load("d", "d0")]
+    # b (6) landed in host memory first and pushed d out: warm or cold is decided when the
+    # load starts.
+    assert c.warm == ["b", "d"]  # and c, the least recent, went cold
+    assert c.load_seconds(Load("d", "d0")) == 2.0
+    assert c.counts.warm_loads == 0 and c.counts.cold_loads == 3
+
+
+def test_warm_pool_capacity_zero_keeps_nothing_and_warm_loads_are_faster() -> None:
+    c = controller(host_gib=0.0)
+    c.route_miss("c", 0.0)
+    assert c.warm == []
+    c2 = controller(host_gib=100.0)
+    c2.sent("a", "d0", 0.0)
+    c2.done("a", "d0", 1, 0.1)
+    c2.route_miss("c", 0.0)  # cold, goes warm
+    c2.load_done("c", "d1", 2.0)
+    assert c2.warm == ["c"]
+    assert c2.load_seconds(Load("c", "d1")) == 2.0
+    # Unloaded (as a policy's rebalance would ask) and asked for again: a warm load.
+    c2._apply([Unload("c", "d1")], 3.0)
+    c2.unload_done("c", "d1", 3.01)
+    assert c2.route_miss("c", 4.0) == ("d1", [Load("c", "d1")])
+    assert c2.load_seconds(Load("c", "d1")) == 0.5
+    assert c2.counts.warm_loads == 1
+
+
+def test_the_rate_estimate_follows_arrivals() -> None:
+    c = controller(rate_tau_s=1.0)
+    for k in range(200):
+        c.arrival("a", k * 0.1)  # 10 per second for 20 s
+    assert c.rate_rps("a", 19.9) == pytest.approx(10.0, rel=0.1)
+    assert c.rate_rps("a", 29.9) < 0.01  # decays once arrivals stop
+    assert c.rate_rps("b", 19.9) == 0.0
+    assert c.view(19.9).rate_rps["a"] == pytest.approx(c.rate_rps("a", 19.9))
+
+
+class _Bad:
+    def on_miss(self, model: str, view: ClusterView) -> list[Action]:
+        return [Load(model, "d0")]  # d0 is full
+
+    def rebalance(self, view: ClusterView) -> list[Action]:
+        return [Unload("b", "d0")]
+
+
+def test_a_policy_answer_check_actions_refuses_is_raised() -> None:
+    c = PlacementController(infos(), [DeviceView("d0", 10 * GIB, {"a": READY, "b": READY})], _Bad())
+    with pytest.raises(PlacementError, match="on_miss"):
+        c.route_miss("c", 0.0)
+    c.sent("b", "d0", 0.0)  # outstanding: b may not be unloaded
+    with pytest.raises(PlacementError, match="rebalance"):
+        c.tick(0.0)
+
+
+def test_outstanding_and_last_use_follow_sent_and_done() -> None:
+    c = controller()
+    c.sent("a", "d0", 1.0)
+    c.sent("a", "d0", 2.0)
+    assert c.devices["d0"].outstanding == {"a": 2}
+    assert c.devices["d0"].last_used_s == {"a": 2.0}
+    c.done("a", "d0", 2, 3.0)
+    assert c.devices["d0"].outstanding == {}
+    with pytest.raises(ValueError, match="more done than sent"):
+        c.done("a", "d0", 1, 3.0)
+
+
+def test_tick_runs_every_interval_and_scale_actions_are_sequenced() -> None:
+    devs = [
+        DeviceView("d0", 12 * GIB, {"a": READY}),
+        DeviceView("s0", 12 * GIB, active=False),
+    ]
+    scaler = AUTOSCALING.build(
+        {"policy": "test-scheduled", "up": ["s0"], "up_at_s": 1.0, "down": ["s0"], "down_at_s": 5.0}
+    )
+    c = PlacementController(
+        infos(), devs, PLACEMENT.build("test-fit-or-evict"), scaler, interval_s=1.0
+    )
+    assert c.tick(0.0) == []
+    assert c.tick(0.5) == []  # not yet an interval
+    assert c.tick(1.0) == [ScaleUp("s0")]
+    assert c.tick(2.0) == []  # starting: not asked twice
+    assert c.starting == {"s0"} and not c.devices["s0"].active
+    c.device_ready("s0", 2.5)
+    assert c.devices["s0"].active
+    assert c.route_miss("c", 3.0) == ("d0", [Load("c", "d0")])
+    dev, _ = c.route_miss("b", 3.0)
+    assert dev == "s0"
+    c.load_done("b", "s0", 5.0)
+    assert c.tick(5.0) == [ScaleDown("s0")]
+    assert not c.devices["s0"].active
+    assert c.tick(6.0) == []  # stopping: not asked twice
+    c.device_stopped("s0", 6.5)
+    assert c.devices["s0"].models == {}
+    assert c.counts.scale_ups == 1 and c.counts.scale_downs == 1
+    assert math.isfinite(c.interval_s)
+
+
+class _Script:
+    """A policy that answers what it is given: on_miss and rebalance from lists."""
+
+    def __init__(self, miss: list[Action], rebalance: list[list[Action]]) -> None:
+        self.miss = miss
+        self.rebalances = rebalance
+
+    def on_miss(self, model: str, view: ClusterView) -> list[Action]:
+        return self.miss
+
+    def rebalance(self, view: ClusterView) -> list[Action]:
+        return self.rebalances.pop(0) if self.rebalances else []
+
+
+def test_unloading_a_load_that_never_started_just_forgets_it() -> None:
+    policy = _Script([Unload("a", "d0"), Load("c", "d0")], [[Unload("c", "d0")]])
+    c = PlacementController(infos(), [DeviceView("d0", 12 * GIB, {"a": READY, "b": READY})], policy)
+    assert c.route_miss("c", 0.0) == ("d0", [Unload("a", "d0")])  # c waits for a
+    assert c.tick(0.0) == []  # c's load is dropped before it started: nothing to carry out
+    assert c.devices["d0"].models == {"a": UNLOADING, "b": READY}
+    assert c.unload_done("a", "d0", 0.01) == []  # no load waits any more
+    assert c.counts.loads == 0 and c.counts.evictions == 2
