@@ -47,6 +47,12 @@ class FakeBackend:
     #: repository extension). A test changes it (and ``models``) to load or unload a model.
     index: dict[str, str] | None = None
     index_requests: int = 0
+    #: Model control (``/v2/repository/models/{m}/load|unload``): how long a load takes, a
+    #: status to answer every load with instead (e.g. 400), and every call in order
+    #: (``"load m"``, ``"unload m"``). A load or unload flips ``index`` and ``models``.
+    load_delay_s: float = 0.0
+    load_status: int | None = None
+    control_log: list[str] = field(default_factory=list)
     seen_headers: list[dict[str, str]] = field(default_factory=list)
 
     def app(self) -> Starlette:
@@ -58,6 +64,7 @@ class FakeBackend:
                 Route("/v2/models/{model}/infer", self._infer, methods=["POST"]),
                 Route(LOAD_PATH, self._load),
                 Route("/v2/repository/index", self._index, methods=["GET", "POST"]),
+                Route("/v2/repository/models/{model}/{action}", self._control, methods=["POST"]),
                 Route("/metrics", self._metrics),
             ]
         )
@@ -132,6 +139,27 @@ class FakeBackend:
         return JSONResponse(
             [{"name": m, "version": "1", "state": s, "reason": ""} for m, s in self.index.items()]
         )
+
+    async def _control(self, request: Request) -> Response:
+        m, action = request.path_params["model"], request.path_params["action"]
+        self.control_log.append(f"{action} {m}")
+        if self.index is None:
+            self.index = dict.fromkeys(self.models, "READY")
+        if action == "load":
+            if self.load_status is not None:
+                return JSONResponse({"error": "fake refuses"}, status_code=self.load_status)
+            self.index[m] = "LOADING"
+            await asyncio.sleep(self.load_delay_s)
+            self.index[m] = "READY"
+            if m not in self.models:
+                self.models.append(m)
+        elif action == "unload":
+            self.index.pop(m, None)
+            if m in self.models:
+                self.models.remove(m)
+        else:
+            return JSONResponse({"error": f"no action {action}"}, status_code=404)
+        return JSONResponse({})
 
     async def _load(self, request: Request) -> Response:
         q = self.in_flight if self.reported_queue is None else self.reported_queue

@@ -83,6 +83,7 @@ class HealthEvent:
 
 
 EjectHook = Callable[[str, str], None]
+AdmitHook = Callable[[str], None]
 
 
 @dataclass
@@ -94,6 +95,12 @@ class BackendRegistry:
     on_eject: EjectHook | None = None
     #: Each backend's whole profile set (a newly learned model's profile is looked up here).
     profile_sets: dict[str, dict[str, LatencyProfile]] = field(default_factory=dict)
+    #: Models the gateway's placement can load (known, never 404, though no backend has them).
+    catalogue: frozenset[str] = frozenset()
+    on_admit: AdmitHook | None = None
+    #: Backends held out of routing whatever their probes say (placement: a spare that is
+    #: off, a device scaling down), with why.
+    held: dict[str, str] = field(default_factory=dict)
     _hosted: frozenset[str] | None = None
     _hosts: dict[str, tuple[str, ...]] | None = None
 
@@ -146,7 +153,9 @@ class BackendRegistry:
         Cached; rebuilt after a backend's index changes."""
         hosted = self._hosted
         if hosted is None:
-            hosted = self._hosted = frozenset(m for st in self.states.values() for m in st.index)
+            hosted = self._hosted = self.catalogue | frozenset(
+                m for st in self.states.values() for m in st.index
+            )
         return hosted
 
     def repository_index(self) -> list[dict[str, Any]]:
@@ -252,13 +261,34 @@ class BackendRegistry:
         now = self.clock.now()
         if st.healthy:
             return False
+        if name in self.held:
+            st.reason = self.held[name]
+            return False
         first = st.reason == "starting"
         st.healthy = True
         st.reason = "ready"
         st.changed_at_s = now
         self.router.set_healthy(name, True)
         self.events.append(HealthEvent(now, name, "ready" if first else "admitted", "ready"))
+        if self.on_admit is not None:
+            self.on_admit(name)
         return True
+
+    def hold(self, name: str, reason: str) -> None:
+        """Take ``name`` out of routing until ``release`` (probes do not readmit it)."""
+        self.held[name] = reason
+        st = self.states.get(name)
+        if st is not None and st.healthy:
+            st.healthy = False
+            st.changed_at_s = self.clock.now()
+            self.router.set_healthy(name, False)
+            self.events.append(HealthEvent(st.changed_at_s, name, "ejected", reason))
+        if st is not None:
+            st.reason = reason
+
+    def release(self, name: str) -> None:
+        """Let probes admit ``name`` again."""
+        self.held.pop(name, None)
 
     def is_healthy(self, name: str) -> bool:
         return self.states[name].healthy

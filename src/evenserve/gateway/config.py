@@ -167,6 +167,60 @@ class GatewaySection(Strict):
     forward: ForwardConfig = Field(default_factory=ForwardConfig)
     overload: OverloadConfig = Field(default_factory=OverloadConfig)
     admin: AdminConfig = Field(default_factory=AdminConfig)
+    placement: Any = Field(
+        default=None,
+        description="{policy: static|lru|cost-aware, ...params, interval_ms, load_wait_ms, "
+        "host_memory_gb}: the gateway loads and unloads models on the workers (None: off)",
+    )
+    autoscaling: Any = Field(
+        default=None,
+        description="{policy: none|demand, ...params}: devices turned on and off (needs placement)",
+    )
+
+    def placement_settings(self) -> PlacementSettings | None:
+        """The placement section split into the driver's settings and the policy spec."""
+        return None if self.placement is None else PlacementSettings.parse(self.placement)
+
+
+#: The driver's own keys of ``gateway.placement`` (the rest is the policy's spec).
+PLACEMENT_DRIVER_KEYS = ("interval_ms", "load_wait_ms", "host_memory_gb")
+
+
+@dataclass(frozen=True)
+class PlacementSettings:
+    """``gateway.placement`` split: the policy spec, and what the driver itself reads."""
+
+    policy: Any
+    interval_ms: float = 1000.0
+    load_wait_ms: float = 10_000.0
+    host_memory_gb: float = 0.0
+
+    @classmethod
+    def parse(cls, raw: Any, where: str = "gateway.placement") -> PlacementSettings:
+        """Validate ``raw`` (a name, or a mapping with ``policy``); ConfigError naming
+        the field."""
+        from evenserve.policy.placement import PLACEMENT
+
+        if isinstance(raw, str):
+            PLACEMENT.parse(raw, where)
+            return cls(raw)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: expected a policy name or a mapping with 'policy'")
+        spec = dict(raw)
+        own: dict[str, float] = {}
+        for key in PLACEMENT_DRIVER_KEYS:
+            if key not in spec:
+                continue
+            v = spec.pop(key)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ConfigError(f"{where}.{key}: expected a number, got {v!r}")
+            if key == "interval_ms" and not v > 0:
+                raise ConfigError(f"{where}.{key}: must be > 0")
+            if v < 0:
+                raise ConfigError(f"{where}.{key}: must be >= 0")
+            own[key] = float(v)
+        PLACEMENT.parse(spec, where)
+        return cls(spec, **own)
 
 
 class MetricRef(Strict):
@@ -302,6 +356,11 @@ class DeviceEntry(DeviceOptions, QueueOptions):
         default=None, ge=1, le=65535, description="also serve gRPC here (the gateway uses it)"
     )
     extra_args: list[str] = Field(default_factory=list, description="more worker CLI args")
+    active: bool = Field(
+        default=True,
+        description="false: a spare, not started by `evenserve up` until the autoscaler "
+        "turns it on (needs gateway.placement and gateway.autoscaling)",
+    )
 
     def option_flags(self) -> list[str]:
         """The worker flags for this device's options (only those the file sets)."""
@@ -367,6 +426,16 @@ class ClusterConfig(Strict):
             raise ValueError(f"backend/device name {twice!r} used twice")
         if not names:
             raise ValueError("no backends: give workers.devices or backends")
+        gw = self.gateway
+        if gw.autoscaling is not None and gw.placement is None:
+            raise ValueError("gateway.autoscaling: needs gateway.placement")
+        if self.workers is not None and gw.autoscaling is None:
+            for i, d in enumerate(self.workers.devices):
+                if not d.active:
+                    raise ValueError(
+                        f"workers.devices.{i}.active: a spare needs gateway.autoscaling "
+                        "(nothing would turn it on)"
+                    )
         return self
 
 
@@ -413,7 +482,8 @@ class LoadedCluster:
                         name=d.name,
                         url=f"http://{w.host}:{w.port_of(i)}",
                         grpc_url=None if d.grpc_port is None else f"{w.host}:{d.grpc_port}",
-                        models=list(models),
+                        # A spare starts with nothing (it is off until scaled up).
+                        models=list(models) if d.active else None,
                         profiles=profiles,
                         profile_speed=target.compute_fraction,
                     )
@@ -461,6 +531,12 @@ class LoadedCluster:
 def parse_cluster(raw: Any, base_dir: Path, where: str = "cluster") -> LoadedCluster:
     cfg = validate_document(ClusterConfig, raw, where)
     ROUTING.parse(cfg.gateway.routing, "gateway.routing")
+    if cfg.gateway.placement is not None or cfg.gateway.autoscaling is not None:
+        from evenserve.policy.placement import AUTOSCALING
+
+        cfg.gateway.placement_settings()
+        if cfg.gateway.autoscaling is not None:
+            AUTOSCALING.parse(cfg.gateway.autoscaling, "gateway.autoscaling")
     return LoadedCluster(cfg, base_dir)
 
 

@@ -72,6 +72,7 @@ from evenserve.gateway.forwarder import (
     ResponseTimeout,
     Unreachable,
 )
+from evenserve.gateway.placement import PlacementDriver
 from evenserve.httpio.client import Reply as HttpReply
 from evenserve.metrics.gateway import GatewayMetrics
 
@@ -184,6 +185,9 @@ class Dispatcher:
         self._ids = itertools.count(1)
         self._decision = metrics.decision
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The placement driver (``gateway.placement``), None without placement: then the
+        #: request path is what it was (one ``is None`` test per hook).
+        self.placement: PlacementDriver | None = None
 
     @property
     def fast(self) -> bool:
@@ -202,7 +206,40 @@ class Dispatcher:
         fw = self._admit(model, path, body, headers)
         if isinstance(fw, Answer):
             return self._finish(model, fw, time.perf_counter())
+        if self.placement is not None and not self.router.candidates(model):
+            refused = await self._miss(fw)
+            if refused is not None:
+                return self._finish(model, refused, fw.t0)
         return await self._tries(fw, partial(self._send_http, fw), self._settle)
+
+    async def _miss(self, fw: _Forward) -> Answer | None:
+        """Placement's miss path: no healthy host has the model READY. Wait for it to be
+        loaded (where it loads, or where the policy loads it now); an Answer (503 with
+        Retry-After) when it cannot be placed or its load did not end in time."""
+        pl = self.placement
+        assert pl is not None
+        if not pl.handles(fw.model):
+            return None
+        dev, fut, why = pl.miss(fw.model)
+        if dev is not None and fut is not None:
+            err = await pl.wait(fw.model, dev, fut)
+            if err is None:
+                return None
+            why = err
+        return error_answer(
+            503,
+            f"no backend available for model {fw.model!r}: {why}",
+            "unavailable",
+            {"retry-after": str(self.cfg.overload.retry_after_s)},
+        )
+
+    async def _miss_then_try(self, fw: _Forward) -> None:
+        assert fw.answer is not None
+        refused = await self._miss(fw)
+        if refused is not None:
+            fw.answer(self._finish(fw.model, refused, fw.t0))
+        else:
+            self._next_try(fw)
 
     async def _send_http(self, fw: _Forward, name: str) -> Reply:
         return await self.forwarder.request(
@@ -249,6 +286,11 @@ class Dispatcher:
             answer(self._finish(model, fw, time.perf_counter()))
             return
         fw.answer = answer
+        if self.placement is not None and not self.router.candidates(model):
+            task = asyncio.get_running_loop().create_task(self._miss_then_try(fw))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
         self._next_try(fw)
 
     def _next_try(self, fw: _Forward) -> None:
@@ -310,6 +352,10 @@ class Dispatcher:
         if isinstance(fw, Answer):
             return self._finish(model, fw, time.perf_counter())
         fw.tried.extend(exclude)
+        if self.placement is not None and not self.router.candidates(model):
+            refused = await self._miss(fw)
+            if refused is not None:
+                return self._finish(model, refused, fw.t0)
         return await self._tries(fw, send, self._settle_grpc)
 
     def _settle_grpc(
@@ -332,6 +378,8 @@ class Dispatcher:
         backend's speed (a quick refusal must not make a host look fast)."""
         served = reply is not None and reply.status < 400
         self.router.done(name, model, now_s=self.clock.now() if served else None)
+        if self.placement is not None:
+            self.placement.done(model, name)
 
     def _admit(
         self, model: str, path: str, body: bytes, headers: Mapping[str, str]
@@ -356,6 +404,8 @@ class Dispatcher:
         fwd_headers = {"accept-encoding": "identity"}
         fwd_headers.update((h, headers[h]) for h in FORWARD_REQUEST_HEADERS if h in headers)
         req = RequestInfo(request_id=next(self._ids), model=model, arrival_s=self.clock.now())
+        if self.placement is not None:
+            self.placement.arrival(model)
         return _Forward(model, path, body, fwd_headers, req, t0)
 
     def _pick(self, fw: _Forward) -> str | None:
@@ -373,6 +423,8 @@ class Dispatcher:
             self.metrics.retries.labels(fw.model).inc()
         fw.attempt += 1
         self.router.sent(name, fw.model, self.clock.now())
+        if self.placement is not None:
+            self.placement.sent(fw.model, name)
         return name
 
     def _settle(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -33,11 +33,18 @@ from evenserve.gateway.admin import AdminAPI
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import BackendSpec, LoadedCluster
 from evenserve.gateway.dispatcher import Answer, Dispatcher
+from evenserve.gateway.placement import (
+    DeviceSetup,
+    PlacementDriver,
+    cluster_setup,
+    parse_scale_report,
+)
 from evenserve.gateway.poller import Poller
 from evenserve.gateway.stats import collect_all_stats, collect_model_stats
 from evenserve.httpio.server import Limits, Request, Response, json_response
 from evenserve.httpio.serving import Serving
 from evenserve.metrics.gateway import BackendFigures, GatewayMetrics
+from evenserve.policy.placement import ModelInfo
 from evenserve.policy.routing import ROUTING
 
 log = logging.getLogger("evenserve.gateway")
@@ -81,6 +88,8 @@ class Gateway:
         clock: Clock | None = None,
         admin_token: str | None = None,
         host: str | None = None,
+        placement_models: Mapping[str, ModelInfo] | None = None,
+        placement_devices: Sequence[DeviceSetup] | None = None,
     ) -> None:
         self.cluster = cluster
         cfg = cluster.config.gateway
@@ -106,6 +115,25 @@ class Gateway:
         self.dispatcher = Dispatcher(self.registry, cfg, self.clock, self.metrics)
         self.poller = Poller(self.registry, cfg, self.clock)
         self.limits = Limits(max_body_bytes=int(cfg.forward.max_body_mb * 1024 * 1024))
+        #: The placement driver (``gateway.placement``; None: off). ``placement_models`` and
+        #: ``placement_devices`` replace the catalogue and devices read from the file (tests).
+        self.placement: PlacementDriver | None = None
+        #: Whether startup runs the placement tick loop (tests drive ``tick`` themselves).
+        self.placement_loop = True
+        settings = cfg.placement_settings()
+        if settings is not None:
+            models, devices = cluster_setup(cluster, self.registry.profile_sets)
+            self.placement = PlacementDriver.build(
+                self.registry,
+                self.clock,
+                settings,
+                cfg.autoscaling,
+                placement_models if placement_models is not None else models,
+                placement_devices if placement_devices is not None else devices,
+                self._post,
+            )
+            self.dispatcher.placement = self.placement
+            self.metrics.registry.register(self.placement.collector())
         self._exact: dict[tuple[str, str], Endpoint] = {
             ("GET", wire.HEALTH_LIVE_PATH): self.live,
             ("GET", wire.HEALTH_READY_PATH): self.server_ready,
@@ -114,6 +142,9 @@ class Gateway:
             ("POST", wire.REPOSITORY_INDEX_PATH): self.repository_index,
             ("GET", wire.METRICS_PATH): self.prometheus,
             **self.admin.routes(),
+            ("GET", "/admin/placement"): self.admin.guard(self.placement_view),
+            ("GET", "/admin/scale"): self.admin.guard(self.scale_view),
+            ("POST", "/admin/scale"): self.admin.guard(self.scale_report),
         }
         self._paths = {p for _, p in self._exact}
         #: The gRPC server (``grpc_front``) once started, when ``gateway.grpc_port`` is set.
@@ -147,9 +178,43 @@ class Gateway:
             v = router.view(name)
             yield name, st.healthy, router.signal_age_s(name, now), v.in_flight, v.queue_depth
 
+    async def _post(self, name: str, path: str) -> tuple[int, bytes]:
+        """POST ``path`` (model control) on backend ``name``: its status and body."""
+        reply = await self.dispatcher.forwarder.request(
+            "POST", self.registry.url(name), path, b"{}", {"content-type": "application/json"}
+        )
+        return reply.status, reply.body
+
+    async def placement_view(self, request: Request) -> Response:
+        if self.placement is None:
+            return _error(404, "placement is off (no gateway.placement in the cluster file)")
+        return _json(self.placement.view())
+
+    async def scale_view(self, request: Request) -> Response:
+        """What the launcher is asked to do: ``[{device, action: start | stop}]``."""
+        if self.placement is None:
+            return _error(404, "placement is off (no gateway.placement in the cluster file)")
+        return _json({"requests": self.placement.scale_requests()})
+
+    async def scale_report(self, request: Request) -> Response:
+        """The launcher reports ``{"device": D, "event": "started" | "stopped"}``."""
+        if self.placement is None:
+            return _error(404, "placement is off (no gateway.placement in the cluster file)")
+        try:
+            dev, event = parse_scale_report(request.body)
+            if dev not in self.placement.controller.devices:
+                raise ValueError(f"device: no device {dev!r}")
+            if event == "stopped":
+                self.placement.stopped(dev)
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return _json({"device": dev, "event": event})
+
     async def startup(self) -> None:
         await self.poller.probe_all()
         self.poller.start()
+        if self.placement is not None and self.placement_loop:
+            self.placement.start()
         if self.cfg.grpc_port is not None:
             from evenserve.gateway.grpc_front import GatewayGrpcServer  # the grpc extra
 
@@ -164,6 +229,8 @@ class Gateway:
     async def shutdown(self) -> None:
         if self.grpc is not None:
             await self.grpc.stop(5.0)
+        if self.placement is not None:
+            await self.placement.stop()
         await self.poller.stop()
         await self.dispatcher.aclose()
 

@@ -74,6 +74,13 @@ GATEWAY_BACKEND_EJECTIONS = f"{GATEWAY_PREFIX}_backend_ejections"  # counter (_t
 GATEWAY_BACKEND_SIGNAL_AGE = f"{GATEWAY_PREFIX}_backend_signal_age_seconds"  # gauge
 GATEWAY_BACKEND_IN_FLIGHT = f"{GATEWAY_PREFIX}_backend_in_flight"  # gauge
 GATEWAY_BACKEND_QUEUE_DEPTH = f"{GATEWAY_PREFIX}_backend_queue_depth"  # gauge: router's estimate
+# Placement (only with gateway.placement): counters (_total) by backend and model, the
+# device-seconds each device was on (the cost), autoscaler decisions by direction (up/down).
+GATEWAY_MODEL_LOADS = f"{GATEWAY_PREFIX}_model_loads"
+GATEWAY_EVICTIONS = f"{GATEWAY_PREFIX}_evictions"
+GATEWAY_DEVICE_ACTIVE_SECONDS = f"{GATEWAY_PREFIX}_device_active_seconds"
+GATEWAY_SCALE_DECISIONS = f"{GATEWAY_PREFIX}_scale_decisions"
+GATEWAY_SCALE_UP_DECISION_SECONDS = f"{GATEWAY_PREFIX}_scale_up_decision_seconds"  # gauge
 
 #: Gateway request outcomes (the ``outcome`` label of GATEWAY_REQUESTS).
 GATEWAY_OUTCOMES = (

@@ -1,0 +1,607 @@
+"""The gateway's placement driver: the live side of ``policy.placement.controller``.
+
+When the cluster file has ``gateway.placement``, the gateway owns one PlacementController
+(the same object the simulator drives, ``sim/placement.py``) and this driver feeds it and
+carries out what it decides, through the workers' model-control API. Without placement none
+of this exists and the request path does not change (the dispatcher tests one attribute for
+None).
+
+Events in (the same sequence as the simulator's):
+- ``arrival``: every inference request for a catalogue model (one RateEstimator update);
+- ``sent`` / ``done``: from the dispatcher's own try bookkeeping (``_pick`` / ``_done``);
+- ``utilization``: every tick, from each device's newest load report (the router's view);
+- ``load_done`` / ``unload_done``: the HTTP answers of the load/unload POSTs this driver makes;
+- ``device_ready``: the registry admits a device the autoscaler turned on (its worker is up);
+- ``device_stopped``: the launcher says the drained worker it stopped has exited.
+
+Decisions out:
+- **miss** (``miss``): an inference request for a catalogue model no healthy backend has
+  READY. ``route_miss`` gives the device (where it is LOADING, else where the policy loads
+  it, after unloads) and the actions to start now; this driver starts them as tasks and the
+  request waits *in the gateway* for that load's answer (at most ``load_wait_ms``), then goes
+  through the normal tries (the model is READY there by then). Waiting here rather than on
+  the worker avoids a race: a request sent just after the load POST could reach the worker
+  before the load has begun and be answered "not loaded". ``None``: 503 with Retry-After,
+  naming the model and why (no device can hold it now).
+- **tick** (every ``interval_ms``): rebalance actions are carried out the same way; a
+  ScaleUp is published on ``GET /admin/scale`` (``start``) for the launcher, a ScaleDown
+  holds the device out of routing at once, and once nothing is outstanding there it is
+  published as ``stop`` (the launcher sends SIGTERM, the worker drains again and exits, and
+  the launcher POSTs ``stopped``).
+
+An Unload is started only when the controller says (its check: nothing outstanding there);
+the model leaves the router's set at once (the backend's index shows it UNLOADING), so no
+new request is sent for it meanwhile. A Load that waits for unloads comes out of their
+``unload_done``. A load the worker refuses (or a lost connection) takes the model off the
+device in the controller's view and answers the requests waiting for it with 503.
+
+Device-seconds (the cost): a device counts from its ScaleUp decision (or from the start for
+an active one) until it is stopped, as in the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from evenserve.core.clock import Clock
+from evenserve.core.profile import LatencyProfile
+from evenserve.core.scenario import (
+    COLD_LOAD_BYTES_PER_S,
+    COLD_LOAD_FIXED_S,
+    WARM_LOAD_BYTES_PER_S,
+    WARM_LOAD_FIXED_S,
+)
+from evenserve.gateway.backends import BackendRegistry
+from evenserve.gateway.config import LoadedCluster, PlacementSettings
+from evenserve.metrics import names
+from evenserve.policy.placement import (
+    AUTOSCALING,
+    LOADING,
+    PLACEMENT,
+    READY,
+    UNLOADING,
+    Action,
+    DeviceView,
+    Load,
+    ModelInfo,
+    ScaleAction,
+    ScaleUp,
+    Unload,
+)
+from evenserve.policy.placement.autoscale import demand_devices
+from evenserve.policy.placement.controller import PlacementController
+
+log = logging.getLogger("evenserve.gateway.placement")
+
+GIB = 1024.0**3
+#: Memory of a device whose size the cluster file does not give (DeviceOptions' default).
+DEFAULT_MEMORY_GB = 24.0
+
+#: POST ``path`` on backend ``name``: (status, body); raises on a lost connection.
+Post = Callable[[str, str], Awaitable[tuple[int, bytes]]]
+
+
+def model_info(
+    name: str, profile: LatencyProfile | None, max_batch_size: int | None = None
+) -> ModelInfo:
+    """A catalogue entry: weights from the profile (0 without one), cold and warm load times
+    with the scenario's defaults (``ModelSpec.load_times_s``), batch time and size from the
+    profile at the batching cap (default: the profile's largest batch)."""
+    weights = profile.weights_bytes if profile is not None else 0.0
+    cold = weights / COLD_LOAD_BYTES_PER_S + COLD_LOAD_FIXED_S
+    warm = weights / WARM_LOAD_BYTES_PER_S + WARM_LOAD_FIXED_S
+    if profile is None:
+        return ModelInfo(name, weights, cold, warm, 0.0, max_batch_size or 1)
+    cap = max_batch_size or max(profile.batches, default=1)
+    return ModelInfo(name, weights, cold, warm, profile.latency_s(cap), cap)
+
+
+@dataclass(frozen=True)
+class DeviceSetup:
+    """One device the controller manages (a worker device or an evenserve backend)."""
+
+    name: str
+    memory_bytes: float
+    models: tuple[str, ...]
+    active: bool = True
+
+
+def cluster_setup(
+    cluster: LoadedCluster, profile_sets: Mapping[str, Mapping[str, LatencyProfile]]
+) -> tuple[dict[str, ModelInfo], list[DeviceSetup]]:
+    """The catalogue and devices of a cluster file: every worker device (its ``memory_gb``,
+    its configured models, active or a spare) and every listed evenserve backend (24 GiB);
+    the catalogue is the repository's models and every configured one, each described by
+    the first profile set that has it."""
+    devices: list[DeviceSetup] = []
+    names_: set[str] = set()
+    w = cluster.config.workers
+    if w is not None:
+        repo = cluster.repo_models()
+        names_.update(repo)
+        for d in w.devices:
+            models = tuple(d.models if d.models is not None else repo)
+            names_.update(models)
+            devices.append(
+                DeviceSetup(d.name, d.memory_gb * GIB, models if d.active else (), d.active)
+            )
+    for b in cluster.config.backends:
+        if b.signals.source != "evenserve":
+            continue
+        models = tuple(b.models or ())
+        names_.update(models)
+        devices.append(DeviceSetup(b.name, DEFAULT_MEMORY_GB * GIB, models))
+    infos: dict[str, ModelInfo] = {}
+    for m in sorted(names_):
+        prof = next((ps[m] for ps in profile_sets.values() if m in ps), None)
+        infos[m] = model_info(m, prof)
+    return infos, devices
+
+
+class _Collector(Collector):
+    def __init__(self, driver: PlacementDriver) -> None:
+        self.driver = driver
+
+    def collect(self) -> Iterator[Metric]:
+        d = self.driver
+        loads = CounterMetricFamily(
+            names.GATEWAY_MODEL_LOADS,
+            "model loads the gateway started",
+            labels=["backend", "model"],
+        )
+        for (b, m), n in sorted(d.loads.items()):
+            loads.add_metric([b, m], n)
+        yield loads
+        ev = CounterMetricFamily(
+            names.GATEWAY_EVICTIONS,
+            "model unloads the gateway started",
+            labels=["backend", "model"],
+        )
+        for (b, m), n in sorted(d.evictions.items()):
+            ev.add_metric([b, m], n)
+        yield ev
+        act = CounterMetricFamily(
+            names.GATEWAY_DEVICE_ACTIVE_SECONDS,
+            "seconds each device was on (device-seconds: the cost)",
+            labels=["backend"],
+        )
+        for b, s in sorted(d.active_seconds().items()):
+            act.add_metric([b], s)
+        yield act
+        sc = CounterMetricFamily(
+            names.GATEWAY_SCALE_DECISIONS, "autoscaler decisions", labels=["direction"]
+        )
+        for direction, n in sorted(d.scale_decisions.items()):
+            sc.add_metric([direction], n)
+        yield sc
+        up = GaugeMetricFamily(
+            names.GATEWAY_SCALE_UP_DECISION_SECONDS,
+            "seconds from the first request of the last burst to its ScaleUp decision",
+        )
+        up.add_metric([], math.nan if d.last_scale_up_s is None else d.last_scale_up_s)
+        yield up
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+@dataclass
+class _DeviceBook:
+    on: bool
+    on_since_s: float | None
+    active_s: float = 0.0
+    #: What the launcher is asked to do: "start", "drain" (waiting for outstanding), "stop".
+    scale: str | None = None
+
+
+@dataclass
+class PlacementDriver:
+    registry: BackendRegistry
+    clock: Clock
+    controller: PlacementController
+    settings: PlacementSettings
+    post: Post
+    loads: dict[tuple[str, str], int] = field(default_factory=dict)
+    evictions: dict[tuple[str, str], int] = field(default_factory=dict)
+    scale_decisions: dict[str, int] = field(default_factory=lambda: {"up": 0, "down": 0})
+    #: Seconds from the first request of the last burst to its ScaleUp (None: none yet).
+    last_scale_up_s: float | None = None
+    scale_up_log: list[float] = field(default_factory=list)
+    _books: dict[str, _DeviceBook] = field(default_factory=dict)
+    #: A future per load decided (model, device): None when READY, else the error.
+    _waiters: dict[tuple[str, str], asyncio.Future[str | None]] = field(default_factory=dict)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _loop_task: asyncio.Task[None] | None = None
+    #: The first arrival since the last tick, and the start of the burst in progress.
+    _first_arrival_s: float | None = None
+    _burst_start_s: float | None = None
+
+    @classmethod
+    def build(
+        cls,
+        registry: BackendRegistry,
+        clock: Clock,
+        settings: PlacementSettings,
+        autoscaling: Any,
+        models: Mapping[str, ModelInfo],
+        devices: Sequence[DeviceSetup],
+        post: Post,
+    ) -> PlacementDriver:
+        views = [
+            DeviceView(d.name, d.memory_bytes, dict.fromkeys(d.models, READY), active=d.active)
+            for d in devices
+        ]
+        ctl = PlacementController(
+            models,
+            views,
+            PLACEMENT.build(settings.policy, where="gateway.placement"),
+            None
+            if autoscaling is None
+            else AUTOSCALING.build(autoscaling, where="gateway.autoscaling"),
+            host_memory_bytes=settings.host_memory_gb * GIB,
+            interval_s=settings.interval_ms / 1000.0,
+        )
+        drv = cls(registry, clock, ctl, settings, post)
+        now = clock.now()
+        drv._books = {d.name: _DeviceBook(d.active, now if d.active else None) for d in devices}
+        registry.catalogue = frozenset(models)
+        registry.on_admit = drv._admitted
+        for d in devices:
+            if not d.active:
+                registry.hold(d.name, "off (a spare: the autoscaler turns it on)")
+        return drv
+
+    @property
+    def load_wait_s(self) -> float:
+        return self.settings.load_wait_ms / 1000.0
+
+    # -- the request path (O(1) each) ------------------------------------------------------
+    def arrival(self, model: str) -> None:
+        ctl = self.controller
+        if model in ctl.models:
+            now = self.clock.now()
+            ctl.arrival(model, now)
+            if self._first_arrival_s is None:
+                self._first_arrival_s = now
+
+    def sent(self, model: str, backend: str) -> None:
+        ctl = self.controller
+        if backend in ctl.devices and model in ctl.models:
+            ctl.sent(model, backend, self.clock.now())
+
+    def done(self, model: str, backend: str) -> None:
+        ctl = self.controller
+        if backend in ctl.devices and model in ctl.models:
+            ctl.done(model, backend, 1, self.clock.now())
+
+    def handles(self, model: str) -> bool:
+        return model in self.controller.models
+
+    def miss(self, model: str) -> tuple[str | None, asyncio.Future[str | None] | None, str]:
+        """A request for ``model`` found no READY healthy host: (device, what to wait for,
+        "") or (None, None, why it cannot be placed now)."""
+        now = self.clock.now()
+        dev, actions = self.controller.route_miss(model, now)
+        self.carry_out(actions)
+        if dev is None:
+            return (
+                None,
+                None,
+                (
+                    f"model {model!r} is not resident on any device and no device can hold it now "
+                    f"(placement {self.policy_name}: not enough free or evictable memory)"
+                ),
+            )
+        state = self.controller.devices[dev].models.get(model)
+        if state == READY:  # READY in the controller's view: nothing to wait for
+            fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return dev, fut, ""
+        return dev, self._waiter(model, dev), ""
+
+    async def wait(self, model: str, dev: str, fut: asyncio.Future[str | None]) -> str | None:
+        """Wait for the load of ``model`` on ``dev``; None when READY, else why not."""
+        try:
+            err = await asyncio.wait_for(asyncio.shield(fut), self.load_wait_s)
+        except TimeoutError:
+            return (
+                f"model {model!r} is still loading on {dev} after {self.settings.load_wait_ms:g} ms"
+            )
+        return err
+
+    @property
+    def policy_name(self) -> str:
+        p = self.settings.policy
+        return p if isinstance(p, str) else str(p.get("policy"))
+
+    # -- carrying out ----------------------------------------------------------------------
+    def _waiter(self, model: str, dev: str) -> asyncio.Future[str | None]:
+        key = (model, dev)
+        fut = self._waiters.get(key)
+        if fut is None or fut.done():
+            fut = self._waiters[key] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _set_state(self, dev: str, model: str, state: str | None) -> None:
+        st = self.registry.states.get(dev)
+        if st is None:
+            return
+        index = dict(st.index)
+        if state is None:
+            index.pop(model, None)
+        else:
+            index[model] = state
+        self.registry.set_index(dev, index)
+
+    def carry_out(self, actions: Sequence[Action | ScaleAction]) -> None:
+        for a in actions:
+            if isinstance(a, Unload):
+                self.evictions[(a.device, a.model)] = self.evictions.get((a.device, a.model), 0) + 1
+                self._set_state(a.device, a.model, UNLOADING)
+                self._spawn(self._unload(a))
+            elif isinstance(a, Load):
+                self.loads[(a.device, a.model)] = self.loads.get((a.device, a.model), 0) + 1
+                self._waiter(a.model, a.device)
+                self._set_state(a.device, a.model, LOADING)
+                self._spawn(self._load(a))
+            elif isinstance(a, ScaleUp):
+                self._scale_up(a.device)
+            else:
+                self._scale_down(a.device)
+
+    async def _load(self, a: Load) -> None:
+        path = f"/v2/repository/models/{a.model}/load"
+        try:
+            status, body = await self.post(a.device, path)
+            err = (
+                None
+                if status < 300
+                else f"answered {status}: {body[:300].decode(errors='replace')}"
+            )
+        except Exception as exc:  # a lost connection: the load did not happen
+            err = f"{type(exc).__name__} {exc}"
+        now = self.clock.now()
+        ctl = self.controller
+        d = ctl.devices[a.device]
+        if err is None:
+            ctl.load_done(a.model, a.device, now)
+            if d.models.get(a.model) == READY:
+                self._set_state(a.device, a.model, READY)
+            log.info("placement: loaded %s on %s", a.model, a.device)
+        else:
+            log.warning("placement: load of %s on %s failed: %s", a.model, a.device, err)
+            if d.models.get(a.model) == LOADING:
+                del d.models[a.model]  # it is not there: the controller must not count it
+            self._set_state(a.device, a.model, None)
+        fut = self._waiters.pop((a.model, a.device), None)
+        if fut is not None and not fut.done():
+            fut.set_result(
+                None
+                if err is None
+                else f"the load of model {a.model!r} on {a.device} failed ({err})"
+            )
+
+    async def _unload(self, a: Unload) -> None:
+        path = f"/v2/repository/models/{a.model}/unload"
+        try:
+            status, _ = await self.post(a.device, path)
+            if status >= 300:
+                log.warning("placement: unload of %s on %s answered %d", a.model, a.device, status)
+        except Exception as exc:  # the worker is gone: so is the model
+            log.warning("placement: unload of %s on %s: %s", a.model, a.device, exc)
+        now = self.clock.now()
+        if self.controller.devices[a.device].models.get(a.model) == UNLOADING:
+            self._set_state(a.device, a.model, None)
+            self.carry_out(self.controller.unload_done(a.model, a.device, now))
+
+    # -- scaling ---------------------------------------------------------------------------
+    def _scale_up(self, dev: str) -> None:
+        now = self.clock.now()
+        self.scale_decisions["up"] += 1
+        book = self._books[dev]
+        book.scale = "start"
+        if not book.on:
+            book.on, book.on_since_s = True, now
+        start = self._burst_start_s
+        if start is not None:
+            took = now - start
+            self.last_scale_up_s = took
+            self.scale_up_log.append(took)
+            log.warning(
+                "placement: ScaleUp %s %.3f s after the first request of the burst", dev, took
+            )
+            self._burst_start_s = None
+        else:
+            log.warning("placement: ScaleUp %s", dev)
+        self.registry.release(dev)
+
+    def _scale_down(self, dev: str) -> None:
+        self.scale_decisions["down"] += 1
+        self._books[dev].scale = "drain"
+        self.registry.hold(dev, "scaling down (draining)")
+        log.warning("placement: ScaleDown %s: draining", dev)
+        self._check_drained(dev)
+
+    def _check_drained(self, dev: str) -> None:
+        book = self._books[dev]
+        if book.scale == "drain" and not any(self.controller.devices[dev].outstanding.values()):
+            book.scale = "stop"
+
+    def _admitted(self, dev: str) -> None:
+        """The registry admitted ``dev``: a device turned on is ready (device_ready)."""
+        if dev in self.controller.starting:
+            self.controller.device_ready(dev, self.clock.now())
+            self._books[dev].scale = None
+            log.warning("placement: %s is ready", dev)
+
+    def stopped(self, dev: str) -> None:
+        """The launcher stopped ``dev``'s worker (drained): device_stopped."""
+        book = self._books[dev]
+        if book.scale != "stop":
+            raise ValueError(f"{dev} was not asked to stop (state: {book.scale})")
+        now = self.clock.now()
+        self.controller.device_stopped(dev, now)
+        book.scale = None
+        if book.on and book.on_since_s is not None:
+            book.active_s += now - book.on_since_s
+        book.on, book.on_since_s = False, None
+        st = self.registry.states.get(dev)
+        if st is not None:
+            self.registry.set_index(dev, {})
+        log.warning("placement: %s is off", dev)
+
+    def scale_requests(self) -> list[dict[str, str]]:
+        """What the launcher is asked to do now: ``start`` or ``stop`` a device."""
+        out = []
+        for name, book in self._books.items():
+            if book.scale == "drain":
+                self._check_drained(name)
+            if book.scale in ("start", "stop"):
+                out.append({"device": name, "action": book.scale})
+        return out
+
+    def active_seconds(self) -> dict[str, float]:
+        now = self.clock.now()
+        return {
+            n: b.active_s + (now - b.on_since_s if b.on_since_s is not None else 0.0)
+            for n, b in self._books.items()
+        }
+
+    # -- the tick --------------------------------------------------------------------------
+    def tick(self) -> None:
+        """One placement interval: utilization in, then rebalance and scale out."""
+        ctl = self.controller
+        now = self.clock.now()
+        router = self.registry.router
+        for name, d in ctl.devices.items():
+            if d.active:
+                u = router.view(name).utilization
+                if u is not None and math.isfinite(u):
+                    ctl.utilization(name, u)
+        self._note_burst(now)
+        self.carry_out(ctl.tick(now))
+        for name in self._books:
+            self._check_drained(name)
+
+    def _note_burst(self, now: float) -> None:
+        """The burst clock: it starts at the first arrival of the interval where the demand
+        estimate first exceeds the active devices, and stops at the ScaleUp (or when the
+        demand falls back)."""
+        first, self._first_arrival_s = self._first_arrival_s, None
+        ctl = self.controller
+        if ctl.autoscaler is None:
+            return
+        view = ctl.view(now)
+        active = sum(1 for d in view.devices if d.active) + len(ctl.starting)
+        target = float(getattr(getattr(ctl.autoscaler, "params", None), "target_utilization", 1.0))
+        over = demand_devices(view) / target > active
+        if not over:
+            self._burst_start_s = None
+        elif self._burst_start_s is None:
+            self._burst_start_s = first if first is not None else now
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.controller.interval_s)
+            try:
+                self.tick()
+            except Exception:  # a bug in a policy must not stop placement for good
+                log.exception("placement tick failed")
+
+    def start(self) -> None:
+        self._loop_task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._loop_task, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    def collector(self) -> Collector:
+        return _Collector(self)
+
+    # -- the admin view --------------------------------------------------------------------
+    def view(self) -> dict[str, Any]:
+        ctl = self.controller
+        now = self.clock.now()
+        active_s = self.active_seconds()
+        c = ctl.counts
+        return {
+            "policy": self.settings.policy,
+            "autoscaling": None if ctl.autoscaler is None else type(ctl.autoscaler).__name__,
+            "interval_ms": self.settings.interval_ms,
+            "load_wait_ms": self.settings.load_wait_ms,
+            "devices": {
+                name: {
+                    "active": d.active,
+                    "starting": name in ctl.starting,
+                    "scale": self._books[name].scale,
+                    "residents": dict(sorted(d.models.items())),
+                    "outstanding": dict(sorted(d.outstanding.items())),
+                    "utilization": d.utilization,
+                    "memory_total_bytes": d.memory_total_bytes,
+                    "memory_used_bytes": d.used_bytes(ctl.models),
+                    "active_seconds": round(active_s[name], 6),
+                }
+                for name, d in ctl.devices.items()
+            },
+            "counts": {
+                "loads": c.loads,
+                "cold_loads": c.cold_loads,
+                "warm_loads": c.warm_loads,
+                "evictions": c.evictions,
+                "scale_ups": c.scale_ups,
+                "scale_downs": c.scale_downs,
+                "unplaced": c.unplaced,
+            },
+            "pending": {
+                "loads_waiting": sorted(f"{m}@{d}" for (m, d) in self._waiters),
+                "operations": len(self._tasks),
+                "scale": self.scale_requests(),
+            },
+            "demand_rps": {m: round(ctl.rate_rps(m, now), 6) for m in sorted(ctl.models)},
+            "demand_devices": round(demand_devices(ctl.view(now)), 6),
+            "warm": ctl.warm,
+            "scale_up_decision_s": self.last_scale_up_s,
+            "scale_up_decisions_s": list(self.scale_up_log),
+        }
+
+
+def parse_scale_report(body: bytes) -> tuple[str, str]:
+    """``POST /admin/scale`` body ``{"device": D, "event": "started" | "stopped"}``."""
+    try:
+        doc = json.loads(body or b"null")
+    except ValueError:
+        raise ValueError("body: not JSON") from None
+    if not isinstance(doc, dict):
+        raise ValueError('body: expected {"device": NAME, "event": "started" | "stopped"}')
+    dev, event = doc.get("device"), doc.get("event")
+    if not isinstance(dev, str) or event not in ("started", "stopped"):
+        raise ValueError('body: expected {"device": NAME, "event": "started" | "stopped"}')
+    return dev, event
+
+
+__all__ = [
+    "DeviceSetup",
+    "PlacementDriver",
+    "cluster_setup",
+    "model_info",
+    "parse_scale_report",
+]
