@@ -15,6 +15,17 @@ also gets SIGTERM if this process dies without cleaning up (PR_SET_PDEATHSIG).
 - Startup waits until every worker answers ``/v2/health/ready``, then the gateway, then prints
   where to send requests. A worker that exits on its own is restarted (``workers.restart``),
   so the gateway sees it ejected and then readmitted.
+- With ``gateway.placement`` every worker runs with ``--model-control explicit``, its
+  configured models as ``--load-model`` (so the gateway's placement view of residents
+  matches) and ``--load-wait-ms`` from the placement section. A spare (``active: false``) is
+  not started at ``up``: the scale channel starts it.
+- The scale channel (``gateway.autoscaling``): every 200 ms the launcher GETs the gateway's
+  ``/admin/scale`` with the admin token it holds (``[{device, action: start | stop}]``).
+  ``start``: start that worker (the gateway admits it once it is ready: device_ready).
+  ``stop`` (the gateway has held it out of routing and nothing is outstanding there):
+  SIGTERM (the worker drains again and exits), SIGKILL after the drain timeout, then POST
+  ``{"device", "event": "stopped"}`` back (device_stopped). A worker the channel stopped is
+  not restarted; one that dies on its own while on is.
 - The admin token is the configured one (``gateway.admin.token``, or the variable
   ``gateway.admin.token_env`` names), else a generated one, handed to the gateway in its
   environment and written to ``admin-token`` in the log folder (mode 0600). It is never
@@ -152,6 +163,10 @@ class Launcher:
     gateway: Proc | None = None
     #: Where a generated token was written (mode 0600); None for a configured one.
     token_file: Path | None = None
+    #: Workers that should be running (spares join when scaled up, leave when stopped).
+    on: set[str] = field(default_factory=set)
+    #: Workers the scale channel sent SIGTERM, with the time (monotonic).
+    stopping: dict[str, float] = field(default_factory=dict)
     _stop: bool = False
 
     def __post_init__(self) -> None:
@@ -179,6 +194,14 @@ class Launcher:
             )
         return ["--models", ",".join(d.models)]
 
+    def _placement_args(self, i: int, d: DeviceEntry, load_wait_ms: float) -> list[str]:
+        """A worker under placement: explicit model control, its configured models loaded at
+        startup (none for a spare), the placement's load-wait bound."""
+        self._models_args(i, d)  # checks they are in the repository
+        startup = [] if not d.active else d.models or self.cluster.repo_models()
+        loads = [a for m in startup for a in ("--load-model", m)]
+        return ["--model-control", "explicit", *loads, "--load-wait-ms", f"{load_wait_ms:g}"]
+
     def _device_arg(self, device: str) -> str:
         target = parse_device(device)
         if target.kind == "emulated" and target.profile_set is not None:
@@ -193,19 +216,26 @@ class Launcher:
         if w is None:
             raise ConfigError("workers: `evenserve up` needs a workers section with devices")
         base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        placement = self.cluster.config.gateway.placement_settings()
         for i, d in enumerate(w.devices):
             port = w.port_of(i)
             dev, env = worker_env(self._device_arg(d.device), base_env)
+            if placement is None:
+                models = self._models_args(i, d)
+            else:
+                models = self._placement_args(i, d, placement.load_wait_ms)
             cmd = cli_cmd(
                 self.python, "worker",
                 "--repo", str(self.cluster.resolve(w.repo)),
                 "--device", dev,
                 "--port", str(port),
                 *([] if d.grpc_port is None else ["--grpc-port", str(d.grpc_port)]),
-                *self._models_args(i, d),
+                *models,
                 *d.option_flags(),
                 *d.extra_args,
             )  # fmt: skip
+            if d.active:
+                self.on.add(d.name)
             self.workers.append(
                 Proc(d.name, cmd, env, f"http://{w.host}:{port}", self.log_dir / f"{d.name}.log")
             )
@@ -273,9 +303,10 @@ class Launcher:
         assert w is not None and self.gateway is not None and self.token is not None
         self._check_ports()
         self.write_token_file()
-        for p in self.workers:
+        active = [p for p in self.workers if p.name in self.on]
+        for p in active:
             p.start()
-        self._wait_ready(self.workers, w.ready_timeout_s)
+        self._wait_ready(active, w.ready_timeout_s)
         self.gateway.start()
         self._wait_ready([self.gateway], 30.0)
 
@@ -298,7 +329,8 @@ class Launcher:
                     "device": d.device,
                     "url": p.url,
                     "pid": p.pid,
-                    "models": backends[p.name].models,
+                    "active": p.name in self.on,
+                    "models": backends[p.name].models or [],
                 }
                 for p, d in zip(self.workers, w.devices, strict=True)
             ],
@@ -312,7 +344,8 @@ class Launcher:
         for wk in s["workers"]:
             say(
                 f"  worker  {wk['name']:<8} {wk['device']:<24} {wk['url']:<24} "
-                f"pid {wk['pid']!s:<7} {', '.join(wk['models'])}"
+                f"pid {wk['pid']!s:<7} "
+                + (", ".join(wk["models"]) if wk["active"] else "(spare: off until scaled up)")
             )
         g = s["gateway"]
         say(f"  gateway {g['url']}  pid {g['pid']}  routing {s['routing']}")
@@ -340,27 +373,94 @@ class Launcher:
             )
         return f"Admin: curl -H 'Authorization: Bearer <the token of {self.token.source}>' {url}"
 
+    # -- the scale channel ------------------------------------------------------------------
+    def scale_step(self, requests: list[dict[str, str]]) -> list[dict[str, str]]:
+        """Carry out the gateway's scale requests (``GET /admin/scale``); returns the
+        reports to POST back (``{"device", "event": "stopped"}``). Called every poll."""
+        w = self.cluster.config.workers
+        assert w is not None
+        by_name = {p.name: p for p in self.workers}
+        reports: list[dict[str, str]] = []
+        for req in requests:
+            p = by_name.get(req.get("device", ""))
+            if p is None:
+                continue
+            action = req.get("action")
+            if action == "start" and p.name not in self.on:
+                self.on.add(p.name)
+                self.stopping.pop(p.name, None)
+                p.close_log()
+                p.start()
+                self.say(f"scale up: started worker {p.name} (pid {p.pid})")
+            elif action == "stop" and p.name in self.on and p.name not in self.stopping:
+                self.on.discard(p.name)
+                self.stopping[p.name] = time.monotonic()
+                p.signal(signal.SIGTERM)
+                self.say(f"scale down: stopping worker {p.name} (drained at the gateway)")
+        for name, since in list(self.stopping.items()):
+            p = by_name[name]
+            if p.alive() and time.monotonic() - since > w.drain_timeout_s:
+                self.say(f"{name} did not stop in {w.drain_timeout_s:g} s; killing it")
+                p.signal(signal.SIGKILL)
+            if not p.alive():
+                del self.stopping[name]
+                if p.popen is not None:
+                    p.popen.wait()
+                p.close_log()
+                reports.append({"device": name, "event": "stopped"})
+                self.say(f"scale down: worker {name} stopped")
+        return reports
+
+    def _scale_poll(self, client: httpx.Client) -> None:
+        """One round of the scale channel over the gateway's admin API (errors: next time)."""
+        assert self.gateway is not None
+        auth = {"authorization": f"Bearer {self.admin_token}"}
+        url = f"{self.gateway.url}/admin/scale"
+        try:
+            r = client.get(url, headers=auth)
+            requests = r.json().get("requests", []) if r.status_code == 200 else []
+        except (httpx.HTTPError, ValueError):
+            requests = []
+        for report in self.scale_step(requests):
+            with contextlib.suppress(httpx.HTTPError):
+                client.post(url, headers=auth, json=report)
+
     def supervise(self, poll_s: float = 0.2) -> int:
-        """Run until asked to stop; restart workers that die. Returns the exit code."""
+        """Run until asked to stop; restart workers that die; with autoscaling, the scale
+        channel every poll. Returns the exit code."""
         w = self.cluster.config.workers
         assert w is not None and self.gateway is not None
-        while not self._stop:
-            if not self.gateway.alive():
-                code = self.gateway.popen.returncode if self.gateway.popen else None
-                self.say(f"gateway exited (code {code}); stopping (log {self.gateway.log_path})")
-                return 1
-            for p in self.workers:
-                if not p.alive() and not self._stop:
-                    code = p.popen.returncode if p.popen is not None else None
-                    if not w.restart:
-                        self.say(f"worker {p.name} exited (code {code}); not restarting")
-                        continue
-                    p.restarts += 1
-                    self.say(f"worker {p.name} exited (code {code}); restarting ({p.restarts})")
-                    p.close_log()
-                    p.start()
-            time.sleep(poll_s)
+        scaling = self.cluster.config.gateway.autoscaling is not None
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while not self._stop:
+                code = self._supervise_once(w.restart)
+                if code is not None:
+                    return code
+                if scaling:
+                    self._scale_poll(client)
+                time.sleep(poll_s)
         return 0
+
+    def _supervise_once(self, restart: bool) -> int | None:
+        """One supervision round: 1 when the gateway is gone; workers that should be on and
+        died on their own are restarted (``restart``)."""
+        assert self.gateway is not None
+        if not self.gateway.alive():
+            code = self.gateway.popen.returncode if self.gateway.popen else None
+            self.say(f"gateway exited (code {code}); stopping (log {self.gateway.log_path})")
+            return 1
+        for p in self.workers:
+            if p.name not in self.on or p.name in self.stopping or p.alive() or self._stop:
+                continue
+            code = p.popen.returncode if p.popen is not None else None
+            if not restart:
+                self.say(f"worker {p.name} exited (code {code}); not restarting")
+                continue
+            p.restarts += 1
+            self.say(f"worker {p.name} exited (code {code}); restarting ({p.restarts})")
+            p.close_log()
+            p.start()
+        return None
 
     def request_stop(self, *_: Any) -> None:
         self._stop = True

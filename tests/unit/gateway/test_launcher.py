@@ -209,3 +209,90 @@ def test_device_grpc_port_is_passed_and_routed(tmp_path: Path) -> None:
     g0, g1 = (w.cmd for w in la.workers)
     assert g0[g0.index("--grpc-port") + 1] == "9201" and "--grpc-port" not in g1
     assert [b.grpc_url for b in cluster.backends()] == ["127.0.0.1:9201", None]
+
+
+def _placement_cluster(tmp_path: Path) -> dict[str, object]:
+    for m in ("a", "b"):
+        (tmp_path / "repo" / m).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "repo" / m / "model.yaml").write_text("runtime: emulated\n")
+    return {
+        "gateway": {
+            "placement": {"policy": "lru", "load_wait_ms": 2500},
+            "autoscaling": {"policy": "demand"},
+        },
+        "workers": {
+            "repo": "repo",
+            "devices": [
+                {"name": "g0", "device": "cpu", "models": ["a"]},
+                {"name": "g1", "device": "cpu", "active": False},
+            ],
+        },
+    }
+
+
+def test_under_placement_workers_run_explicit_with_their_models_and_a_spare_waits(
+    tmp_path: Path,
+) -> None:
+    raw = _placement_cluster(tmp_path)
+    la = Launcher(parse_cluster(raw, tmp_path), tmp_path / "c.yaml", tmp_path, python="py")
+    la.plan()
+    g0, g1 = (p.cmd for p in la.workers)
+    assert g0[g0.index("--model-control") + 1] == "explicit"
+    assert [g0[i + 1] for i, a in enumerate(g0) if a == "--load-model"] == ["a"]
+    assert g0[g0.index("--load-wait-ms") + 1] == "2500"
+    assert "--models" not in g0
+    assert g1[g1.index("--model-control") + 1] == "explicit" and "--load-model" not in g1
+    assert la.on == {"g0"}
+
+
+def test_spares_and_autoscaling_are_validated_naming_the_field(tmp_path: Path) -> None:
+    raw = _placement_cluster(tmp_path)
+    del raw["gateway"]  # a spare without an autoscaler: nothing would turn it on
+    with pytest.raises(ConfigError, match=r"workers.devices.1.active"):
+        parse_cluster(raw, tmp_path)
+    raw = _placement_cluster(tmp_path)
+    raw["gateway"] = {"placement": {"policy": "nope"}, "autoscaling": "demand"}
+    with pytest.raises(ConfigError, match=r"gateway.placement"):
+        parse_cluster(raw, tmp_path)
+    raw["gateway"] = {"placement": {"policy": "lru", "interval_ms": 0}, "autoscaling": "demand"}
+    with pytest.raises(ConfigError, match=r"gateway.placement.interval_ms"):
+        parse_cluster(raw, tmp_path)
+    raw["gateway"] = {"placement": "lru", "autoscaling": {"policy": "demand", "bad": 1}}
+    with pytest.raises(ConfigError, match=r"gateway.autoscaling"):
+        parse_cluster(raw, tmp_path)
+    raw["gateway"] = {"autoscaling": "demand"}
+    with pytest.raises(ConfigError, match=r"gateway.autoscaling: needs gateway.placement"):
+        parse_cluster(raw, tmp_path)
+
+
+def test_the_scale_channel_starts_a_spare_and_stops_it_after_the_gateway_drained_it(
+    tmp_path: Path,
+) -> None:
+    import sys
+    import time
+
+    raw = _placement_cluster(tmp_path)
+    said: list[str] = []
+    la = Launcher(parse_cluster(raw, tmp_path), tmp_path / "c.yaml", tmp_path, say=said.append)
+    la.plan()
+    g1 = la.workers[1]
+    g1.cmd = [sys.executable, "-c", "import time; time.sleep(120)"]  # a worker stand-in
+    assert not g1.alive()
+    # The gateway asks for g1 (a ScaleUp): started once, however often it is asked.
+    assert la.scale_step([{"device": "g1", "action": "start"}]) == []
+    pid = g1.pid
+    assert g1.alive() and "g1" in la.on
+    assert la.scale_step([{"device": "g1", "action": "start"}]) == []
+    assert g1.pid == pid
+    # Drained at the gateway (``stop``): SIGTERM, then reported stopped once it has exited.
+    reports = la.scale_step([{"device": "g1", "action": "stop"}])
+    deadline = time.monotonic() + 60
+    while not reports:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+        reports = la.scale_step([{"device": "g1", "action": "stop"}])
+    assert reports == [{"device": "g1", "event": "stopped"}]
+    assert not g1.alive() and "g1" not in la.on
+    assert la.scale_step([]) == []  # reported once
+    assert any("scale up: started worker g1" in s for s in said)
+    assert any("scale down: worker g1 stopped" in s for s in said)
