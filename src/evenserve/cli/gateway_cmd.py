@@ -82,7 +82,12 @@ def up(
         typer.Option(help="Write URLs, pids and the admin token here when ready (mode 0600)."),
     ] = None,
 ) -> None:
-    """Start one worker per device and the gateway; Ctrl-C drains and stops them all."""
+    """Start one worker per device and the gateway; Ctrl-C drains and stops them all.
+
+    With gateway.placement in the file, workers run with --model-control explicit (their
+    configured models loaded at startup) and the gateway loads and unloads models on them;
+    a device with active: false is a spare, started only when gateway.autoscaling turns it
+    on (the launcher polls the gateway's /admin/scale) and stopped again after draining."""
     from evenserve.gateway.config import load_cluster
     from evenserve.gateway.launcher import run_up
 

@@ -84,6 +84,8 @@ class HealthEvent:
 
 EjectHook = Callable[[str, str], None]
 AdmitHook = Callable[[str], None]
+#: Adjusts an index a backend reported (placement: its loads and unloads under way win).
+IndexOverride = Callable[[str, dict[str, str]], dict[str, str]]
 
 
 @dataclass
@@ -98,6 +100,7 @@ class BackendRegistry:
     #: Models the gateway's placement can load (known, never 404, though no backend has them).
     catalogue: frozenset[str] = frozenset()
     on_admit: AdmitHook | None = None
+    index_override: IndexOverride | None = None
     #: Backends held out of routing whatever their probes say (placement: a spare that is
     #: off, a device scaling down), with why.
     held: dict[str, str] = field(default_factory=dict)
@@ -213,6 +216,8 @@ class BackendRegistry:
         router routes its READY models there from now on. True when that set changed (then
         one log line and a ``models`` event say how)."""
         st = self.states[name]
+        if self.index_override is not None:
+            index = self.index_override(name, index)
         before = st.index
         st.learned = True
         if index == before:

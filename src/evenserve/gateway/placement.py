@@ -221,6 +221,10 @@ class PlacementDriver:
     #: A future per load decided (model, device): None when READY, else the error.
     _waiters: dict[tuple[str, str], asyncio.Future[str | None]] = field(default_factory=dict)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    #: Loads and unloads under way, (device, model) -> LOADING | UNLOADING: they override
+    #: what the backend's index says until their answer (an index read just before the
+    #: worker began must not make an unloading model routable again).
+    _ops: dict[tuple[str, str], str] = field(default_factory=dict)
     _loop_task: asyncio.Task[None] | None = None
     #: The first arrival since the last tick, and the start of the burst in progress.
     _first_arrival_s: float | None = None
@@ -256,6 +260,7 @@ class PlacementDriver:
         drv._books = {d.name: _DeviceBook(d.active, now if d.active else None) for d in devices}
         registry.catalogue = frozenset(models)
         registry.on_admit = drv._admitted
+        registry.index_override = drv._override
         for d in devices:
             if not d.active:
                 registry.hold(d.name, "off (a spare: the autoscaler turns it on)")
@@ -337,6 +342,15 @@ class PlacementDriver:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _override(self, dev: str, index: dict[str, str]) -> dict[str, str]:
+        ops = [(m, s) for (d, m), s in self._ops.items() if d == dev]
+        if not ops:
+            return index
+        out = dict(index)
+        for m, s in ops:
+            out[m] = s
+        return out
+
     def _set_state(self, dev: str, model: str, state: str | None) -> None:
         st = self.registry.states.get(dev)
         if st is None:
@@ -352,11 +366,13 @@ class PlacementDriver:
         for a in actions:
             if isinstance(a, Unload):
                 self.evictions[(a.device, a.model)] = self.evictions.get((a.device, a.model), 0) + 1
+                self._ops[(a.device, a.model)] = UNLOADING
                 self._set_state(a.device, a.model, UNLOADING)
                 self._spawn(self._unload(a))
             elif isinstance(a, Load):
                 self.loads[(a.device, a.model)] = self.loads.get((a.device, a.model), 0) + 1
                 self._waiter(a.model, a.device)
+                self._ops[(a.device, a.model)] = LOADING
                 self._set_state(a.device, a.model, LOADING)
                 self._spawn(self._load(a))
             elif isinstance(a, ScaleUp):
@@ -378,6 +394,7 @@ class PlacementDriver:
         now = self.clock.now()
         ctl = self.controller
         d = ctl.devices[a.device]
+        self._ops.pop((a.device, a.model), None)
         if err is None:
             ctl.load_done(a.model, a.device, now)
             if d.models.get(a.model) == READY:
@@ -405,6 +422,7 @@ class PlacementDriver:
         except Exception as exc:  # the worker is gone: so is the model
             log.warning("placement: unload of %s on %s: %s", a.model, a.device, exc)
         now = self.clock.now()
+        self._ops.pop((a.device, a.model), None)
         if self.controller.devices[a.device].models.get(a.model) == UNLOADING:
             self._set_state(a.device, a.model, None)
             self.carry_out(self.controller.unload_done(a.model, a.device, now))
@@ -439,8 +457,11 @@ class PlacementDriver:
 
     def _check_drained(self, dev: str) -> None:
         book = self._books[dev]
-        if book.scale == "drain" and not any(self.controller.devices[dev].outstanding.values()):
-            book.scale = "stop"
+        if book.scale != "drain" or any(self.controller.devices[dev].outstanding.values()):
+            return
+        if any(d == dev for d, _ in self._ops):
+            return  # a load or unload is under way there: stop once it answered
+        book.scale = "stop"
 
     def _admitted(self, dev: str) -> None:
         """The registry admitted ``dev``: a device turned on is ready (device_ready)."""
