@@ -211,3 +211,73 @@ async def test_a_burst_scales_up_a_spare_and_a_quiet_spell_drains_and_stops_it()
         )
         assert r.status_code == 400 and "nope" in r.json()["error"]
         assert (await client.get("/admin/scale")).status_code == 401
+
+
+async def test_a_scaled_down_device_is_stopped_only_once_its_requests_are_answered() -> None:
+    import asyncio
+
+    gate = asyncio.Event()
+    f0 = FakeBackend("f0", ["a"], index={"a": "READY"}, gate=gate)
+    f1 = FakeBackend("f1", ["a"], index={"a": "READY"}, gate=gate)
+    scaler = {"policy": "demand", "quiet_s": 0.0}
+    async with cluster([(f0, True), (f1, True)], {"policy": "static"}, scaler) as (
+        g,
+        client,
+        clock,
+    ):
+        drv = g.placement
+        assert drv is not None
+        held = [
+            asyncio.create_task(client.post("/v2/models/a/infer", json=infer_body()))
+            for _ in range(2)
+        ]
+        await wait_for(lambda: f0.in_flight == 1 and f1.in_flight == 1)
+        clock.advance(600.0)
+        drv.tick()
+        clock.advance(1.0)
+        drv.tick()
+        assert drv.scale_decisions["down"] == 1
+        assert not drv.controller.devices["f1"].active
+        assert not g.registry.is_healthy("f1")
+        # Its request is still running: not stopped yet; new requests go to f0 only.
+        assert drv.scale_requests() == []
+        gate.set()
+        rs = await asyncio.gather(*held)
+        assert sorted(r.headers[BACKEND_HEADER] for r in rs) == ["f0", "f1"]
+        assert drv.scale_requests() == [{"device": "f1", "action": "stop"}]
+        r = await client.post("/v2/models/a/infer", json=infer_body())
+        assert r.status_code == 200 and r.headers[BACKEND_HEADER] == "f0"
+
+
+def test_the_catalogue_comes_from_the_profiles_with_the_scenario_s_load_times(
+    tmp_path: Path,
+) -> None:
+    from evenserve.core.profile import LatencyProfile
+    from evenserve.core.scenario import ModelSpec
+    from evenserve.gateway.placement import cluster_setup
+
+    for m in ("a", "b"):
+        (tmp_path / "repo" / m).mkdir(parents=True)
+        (tmp_path / "repo" / m / "model.yaml").write_text("runtime: emulated\n")
+    raw = {
+        "gateway": {"placement": "lru", "autoscaling": "demand"},
+        "workers": {
+            "repo": "repo",
+            "devices": [
+                {"name": "g0", "device": "cpu", "models": ["a"], "memory_gb": 8},
+                {"name": "g1", "device": "cpu", "active": False},
+            ],
+        },
+    }
+    prof = LatencyProfile.from_points("a", {1: 2.0, 8: 10.0}, weights_mb=4000)
+    infos, devices = cluster_setup(parse_cluster(raw, tmp_path), {"set": {"a": prof}})
+    assert sorted(infos) == ["a", "b"]
+    a = infos["a"]
+    cold, warm = ModelSpec(slo_ms=50.0).load_times_s(prof.weights_bytes)
+    assert (a.weights_bytes, a.cold_load_s, a.warm_load_s) == (prof.weights_bytes, cold, warm)
+    assert a.max_batch_size == 8 and a.batch_s == prof.latency_s(8)
+    assert infos["b"].weights_bytes == 0.0
+    assert devices == [
+        DeviceSetup("g0", 8 * GIB, ("a",), True),
+        DeviceSetup("g1", 24 * GIB, (), False),
+    ]

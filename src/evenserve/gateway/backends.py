@@ -101,6 +101,9 @@ class BackendRegistry:
     catalogue: frozenset[str] = frozenset()
     on_admit: AdmitHook | None = None
     index_override: IndexOverride | None = None
+    #: Per backend, how many times the gateway itself changed its index (placement's loads
+    #: and unloads): an index read that began before such a change is stale (``Poller``).
+    index_epochs: dict[str, int] = field(default_factory=dict)
     #: Backends held out of routing whatever their probes say (placement: a spare that is
     #: off, a device scaling down), with why.
     held: dict[str, str] = field(default_factory=dict)

@@ -355,6 +355,8 @@ class PlacementDriver:
         st = self.registry.states.get(dev)
         if st is None:
             return
+        epochs = self.registry.index_epochs
+        epochs[dev] = epochs.get(dev, 0) + 1
         index = dict(st.index)
         if state is None:
             index.pop(model, None)
@@ -481,8 +483,9 @@ class PlacementDriver:
         if book.on and book.on_since_s is not None:
             book.active_s += now - book.on_since_s
         book.on, book.on_since_s = False, None
-        st = self.registry.states.get(dev)
-        if st is not None:
+        if dev in self.registry.states:
+            epochs = self.registry.index_epochs
+            epochs[dev] = epochs.get(dev, 0) + 1
             self.registry.set_index(dev, {})
         log.warning("placement: %s is off", dev)
 

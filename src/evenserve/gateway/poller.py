@@ -261,6 +261,7 @@ class Poller:
             and now - st.index_read_s < INDEX_REFRESH_S
         ):
             return
+        epoch = self.registry.index_epochs.get(name, 0)
         try:
             resp = await self.index(
                 st.spec.url + REPOSITORY_INDEX_PATH, self.cfg.health.timeout_ms / 1000.0
@@ -285,6 +286,8 @@ class Poller:
         except BadIndex as exc:
             st.last_error = f"index: {exc}"
             return
+        if self.registry.index_epochs.get(name, 0) != epoch:
+            return  # the gateway changed it meanwhile (placement): this read is stale
         st.index_version, st.index_read_s = version, now
         self.registry.set_index(name, index)
 
