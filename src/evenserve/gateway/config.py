@@ -6,11 +6,14 @@ gateway:                      # the front door
   port: 8000
   routing: queue-aware        # a policy spec: a name or {policy: name, ...params}
   signals: {interval_ms: 100, window: 3, stale_after_ms: 500}
+  # placement: {policy: cost-aware, interval_ms: 1000, load_wait_ms: 10000, host_memory_gb: 0}
+  # autoscaling: {policy: demand, target_utilization: 0.7}   # needs placement
 workers:                      # devices ``evenserve up`` starts one worker on each
   repo: models                # model repository (relative to this file)
   base_port: 8101             # device i listens on base_port + i unless it names a port
   devices:
     - {name: gpu0, device: "emulated:a10-trt-fp16", models: [resnet50, bert-base]}
+    # - {name: gpu1, device: "emulated:a10-trt-fp16", active: false}   # a spare (autoscaling)
 backends:                     # servers started elsewhere (Triton, MLServer, other workers)
   - name: triton0
     url: http://127.0.0.1:8000

@@ -46,6 +46,13 @@ gRPC (``grpc_front``) takes the same path: ``infer_grpc`` admits, picks and sett
 same methods; a backend's gRPC status is judged as its HTTP counterpart (``GrpcReply.status``:
 UNAVAILABLE as 503, RESOURCE_EXHAUSTED with a reason as 429), so the retry rules are the
 ones above. Backends without a gRPC endpoint are excluded from the start.
+
+Placement (``gateway.placement``: ``self.placement``, a ``gateway.placement.PlacementDriver``;
+None otherwise, and then each hook below is one ``is None`` test): a catalogue model no
+backend has is known (not 404); every admitted request is an ``arrival``, every try a
+``sent`` / ``done``; a request whose model has no READY healthy host takes the miss path
+first (``_miss``: wait for the load placement starts or has under way, 503 with Retry-After
+when it cannot be placed or the load failed or outlasted ``load_wait_ms``), then the tries.
 """
 
 from __future__ import annotations
@@ -392,6 +399,8 @@ class Dispatcher:
                 f"unknown model {model!r} (served: {', '.join(self.registry.models())})",
                 "unknown_model",
             )
+        if self.placement is not None:  # the demand placement reads: refused ones count too
+            self.placement.arrival(model)
         ov = self.cfg.overload
         why = self.router.refusal(model, self.clock.now()) if ov.enabled else None
         if why is not None:
@@ -404,8 +413,6 @@ class Dispatcher:
         fwd_headers = {"accept-encoding": "identity"}
         fwd_headers.update((h, headers[h]) for h in FORWARD_REQUEST_HEADERS if h in headers)
         req = RequestInfo(request_id=next(self._ids), model=model, arrival_s=self.clock.now())
-        if self.placement is not None:
-            self.placement.arrival(model)
         return _Forward(model, path, body, fwd_headers, req, t0)
 
     def _pick(self, fw: _Forward) -> str | None:
