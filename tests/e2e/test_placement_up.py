@@ -1,7 +1,7 @@
 """`evenserve up` with placement and autoscaling on a tiny emulated cluster (2 devices + 1
 spare, models that fill one device each, 300 ms loads), as subprocesses: a request for a
-model resident nowhere is answered after its load, and a burst turns the spare on. Counts
-and states, never times."""
+model resident nowhere is answered after its load, a burst turns the spare on, and the quiet
+after it drains one device and stops it. Counts and states, never times."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def write_cluster(tmp: Path) -> Path:
                 "policy": "demand",
                 "up_after_s": 0,
                 "target_utilization": 0.01,
-                "quiet_s": 3600,
+                "quiet_s": 1,
                 "min_devices": 2,
             },
         },
@@ -150,6 +150,7 @@ def test_a_cold_model_is_loaded_on_a_miss_and_a_burst_scales_up_the_spare(
     assert code == 0, (tmp_path / "up.out").read_text()[-3000:]
     text = (tmp_path / "up.out").read_text()
     assert "scale up: started worker d2" in text
+    assert "scale down: worker" in text and " stopped" in text
     assert TOKEN not in text
     for log in (tmp_path / "logs").iterdir():
         if log.name != "admin-token":
@@ -193,3 +194,18 @@ async def _drive(url: str) -> None:
         metrics = (await c.get("/metrics")).text
         assert 'evenserve_gateway_scale_decisions_total{direction="up"} 1.0' in metrics
         assert 'evenserve_gateway_device_active_seconds_total{backend="d2"}' in metrics
+        # Quiet again: the demand decays, one device is drained, stopped by the launcher and
+        # reported stopped (device_stopped); it stops counting device-seconds.
+        while True:
+            view = await _placement(c)
+            off = [n for n, d in view["devices"].items() if not d["active"] and not d["scale"]]
+            if view["counts"]["scale_downs"] >= 1 and off:
+                break
+            assert time.monotonic() < deadline + 90, view
+            await asyncio.sleep(0.2)
+        (gone,) = off
+        before = view["devices"][gone]["active_seconds"]
+        await asyncio.sleep(0.5)
+        assert (await _placement(c))["devices"][gone]["active_seconds"] == before
+        r = await c.post("/v2/models/m1/infer", json=BODY)
+        assert r.status_code == 200, r.text
