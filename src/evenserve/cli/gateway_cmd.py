@@ -84,10 +84,10 @@ def up(
 ) -> None:
     """Start one worker per device and the gateway; Ctrl-C drains and stops them all.
 
-    With gateway.placement in the file, workers run with --model-control explicit (their
-    configured models loaded at startup) and the gateway loads and unloads models on them;
-    a device with active: false is a spare, started only when gateway.autoscaling turns it
-    on (the launcher polls the gateway's /admin/scale) and stopped again after draining."""
+    With gateway.placement, workers run --model-control explicit (their models
+    loaded at startup) and the gateway loads and unloads models on them.
+    A device with active: false is a spare: started only when gateway.autoscaling
+    turns it on (via the gateway's /admin/scale), stopped again after draining."""
     from evenserve.gateway.config import load_cluster
     from evenserve.gateway.launcher import run_up
 
