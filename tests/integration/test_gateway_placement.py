@@ -281,3 +281,21 @@ def test_the_catalogue_comes_from_the_profiles_with_the_scenario_s_load_times(
         DeviceSetup("g0", 8 * GIB, ("a",), True),
         DeviceSetup("g1", 24 * GIB, (), False),
     ]
+
+
+async def test_without_placement_nothing_of_it_runs_and_its_admin_views_say_so() -> None:
+    f0 = FakeBackend("f0", ["a"], index={"a": "READY"})
+    async with serving(f0.app()) as s:
+        raw = {
+            "gateway": {"routing": "round-robin", "admin": {"token": TOKEN}},
+            "backends": [{"name": "f0", "url": s.url, "models": ["a"]}],
+        }
+        g = Gateway(parse_cluster(raw, Path(".")))
+        assert g.placement is None and g.dispatcher.placement is None
+        assert g.registry.catalogue == frozenset() and g.registry.index_override is None
+        async with serving(g) as served, httpx.AsyncClient(base_url=served.url) as client:
+            r = await client.get("/admin/placement", headers=AUTH)
+            assert r.status_code == 404 and "placement is off" in r.json()["error"]
+            assert (await client.post("/v2/models/zz/infer", json=infer_body())).status_code == 404
+            text = (await client.get("/metrics")).text
+            assert "evenserve_gateway_model_loads" not in text
