@@ -146,7 +146,7 @@ def test_cost_aware_frees_bytes_at_the_least_cost_per_byte_and_drops_needless_vi
     # s1 (4 GiB, 1 req/s: cost 4) against big (8 GiB, 1.5 req/s: cost 6): per byte, big is
     # cheaper; once big is chosen s1 is not needed at all.
     d0 = device("d0", 16, ["s1", "big"])
-    v = cluster([d0], {"s1": 1.0, "big": 1.5})
+    v = cluster([d0], {"s1": 1.0, "big": 1.5, "wide": 2.0})  # the miss is worth 2 * 4
     assert build("cost-aware").on_miss("wide", v) == [Unload("big", "d0"), Load("wide", "d0")]
 
 
@@ -154,9 +154,9 @@ def test_cost_aware_places_a_miss_where_evicting_costs_least_then_on_the_idler_d
     a = device("a", 6, ["s1"], util=0.1)  # room for new only without s1: cost 2 * 4
     b = device("b", 6, ["s2"], util=0.5)  # without s2: cost 1 * 4
     c = device("c", 12, ["big"], util=0.9)
-    v = cluster([a, b, c], {"s1": 2.0, "s2": 1.0})
-    assert build("cost-aware").on_miss("new", v) == [Load("new", "c")]  # fits: cost 0.9
-    v2 = cluster([a, b], {"s1": 2.0, "s2": 1.0})
+    v = cluster([a, b, c], {"s1": 2.0, "s2": 1.0, "new": 2.5})  # the miss is worth 10
+    assert build("cost-aware").on_miss("new", v) == [Load("new", "c")]  # fits: no eviction
+    v2 = cluster([a, b], {"s1": 2.0, "s2": 1.0, "new": 2.5})
     assert build("cost-aware").on_miss("new", v2) == [Unload("s2", "b"), Load("new", "b")]
     v3 = cluster([device("a", 8, util=0.6), device("b", 8, util=0.2)])
     assert build("cost-aware").on_miss("new", v3) == [Load("new", "b")]
@@ -197,13 +197,14 @@ def test_cost_aware_adds_a_replica_under_demand_and_removes_it_after_the_hold() 
     assert policy.rebalance(v) == [Load("hot", "d2")]
 
 
-def test_a_replica_evicts_only_models_cheaper_than_its_benefit() -> None:
+def test_a_replica_evicts_only_models_without_demand() -> None:
     d0 = device("d0", 4, ["hot"])
     d1 = device("d1", 4, ["s1"])
-    # hot overflows by 8 - 7 = 1 req/s over one 4 s load: benefit 4; s1 costs 2 * 4 = 8.
-    v = cluster([d0, d1], {"hot": 8.0, "s1": 2.0}, now_s=0.0)
+    # hot overflows (10 > 0.7 * 10); s1 has demand (0.5 req/s >= idle_rps 0.1): it stays,
+    # however small its cost, since it would miss and its reload evict another model.
+    v = cluster([d0, d1], {"hot": 10.0, "s1": 0.5}, now_s=0.0)
     assert build("cost-aware").rebalance(v) == []
-    v.rate_rps = {"hot": 10.0, "s1": 0.5}  # benefit 12, cost 2
+    v.rate_rps = {"hot": 10.0, "s1": 0.05}  # below idle_rps: no demand, its room is free
     assert build("cost-aware").rebalance(v) == [Unload("s1", "d1"), Load("hot", "d1")]
 
 
@@ -211,10 +212,11 @@ def test_cost_aware_does_not_undo_its_own_changes_within_the_hold() -> None:
     policy = build({"policy": "cost-aware", "hold_s": 10})
     d0 = device("d0", 6, ["s1"])  # evicting s1 costs 0.1 * 4
     d1 = device("d1", 6, ["s2"])  # s2: 0.2 * 4
-    v = cluster([d0, d1], {"s1": 0.1, "s2": 0.2}, now_s=0.0)
-    first = policy.on_miss("new", v)
+    v = cluster([d0, d1], {"s1": 0.1, "s2": 0.2, "new": 1.0}, now_s=0.0)
+    first = policy.on_miss("new", v)  # the miss is worth 1 * 4
     assert first == [Unload("s1", "d0"), Load("new", "d0")]
     v = step(step(v, first, 1.0), [], 2.0)  # new is READY on d0
+    v.rate_rps = {"s1": 1.0, "s2": 0.2, "new": 1.0}  # s1 is asked for again: worth 4
     # another miss: it would be cheapest to evict new (no demand yet) but that was loaded 2 s
     # ago: s2 goes instead
     assert policy.on_miss("s1", v) == [Unload("s2", "d1"), Load("s1", "d1")]

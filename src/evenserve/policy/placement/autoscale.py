@@ -36,6 +36,7 @@ from pydantic import Field
 from evenserve.policy.placement.base import (
     AUTOSCALING,
     ClusterView,
+    DeviceView,
     ScaleAction,
     ScaleDown,
     ScaleUp,
@@ -65,6 +66,10 @@ class DemandParams(PolicyParams):
     quiet_s: float = Field(default=30.0, ge=0)
     min_devices: int = Field(default=1, ge=0)
     pending_s: float = Field(default=120.0, gt=0)
+    #: Memory pressure: the share of the devices' memory the models with demand may fill.
+    fill_target: float = Field(default=0.9, gt=0, le=1)
+    #: A model asked for at less than this (requests per second) has no demand.
+    idle_rps: float = Field(default=0.1, ge=0)
 
 
 def demand_devices(view: ClusterView) -> float:
@@ -85,6 +90,55 @@ def required_devices(view: ClusterView, target_utilization: float, min_devices: 
     return max(min_devices, need)
 
 
+def wanted_bytes(view: ClusterView, idle_rps: float) -> float:
+    """The weights of one replica of every model with demand (``rate_rps >= idle_rps``)."""
+    return sum(
+        info.weights_bytes
+        for m, info in view.models.items()
+        if view.rate_rps.get(m, 0.0) >= idle_rps
+    )
+
+
+def memory_devices(view: ClusterView, fill_target: float, idle_rps: float) -> int:
+    """The fewest devices (the largest first) whose memory, filled to ``fill_target``, holds
+    one replica of every model with demand: the memory-pressure requirement."""
+    need = wanted_bytes(view, idle_rps)
+    if need <= 0:
+        return 0
+    have = 0.0
+    sizes = sorted((d.memory_total_bytes for d in view.devices), reverse=True)
+    for k, size in enumerate(sizes, start=1):
+        have += fill_target * size
+        if have >= need:
+            return k
+    return len(sizes)
+
+
+def fits_elsewhere(
+    view: ClusterView, victim: DeviceView, others: list[DeviceView], idle_rps: float
+) -> bool:
+    """Whether the residents of ``victim`` that have demand and no other replica fit, first
+    fit by decreasing size, into the free memory of ``others`` (the active devices that
+    stay): then turning ``victim`` off costs their (warm) reloads, not a thrash."""
+    free = [d.free_bytes(view.models) for d in others]
+    homeless = sorted(
+        (
+            view.models[m].weights_bytes
+            for m in victim.models
+            if view.rate_rps.get(m, 0.0) >= idle_rps and not any(m in d.models for d in others)
+        ),
+        reverse=True,
+    )
+    for size in homeless:
+        for i, f in enumerate(free):
+            if size <= f:
+                free[i] -= size
+                break
+        else:
+            return False
+    return True
+
+
 @AUTOSCALING.register("demand", DemandParams, "active devices follow demand / target")
 class DemandAutoscaler:
     def __init__(self, params: DemandParams) -> None:
@@ -100,7 +154,10 @@ class DemandAutoscaler:
         self._up = {n: t for n, t in self._up.items() if n not in active and now - t < p.pending_s}
         self._down = {n: t for n, t in self._down.items() if n in active and now - t < p.pending_s}
         count = len(active) - len(self._down) + len(self._up)
-        required = required_devices(view, p.target_utilization, p.min_devices)
+        required = max(
+            required_devices(view, p.target_utilization, p.min_devices),
+            memory_devices(view, p.fill_target, p.idle_rps),
+        )
 
         if required > count:
             self._below_since = None
@@ -127,12 +184,19 @@ class DemandAutoscaler:
         if now - self._below_since < p.quiet_s - _EPS_S:
             return []
         candidates = [d for d in view.devices if d.active and d.name not in self._down]
-        if not candidates:
-            return []
-        victim = max(
+        ranked = sorted(
             candidates,
             key=lambda d: (-d.utilization, -sum(d.outstanding.values()), d.name),
+            reverse=True,
         )
+        movable = [
+            d
+            for d in ranked
+            if fits_elsewhere(view, d, [o for o in candidates if o is not d], p.idle_rps)
+        ]
+        if not movable:
+            return []  # the quiet clock keeps running: ask again at the next decision
+        victim = movable[0]
         self._below_since = None
         self._down[victim.name] = now
         return [ScaleDown(victim.name)]

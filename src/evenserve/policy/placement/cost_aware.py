@@ -82,6 +82,7 @@ class CostAwareParams(PolicyParams):
     low_utilization: float = Field(default=0.3, ge=0, le=1)
     hold_s: float = Field(default=10.0, ge=0)
     balance_weight: float = Field(default=1.0, ge=0)
+    idle_rps: float = Field(default=0.1, ge=0)
 
     @model_validator(mode="after")
     def _low_below_target(self) -> CostAwareParams:
@@ -90,9 +91,12 @@ class CostAwareParams(PolicyParams):
         return self
 
 
-def eviction_cost(view: ClusterView, model: str, device: str) -> float:
-    """``u * load_s(model)``: the requests expected to wait for a reload (module docstring)."""
+def eviction_cost(view: ClusterView, model: str, device: str, idle_rps: float = 0.0) -> float:
+    """``u * load_s(model)``: the requests expected to wait for a reload (module docstring);
+    0 for a model whose demand is below ``idle_rps`` (no demand)."""
     rate = view.rate_rps.get(model, 0.0)
+    if rate < idle_rps:
+        return 0.0
     others = ready_replicas(view, model, besides=device)
     unserved = max(0.0, rate - others * view.models[model].capacity_rps) if others else rate
     return unserved * view.load_s(model)
@@ -134,11 +138,13 @@ class CostAwarePlacement:
         """The evictions making room for ``model`` on ``d`` (each and all costing less than
         ``budget``) and their total cost, or None."""
         costs = {
-            m: eviction_cost(view, m, d.name)
+            m: eviction_cost(view, m, d.name, self.params.idle_rps)
             for m in evictable(d)
             if with_held or not self._held(m, d.name, view.now_s)
         }
-        if math.isfinite(budget):
+        if budget <= 0.0:  # only models without demand may go
+            costs = {m: c for m, c in costs.items() if c == 0.0}
+        elif math.isfinite(budget):
             costs = {m: c for m, c in costs.items() if c < budget}
         order = sorted(
             costs,
@@ -157,7 +163,7 @@ class CostAwarePlacement:
             return None
         chosen = prune(d, view.models, model, chosen)
         total = sum(costs[m] for m in chosen)
-        if math.isfinite(budget) and chosen and total >= budget:
+        if 0.0 < budget < math.inf and chosen and total >= budget:
             return None
         return chosen, total
 
@@ -173,6 +179,7 @@ class CostAwarePlacement:
                 continue
             victims, cost = found
             key = (
+                1 if victims else 0,  # free memory first: no eviction at all if possible
                 cost + self.params.balance_weight * d.utilization,
                 len(victims),
                 -free_after(d, view.models, model, victims),
@@ -186,9 +193,10 @@ class CostAwarePlacement:
     def on_miss(self, model: str, view: ClusterView) -> list[Action]:
         if view.hosts(model):
             return []
-        actions = self._place(view, model, math.inf, with_held=False, rebalancing=False)
+        benefit = max(view.rate_rps.get(model, 0.0), self.params.idle_rps) * view.load_s(model)
+        actions = self._place(view, model, benefit, with_held=False, rebalancing=False)
         if not actions:
-            actions = self._place(view, model, math.inf, with_held=True, rebalancing=False)
+            actions = self._place(view, model, benefit, with_held=True, rebalancing=False)
         self._record(view.now_s, actions)
         return actions
 
@@ -234,9 +242,37 @@ class CostAwarePlacement:
             and not self._recent(m, "unload", now)
         ]
         for model in sorted(hot, key=lambda m: (-overflow(m) / view.models[m].capacity_rps, m)):
-            benefit = overflow(model) * view.load_s(model)
-            step = self._place(work, model, benefit, with_held=False, rebalancing=True)
+            # A replica takes free memory, or the room of models without demand: never a
+            # model with demand (it would miss, and its reload evict another: the thrash).
+            step = self._place(work, model, 0.0, with_held=False, rebalancing=True)
             actions += step
             work = apply_actions(work, step)
+
+        # A busy device: one more replica, elsewhere, of its model with the most work.
+        for d in sorted(work.devices, key=lambda d: d.name):
+            if not d.active or d.utilization <= p.target_utilization:
+                continue
+            movable = [
+                m
+                for m, state in d.models.items()
+                if state != LOADING
+                and not any(h.models.get(m) == LOADING for h in work.hosts(m))
+                and not self._recent(m, "unload", now)
+                and not any(a.model == m for a in actions)  # nothing undone in one call
+            ]
+            if not movable:
+                continue
+            model = max(
+                movable,
+                key=lambda m: (view.rate_rps.get(m, 0.0) / view.models[m].capacity_rps, m),
+            )
+            step = self._place(work, model, 0.0, with_held=False, rebalancing=True)
+            if (
+                step
+                and work.device(next(a.device for a in step if isinstance(a, Load))).utilization
+                < p.target_utilization
+            ):
+                actions += step
+                work = apply_actions(work, step)
         self._record(now, actions)
         return actions
