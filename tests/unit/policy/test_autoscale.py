@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from evenserve.policy.placement import (
     AUTOSCALING,
     Autoscaler,
-    READY,
     ClusterView,
     DeviceView,
     ScaleDown,
