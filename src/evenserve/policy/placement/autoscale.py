@@ -35,6 +35,7 @@ from pydantic import Field
 
 from evenserve.policy.placement.base import (
     AUTOSCALING,
+    READY,
     ClusterView,
     DeviceView,
     ScaleAction,
@@ -70,6 +71,8 @@ class DemandParams(PolicyParams):
     fill_target: float = Field(default=0.9, gt=0, le=1)
     #: A model asked for at less than this (requests per second) has no demand.
     idle_rps: float = Field(default=0.1, ge=0)
+    #: A device busier than this whose busiest model cannot get a replica: one more device.
+    busy_utilization: float = Field(default=0.85, gt=0, le=1)
 
 
 def demand_devices(view: ClusterView) -> float:
@@ -139,6 +142,43 @@ def fits_elsewhere(
     return True
 
 
+def share(view: ClusterView, model: str) -> float:
+    """The fraction of one device that each replica of ``model`` is kept busy by:
+    ``rate / (replicas * capacity)`` (replicas: READY or LOADING on active devices)."""
+    replicas = max(1, len(view.hosts(model)))
+    return view.rate_rps.get(model, 0.0) / (replicas * view.models[model].capacity_rps)
+
+
+def replica_blocked(
+    view: ClusterView, busy_utilization: float, target_utilization: float
+) -> bool:
+    """Whether a device is busier than ``busy_utilization`` while its busiest model (the
+    largest ``share`` among its READY residents) has nowhere to get a replica: no other
+    active device below ``target_utilization`` where it is not resident has its weights
+    free.
+    Placement cannot relieve that device; one more device can."""
+    active = [d for d in view.devices if d.active]
+    for d in active:
+        if d.utilization <= busy_utilization:
+            continue
+        ready = [m for m, s in d.models.items() if s == READY and m in view.models]
+        if not ready:
+            continue
+        busiest = max(ready, key=lambda m: (share(view, m), m))
+        size = view.models[busiest].weights_bytes
+        room = [
+            o
+            for o in active
+            if o is not d
+            and o.utilization < target_utilization
+            and busiest not in o.models
+            and o.free_bytes(view.models) >= size
+        ]
+        if not room:
+            return True
+    return False
+
+
 @AUTOSCALING.register("demand", DemandParams, "active devices follow demand / target")
 class DemandAutoscaler:
     def __init__(self, params: DemandParams) -> None:
@@ -158,6 +198,8 @@ class DemandAutoscaler:
             required_devices(view, p.target_utilization, p.min_devices),
             memory_devices(view, p.fill_target, p.idle_rps),
         )
+        if replica_blocked(view, p.busy_utilization, p.target_utilization):
+            required = max(required, len(active) - len(self._down) + 1)
 
         if required > count:
             self._below_since = None

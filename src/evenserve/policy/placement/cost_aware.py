@@ -74,6 +74,7 @@ from evenserve.policy.placement.common import (
     ready_replicas,
     targets,
 )
+from evenserve.policy.placement.autoscale import share
 from evenserve.policy.registry import PolicyParams
 
 
@@ -83,6 +84,7 @@ class CostAwareParams(PolicyParams):
     hold_s: float = Field(default=10.0, ge=0)
     balance_weight: float = Field(default=1.0, ge=0)
     idle_rps: float = Field(default=0.1, ge=0)
+    busy_utilization: float = Field(default=0.85, gt=0, le=1)
 
     @model_validator(mode="after")
     def _low_below_target(self) -> CostAwareParams:
@@ -250,7 +252,7 @@ class CostAwarePlacement:
 
         # A busy device: one more replica, elsewhere, of its model with the most work.
         for d in sorted(work.devices, key=lambda d: d.name):
-            if not d.active or d.utilization <= p.target_utilization:
+            if not d.active or d.utilization <= p.busy_utilization:
                 continue
             movable = [
                 m
@@ -262,10 +264,7 @@ class CostAwarePlacement:
             ]
             if not movable:
                 continue
-            model = max(
-                movable,
-                key=lambda m: (view.rate_rps.get(m, 0.0) / view.models[m].capacity_rps, m),
-            )
+            model = max(movable, key=lambda m: (share(work, m), m))
             step = self._place(work, model, 0.0, with_held=False, rebalancing=True)
             if (
                 step
