@@ -42,6 +42,7 @@ from evenserve.policy.placement.base import (
     ScaleDown,
     ScaleUp,
 )
+from evenserve.policy.placement.common import share
 from evenserve.policy.registry import PolicyParams
 
 #: Slack on the clock comparisons, so that 1.9 - 0.9 counts as the 1.0 s it means.
@@ -142,16 +143,7 @@ def fits_elsewhere(
     return True
 
 
-def share(view: ClusterView, model: str) -> float:
-    """The fraction of one device that each replica of ``model`` is kept busy by:
-    ``rate / (replicas * capacity)`` (replicas: READY or LOADING on active devices)."""
-    replicas = max(1, len(view.hosts(model)))
-    return view.rate_rps.get(model, 0.0) / (replicas * view.models[model].capacity_rps)
-
-
-def replica_blocked(
-    view: ClusterView, busy_utilization: float, target_utilization: float
-) -> bool:
+def replica_blocked(view: ClusterView, busy_utilization: float, target_utilization: float) -> bool:
     """Whether a device is busier than ``busy_utilization`` while its busiest model (the
     largest ``share`` among its READY residents) has nowhere to get a replica: no other
     active device below ``target_utilization`` where it is not resident has its weights

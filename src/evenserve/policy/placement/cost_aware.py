@@ -72,9 +72,9 @@ from evenserve.policy.placement.common import (
     plan,
     prune,
     ready_replicas,
+    share,
     targets,
 )
-from evenserve.policy.placement.autoscale import share
 from evenserve.policy.registry import PolicyParams
 
 
