@@ -18,6 +18,7 @@ from evenserve.policy.placement.autoscale import (
     demand_devices,
     fits_elsewhere,
     memory_devices,
+    replica_blocked,
     required_devices,
 )
 
@@ -222,3 +223,19 @@ def test_no_scale_down_when_no_device_can_be_emptied() -> None:
     # with d2's L gone idle, d2 empties: it goes
     rates["L"] = 0.0
     assert scaler.decide(v) == [ScaleDown("d2")]
+
+
+def test_one_more_device_when_a_busy_devices_model_has_nowhere_to_get_a_replica() -> None:
+    # d0 is over busy_utilization (0.85); a (2 GiB) could get a replica on d1 only if d1
+    # had 2 GiB free. Compute (1.0 busy / 0.7: 2 devices) and memory (1 device) are met.
+    d0 = device("d0", 16, ["a"], util=0.9)
+    d1 = device("d1", 2, ["b"], util=0.1)
+    d2 = device("d2", 16, active=False)
+    rates = {"a": 5.0, "b": 1.0}
+    scaler = build({"policy": "demand", "up_after_s": 0})
+    v = ClusterView(0.0, MODELS, [d0, d1, d2], rates)
+    assert replica_blocked(v, 0.85, 0.7)
+    assert scaler.decide(v) == [ScaleUp("d2")]
+    roomy = ClusterView(0.0, MODELS, [d0, device("d1", 16, ["b"], util=0.1), d2], rates)
+    assert not replica_blocked(roomy, 0.85, 0.7)
+    assert build({"policy": "demand", "up_after_s": 0}).decide(roomy) == []

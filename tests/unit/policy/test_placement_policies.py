@@ -343,3 +343,42 @@ def test_the_worked_example_of_the_design_note() -> None:
     ]
     assert build("cost-aware").rebalance(example()) == [Unload("big", "d0"), Load("hot", "d0")]
     assert build("lru").rebalance(example()) == build("static").rebalance(example()) == []
+
+
+# -- cost-aware: no thrash -------------------------------------------------------------
+
+
+def test_a_miss_is_refused_rather_than_evicting_models_worth_more_than_it() -> None:
+    # d0 holds s1 and s2 (5 req/s each, cold 4 s: an eviction costs 20 requests). A miss
+    # for new at 1 req/s is worth 1 x 4 = 4: refused (503), the autoscaler adds memory.
+    d0 = device("d0", 8, ["s1", "s2"], used={"s1": 99.0, "s2": 99.5})
+    v = cluster([d0], {"s1": 5.0, "s2": 5.0, "new": 1.0})
+    policy = build("cost-aware")
+    assert policy.on_miss("new", v) == []
+    v.rate_rps = {"s1": 5.0, "s2": 5.0, "new": 6.0}  # worth 24 > 20: s1 (used least recently)
+    first = policy.on_miss("new", v)
+    assert first == [Unload("s1", "d0"), Load("new", "d0")]
+    # s1 comes back asked for at 5 req/s (worth 20): neither new (24, and held) nor s2
+    # (20, not below 20) is worth evicting for it: no ping-pong
+    after = step(step(v, first, 100.0), [], 101.0)
+    assert policy.on_miss("s1", after) == []
+
+
+def test_a_miss_takes_free_memory_before_a_free_eviction() -> None:
+    idle = device("d0", 8, ["big"], util=0.0)  # big has no demand: evicting it costs 0
+    busy = device("d1", 8, ["s1"], util=0.5)  # 4 GiB free
+    v = cluster([idle, busy], {"s1": 1.0, "new": 1.0})
+    assert build("cost-aware").on_miss("new", v) == [Load("new", "d1")]
+
+
+def test_a_busy_device_gets_a_replica_of_the_model_with_the_largest_share() -> None:
+    # d0 over busy_utilization (0.85); per model neither s1 (2 of 10 req/s) nor s2 (5) is
+    # over 0.7 of a replica, but the device is: s2, the larger share, gets a replica on d1.
+    d0 = device("d0", 16, ["s1", "s2"], util=0.9)
+    d1 = device("d1", 16, util=0.1)
+    v = cluster([d0, d1], {"s1": 2.0, "s2": 5.0}, now_s=0.0)
+    assert build("cost-aware").rebalance(v) == [Load("s2", "d1")]
+    d1.utilization = 0.8  # the only other device is over target: a replica there won't help
+    assert build("cost-aware").rebalance(v) == []
+    d1.utilization, d0.utilization = 0.1, 0.8  # d0 below busy_utilization: nothing
+    assert build("cost-aware").rebalance(v) == []
