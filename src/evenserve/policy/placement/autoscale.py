@@ -8,7 +8,20 @@ request rates and one from what the active devices report::
     required = max(min_devices, ceil(demand / target_utilization))
 
 (``rate / capacity`` is the fraction of one device that m keeps busy; a model whose capacity
-is infinite counts 0.) ``count`` is the active devices, plus those this autoscaler asked to
+is infinite counts 0.) Two more rules can raise ``required``:
+
+- **memory pressure**: the models with demand (``rate >= idle_rps``, default 0.1 req/s) must
+  all fit, one replica each, in the memory filled to ``fill_target`` (0.9): ``required >=``
+  the fewest devices (the largest first) with ``fill_target * memory >= sum of their
+  weights``. Without it a pool whose wanted weights exceed its memory thrashes (each load
+  evicts a model needed again a moment later) while its devices are not busy;
+- **blocked replica**: an active device over ``busy_utilization`` (0.85) whose busiest
+  model (largest ``rate / (replicas * capacity)``) has no other active device below
+  ``target_utilization`` with its weights free (and not holding it): ``required >=
+  active - draining + 1``. The placement cannot relieve that device; one more can (counted
+  from the active devices, so one pending start is enough).
+
+``count`` is the active devices, plus those this autoscaler asked to
 turn on and the view does not show active yet, less those it asked to turn off (draining).
 
 - **Up**: as soon as ``required > count`` has held for ``up_after_s`` (default 0.5 s; the
@@ -17,10 +30,13 @@ turn on and the view does not show active yet, less those it asked to turn off (
   many as there are). The decision comes ``up_after_s`` plus at most one ``interval_s``
   after the burst reaches the view.
 - **Down**: only after ``required <= count - 1`` (one device fewer would still meet the
-  target) has held for ``quiet_s`` (default 30 s), with no scale-up or -down of its own
-  pending: ``ScaleDown`` the least-loaded active device (lowest utilization, then fewest
-  outstanding requests, then the last in name order), one at a time (the quiet clock
-  restarts after each), never below ``min_devices`` (default 1).
+  target, memory included) has held for ``quiet_s`` (default 30 s), with no scale-up or
+  -down of its own pending: ``ScaleDown`` the least-loaded active device (lowest
+  utilization, then fewest outstanding requests, then the last in name order) among those
+  whose residents with demand and no replica elsewhere fit, first fit by decreasing size,
+  into the free memory of the other active devices (their reload is then a warm load, not
+  an eviction); none: nothing (asked again at the next decision). One at a time (the quiet
+  clock restarts after each), never below ``min_devices`` (default 1).
 
 A device asked to turn on (off) counts as on (off) until the view agrees, or for
 ``pending_s`` (default 120 s) at most, after which the request is forgotten (a device that

@@ -12,7 +12,8 @@ reload and must wait for it::
 
 (``u * load_s`` is also the expected number of arrivals in the reload window, so a model
 that is rarely asked for costs about its probability of being asked for before it is back).
-A model with no demand costs 0: among those, the least recently used goes first.
+A model with no demand (``r < idle_rps``, default 0.1 req/s) costs 0: among those, the
+least recently used goes first.
 
 **Which evictions.** To make room for a model on d, take d's evictable residents (READY, no
 request outstanding there, not changed within ``hold_s``) in increasing cost per byte freed
@@ -22,10 +23,21 @@ frees the bytes at the least cost per byte, so one large idle model goes before 
 small busy ones, which is what LRU gets wrong (the ModelMesh complaint: one large model's
 load evicting most of the others, each of which then misses and reloads).
 
-**Where a miss goes.** The device minimizing ``sum cost(victims) + balance_weight *
-utilization(d)`` (ties: fewer evictions, more free bytes after the load, name). If no device
-can take it without evicting a model changed within ``hold_s``, such models are considered
-too (a request is waiting); no device at all: ``[]``.
+**What a miss may evict.** A miss for m is worth ``benefit = max(r_m, idle_rps) *
+load_s(m)``: the requests of m that arrive during one load (the same unit as a cost). It
+evicts only models whose cost, each and all together, is below that; when no device can
+take m at that price the answer is ``[]`` (503 with Retry-After) and the right fix is more
+memory (the ``demand`` autoscaler's memory-pressure rule sees m's demand and adds a
+device). Why: with more weights wanted than memory, an eviction of a model with demand is
+a miss later, whose reload evicts another (the thrash, where every load costs an eviction
+and a reload). With the strict inequality two models cannot evict each other back and forth
+at steady rates (the one worth more stays), and ``hold_s`` covers the drift of the rates.
+
+**Where a miss goes.** Among the devices that can take it: first those with the free memory
+already (no eviction at all: a load that evicts four small models counts four evictions),
+then the least ``sum cost(victims) + balance_weight * utilization(d)`` (ties: fewer
+evictions, more free bytes after the load, name). If no device can take it without evicting
+a model changed within ``hold_s``, such models are considered too (a request is waiting).
 
 **rebalance**, with ``R`` replicas (READY or LOADING) of m and ``c`` as above:
 
@@ -34,9 +46,17 @@ too (a request is waiting); no device at all: ``[]``.
   ``R - 1 >= 1`` keeps one replica while ``r > 0`` (a cache keeps even an idle model until
   its memory is wanted).
 - then up, hottest first: ``R >= 1``, none LOADING, and ``r > target_utilization * R * c``:
-  one more replica where a miss would go, evicting only models whose cost is below the
-  benefit ``(r - target_utilization * R * c) * load_s(m)`` (the overflow over one load time,
-  the same measure as a cost), and whose total is too.
+  one more replica where a miss would go, in free memory or in the room of models without
+  demand only (cost 0): never a model with demand, which would miss and whose reload would
+  evict another.
+- then busy devices: a device over ``busy_utilization`` (0.85) gets one more replica,
+  elsewhere, of its READY model with the largest ``share = r / (R * c)`` (the fraction of a
+  device each replica is kept busy by; not one LOADING anywhere, nor changed in this call,
+  nor unloaded within ``hold_s``), placed as above, and only on a device below
+  ``target_utilization`` (a replica on a busy device relieves nothing). ``c`` is the
+  capacity at full batches, which small batches do not reach: the per-model rule misses a
+  device made busy by several models, or by one at small batches; the device's own
+  utilization does not.
 - no pre-loads (an unhosted model is placed by its first miss).
 
 **Hysteresis.** The policy keeps, per (model, device), when it last loaded or unloaded it
@@ -44,8 +64,10 @@ there. Nothing changed within ``hold_s`` is undone: rebalance does not unload a 
 loaded there, nor reload one it unloaded there, within ``hold_s``; a model's replica count
 does not go down within ``hold_s`` of adding one anywhere, nor up within ``hold_s`` of
 removing one. The state depends only on the sequence of views and actions, so the policy is
-deterministic. Params: ``target_utilization`` (0.7), ``low_utilization`` (0.3), ``hold_s``
-(10), ``balance_weight`` (1.0, in the unit of a cost: requests).
+deterministic. A miss's load is recorded like a rebalance's, so the hold covers it too.
+Params: ``target_utilization`` (0.7), ``low_utilization`` (0.3), ``hold_s`` (10),
+``balance_weight`` (1.0, in the unit of a cost: requests), ``idle_rps`` (0.1),
+``busy_utilization`` (0.85).
 """
 
 from __future__ import annotations
