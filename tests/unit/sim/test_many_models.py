@@ -57,6 +57,16 @@ def test_many_models_runs_with_a_stand_in_policy(repo_root: Path) -> None:
     assert rec.device_seconds == pytest.approx(4 * 20.0)
     assert rec.loads >= 2  # t08 and t09 start cold
     assert s["load_wait"]["requests"] > 0
+    # resident against cold: the cold requests are those that waited for a load
+    assert s["evictions_per_load"] == pytest.approx(rec.evictions / rec.loads, abs=1e-6)
+    assert s["cold"]["requests"] == s["load_wait"]["requests"]
+    assert "slo_attainment" in s["resident"] and "slo_attainment" not in static_summary.get(
+        "resident", {}
+    )
+    bound = {m: rec.load_bound_s[m] for m in ("t08", "t09")}
+    assert bound["t08"] == pytest.approx(2 * GIB / 2e9 + 0.05 + 2 * 0.04356, rel=1e-3)
+    if s["cold"]["p99_of_bound"] is not None:
+        assert s["cold"]["p99_of_bound"] > 0
     assert lru.placement is not None
     for pd in lru.placement.devices.values():
         assert pd.peak_weights_bytes <= pd.spec.memory_gb * GIB
