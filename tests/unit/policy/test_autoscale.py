@@ -17,6 +17,7 @@ from evenserve.policy.placement import (
 from evenserve.policy.placement.autoscale import (
     demand_devices,
     fits_elsewhere,
+    homeless_bytes,
     memory_devices,
     replica_blocked,
     required_devices,
@@ -239,3 +240,16 @@ def test_one_more_device_when_a_busy_devices_model_has_nowhere_to_get_a_replica(
     roomy = ClusterView(0.0, MODELS, [d0, device("d1", 16, ["b"], util=0.1), d2], rates)
     assert not replica_blocked(roomy, 0.85, 0.7)
     assert build({"policy": "demand", "up_after_s": 0}).decide(roomy) == []
+
+
+def test_scale_down_prefers_a_device_whose_models_all_have_a_copy_elsewhere() -> None:
+    # d2 is the least loaded, but turning it off makes s4 miss; d1's s1 and s2 are on d0
+    # too: d1 goes, and nothing misses.
+    d0 = device("d0", 15, ["s1", "s2", "s3"], util=0.3)
+    d1 = device("d1", 15, ["s1", "s2"], util=0.2)
+    d2 = device("d2", 15, ["s4"], util=0.1)
+    rates = dict.fromkeys(["s1", "s2", "s3", "s4"], 1.0)
+    v = ClusterView(0.0, MIXED, [d0, d1, d2], rates)
+    assert homeless_bytes(v, d1, [d0, d1, d2], 0.1) == 0
+    assert homeless_bytes(v, d2, [d0, d1, d2], 0.1) == 3 * 2**30
+    assert build({"policy": "demand", "quiet_s": 0}).decide(v) == [ScaleDown("d1")]

@@ -31,11 +31,13 @@ turn on and the view does not show active yet, less those it asked to turn off (
   after the burst reaches the view.
 - **Down**: only after ``required <= count - 1`` (one device fewer would still meet the
   target, memory included) has held for ``quiet_s`` (default 30 s), with no scale-up or
-  -down of its own pending: ``ScaleDown`` the least-loaded active device (lowest
-  utilization, then fewest outstanding requests, then the last in name order) among those
-  whose residents with demand and no replica elsewhere fit, first fit by decreasing size,
-  into the free memory of the other active devices (their reload is then a warm load, not
-  an eviction); none: nothing (asked again at the next decision). One at a time (the quiet
+  -down of its own pending: ``ScaleDown`` one of the active devices whose residents with
+  demand and no replica elsewhere fit, first fit by decreasing size, into the free memory
+  of the other active devices (their reload needs no eviction): the one leaving the fewest
+  such bytes without a copy (each is a miss and a load, from disk if the model is not in
+  host memory; while the device drains its weights are still on it, not in host memory),
+  ties the least loaded (lowest utilization, then fewest outstanding requests, then the
+  last in name order); none: nothing (asked again at the next decision). One at a time (the quiet
   clock restarts after each), never below ``min_devices`` (default 1).
 
 A device asked to turn on (off) counts as on (off) until the view agrees, or for
@@ -132,6 +134,19 @@ def memory_devices(view: ClusterView, fill_target: float, idle_rps: float) -> in
         if have >= need:
             return k
     return len(sizes)
+
+
+def homeless_bytes(
+    view: ClusterView, victim: DeviceView, active: list[DeviceView], idle_rps: float
+) -> float:
+    """The weights of ``victim``'s residents with demand that no other active device holds:
+    what turning it off makes miss (and reload)."""
+    return sum(
+        view.models[m].weights_bytes
+        for m in victim.models
+        if view.rate_rps.get(m, 0.0) >= idle_rps
+        and not any(m in d.models for d in active if d is not victim)
+    )
 
 
 def fits_elsewhere(
@@ -246,7 +261,7 @@ class DemandAutoscaler:
         ]
         if not movable:
             return []  # the quiet clock keeps running: ask again at the next decision
-        victim = movable[0]
+        victim = min(movable, key=lambda d: homeless_bytes(view, d, candidates, p.idle_rps))
         self._below_since = None
         self._down[victim.name] = now
         return [ScaleDown(victim.name)]
