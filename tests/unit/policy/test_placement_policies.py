@@ -382,3 +382,20 @@ def test_a_busy_device_gets_a_replica_of_the_model_with_the_largest_share() -> N
     assert build("cost-aware").rebalance(v) == []
     d1.utilization, d0.utilization = 0.1, 0.8  # d0 below busy_utilization: nothing
     assert build("cost-aware").rebalance(v) == []
+
+
+def test_a_miss_eviction_does_not_hold_the_models_replica_count() -> None:
+    # hot has two replicas (9 req/s, 10 per replica): evicting one costs 0, and a miss for
+    # new takes its room on d0. A second later hot, down to one replica, overflows it: the
+    # eviction was a miss's, not a replica removed by rebalance, so it gets one (on d2, just
+    # turned on), within hold_s of the eviction.
+    policy = build("cost-aware")
+    d0 = device("d0", 8, ["hot", "s1"])
+    d1 = device("d1", 8, ["hot", "s2"])
+    d2 = device("d2", 8, active=False)
+    v = cluster([d0, d1, d2], {"hot": 9.0, "s1": 5.0, "s2": 5.0, "new": 3.0})
+    first = policy.on_miss("new", v)
+    assert first == [Unload("hot", "d0"), Load("new", "d0")]
+    later = step(step(v, first, 100.5), [], 101.0)
+    later.device("d2").active = True
+    assert policy.rebalance(later) == [Load("hot", "d2")]

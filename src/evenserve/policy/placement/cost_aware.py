@@ -63,7 +63,8 @@ a model changed within ``hold_s``, such models are considered too (a request is 
 there. Nothing changed within ``hold_s`` is undone: rebalance does not unload a model it
 loaded there, nor reload one it unloaded there, within ``hold_s``; a model's replica count
 does not go down within ``hold_s`` of adding one anywhere, nor up within ``hold_s`` of
-removing one. The state depends only on the sequence of views and actions, so the policy is
+rebalance removing one (a miss's eviction makes room: it is not a removal, and holding the
+model's count after it left a hot model short of replicas for ``hold_s``). The state depends only on the sequence of views and actions, so the policy is
 deterministic. A miss's load is recorded like a rebalance's, so the hold covers it too.
 Params: ``target_utilization`` (0.7), ``low_utilization`` (0.3), ``hold_s`` (10),
 ``balance_weight`` (1.0, in the unit of a cost: requests), ``idle_rps`` (0.1),
@@ -147,12 +148,12 @@ class CostAwarePlacement:
             for (m, _), (t, k) in self._changed.items()
         )
 
-    def _record(self, now_s: float, actions: list[Action]) -> None:
+    def _record(self, now_s: float, actions: list[Action], *, miss: bool = False) -> None:
+        """Remember each change; a miss's unloads as "evict": they make room and do not
+        count as a replica removed (which would hold the model's replica count)."""
         for a in actions:
-            self._changed[(a.model, a.device)] = (
-                now_s,
-                "load" if isinstance(a, Load) else "unload",
-            )
+            kind = "load" if isinstance(a, Load) else "evict" if miss else "unload"
+            self._changed[(a.model, a.device)] = (now_s, kind)
 
     # -- choosing victims and a device -------------------------------------------------
 
@@ -221,7 +222,7 @@ class CostAwarePlacement:
         actions = self._place(view, model, benefit, with_held=False, rebalancing=False)
         if not actions:
             actions = self._place(view, model, benefit, with_held=True, rebalancing=False)
-        self._record(view.now_s, actions)
+        self._record(view.now_s, actions, miss=True)
         return actions
 
     def rebalance(self, view: ClusterView) -> list[Action]:
