@@ -64,8 +64,10 @@ there. Nothing changed within ``hold_s`` is undone: rebalance does not unload a 
 loaded there, nor reload one it unloaded there, within ``hold_s``; a model's replica count
 does not go down within ``hold_s`` of adding one anywhere, nor up within ``hold_s`` of
 rebalance removing one (a miss's eviction makes room: it is not a removal, and holding the
-model's count after it left a hot model short of replicas for ``hold_s``). The state
-depends only on the sequence of views and actions, so the policy is deterministic. A miss's load is recorded like a rebalance's, so the hold covers it too.
+model's count after it left a hot model short of replicas for ``hold_s``). A miss's load
+is recorded like a rebalance's, so the hold covers it too. The state depends only on the
+sequence of views and actions, so the policy is deterministic.
+
 Params: ``target_utilization`` (0.7), ``low_utilization`` (0.3), ``hold_s`` (10),
 ``balance_weight`` (1.0, in the unit of a cost: requests), ``idle_rps`` (0.1),
 ``busy_utilization`` (0.85).
