@@ -88,3 +88,6 @@ class RunRecords:
     loads: int = 0
     warm_loads: int = 0
     evictions: int = 0
+    #: Per model, the bound a cold request's latency is held to: its cold load time plus
+    #: two of its batch times (seconds; placement arms only, {} otherwise).
+    load_bound_s: dict[str, float] = field(default_factory=dict)

@@ -3,7 +3,8 @@
 Definitions (all over the measured window ``[warmup_s, end_s]``):
 - throughput: requests completed in the window / window length.
 - latency percentiles: over requests that arrived in the window and completed.
-- SLO attainment: completed within the SLO / requests that arrived in the window and were
+- SLO attainment (per model, and ``slo_attainment`` over all requests): completed within
+  the SLO / requests that arrived in the window and were
   decided (completed, dropped, or still unfinished at the end but already older than the SLO).
 - goodput: completions in the window that met their SLO / window length.
 - device utilization: busy time inside the window / window length (busy-time, not "a kernel
@@ -23,6 +24,12 @@ Definitions (all over the measured window ``[warmup_s, end_s]``):
 - load_wait: requests that arrived in the window and waited for their model to load (until
   it was loaded, or until they timed out as ``load-timeout``): how many, and the mean, P99
   and max of that wait in ms (part of their latency).
+- placement (only with loads or evictions): ``evictions_per_load`` = evictions / loads;
+  ``resident``: the requests that did not wait for a load (``load_wait_s`` absent or 0):
+  their SLO attainment, the same definition as above; ``cold``: those that waited: how
+  many, their latency P99 in ms, and ``p99_of_bound``: the P99 over them of latency / bound,
+  the bound of a request being its model's ``cold_load_s + 2 * batch_s`` (its load time
+  plus two batch times, ``RunRecords.load_bound_s``): at most 1 when P99 keeps the bound.
 """
 
 from __future__ import annotations
@@ -72,6 +79,41 @@ def load_wait_figures(rec: RunRecords) -> dict[str, Any]:
         "mean_ms": _r(float(ms.mean())),
         "p99_ms": _r(float(np.percentile(ms, 99.0))),
         "max_ms": _r(float(ms.max())),
+    }
+
+
+def placement_figures(
+    rec: RunRecords,
+    log: Any,
+    lat_ms: np.ndarray,
+    measured: np.ndarray,
+    done: np.ndarray,
+    in_slo: np.ndarray,
+    decided: np.ndarray,
+) -> dict[str, Any]:
+    """Resident against cold requests (module docstring); {} for a run without placement."""
+    if not rec.loads and not rec.evictions:
+        return {}
+    cold = np.zeros(len(log), dtype=bool)
+    for i, w in log.load_wait_s.items():
+        cold[i] = w > 0
+    resident = ~cold
+    n_dec = int((resident & decided).sum())
+    met = int((resident & measured & done & in_slo).sum())
+    cold_lat = lat_ms[cold & measured & done]
+    sel = np.flatnonzero(cold & measured & done)
+    bound = np.asarray([rec.load_bound_s.get(log.model[i], math.nan) for i in sel], dtype=float)
+    ratio = lat_ms[sel] / (bound * 1000.0)
+    return {
+        "evictions_per_load": _r(rec.evictions / rec.loads) if rec.loads else None,
+        "resident": {"slo_attainment": _r(met / n_dec) if n_dec else None},
+        "cold": {
+            "requests": int((cold & measured).sum()),
+            "p99_ms": _r(float(np.percentile(cold_lat, 99.0))) if cold_lat.size else None,
+            "p99_of_bound": _r(float(np.percentile(ratio, 99.0)))
+            if ratio.size and not np.isnan(ratio).any()
+            else None,
+        },
     }
 
 
@@ -205,12 +247,13 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
 
     everyone = np.ones(len(log), dtype=bool)
     all_lat = lat_ms[measured & done]
-    throughput, latency, _ = served(everyone)
+    throughput, latency, overall_attainment = served(everyone)
     out: dict[str, Any] = {
         "routing": rec.routing,
         "batching": rec.batching,
         "throughput_rps": throughput,
         "latency_ms": latency,
+        "slo_attainment": overall_attainment,
         "models": models_out,
         "devices": devices_out,
         "utilization_mean": _r(float(np.mean(utils))) if utils else 0.0,
@@ -222,6 +265,7 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
         "warm_loads": rec.warm_loads,
         "evictions": rec.evictions,
         "load_wait": load_wait_figures(rec),
+        **placement_figures(rec, log, lat_ms, measured, done, in_slo, decided),
         "window_s": {"start": t0, "end": t1},
     }
     prio = np.asarray(log.priority, dtype=int) if len(log.priority) == len(log) else None

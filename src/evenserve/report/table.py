@@ -41,6 +41,11 @@ def compare_rows(summary: dict[str, Any], baseline: str = "baseline") -> list[di
             "loads": a.get("loads", 0),
             "evictions": a.get("evictions", 0),
             "load_wait_p99_ms": (a.get("load_wait") or {}).get("p99_ms"),
+            "slo_all": a.get("slo_attainment"),
+            "evictions_per_load": a.get("evictions_per_load"),
+            "resident_slo": (a.get("resident") or {}).get("slo_attainment"),
+            "cold_p99_ms": (a.get("cold") or {}).get("p99_ms"),
+            "cold_p99_of_bound": (a.get("cold") or {}).get("p99_of_bound"),
         }
         if base is not None and base["throughput_rps"]:
             row["throughput_vs_baseline"] = round(a["throughput_rps"] / base["throughput_rps"], 3)
@@ -106,6 +111,11 @@ def compare_table_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[st
         add("loads", [str(r["loads"]) for r in rows])
         add("evictions", [str(r["evictions"]) for r in rows])
         add("load wait P99 ms", [_fmt(r["load_wait_p99_ms"], 1) for r in rows])
+        add("evictions/load", [_fmt(r["evictions_per_load"], 2) for r in rows])
+        add("SLO met resident", [_fmt(r["resident_slo"], 2, pct=True) for r in rows])
+        add("cold P99 ms", [_fmt(r["cold_p99_ms"], 1) for r in rows])
+        add("cold P99/bound", [_fmt(r["cold_p99_of_bound"], 2) for r in rows])
+        add("SLO met (all)", [_fmt(r["slo_all"], 2, pct=True) for r in rows])
     models = list(next(iter(arms.values()))["models"])
     for m in models:
         add(f"SLO met {m}", [_fmt(r["slo_attainment"].get(m), 2, pct=True) for r in rows])

@@ -337,6 +337,12 @@ class Simulation:
             loads=0 if counts is None else counts.loads,
             warm_loads=0 if counts is None else counts.warm_loads,
             evictions=0 if counts is None else counts.evictions,
+            load_bound_s={}
+            if self.placement is None
+            else {
+                m: i.cold_load_s + 2 * i.batch_s
+                for m, i in self.placement.controller.models.items()
+            },
         )
 
 

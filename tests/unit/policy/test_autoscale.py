@@ -14,7 +14,14 @@ from evenserve.policy.placement import (
     ScaleDown,
     ScaleUp,
 )
-from evenserve.policy.placement.autoscale import demand_devices, required_devices
+from evenserve.policy.placement.autoscale import (
+    demand_devices,
+    fits_elsewhere,
+    homeless_bytes,
+    memory_devices,
+    replica_blocked,
+    required_devices,
+)
 
 from .placement_helpers import device, model
 
@@ -157,3 +164,92 @@ def test_decisions_are_consistent_over_random_demand(
         if downs:  # never below min_devices nor below what the demand needs
             intended = len(active) + ups_pending - downs_pending
             assert intended >= required_devices(view, 0.7, min_devices)
+
+
+# -- memory pressure ---------------------------------------------------------------------
+
+BIG = {m.name: m for m in (model(n, 6, cap_rps=1000.0) for n in ("m1", "m2", "m3", "m4"))}
+
+
+def test_memory_pressure_scales_up_when_the_models_with_demand_cannot_all_be_resident() -> None:
+    # Four 6 GiB models, each asked for, on devices of 16 GiB: compute wants one device (the
+    # rates are tiny), memory wants ceil(24 / (0.9 * 16)) = 2.
+    devices = [device("d0", 16, ["m1", "m2"]), device("d1", 16, active=False)]
+    rates = {"m1": 1.0, "m2": 1.0, "m3": 1.0, "m4": 1.0}
+    assert memory_devices(ClusterView(0.0, BIG, devices, rates), 0.9, 0.1) == 2
+    scaler = build({"policy": "demand", "up_after_s": 0})
+    assert scaler.decide(ClusterView(0.0, BIG, devices, rates)) == [ScaleUp("d1")]
+    # the same models, two of them without demand (below idle_rps): 12 GiB fit in 14.4
+    idle = {"m1": 1.0, "m2": 1.0, "m3": 0.05, "m4": 0.0}
+    assert memory_devices(ClusterView(0.0, BIG, devices, idle), 0.9, 0.1) == 1
+    assert (
+        build({"policy": "demand", "up_after_s": 0}).decide(ClusterView(0.0, BIG, devices, idle))
+        == []
+    )
+
+
+MIXED = {m.name: m for m in [model("L", 10), model("L2", 10)]} | {
+    m.name: m for m in (model(f"s{k}", 3) for k in range(1, 6))
+}
+
+
+def test_scale_down_only_a_device_whose_residents_with_demand_fit_elsewhere() -> None:
+    # 15 GiB devices; memory wants 2 (25 GiB of models with demand <= 2 x 0.9 x 15), compute
+    # 1: one device may go. d2 is the least loaded, but its L (10 GiB, no other replica)
+    # fits in neither d0's 6 nor d1's 9 free GiB: d1 goes instead (s4, s5 fit in d0).
+    d0 = device("d0", 15, ["s1", "s2", "s3"], util=0.3)
+    d1 = device("d1", 15, ["s4", "s5"], util=0.2)
+    d2 = device("d2", 15, ["L"], util=0.1)
+    rates = dict.fromkeys(["L", "s1", "s2", "s3", "s4", "s5"], 1.0)
+    v = ClusterView(0.0, MIXED, [d0, d1, d2], rates)
+    assert not fits_elsewhere(v, d2, [d0, d1], 0.1)
+    assert fits_elsewhere(v, d1, [d0, d2], 0.1)
+    assert build({"policy": "demand", "quiet_s": 0}).decide(v) == [ScaleDown("d1")]
+    # L without demand need not fit anywhere: d2, the least loaded, goes
+    idle_l = ClusterView(0.0, MIXED, [d0, d1, d2], rates | {"L": 0.0})
+    assert build({"policy": "demand", "quiet_s": 0}).decide(idle_l) == [ScaleDown("d2")]
+
+
+def test_no_scale_down_when_no_device_can_be_emptied() -> None:
+    # d0's three 3 GiB models do not fit in d1's and d2's 5 free GiB each (first fit by
+    # size); neither L nor L2 fits anywhere: nothing goes, though memory and compute allow.
+    d0 = device("d0", 15, ["s1", "s2", "s3"], util=0.3)
+    d1 = device("d1", 15, ["L2"], util=0.2)
+    d2 = device("d2", 15, ["L"], util=0.1)
+    rates = dict.fromkeys(["L", "L2", "s1", "s2", "s3"], 1.0)
+    v = ClusterView(0.0, MIXED, [d0, d1, d2], rates)
+    scaler = build({"policy": "demand", "quiet_s": 0, "fill_target": 1.0})
+    assert memory_devices(v, 1.0, 0.1) == 2  # 29 GiB in 30
+    assert scaler.decide(v) == []
+    # with d2's L gone idle, d2 empties: it goes
+    rates["L"] = 0.0
+    assert scaler.decide(v) == [ScaleDown("d2")]
+
+
+def test_one_more_device_when_a_busy_devices_model_has_nowhere_to_get_a_replica() -> None:
+    # d0 is over busy_utilization (0.85); a (2 GiB) could get a replica on d1 only if d1
+    # had 2 GiB free. Compute (1.0 busy / 0.7: 2 devices) and memory (1 device) are met.
+    d0 = device("d0", 16, ["a"], util=0.9)
+    d1 = device("d1", 2, ["b"], util=0.1)
+    d2 = device("d2", 16, active=False)
+    rates = {"a": 5.0, "b": 1.0}
+    scaler = build({"policy": "demand", "up_after_s": 0})
+    v = ClusterView(0.0, MODELS, [d0, d1, d2], rates)
+    assert replica_blocked(v, 0.85, 0.7)
+    assert scaler.decide(v) == [ScaleUp("d2")]
+    roomy = ClusterView(0.0, MODELS, [d0, device("d1", 16, ["b"], util=0.1), d2], rates)
+    assert not replica_blocked(roomy, 0.85, 0.7)
+    assert build({"policy": "demand", "up_after_s": 0}).decide(roomy) == []
+
+
+def test_scale_down_prefers_a_device_whose_models_all_have_a_copy_elsewhere() -> None:
+    # d2 is the least loaded, but turning it off makes s4 miss; d1's s1 and s2 are on d0
+    # too: d1 goes, and nothing misses.
+    d0 = device("d0", 15, ["s1", "s2", "s3"], util=0.3)
+    d1 = device("d1", 15, ["s1", "s2"], util=0.2)
+    d2 = device("d2", 15, ["s4"], util=0.1)
+    rates = dict.fromkeys(["s1", "s2", "s3", "s4"], 1.0)
+    v = ClusterView(0.0, MIXED, [d0, d1, d2], rates)
+    assert homeless_bytes(v, d1, [d0, d1, d2], 0.1) == 0
+    assert homeless_bytes(v, d2, [d0, d1, d2], 0.1) == 3 * 2**30
+    assert build({"policy": "demand", "quiet_s": 0}).decide(v) == [ScaleDown("d1")]

@@ -221,3 +221,21 @@ def test_unloading_a_load_that_never_started_just_forgets_it() -> None:
     assert c.devices["d0"].models == {"a": UNLOADING, "b": READY}
     assert c.unload_done("a", "d0", 0.01) == []  # no load waits any more
     assert c.counts.loads == 0 and c.counts.evictions == 2
+
+
+def test_the_demand_estimate_reads_a_steady_rate_from_the_start() -> None:
+    # 10 req/s from t = 0: a raw decaying count over tau = 10 s would read 10 x (1 - e^-0.2)
+    # = 1.8 req/s after 2 s; corrected for the estimator's start it reads about 10.
+    c = controller()
+    for k in range(20):
+        c.arrival("a", k * 0.1)
+    assert c.rate_rps("a", 2.0) == pytest.approx(10.0, rel=0.1)
+    assert c.view(2.0).rate_rps["a"] == c.rate_rps("a", 2.0)
+    assert c.rate_rps("b", 2.0) == 0.0  # never asked for
+    # long after the start the correction fades: the plain estimate
+    later = controller()
+    later.arrival("b", 0.0)
+    for k in range(1000):
+        later.arrival("a", 100.0 + k * 0.1)
+    raw = later._rates["a"].rate_at(200.0)
+    assert later.rate_rps("a", 200.0) == pytest.approx(raw, rel=1e-6)

@@ -146,7 +146,7 @@ def test_cost_aware_frees_bytes_at_the_least_cost_per_byte_and_drops_needless_vi
     # s1 (4 GiB, 1 req/s: cost 4) against big (8 GiB, 1.5 req/s: cost 6): per byte, big is
     # cheaper; once big is chosen s1 is not needed at all.
     d0 = device("d0", 16, ["s1", "big"])
-    v = cluster([d0], {"s1": 1.0, "big": 1.5})
+    v = cluster([d0], {"s1": 1.0, "big": 1.5, "wide": 2.0})  # the miss is worth 2 * 4
     assert build("cost-aware").on_miss("wide", v) == [Unload("big", "d0"), Load("wide", "d0")]
 
 
@@ -154,9 +154,9 @@ def test_cost_aware_places_a_miss_where_evicting_costs_least_then_on_the_idler_d
     a = device("a", 6, ["s1"], util=0.1)  # room for new only without s1: cost 2 * 4
     b = device("b", 6, ["s2"], util=0.5)  # without s2: cost 1 * 4
     c = device("c", 12, ["big"], util=0.9)
-    v = cluster([a, b, c], {"s1": 2.0, "s2": 1.0})
-    assert build("cost-aware").on_miss("new", v) == [Load("new", "c")]  # fits: cost 0.9
-    v2 = cluster([a, b], {"s1": 2.0, "s2": 1.0})
+    v = cluster([a, b, c], {"s1": 2.0, "s2": 1.0, "new": 2.5})  # the miss is worth 10
+    assert build("cost-aware").on_miss("new", v) == [Load("new", "c")]  # fits: no eviction
+    v2 = cluster([a, b], {"s1": 2.0, "s2": 1.0, "new": 2.5})
     assert build("cost-aware").on_miss("new", v2) == [Unload("s2", "b"), Load("new", "b")]
     v3 = cluster([device("a", 8, util=0.6), device("b", 8, util=0.2)])
     assert build("cost-aware").on_miss("new", v3) == [Load("new", "b")]
@@ -197,13 +197,14 @@ def test_cost_aware_adds_a_replica_under_demand_and_removes_it_after_the_hold() 
     assert policy.rebalance(v) == [Load("hot", "d2")]
 
 
-def test_a_replica_evicts_only_models_cheaper_than_its_benefit() -> None:
+def test_a_replica_evicts_only_models_without_demand() -> None:
     d0 = device("d0", 4, ["hot"])
     d1 = device("d1", 4, ["s1"])
-    # hot overflows by 8 - 7 = 1 req/s over one 4 s load: benefit 4; s1 costs 2 * 4 = 8.
-    v = cluster([d0, d1], {"hot": 8.0, "s1": 2.0}, now_s=0.0)
+    # hot overflows (10 > 0.7 * 10); s1 has demand (0.5 req/s >= idle_rps 0.1): it stays,
+    # however small its cost, since it would miss and its reload evict another model.
+    v = cluster([d0, d1], {"hot": 10.0, "s1": 0.5}, now_s=0.0)
     assert build("cost-aware").rebalance(v) == []
-    v.rate_rps = {"hot": 10.0, "s1": 0.5}  # benefit 12, cost 2
+    v.rate_rps = {"hot": 10.0, "s1": 0.05}  # below idle_rps: no demand, its room is free
     assert build("cost-aware").rebalance(v) == [Unload("s1", "d1"), Load("hot", "d1")]
 
 
@@ -211,10 +212,11 @@ def test_cost_aware_does_not_undo_its_own_changes_within_the_hold() -> None:
     policy = build({"policy": "cost-aware", "hold_s": 10})
     d0 = device("d0", 6, ["s1"])  # evicting s1 costs 0.1 * 4
     d1 = device("d1", 6, ["s2"])  # s2: 0.2 * 4
-    v = cluster([d0, d1], {"s1": 0.1, "s2": 0.2}, now_s=0.0)
-    first = policy.on_miss("new", v)
+    v = cluster([d0, d1], {"s1": 0.1, "s2": 0.2, "new": 1.0}, now_s=0.0)
+    first = policy.on_miss("new", v)  # the miss is worth 1 * 4
     assert first == [Unload("s1", "d0"), Load("new", "d0")]
     v = step(step(v, first, 1.0), [], 2.0)  # new is READY on d0
+    v.rate_rps = {"s1": 1.0, "s2": 0.2, "new": 1.0}  # s1 is asked for again: worth 4
     # another miss: it would be cheapest to evict new (no demand yet) but that was loaded 2 s
     # ago: s2 goes instead
     assert policy.on_miss("s1", v) == [Unload("s2", "d1"), Load("s1", "d1")]
@@ -341,3 +343,59 @@ def test_the_worked_example_of_the_design_note() -> None:
     ]
     assert build("cost-aware").rebalance(example()) == [Unload("big", "d0"), Load("hot", "d0")]
     assert build("lru").rebalance(example()) == build("static").rebalance(example()) == []
+
+
+# -- cost-aware: no thrash -------------------------------------------------------------
+
+
+def test_a_miss_is_refused_rather_than_evicting_models_worth_more_than_it() -> None:
+    # d0 holds s1 and s2 (5 req/s each, cold 4 s: an eviction costs 20 requests). A miss
+    # for new at 1 req/s is worth 1 x 4 = 4: refused (503), the autoscaler adds memory.
+    d0 = device("d0", 8, ["s1", "s2"], used={"s1": 99.0, "s2": 99.5})
+    v = cluster([d0], {"s1": 5.0, "s2": 5.0, "new": 1.0})
+    policy = build("cost-aware")
+    assert policy.on_miss("new", v) == []
+    v.rate_rps = {"s1": 5.0, "s2": 5.0, "new": 6.0}  # worth 24 > 20: s1 (used least recently)
+    first = policy.on_miss("new", v)
+    assert first == [Unload("s1", "d0"), Load("new", "d0")]
+    # s1 comes back asked for at 5 req/s (worth 20): neither new (24, and held) nor s2
+    # (20, not below 20) is worth evicting for it: no ping-pong
+    after = step(step(v, first, 100.0), [], 101.0)
+    assert policy.on_miss("s1", after) == []
+
+
+def test_a_miss_takes_free_memory_before_a_free_eviction() -> None:
+    idle = device("d0", 8, ["big"], util=0.0)  # big has no demand: evicting it costs 0
+    busy = device("d1", 8, ["s1"], util=0.5)  # 4 GiB free
+    v = cluster([idle, busy], {"s1": 1.0, "new": 1.0})
+    assert build("cost-aware").on_miss("new", v) == [Load("new", "d1")]
+
+
+def test_a_busy_device_gets_a_replica_of_the_model_with_the_largest_share() -> None:
+    # d0 over busy_utilization (0.85); per model neither s1 (2 of 10 req/s) nor s2 (5) is
+    # over 0.7 of a replica, but the device is: s2, the larger share, gets a replica on d1.
+    d0 = device("d0", 16, ["s1", "s2"], util=0.9)
+    d1 = device("d1", 16, util=0.1)
+    v = cluster([d0, d1], {"s1": 2.0, "s2": 5.0}, now_s=0.0)
+    assert build("cost-aware").rebalance(v) == [Load("s2", "d1")]
+    d1.utilization = 0.8  # the only other device is over target: a replica there won't help
+    assert build("cost-aware").rebalance(v) == []
+    d1.utilization, d0.utilization = 0.1, 0.8  # d0 below busy_utilization: nothing
+    assert build("cost-aware").rebalance(v) == []
+
+
+def test_a_miss_eviction_does_not_hold_the_models_replica_count() -> None:
+    # hot has two replicas (9 req/s, 10 per replica): evicting one costs 0, and a miss for
+    # new takes its room on d0. A second later hot, down to one replica, overflows it: the
+    # eviction was a miss's, not a replica removed by rebalance, so it gets one (on d2, just
+    # turned on), within hold_s of the eviction.
+    policy = build("cost-aware")
+    d0 = device("d0", 8, ["hot", "s1"])
+    d1 = device("d1", 8, ["hot", "s2"])
+    d2 = device("d2", 8, active=False)
+    v = cluster([d0, d1, d2], {"hot": 9.0, "s1": 5.0, "s2": 5.0, "new": 3.0})
+    first = policy.on_miss("new", v)
+    assert first == [Unload("hot", "d0"), Load("new", "d0")]
+    later = step(step(v, first, 100.5), [], 101.0)
+    later.device("d2").active = True
+    assert policy.rebalance(later) == [Load("hot", "d2")]

@@ -23,6 +23,7 @@ STAND_IN = [
     "arms.lru.placement=test-fit-or-evict",
     "arms.cost-aware.placement=test-fit-or-evict",
     "arms.cost-aware.autoscaling=null",
+    "arms.lru.autoscaling=null",
 ]
 
 
@@ -40,13 +41,13 @@ def test_many_models_runs_with_a_stand_in_policy(repo_root: Path) -> None:
     sc = ld.scenario
     assert len(sc.models) == 24
     weights = {m: ld.profile_of(sc.expanded_devices()[0], m).weights_bytes for m in sc.models}
-    pool = [d for d in sc.arm_devices("lru")]
+    pool = [d for d in sc.arm_devices("lru") if d.active]
     assert sum(weights.values()) > sum(d.memory_gb * GIB for d in pool)  # not all fit
     assert sorted(w / GIB for w in weights.values())[-2:] == [8.0, 8.0]
 
     static = Simulation(ld, "static")
     rec = static.run()
-    assert rec.device_seconds == pytest.approx(5 * 20.0)
+    assert rec.device_seconds == pytest.approx(11 * 20.0)
     assert rec.evictions == 0 and rec.loads == 0
     static_summary = summarize(rec, timeseries=False)
 
@@ -56,6 +57,16 @@ def test_many_models_runs_with_a_stand_in_policy(repo_root: Path) -> None:
     assert rec.device_seconds == pytest.approx(4 * 20.0)
     assert rec.loads >= 2  # t08 and t09 start cold
     assert s["load_wait"]["requests"] > 0
+    # resident against cold: the cold requests are those that waited for a load
+    assert s["evictions_per_load"] == pytest.approx(rec.evictions / rec.loads, abs=1e-6)
+    assert s["cold"]["requests"] == s["load_wait"]["requests"]
+    assert "slo_attainment" in s["resident"] and "slo_attainment" not in static_summary.get(
+        "resident", {}
+    )
+    bound = {m: rec.load_bound_s[m] for m in ("t08", "t09")}
+    assert bound["t08"] == pytest.approx(2 * GIB / 2e9 + 0.05 + 2 * 0.04356, rel=1e-3)
+    if s["cold"]["p99_of_bound"] is not None:
+        assert s["cold"]["p99_of_bound"] > 0
     assert lru.placement is not None
     for pd in lru.placement.devices.values():
         assert pd.peak_weights_bytes <= pd.spec.memory_gb * GIB
@@ -67,6 +78,6 @@ def test_many_models_runs_with_a_stand_in_policy(repo_root: Path) -> None:
     header, rows = compare_table_rows(run_summary(sc.name, 1, {"static": static_summary, "lru": s}))
     by = {r[0]: r[1:] for r in rows}
     assert header == ["figure", "static", "lru"]
-    assert by["device-seconds"] == ["100", "80"]
+    assert by["device-seconds"] == ["220", "80"]
     assert by["evictions"][0] == "0" and by["loads"][1] == str(s["loads"])
     assert by["util st0"][1] == "-" and by["util g0"][0] == "-"

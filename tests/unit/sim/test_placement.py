@@ -320,3 +320,58 @@ def test_memory_stays_within_every_device_and_each_request_is_answered_once(
         assert pd.peak_weights_bytes <= pd.spec.memory_gb * GIB
     answered_once(rec, sim)
     assert rec.device_seconds is not None and rec.device_seconds <= 5.0 * len(devices)
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    policy=st.sampled_from(["lru", "cost-aware"]),
+    weights=st.lists(st.integers(200, 1500), min_size=3, max_size=6),
+    memory_gb=st.sampled_from([1.5, 2.0, 3.0]),
+    rates=st.lists(st.floats(0.5, 300.0), min_size=6, max_size=6),
+    load_ms=st.integers(0, 800),
+    seed=st.integers(0, 1000),
+)
+def test_the_real_policies_with_demand_autoscaling_keep_memory_and_answer_once(
+    tmp_path_factory: pytest.TempPathFactory,
+    policy: str,
+    weights: list[int],
+    memory_gb: float,
+    rates: list[float],
+    load_ms: int,
+    seed: int,
+) -> None:
+    """lru or cost-aware with `demand` (memory pressure included) and two spares: every load
+    fits its device (asserted by the driver at each start), every action list passes
+    check_actions (no model both loaded and unloaded on one device: a run raises otherwise),
+    and every request is answered once."""
+    root = tmp_path_factory.mktemp("real")
+    names = [f"m{k}" for k in range(len(weights))]
+    devices: list[dict[str, Any]] = [
+        {"name": "d0", "memory_gb": memory_gb, "models": []},
+        {"name": "d1", "memory_gb": memory_gb, "models": []},
+        {"name": "s", "count": 2, "memory_gb": memory_gb, "active": False, "start_ms": 300},
+    ]
+    sim = scenario(
+        root,
+        weights_mb=dict(zip(names, weights, strict=True)),
+        devices=devices,
+        rates={m: rates[k] for k, m in enumerate(names)},
+        models={m: {"load_ms": load_ms} for m in names},
+        arm={
+            "placement": {"policy": policy},
+            "autoscaling": {"policy": "demand", "quiet_s": 0.5, "up_after_s": 0},
+            "load_wait_ms": 2000,
+            "host_memory_gb": 1,
+            "placement_interval_ms": 250,
+        },
+        duration_s=5.0,
+        seed=seed,
+    )
+    rec = sim.run()
+    assert sim.placement is not None
+    for pd in sim.placement.devices.values():
+        assert pd.peak_weights_bytes <= pd.spec.memory_gb * GIB
+    answered_once(rec, sim)
+    assert rec.device_seconds is not None and rec.device_seconds <= 5.0 * 4

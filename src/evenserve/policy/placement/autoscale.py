@@ -8,7 +8,20 @@ request rates and one from what the active devices report::
     required = max(min_devices, ceil(demand / target_utilization))
 
 (``rate / capacity`` is the fraction of one device that m keeps busy; a model whose capacity
-is infinite counts 0.) ``count`` is the active devices, plus those this autoscaler asked to
+is infinite counts 0.) Two more rules can raise ``required``:
+
+- **memory pressure**: the models with demand (``rate >= idle_rps``, default 0.1 req/s) must
+  all fit, one replica each, in the memory filled to ``fill_target`` (0.9): ``required >=``
+  the fewest devices (the largest first) with ``fill_target * memory >= sum of their
+  weights``. Without it a pool whose wanted weights exceed its memory thrashes (each load
+  evicts a model needed again a moment later) while its devices are not busy;
+- **blocked replica**: an active device over ``busy_utilization`` (0.85) whose busiest
+  model (largest ``rate / (replicas * capacity)``) has no other active device below
+  ``target_utilization`` with its weights free (and not holding it): ``required >=
+  active - draining + 1``. The placement cannot relieve that device; one more can (counted
+  from the active devices, so one pending start is enough).
+
+``count`` is the active devices, plus those this autoscaler asked to
 turn on and the view does not show active yet, less those it asked to turn off (draining).
 
 - **Up**: as soon as ``required > count`` has held for ``up_after_s`` (default 0.5 s; the
@@ -17,10 +30,15 @@ turn on and the view does not show active yet, less those it asked to turn off (
   many as there are). The decision comes ``up_after_s`` plus at most one ``interval_s``
   after the burst reaches the view.
 - **Down**: only after ``required <= count - 1`` (one device fewer would still meet the
-  target) has held for ``quiet_s`` (default 30 s), with no scale-up or -down of its own
-  pending: ``ScaleDown`` the least-loaded active device (lowest utilization, then fewest
-  outstanding requests, then the last in name order), one at a time (the quiet clock
-  restarts after each), never below ``min_devices`` (default 1).
+  target, memory included) has held for ``quiet_s`` (default 30 s), with no scale-up or
+  -down of its own pending: ``ScaleDown`` one of the active devices whose residents with
+  demand and no replica elsewhere fit, first fit by decreasing size, into the free memory
+  of the other active devices (their reload needs no eviction): the one leaving the fewest
+  such bytes without a copy (each is a miss and a load, from disk if the model is not in
+  host memory; while the device drains its weights are still on it, not in host memory),
+  ties the least loaded (lowest utilization, then fewest outstanding requests, then the
+  last in name order); none: nothing (asked again at the next decision). One at a time (the quiet
+  clock restarts after each), never below ``min_devices`` (default 1).
 
 A device asked to turn on (off) counts as on (off) until the view agrees, or for
 ``pending_s`` (default 120 s) at most, after which the request is forgotten (a device that
@@ -35,11 +53,14 @@ from pydantic import Field
 
 from evenserve.policy.placement.base import (
     AUTOSCALING,
+    READY,
     ClusterView,
+    DeviceView,
     ScaleAction,
     ScaleDown,
     ScaleUp,
 )
+from evenserve.policy.placement.common import share
 from evenserve.policy.registry import PolicyParams
 
 #: Slack on the clock comparisons, so that 1.9 - 0.9 counts as the 1.0 s it means.
@@ -65,6 +86,12 @@ class DemandParams(PolicyParams):
     quiet_s: float = Field(default=30.0, ge=0)
     min_devices: int = Field(default=1, ge=0)
     pending_s: float = Field(default=120.0, gt=0)
+    #: Memory pressure: the share of the devices' memory the models with demand may fill.
+    fill_target: float = Field(default=0.9, gt=0, le=1)
+    #: A model asked for at less than this (requests per second) has no demand.
+    idle_rps: float = Field(default=0.1, ge=0)
+    #: A device busier than this whose busiest model cannot get a replica: one more device.
+    busy_utilization: float = Field(default=0.85, gt=0, le=1)
 
 
 def demand_devices(view: ClusterView) -> float:
@@ -85,6 +112,96 @@ def required_devices(view: ClusterView, target_utilization: float, min_devices: 
     return max(min_devices, need)
 
 
+def wanted_bytes(view: ClusterView, idle_rps: float) -> float:
+    """The weights of one replica of every model with demand (``rate_rps >= idle_rps``)."""
+    return sum(
+        info.weights_bytes
+        for m, info in view.models.items()
+        if view.rate_rps.get(m, 0.0) >= idle_rps
+    )
+
+
+def memory_devices(view: ClusterView, fill_target: float, idle_rps: float) -> int:
+    """The fewest devices (the largest first) whose memory, filled to ``fill_target``, holds
+    one replica of every model with demand: the memory-pressure requirement."""
+    need = wanted_bytes(view, idle_rps)
+    if need <= 0:
+        return 0
+    have = 0.0
+    sizes = sorted((d.memory_total_bytes for d in view.devices), reverse=True)
+    for k, size in enumerate(sizes, start=1):
+        have += fill_target * size
+        if have >= need:
+            return k
+    return len(sizes)
+
+
+def homeless_bytes(
+    view: ClusterView, victim: DeviceView, active: list[DeviceView], idle_rps: float
+) -> float:
+    """The weights of ``victim``'s residents with demand that no other active device holds:
+    what turning it off makes miss (and reload)."""
+    return sum(
+        view.models[m].weights_bytes
+        for m in victim.models
+        if view.rate_rps.get(m, 0.0) >= idle_rps
+        and not any(m in d.models for d in active if d is not victim)
+    )
+
+
+def fits_elsewhere(
+    view: ClusterView, victim: DeviceView, others: list[DeviceView], idle_rps: float
+) -> bool:
+    """Whether the residents of ``victim`` that have demand and no other replica fit, first
+    fit by decreasing size, into the free memory of ``others`` (the active devices that
+    stay): then turning ``victim`` off costs their (warm) reloads, not a thrash."""
+    free = [d.free_bytes(view.models) for d in others]
+    homeless = sorted(
+        (
+            view.models[m].weights_bytes
+            for m in victim.models
+            if view.rate_rps.get(m, 0.0) >= idle_rps and not any(m in d.models for d in others)
+        ),
+        reverse=True,
+    )
+    for size in homeless:
+        for i, f in enumerate(free):
+            if size <= f:
+                free[i] -= size
+                break
+        else:
+            return False
+    return True
+
+
+def replica_blocked(view: ClusterView, busy_utilization: float, target_utilization: float) -> bool:
+    """Whether a device is busier than ``busy_utilization`` while its busiest model (the
+    largest ``share`` among its READY residents) has nowhere to get a replica: no other
+    active device below ``target_utilization`` where it is not resident has its weights
+    free.
+    Placement cannot relieve that device; one more device can."""
+    active = [d for d in view.devices if d.active]
+    for d in active:
+        if d.utilization <= busy_utilization:
+            continue
+        ready = [m for m, s in d.models.items() if s == READY and m in view.models]
+        if not ready:
+            continue
+        busiest = max(ready, key=lambda m: (share(view, m), m))
+        size = view.models[busiest].weights_bytes
+        room = [
+            o
+            for o in active
+            if o is not d
+            and o.utilization < target_utilization
+            and busiest not in o.models
+            and o.free_bytes(view.models) >= size
+        ]
+        if not room:
+            return True
+    return False
+
+
 @AUTOSCALING.register("demand", DemandParams, "active devices follow demand / target")
 class DemandAutoscaler:
     def __init__(self, params: DemandParams) -> None:
@@ -100,7 +217,12 @@ class DemandAutoscaler:
         self._up = {n: t for n, t in self._up.items() if n not in active and now - t < p.pending_s}
         self._down = {n: t for n, t in self._down.items() if n in active and now - t < p.pending_s}
         count = len(active) - len(self._down) + len(self._up)
-        required = required_devices(view, p.target_utilization, p.min_devices)
+        required = max(
+            required_devices(view, p.target_utilization, p.min_devices),
+            memory_devices(view, p.fill_target, p.idle_rps),
+        )
+        if replica_blocked(view, p.busy_utilization, p.target_utilization):
+            required = max(required, len(active) - len(self._down) + 1)
 
         if required > count:
             self._below_since = None
@@ -127,12 +249,19 @@ class DemandAutoscaler:
         if now - self._below_since < p.quiet_s - _EPS_S:
             return []
         candidates = [d for d in view.devices if d.active and d.name not in self._down]
-        if not candidates:
-            return []
-        victim = max(
+        ranked = sorted(
             candidates,
             key=lambda d: (-d.utilization, -sum(d.outstanding.values()), d.name),
+            reverse=True,
         )
+        movable = [
+            d
+            for d in ranked
+            if fits_elsewhere(view, d, [o for o in candidates if o is not d], p.idle_rps)
+        ]
+        if not movable:
+            return []  # the quiet clock keeps running: ask again at the next decision
+        victim = min(movable, key=lambda d: homeless_bytes(view, d, candidates, p.idle_rps))
         self._below_since = None
         self._down[victim.name] = now
         return [ScaleDown(victim.name)]

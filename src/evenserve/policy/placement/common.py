@@ -114,6 +114,13 @@ def ready_replicas(view: ClusterView, model: str, *, besides: str | None = None)
     return sum(1 for d in view.devices if d.active and d.name != besides and d.ready(model))
 
 
+def share(view: ClusterView, model: str) -> float:
+    """The fraction of one device that each replica of ``model`` is kept busy by:
+    ``rate / (replicas * capacity)`` (replicas: READY or LOADING on active devices)."""
+    replicas = max(1, len(view.hosts(model)))
+    return view.rate_rps.get(model, 0.0) / (replicas * view.models[model].capacity_rps)
+
+
 def argmin(items: Iterable[tuple[tuple[float | int | str, ...], list[Action]]]) -> list[Action]:
     """The actions of the smallest key (``[]`` when there are none)."""
     best: tuple[tuple[float | int | str, ...], list[Action]] | None = None

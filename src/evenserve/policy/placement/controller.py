@@ -38,6 +38,7 @@ never passed on to a driver.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -118,6 +119,9 @@ class PlacementController:
         self._starting: set[str] = set()
         self._stopping: set[str] = set()
         self._next_tick_s = 0.0
+        self._rate_tau_s = rate_tau_s
+        #: The time of the first event: the demand estimates start there (rate_rps).
+        self._start_s: float | None = None
         self.counts = PlacementCounts()
 
     # -- the view ---------------------------------------------------------------------------
@@ -127,7 +131,7 @@ class PlacementController:
             now_s=now,
             models=self.models,
             devices=list(self.devices.values()),
-            rate_rps={m: r.rate_at(now) for m, r in self._rates.items()},
+            rate_rps={m: self.rate_rps(m, now) for m in self._rates},
             warm=frozenset(self._warm),
         )
 
@@ -137,7 +141,20 @@ class PlacementController:
         return list(self._warm)
 
     def rate_rps(self, model: str, now: float) -> float:
-        return self._rates[model].rate_at(now)
+        """The demand estimate of ``model``: the decaying count over ``rate_tau_s``,
+        corrected for the estimator's start. ``t`` seconds after the first event the count
+        has gathered ``1 - exp(-t / tau)`` of its weight, so it is divided by that (the
+        bias correction of an exponential average started at 0): a steady rate reads as
+        itself from the start, not as ramping up over several tau (without it a freshly
+        started controller would see every model idle, and evict and scale as if)."""
+        raw = self._rates[model].rate_at(now)
+        if self._start_s is None or now <= self._start_s:
+            return raw
+        return raw / -math.expm1(-(now - self._start_s) / self._rate_tau_s)
+
+    def _started(self, now: float) -> None:
+        if self._start_s is None:
+            self._start_s = now
 
     def ready_models(self, device: str) -> list[str]:
         """The models READY on ``device`` (what a router may send there)."""
@@ -153,6 +170,7 @@ class PlacementController:
 
     # -- events in --------------------------------------------------------------------------
     def arrival(self, model: str, now: float) -> None:
+        self._started(now)
         self._rates[model].observe(now)
 
     def sent(self, model: str, device: str, now: float) -> None:
@@ -234,6 +252,7 @@ class PlacementController:
     def tick(self, now: float) -> list[Action | ScaleAction]:
         """Every ``interval_s`` (earlier calls do nothing): the policy's rebalance, then the
         autoscaler's decision; returns what to start now."""
+        self._started(now)
         if now < self._next_tick_s:
             return []
         self._next_tick_s = now + self.interval_s

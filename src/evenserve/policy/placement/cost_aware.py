@@ -12,7 +12,8 @@ reload and must wait for it::
 
 (``u * load_s`` is also the expected number of arrivals in the reload window, so a model
 that is rarely asked for costs about its probability of being asked for before it is back).
-A model with no demand costs 0: among those, the least recently used goes first.
+A model with no demand (``r < idle_rps``, default 0.1 req/s) costs 0: among those, the
+least recently used goes first.
 
 **Which evictions.** To make room for a model on d, take d's evictable residents (READY, no
 request outstanding there, not changed within ``hold_s``) in increasing cost per byte freed
@@ -22,10 +23,21 @@ frees the bytes at the least cost per byte, so one large idle model goes before 
 small busy ones, which is what LRU gets wrong (the ModelMesh complaint: one large model's
 load evicting most of the others, each of which then misses and reloads).
 
-**Where a miss goes.** The device minimizing ``sum cost(victims) + balance_weight *
-utilization(d)`` (ties: fewer evictions, more free bytes after the load, name). If no device
-can take it without evicting a model changed within ``hold_s``, such models are considered
-too (a request is waiting); no device at all: ``[]``.
+**What a miss may evict.** A miss for m is worth ``benefit = max(r_m, idle_rps) *
+load_s(m)``: the requests of m that arrive during one load (the same unit as a cost). It
+evicts only models whose cost, each and all together, is below that; when no device can
+take m at that price the answer is ``[]`` (503 with Retry-After) and the right fix is more
+memory (the ``demand`` autoscaler's memory-pressure rule sees m's demand and adds a
+device). Why: with more weights wanted than memory, an eviction of a model with demand is
+a miss later, whose reload evicts another (the thrash, where every load costs an eviction
+and a reload). With the strict inequality two models cannot evict each other back and forth
+at steady rates (the one worth more stays), and ``hold_s`` covers the drift of the rates.
+
+**Where a miss goes.** Among the devices that can take it: first those with the free memory
+already (no eviction at all: a load that evicts four small models counts four evictions),
+then the least ``sum cost(victims) + balance_weight * utilization(d)`` (ties: fewer
+evictions, more free bytes after the load, name). If no device can take it without evicting
+a model changed within ``hold_s``, such models are considered too (a request is waiting).
 
 **rebalance**, with ``R`` replicas (READY or LOADING) of m and ``c`` as above:
 
@@ -34,18 +46,31 @@ too (a request is waiting); no device at all: ``[]``.
   ``R - 1 >= 1`` keeps one replica while ``r > 0`` (a cache keeps even an idle model until
   its memory is wanted).
 - then up, hottest first: ``R >= 1``, none LOADING, and ``r > target_utilization * R * c``:
-  one more replica where a miss would go, evicting only models whose cost is below the
-  benefit ``(r - target_utilization * R * c) * load_s(m)`` (the overflow over one load time,
-  the same measure as a cost), and whose total is too.
+  one more replica where a miss would go, in free memory or in the room of models without
+  demand only (cost 0): never a model with demand, which would miss and whose reload would
+  evict another.
+- then busy devices: a device over ``busy_utilization`` (0.85) gets one more replica,
+  elsewhere, of its READY model with the largest ``share = r / (R * c)`` (the fraction of a
+  device each replica is kept busy by; not one LOADING anywhere, nor changed in this call,
+  nor unloaded within ``hold_s``), placed as above, and only on a device below
+  ``target_utilization`` (a replica on a busy device relieves nothing). ``c`` is the
+  capacity at full batches, which small batches do not reach: the per-model rule misses a
+  device made busy by several models, or by one at small batches; the device's own
+  utilization does not.
 - no pre-loads (an unhosted model is placed by its first miss).
 
 **Hysteresis.** The policy keeps, per (model, device), when it last loaded or unloaded it
 there. Nothing changed within ``hold_s`` is undone: rebalance does not unload a model it
 loaded there, nor reload one it unloaded there, within ``hold_s``; a model's replica count
 does not go down within ``hold_s`` of adding one anywhere, nor up within ``hold_s`` of
-removing one. The state depends only on the sequence of views and actions, so the policy is
-deterministic. Params: ``target_utilization`` (0.7), ``low_utilization`` (0.3), ``hold_s``
-(10), ``balance_weight`` (1.0, in the unit of a cost: requests).
+rebalance removing one (a miss's eviction makes room: it is not a removal, and holding the
+model's count after it left a hot model short of replicas for ``hold_s``). A miss's load
+is recorded like a rebalance's, so the hold covers it too. The state depends only on the
+sequence of views and actions, so the policy is deterministic.
+
+Params: ``target_utilization`` (0.7), ``low_utilization`` (0.3), ``hold_s`` (10),
+``balance_weight`` (1.0, in the unit of a cost: requests), ``idle_rps`` (0.1),
+``busy_utilization`` (0.85).
 """
 
 from __future__ import annotations
@@ -72,6 +97,7 @@ from evenserve.policy.placement.common import (
     plan,
     prune,
     ready_replicas,
+    share,
     targets,
 )
 from evenserve.policy.registry import PolicyParams
@@ -82,6 +108,8 @@ class CostAwareParams(PolicyParams):
     low_utilization: float = Field(default=0.3, ge=0, le=1)
     hold_s: float = Field(default=10.0, ge=0)
     balance_weight: float = Field(default=1.0, ge=0)
+    idle_rps: float = Field(default=0.1, ge=0)
+    busy_utilization: float = Field(default=0.85, gt=0, le=1)
 
     @model_validator(mode="after")
     def _low_below_target(self) -> CostAwareParams:
@@ -90,9 +118,12 @@ class CostAwareParams(PolicyParams):
         return self
 
 
-def eviction_cost(view: ClusterView, model: str, device: str) -> float:
-    """``u * load_s(model)``: the requests expected to wait for a reload (module docstring)."""
+def eviction_cost(view: ClusterView, model: str, device: str, idle_rps: float = 0.0) -> float:
+    """``u * load_s(model)``: the requests expected to wait for a reload (module docstring);
+    0 for a model whose demand is below ``idle_rps`` (no demand)."""
     rate = view.rate_rps.get(model, 0.0)
+    if rate < idle_rps:
+        return 0.0
     others = ready_replicas(view, model, besides=device)
     unserved = max(0.0, rate - others * view.models[model].capacity_rps) if others else rate
     return unserved * view.load_s(model)
@@ -119,12 +150,12 @@ class CostAwarePlacement:
             for (m, _), (t, k) in self._changed.items()
         )
 
-    def _record(self, now_s: float, actions: list[Action]) -> None:
+    def _record(self, now_s: float, actions: list[Action], *, miss: bool = False) -> None:
+        """Remember each change; a miss's unloads as "evict": they make room and do not
+        count as a replica removed (which would hold the model's replica count)."""
         for a in actions:
-            self._changed[(a.model, a.device)] = (
-                now_s,
-                "load" if isinstance(a, Load) else "unload",
-            )
+            kind = "load" if isinstance(a, Load) else "evict" if miss else "unload"
+            self._changed[(a.model, a.device)] = (now_s, kind)
 
     # -- choosing victims and a device -------------------------------------------------
 
@@ -134,11 +165,13 @@ class CostAwarePlacement:
         """The evictions making room for ``model`` on ``d`` (each and all costing less than
         ``budget``) and their total cost, or None."""
         costs = {
-            m: eviction_cost(view, m, d.name)
+            m: eviction_cost(view, m, d.name, self.params.idle_rps)
             for m in evictable(d)
             if with_held or not self._held(m, d.name, view.now_s)
         }
-        if math.isfinite(budget):
+        if budget <= 0.0:  # only models without demand may go
+            costs = {m: c for m, c in costs.items() if c == 0.0}
+        elif math.isfinite(budget):
             costs = {m: c for m, c in costs.items() if c < budget}
         order = sorted(
             costs,
@@ -157,7 +190,7 @@ class CostAwarePlacement:
             return None
         chosen = prune(d, view.models, model, chosen)
         total = sum(costs[m] for m in chosen)
-        if math.isfinite(budget) and chosen and total >= budget:
+        if 0.0 < budget < math.inf and chosen and total >= budget:
             return None
         return chosen, total
 
@@ -173,6 +206,7 @@ class CostAwarePlacement:
                 continue
             victims, cost = found
             key = (
+                1 if victims else 0,  # free memory first: no eviction at all if possible
                 cost + self.params.balance_weight * d.utilization,
                 len(victims),
                 -free_after(d, view.models, model, victims),
@@ -186,10 +220,11 @@ class CostAwarePlacement:
     def on_miss(self, model: str, view: ClusterView) -> list[Action]:
         if view.hosts(model):
             return []
-        actions = self._place(view, model, math.inf, with_held=False, rebalancing=False)
+        benefit = max(view.rate_rps.get(model, 0.0), self.params.idle_rps) * view.load_s(model)
+        actions = self._place(view, model, benefit, with_held=False, rebalancing=False)
         if not actions:
-            actions = self._place(view, model, math.inf, with_held=True, rebalancing=False)
-        self._record(view.now_s, actions)
+            actions = self._place(view, model, benefit, with_held=True, rebalancing=False)
+        self._record(view.now_s, actions, miss=True)
         return actions
 
     def rebalance(self, view: ClusterView) -> list[Action]:
@@ -234,9 +269,34 @@ class CostAwarePlacement:
             and not self._recent(m, "unload", now)
         ]
         for model in sorted(hot, key=lambda m: (-overflow(m) / view.models[m].capacity_rps, m)):
-            benefit = overflow(model) * view.load_s(model)
-            step = self._place(work, model, benefit, with_held=False, rebalancing=True)
+            # A replica takes free memory, or the room of models without demand: never a
+            # model with demand (it would miss, and its reload evict another: the thrash).
+            step = self._place(work, model, 0.0, with_held=False, rebalancing=True)
             actions += step
             work = apply_actions(work, step)
+
+        # A busy device: one more replica, elsewhere, of its model with the most work.
+        for d in sorted(work.devices, key=lambda d: d.name):
+            if not d.active or d.utilization <= p.busy_utilization:
+                continue
+            movable = [
+                m
+                for m, state in d.models.items()
+                if state != LOADING
+                and not any(h.models.get(m) == LOADING for h in work.hosts(m))
+                and not self._recent(m, "unload", now)
+                and not any(a.model == m for a in actions)  # nothing undone in one call
+            ]
+            if not movable:
+                continue
+            model = max(movable, key=lambda m: (share(work, m), m))
+            step = self._place(work, model, 0.0, with_held=False, rebalancing=True)
+            if (
+                step
+                and work.device(next(a.device for a in step if isinstance(a, Load))).utilization
+                < p.target_utilization
+            ):
+                actions += step
+                work = apply_actions(work, step)
         self._record(now, actions)
         return actions

@@ -1,0 +1,129 @@
+"""The many-models must-shows (scenarios/many-models.yaml), measured on N seeds.
+
+Runs every arm of the scenario on each seed (the simulator) and prints, per seed and arm, the
+figures the targets are about, then one line per target with PASS or FAIL: what was
+measured against the target, never an exit status (the script exits 0 either way).
+
+Targets (the issue "many models on few devices"), checked on every seed:
+- resident: requests that did not wait for a load meet their SLO >= 99 % (cost-aware);
+- cold: the P99 over cold requests of latency / (cold load + 2 x batch time) <= 1;
+- evictions per load <= 1.2 (cost-aware);
+- device-seconds <= 70 % of static's, at overall SLO attainment within 0.5 point of static's;
+- better than lru: fewer device-seconds and higher overall SLO attainment.
+
+    python bench/many_models.py [--seeds 1 2 3] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from evenserve.report.summary import clean_json, summarize
+from evenserve.sim.cluster import simulate
+from evenserve.sim.loader import load_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+ARMS = ("static", "lru", "cost-aware")
+
+
+def figures(s: dict[str, Any]) -> dict[str, Any]:
+    cold = s.get("cold") or {}
+    return {
+        "device_seconds": s["device_seconds"],
+        "loads": s["loads"],
+        "evictions": s["evictions"],
+        "evictions_per_load": s.get("evictions_per_load"),
+        "p99_ms": s["latency_ms"]["p99"],
+        "slo": s["slo_attainment"],
+        "resident_slo": (s.get("resident") or {}).get("slo_attainment", s["slo_attainment"]),
+        "cold_requests": cold.get("requests", 0),
+        "cold_p99_ms": cold.get("p99_ms"),
+        "cold_p99_of_bound": cold.get("p99_of_bound"),
+        "slo_per_model": {m: v["slo_attainment"] for m, v in s["models"].items()},
+    }
+
+
+def checks(f: dict[str, dict[str, Any]]) -> list[tuple[str, bool, str]]:
+    st, lru, ca = f["static"], f["lru"], f["cost-aware"]
+    ratio = ca["device_seconds"] / st["device_seconds"]
+    bound = ca["cold_p99_of_bound"]
+    epl = ca["evictions_per_load"] or 0.0
+    return [
+        ("resident SLO >= 99%", ca["resident_slo"] >= 0.99, f"{ca['resident_slo']:.2%}"),
+        (
+            "cold P99 <= load + 2 x batch",
+            bound is None or bound <= 1.0,
+            "no cold requests"
+            if bound is None
+            else f"P99 {ca['cold_p99_ms']:.1f} ms, {bound:.2f} of bound",
+        ),
+        ("evictions/load <= 1.2", epl <= 1.2, f"{epl:.2f}"),
+        (
+            "device-seconds <= 70% of static",
+            ratio <= 0.70,
+            f"{ratio:.1%} ({ca['device_seconds']:.0f} / {st['device_seconds']:.0f})",
+        ),
+        (
+            "SLO within 0.5 pt of static",
+            ca["slo"] >= st["slo"] - 0.005,
+            f"{ca['slo']:.2%} vs {st['slo']:.2%}",
+        ),
+        (
+            "fewer device-seconds than lru",
+            ca["device_seconds"] < lru["device_seconds"],
+            f"{ca['device_seconds']:.0f} vs {lru['device_seconds']:.0f}",
+        ),
+        ("higher SLO than lru", ca["slo"] > lru["slo"], f"{ca['slo']:.2%} vs {lru['slo']:.2%}"),
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--scenario", default=str(ROOT / "scenarios" / "many-models.yaml"))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--json", default=None, help="write the figures and checks here")
+    args = ap.parse_args()
+    loaded = load_scenario(Path(args.scenario))
+    out: dict[str, Any] = {"scenario": args.scenario, "seeds": {}}
+    all_pass: dict[str, bool] = {}
+    for seed in args.seeds:
+        f = {a: figures(summarize(simulate(loaded, a, seed), timeseries=False)) for a in ARMS}
+        print(f"seed {seed}")
+        print(
+            f"  {'arm':<11} {'dev-s':>6} {'loads':>6} {'evict':>6} {'ev/ld':>6} {'P99 ms':>9} "
+            f"{'SLO':>8} {'resident':>9} {'cold P99':>9} {'of bound':>8}"
+        )
+        for a in ARMS:
+            x = f[a]
+
+            def fmt(v: Any, spec: str) -> str:
+                return "-" if v is None else format(v, spec)
+
+            print(
+                f"  {a:<11} {x['device_seconds']:>6.0f} {x['loads']:>6} {x['evictions']:>6} "
+                f"{fmt(x['evictions_per_load'], '.2f'):>6} {x['p99_ms']:>9.1f} {x['slo']:>8.2%} "
+                f"{x['resident_slo']:>9.2%} {fmt(x['cold_p99_ms'], '.1f'):>9} "
+                f"{fmt(x['cold_p99_of_bound'], '.2f'):>8}"
+            )
+        worst = sorted(f["cost-aware"]["slo_per_model"].items(), key=lambda kv: kv[1] or 0)[:3]
+        print("  cost-aware lowest per-model SLO: " + ", ".join(f"{m} {v:.2%}" for m, v in worst))
+        res = checks(f)
+        for name, ok, text in res:
+            print(f"  {'PASS' if ok else 'FAIL'}  {name}: {text}")
+            all_pass[name] = all_pass.get(name, True) and ok
+        out["seeds"][str(seed)] = {
+            "arms": f,
+            "checks": {n: {"pass": ok, "measured": t} for n, ok, t in res},
+        }
+    print(f"all seeds ({', '.join(map(str, args.seeds))}):")
+    for name, ok in all_pass.items():
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(clean_json(out), indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
