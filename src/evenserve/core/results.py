@@ -88,3 +88,8 @@ class RunRecords:
     loads: int = 0
     warm_loads: int = 0
     evictions: int = 0
+    #: Times of the autoscaler's ScaleUp decisions (simulator; empty live or without one).
+    scale_ups_s: list[float] = field(default_factory=list)
+    #: Per ScaleUp decided in a burst: seconds from the burst's first request to it (the
+    #: burst clock of policy.placement.burst, the gateway's scale-up decision-time gauge).
+    scale_up_decisions_s: list[float] = field(default_factory=list)

@@ -337,6 +337,8 @@ class Simulation:
             loads=0 if counts is None else counts.loads,
             warm_loads=0 if counts is None else counts.warm_loads,
             evictions=0 if counts is None else counts.evictions,
+            scale_ups_s=[] if pl is None else list(pl.scale_ups_s),
+            scale_up_decisions_s=[] if pl is None else list(pl.scale_up_decisions_s),
         )
 
 
