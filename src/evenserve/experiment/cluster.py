@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -216,8 +217,17 @@ def arm_cluster(
     log_dir.mkdir(parents=True, exist_ok=True)
     la = Launcher(cluster, cluster_path, log_dir, say=say)
     la.plan()
+    channel: threading.Thread | None = None
     try:
         la.start()
+        if cluster.config.gateway.autoscaling is not None:
+            # The scale channel (spares started and stopped on the gateway's decisions),
+            # as `evenserve up` runs it, beside the load.
+            channel = threading.Thread(target=la.supervise, name="scale-channel", daemon=True)
+            channel.start()
         yield la
     finally:
+        la.request_stop()
+        if channel is not None:
+            channel.join(timeout=5.0)
         la.stop()
