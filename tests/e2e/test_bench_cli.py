@@ -96,6 +96,8 @@ def test_bad_targets_get_clear_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "scenario file not found" in r.stderr
     r = run(["bench", "http://127.0.0.1:9"])
     assert r.returncode == 2 and "--mix" in r.stderr
+    r = run(["bench", "http://127.0.0.1:9", "--json", str(tmp_path / "s.json")])
+    assert r.returncode == 2 and "--json: only with --scenario" in r.stderr
 
 
 def levels_scenario(tmp_path: Path) -> Path:
@@ -173,3 +175,44 @@ def test_bad_level_is_a_clear_error(tmp_path: Path) -> None:
     assert "--level" in r.stderr and "'peak'" in r.stderr and "low, spike" in r.stderr
     r = run(["bench", "http://127.0.0.1:9", "--users", "2", "--mix", "m=1", "--level", "low"])
     assert r.returncode == 2 and "--level: only with --scenario" in r.stderr
+
+
+def test_a_placement_arm_runs_live(tmp_path: Path) -> None:
+    """A tiny placement arm live: m0 starts cold on a device that cannot hold both models,
+    so its first request loads it (evicting s0); the gateway's counts reach the summary and
+    the fidelity table checks them. No figure's value is asserted (a wall-clock run)."""
+    sc = {
+        "name": "tiny-placement",
+        "seed": 2,
+        "duration_s": 8,
+        "warmup_s": 1,
+        "profile_sets": {"pl": str(ROOT / "profiles" / "placement-live")},
+        "devices": [{"name": "g0", "memory_gb": 1.6, "models": ["s0"]}],
+        "models": {
+            "s0": {"slo_ms": 100, "profile": "small"},
+            "m0": {"slo_ms": 200, "profile": "medium"},
+        },
+        "workload": {"type": "open-loop", "rates_rps": {"s0": 10, "m0": 2}},
+        "arms": {
+            "lru": {
+                "routing": "least-expected-work",
+                "batching": "fixed-window",
+                "placement": {"policy": "lru"},
+                "placement_interval_ms": 500,
+            }
+        },
+    }
+    path = tmp_path / "tiny-placement.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    out = tmp_path / "out"
+    args = ["bench", "--scenario", str(path), "--time-scale", "1", "--no-plots"]
+    args += ["--repo", str(ROOT / "examples" / "models" / "placement-live")]
+    r = run([*args, "--out", str(out), "--json", str(tmp_path / "s.json"), "--no-progress"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads((tmp_path / "s.json").read_text())
+    arm = s["arms"]["lru"]
+    assert arm["requests"]["completed"] > 0
+    assert arm["loads"] >= 1 and arm["device_seconds"] > 0
+    rows = s["fidelity"]["lru"]
+    assert rows["device_seconds"]["checked"] and rows["evictions"]["checked"]
+    assert rows["loads"]["checked"] is False

@@ -19,6 +19,7 @@ import yaml
 
 from evenserve.core.options import DeviceOptions
 from evenserve.core.profile import MB
+from evenserve.core.scenario import COLD_LOAD_BYTES_PER_S, COLD_LOAD_FIXED_S
 from evenserve.core.wire import LOAD_PATH, LOAD_WAIT_HEADER, REPOSITORY_INDEX_PATH
 from evenserve.runtime import emulated
 from evenserve.runtime.device import parse_device
@@ -125,7 +126,7 @@ def test_the_load_time_is_load_ms_else_derived_from_the_weights(tmp_path: Path, 
         entries, WorkerOptions(device=parse_device(f"emulated:{pset}"), profiles_dir=None)
     )
     service.load()
-    derived = emulated.COLD_LOAD_S + WEIGHTS_MB["big"] * MB / emulated.LOAD_BYTES_PER_S
+    derived = COLD_LOAD_FIXED_S + WEIGHTS_MB["big"] * MB / COLD_LOAD_BYTES_PER_S
     assert sorted(gate.slept) == sorted([derived, 0.25])
     assert service.descriptions["small"]["load_ms"] == 250.0
 

@@ -8,6 +8,7 @@ and ``experiment.scaling``.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -124,6 +125,10 @@ def bench(
             help="Run the sending thread at real-time priority when permitted (else nice -10).",
         ),
     ] = True,
+    json_path: Annotated[
+        Path | None,
+        typer.Option("--json", help="Scenario: also write the summary JSON here."),
+    ] = None,
 ) -> None:
     """Load-test a live KServe v2 target, or every arm of a scenario on a local cluster."""
     # Imported here: the other commands (worker, gateway) start without the load generator,
@@ -139,8 +144,10 @@ def bench(
             raise ConfigError("give a TARGET_URL or --scenario FILE (one of them)")
         if level is not None and scenario is None:
             raise ConfigError("--level: only with --scenario (a load level of the scenario)")
+        if json_path is not None and scenario is None:
+            raise ConfigError("--json: only with --scenario (the target bench writes --out)")
         if scenario is not None:
-            run_scenario_bench(
+            res = run_scenario_bench(
                 ScenarioBench(
                     scenario,
                     overrides=set_ or [],
@@ -163,6 +170,9 @@ def bench(
                 console,
                 err_console,
             )
+            if json_path is not None:
+                json_path.parent.mkdir(parents=True, exist_ok=True)
+                json_path.write_text(json.dumps(res.summary, indent=2) + "\n")
             return
         assert target is not None
         url = check_url(target, allow_remote)

@@ -91,3 +91,8 @@ class RunRecords:
     #: Per model, the bound a cold request's latency is held to: its cold load time plus
     #: two of its batch times (seconds; placement arms only, {} otherwise).
     load_bound_s: dict[str, float] = field(default_factory=dict)
+    #: Times of the autoscaler's ScaleUp decisions (simulator; empty live or without one).
+    scale_ups_s: list[float] = field(default_factory=list)
+    #: Per ScaleUp decided in a burst: seconds from the burst's first request to it (the
+    #: burst clock of policy.placement.burst, the gateway's scale-up decision-time gauge).
+    scale_up_decisions_s: list[float] = field(default_factory=list)

@@ -82,6 +82,15 @@ WARM_LOAD_BYTES_PER_S = 12e9
 WARM_LOAD_FIXED_S = 0.005
 
 
+def default_load_times_s(weights_bytes: float) -> tuple[float, float]:
+    """(cold, warm) load seconds of a model of ``weights_bytes`` that gives none: the one
+    default the simulator, the gateway's placement catalogue and the emulated runtime share."""
+    return (
+        weights_bytes / COLD_LOAD_BYTES_PER_S + COLD_LOAD_FIXED_S,
+        weights_bytes / WARM_LOAD_BYTES_PER_S + WARM_LOAD_FIXED_S,
+    )
+
+
 class ModelSpec(ModelOptions):
     """A model: its SLO (required here), class, deadline and latency profile."""
 
@@ -99,17 +108,12 @@ class ModelSpec(ModelOptions):
     )
 
     def load_times_s(self, weights_bytes: float) -> tuple[float, float]:
-        """(cold, warm) load seconds: the given ones, else the bandwidth assumptions."""
-        cold = (
-            weights_bytes / COLD_LOAD_BYTES_PER_S + COLD_LOAD_FIXED_S
-            if self.load_ms is None
-            else self.load_ms / 1000.0
-        )
-        warm = (
-            weights_bytes / WARM_LOAD_BYTES_PER_S + WARM_LOAD_FIXED_S
-            if self.warm_load_ms is None
-            else self.warm_load_ms / 1000.0
-        )
+        """(cold, warm) load seconds: the given ones, else ``default_load_times_s``."""
+        cold, warm = default_load_times_s(weights_bytes)
+        if self.load_ms is not None:
+            cold = self.load_ms / 1000.0
+        if self.warm_load_ms is not None:
+            warm = self.warm_load_ms / 1000.0
         return cold, warm
 
 

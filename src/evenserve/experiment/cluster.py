@@ -5,12 +5,21 @@ For an arm: the scenario's (scaled) profile sets as profile folders; a model rep
 deadlines and queue bound; and a cluster YAML with one emulated worker per device (memory,
 instances, interference, the arm's class options) behind a gateway routing with the arm's
 policy. :func:`arm_cluster` starts it with the ``evenserve up`` Launcher, on loopback.
+
+Placement arms: only the devices the arm lists; the gateway's ``placement`` (the arm's
+policy with its ``placement_interval_ms``, ``load_wait_ms`` and ``host_memory_gb``) and
+``autoscaling``; a device that is not ``active`` is a spare (``active: false``, no models);
+every model.yaml's ``emulated.load_ms`` is the scenario's (scaled) cold load time, which the
+worker sleeps and the gateway's controller plans with. A spare's start time live is its
+worker process starting (the scenario's ``start_ms`` is what the simulator assumes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +28,8 @@ import yaml
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions
+from evenserve.core.scenario import ArmSpec
+from evenserve.experiment.scaling import model_weights_bytes
 from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.launcher import Launcher
 from evenserve.policy.batching import BATCHING
@@ -89,6 +100,9 @@ def write_arm_cluster(
             raise ConfigError(f"{src}: runtime: the live bench runs emulated models only")
         raw.pop("profile", None)
         raw["emulated"] = {"profile_name": mspec.profile or m}
+        if spec.placement is not None:
+            cold_s, _ = mspec.load_times_s(model_weights_bytes(loaded, m))
+            raw["emulated"]["load_ms"] = round(cold_s * 1000.0, 3)
         raw["batching"], max_batch = live_batching(
             spec.batching_per_model.get(m, spec.batching), f"arms.{arm}.batching"
         )
@@ -99,12 +113,15 @@ def write_arm_cluster(
         (repo / m / "model.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     util_window_s = sc.signals.utilization_window_ms / 1000.0
     devices = []
-    for d in sc.expanded_devices():
+    for d in sc.arm_devices(arm):
+        placed: dict[str, Any] = {"models": list(d.models)}
+        if spec.placement is not None and not d.active:
+            placed = {"active": False}  # a spare: off, no models, until scaled up
         devices.append(
             {
                 "name": d.name,
                 "device": f"emulated:{profile_dirs[sc.profile_set_of(d)]}",
-                "models": list(d.models),
+                **placed,
                 "port": free_port(),
                 # The scenario's device and arm options, as the worker's own.
                 **DeviceOptions.of(d).model_dump(),
@@ -125,6 +142,7 @@ def write_arm_cluster(
             "signals": {"interval_ms": sc.signals.interval_ms, "window": sc.signals.window},
             # The gateway refuses work as the simulator's arm does (off unless it says so).
             "overload": {"enabled": spec.overload_refusals},
+            **placement_section(spec),
         },
         "workers": {
             "repo": str(repo.resolve()),
@@ -139,6 +157,55 @@ def write_arm_cluster(
     return path
 
 
+def write_payloads(loaded: LoadedScenario, source_repo: Path, workdir: Path) -> dict[str, Path]:
+    """A KServe v2 JSON request per model (batch 1, from its ``source_repo`` model.yaml
+    inputs: each synthetic range's low value, else zeros), as ``workdir/payloads/MODEL.json``.
+    A placement arm sends these: a model that starts cold has no metadata to build one from
+    until it is loaded."""
+    out: dict[str, Path] = {}
+    d = workdir / "payloads"
+    d.mkdir(parents=True, exist_ok=True)
+    for m in loaded.scenario.models:
+        raw = yaml.safe_load((source_repo / m / "model.yaml").read_text())
+        inputs = []
+        for spec in raw.get("inputs") or []:
+            shape = [1, *(1 if int(x) < 0 else int(x) for x in spec["shape"])]
+            n = 1
+            for x in shape:
+                n *= x
+            low = (spec.get("synthetic") or {}).get("low", 0)
+            value: Any = bool(low) if spec["datatype"] == "BOOL" else low
+            inputs.append(
+                {
+                    "name": spec["name"],
+                    "datatype": spec["datatype"],
+                    "shape": shape,
+                    "data": [value] * n,
+                }
+            )
+        path = d / f"{m}.json"
+        path.write_text(json.dumps({"inputs": inputs}))
+        out[m] = path.resolve()
+    return out
+
+
+def placement_section(spec: ArmSpec) -> dict[str, Any]:
+    """The gateway's ``placement`` and ``autoscaling`` keys for an arm (none without)."""
+    if spec.placement is None:
+        return {}
+    policy = spec.placement
+    raw = {"policy": policy} if isinstance(policy, str) else dict(policy)
+    raw.update(
+        interval_ms=spec.placement_interval_ms,
+        load_wait_ms=spec.load_wait_ms,
+        host_memory_gb=spec.host_memory_gb,
+    )
+    out: dict[str, Any] = {"placement": raw}
+    if spec.autoscaling is not None:
+        out["autoscaling"] = spec.autoscaling
+    return out
+
+
 @contextlib.contextmanager
 def arm_cluster(
     cluster_path: Path, log_dir: Path, say: Callable[[str], None] = print
@@ -150,8 +217,17 @@ def arm_cluster(
     log_dir.mkdir(parents=True, exist_ok=True)
     la = Launcher(cluster, cluster_path, log_dir, say=say)
     la.plan()
+    channel: threading.Thread | None = None
     try:
         la.start()
+        if cluster.config.gateway.autoscaling is not None:
+            # The scale channel (spares started and stopped on the gateway's decisions),
+            # as `evenserve up` runs it, beside the load.
+            channel = threading.Thread(target=la.supervise, name="scale-channel", daemon=True)
+            channel.start()
         yield la
     finally:
+        la.request_stop()
+        if channel is not None:
+            channel.join(timeout=5.0)
         la.stop()

@@ -27,10 +27,20 @@ from rich.console import Console
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.scenario import CENTRAL_QUEUE
-from evenserve.experiment.cluster import arm_cluster, write_arm_cluster, write_profile_sets
+from evenserve.experiment.cluster import (
+    arm_cluster,
+    write_arm_cluster,
+    write_payloads,
+    write_profile_sets,
+)
 from evenserve.experiment.fidelity import fidelity
 from evenserve.experiment.load import scenario_load_spec
 from evenserve.experiment.notes import print_errors
+from evenserve.experiment.placement_figures import (
+    run_placement_figures,
+    scrape_placement,
+    sim_scale_up_decision_s,
+)
 from evenserve.experiment.report import finish_report
 from evenserve.experiment.scaling import DEFAULT_TIME_SCALE, scale_scenario
 from evenserve.experiment.stats import FigureStats, headline, repeat_stats
@@ -177,6 +187,8 @@ def run_repeat(
     work.mkdir(parents=True)
     cluster_path = write_arm_cluster(scaled, arm, bench.repo, work, plan.profile_dirs, rseed)
     spec = scenario_load_spec(scaled, rseed, bench.max_requests, bench.timeout_s)
+    if sc.arms[arm].placement is not None:
+        spec.payload_files = write_payloads(scaled, bench.repo, work)
     title = f"{arm} #{rep + 1}"
     log_dir = plan.folder / "logs" / f"{arm}-{rep + 1}"
     with arm_cluster(cluster_path, log_dir, say=lambda s: err_console.print(s)) as la:
@@ -185,12 +197,15 @@ def run_repeat(
         pids = {p.name: p.pid for p in la.workers}
         if la.gateway is not None:
             pids["gateway"] = la.gateway.pid
+        placed = sc.arms[arm].placement is not None
+        pl_before = scrape_placement(spec.target) if placed else None
         before = {n: process_cpu_s(p) for n, p in pids.items()}
         cpu0, wall0 = time.process_time(), time.perf_counter()
         with live_progress(err_console, title, enabled=bench.progress) as show:
             result = run_load(spec, show, realtime=bench.realtime)
         wall = time.perf_counter() - wall0
         after = {n: process_cpu_s(p) for n, p in pids.items()}
+        pl_after = scrape_placement(spec.target) if placed else None
         load_avg = os.getloadavg()[0]
     use = {
         n: round((a - b) / wall, 4)
@@ -213,6 +228,15 @@ def run_repeat(
     write_run(plan.folder / "runs" / arm / f"rep{rep + 1}", result, labels, extra)
     print_errors(result, err_console)
     s = summarize(result_records(result, labels))
+    if placed:
+        # The gateway's counts over the load (device-seconds, loads, evictions, scale-ups).
+        s.update(run_placement_figures(pl_before, pl_after))
+        console.print(
+            f"  {title}: placement: {fmt(s['device_seconds'], 1)} device-seconds, "
+            f"{s['loads']} loads, {s['evictions']} evictions, scale-up decision "
+            f"{fmt(s.get('scale_up_decision_s'), 2)} s after the burst",
+            highlight=False,
+        )
     console.print(
         f"  {title}: P50 {fmt(s['latency_ms']['p50'], 1)} ms, P99 "
         f"{fmt(s['latency_ms']['p99'], 1)} ms, {s['throughput_rps']:.1f} req/s, spread "
@@ -231,11 +255,15 @@ def simulate_arms(
     seed: repeat statistics and headline summary per arm."""
     stats: dict[str, dict[str, FigureStats]] = {}
     summaries: dict[str, dict[str, Any]] = {}
+    sc = plan.scaled.scenario
     for arm in plan.live_arms + plan.skipped_arms:
-        runs = [
-            summarize(simulate(plan.scaled, arm, plan.seed + rep), timeseries=False)
-            for rep in range(plan.bench.repeats)
-        ]
+        runs = []
+        for rep in range(plan.bench.repeats):
+            rec = simulate(plan.scaled, arm, plan.seed + rep)
+            s = summarize(rec, timeseries=False)
+            if sc.arms[arm].placement is not None:
+                s["scale_up_decision_s"] = sim_scale_up_decision_s(rec)
+            runs.append(s)
         stats[arm] = repeat_stats(runs)
         summaries[arm] = headline(runs)
     return stats, summaries
@@ -264,7 +292,8 @@ def bench_summary(
     summary["cpu"] = {r.key: r.cpu for r in runs}
     if simulated is not None:
         sim_stats, sim_summaries = simulated
-        summary["fidelity"] = fidelity(repeat_block, sim_stats)
+        placed = [a for a, v in plan.scaled.scenario.arms.items() if v.placement is not None]
+        summary["fidelity"] = fidelity(repeat_block, sim_stats, placed)
         summary["simulated"] = {"arms": sim_summaries, "repeats": sim_stats}
     return summary
 
@@ -295,7 +324,8 @@ def bench_notes(plan: BenchPlan, runs: list[RepeatRun]) -> list[str]:
         f"Live: {len(plan.live_arms)} arm(s) on a local emulated cluster (gateway + "
         f"{len(plan.loaded.scenario.expanded_devices())} workers), {dur:g} s per run, warm-up "
         f"{wu:g} s, {plan.bench.repeats} repeat(s); time scale K = {k:g} (batch, think and "
-        f"inter-arrival times x{k:g}; batching windows and the signal period unscaled).",
+        f"inter-arrival times x{k:g}; load, start and placement-interval times x{k:g}; "
+        f"batching windows and the signal period unscaled).",
         f"Table: the repeat with the median P99 per arm. Worst scheduling-lag P99 of the load "
         f"generator over all runs: {fmt(worst_lag, 3)} ms.",
     ]

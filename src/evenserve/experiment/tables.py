@@ -48,7 +48,7 @@ def fidelity_rows(fid: dict[str, Any]) -> tuple[list[str], list[list[str]], Mark
         "figure",
         "live",
         "simulated",
-        "rel. error",
+        "error",
         f"within {100 * FIDELITY_TOLERANCE:g} %",
     ]
     rows: list[list[str]] = []
@@ -60,7 +60,13 @@ def fidelity_rows(fid: dict[str, Any]) -> tuple[list[str], list[list[str]], Mark
             live = None if v["live"] is None else v["live"] * scale
             sim = None if v["simulated"] is None else v["simulated"] * scale
             err = "-" if v["rel_error"] is None else f"{100 * v['rel_error']:+.1f} %"
-            ok = "" if not v["checked"] else ("yes" if v["within"] else "NO")
+            if v.get("abs_error") is not None:  # a small count: the difference itself
+                err = f"{v['abs_error']:+g} (abs.)"
+            ok = (
+                ""
+                if not v["checked"]
+                else ("-" if v["within"] is None else "yes" if v["within"] else "NO")
+            )
             unit = " %" if pct else ""
             rows.append([arm, key, fmt(live, 2) + unit, fmt(sim, 2) + unit, err, ok])
             if v["checked"] and v["within"] is not None:

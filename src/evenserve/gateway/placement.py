@@ -50,17 +50,13 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, S
 from dataclasses import dataclass, field
 from typing import Any
 
+import yaml
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from evenserve.core.clock import Clock
 from evenserve.core.profile import LatencyProfile
-from evenserve.core.scenario import (
-    COLD_LOAD_BYTES_PER_S,
-    COLD_LOAD_FIXED_S,
-    WARM_LOAD_BYTES_PER_S,
-    WARM_LOAD_FIXED_S,
-)
+from evenserve.core.scenario import default_load_times_s
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import LoadedCluster, PlacementSettings
 from evenserve.metrics import names
@@ -79,6 +75,7 @@ from evenserve.policy.placement import (
     Unload,
 )
 from evenserve.policy.placement.autoscale import demand_devices
+from evenserve.policy.placement.burst import BurstClock
 from evenserve.policy.placement.controller import PlacementController
 
 log = logging.getLogger("evenserve.gateway.placement")
@@ -92,14 +89,19 @@ Post = Callable[[str, str], Awaitable[tuple[int, bytes]]]
 
 
 def model_info(
-    name: str, profile: LatencyProfile | None, max_batch_size: int | None = None
+    name: str,
+    profile: LatencyProfile | None,
+    max_batch_size: int | None = None,
+    load_s: float | None = None,
 ) -> ModelInfo:
     """A catalogue entry: weights from the profile (0 without one), cold and warm load times
-    with the scenario's defaults (``ModelSpec.load_times_s``), batch time and size from the
-    profile at the batching cap (default: the profile's largest batch)."""
+    with the scenario's defaults (``core.scenario.default_load_times_s``; ``load_s``, the
+    model's own cold load, replaces the cold one), batch time and size from the profile at
+    the batching cap (default: the profile's largest batch)."""
     weights = profile.weights_bytes if profile is not None else 0.0
-    cold = weights / COLD_LOAD_BYTES_PER_S + COLD_LOAD_FIXED_S
-    warm = weights / WARM_LOAD_BYTES_PER_S + WARM_LOAD_FIXED_S
+    cold, warm = default_load_times_s(weights)
+    if load_s is not None:
+        cold = load_s
     if profile is None:
         return ModelInfo(name, weights, cold, warm, 0.0, max_batch_size or 1)
     cap = max_batch_size or max(profile.batches, default=1)
@@ -143,9 +145,31 @@ def cluster_setup(
         devices.append(DeviceSetup(b.name, DEFAULT_MEMORY_GB * GIB, models))
     infos: dict[str, ModelInfo] = {}
     for m in sorted(names_):
-        prof = next((ps[m] for ps in profile_sets.values() if m in ps), None)
-        infos[m] = model_info(m, prof)
+        em = emulated_section(cluster, m)
+        pname = em.get("profile_name")
+        key = pname if isinstance(pname, str) else m
+        prof = next((ps[key] for ps in profile_sets.values() if key in ps), None)
+        ms = em.get("load_ms")
+        load_s = None if isinstance(ms, bool) or not isinstance(ms, int | float) else ms / 1e3
+        infos[m] = model_info(m, prof, load_s=load_s)
     return infos, devices
+
+
+def emulated_section(cluster: LoadedCluster, model: str) -> dict[str, Any]:
+    """The ``emulated:`` section of a repository model's model.yaml ({} if none): its
+    ``profile_name`` (the profile in the device's set, default the model's name) and its
+    ``load_ms`` (what the emulated worker sleeps for a load), so the controller plans with
+    the weights and the load time the worker has."""
+    w = cluster.config.workers
+    if w is None:
+        return {}
+    path = cluster.resolve(w.repo) / model / "model.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    em = raw.get("emulated") if isinstance(raw, dict) else None
+    return em if isinstance(em, dict) else {}
 
 
 class _Collector(Collector):
@@ -227,8 +251,7 @@ class PlacementDriver:
     _ops: dict[tuple[str, str], str] = field(default_factory=dict)
     _loop_task: asyncio.Task[None] | None = None
     #: The first arrival since the last tick, and the start of the burst in progress.
-    _first_arrival_s: float | None = None
-    _burst_start_s: float | None = None
+    _burst: BurstClock = field(default_factory=BurstClock)
 
     @classmethod
     def build(
@@ -276,8 +299,7 @@ class PlacementDriver:
         if model in ctl.models:
             now = self.clock.now()
             ctl.arrival(model, now)
-            if self._first_arrival_s is None:
-                self._first_arrival_s = now
+            self._burst.arrival(now)
 
     def sent(self, model: str, backend: str) -> None:
         ctl = self.controller
@@ -437,15 +459,13 @@ class PlacementDriver:
         book.scale = "start"
         if not book.on:
             book.on, book.on_since_s = True, now
-        start = self._burst_start_s
-        if start is not None:
-            took = now - start
+        took = self._burst.scale_up(now)
+        if took is not None:
             self.last_scale_up_s = took
             self.scale_up_log.append(took)
             log.warning(
                 "placement: ScaleUp %s %.3f s after the first request of the burst", dev, took
             )
-            self._burst_start_s = None
         else:
             log.warning("placement: ScaleUp %s", dev)
         self.registry.release(dev)
@@ -517,27 +537,10 @@ class PlacementDriver:
                 u = router.view(name).utilization
                 if u is not None and math.isfinite(u):
                     ctl.utilization(name, u)
-        self._note_burst(now)
+        self._burst.tick(ctl, now)
         self.carry_out(ctl.tick(now))
         for name in self._books:
             self._check_drained(name)
-
-    def _note_burst(self, now: float) -> None:
-        """The burst clock: it starts at the first arrival of the interval where the demand
-        estimate first exceeds the active devices, and stops at the ScaleUp (or when the
-        demand falls back)."""
-        first, self._first_arrival_s = self._first_arrival_s, None
-        ctl = self.controller
-        if ctl.autoscaler is None:
-            return
-        view = ctl.view(now)
-        active = sum(1 for d in view.devices if d.active) + len(ctl.starting)
-        target = float(getattr(getattr(ctl.autoscaler, "params", None), "target_utilization", 1.0))
-        over = demand_devices(view) / target > active
-        if not over:
-            self._burst_start_s = None
-        elif self._burst_start_s is None:
-            self._burst_start_s = first if first is not None else now
 
     async def run(self) -> None:
         while True:

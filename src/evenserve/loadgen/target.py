@@ -191,6 +191,10 @@ async def preflight(
         if status == 404:
             missing.append(m)
             continue
+        if status == 503 and m not in need_metadata:
+            # Known but not loaded (a placement gateway loads it on the first request); its
+            # request body is given, so its metadata is not needed.
+            continue
         if status != 200 or not isinstance(body, dict):
             raise TargetError(
                 f"target {base_url}: GET /v2/models/{m} answered {status}: {str(body)[:200]}"

@@ -23,9 +23,8 @@ worker adds them up against the emulated device's configured total. Needs no tor
 
 Loading takes time. ``load`` sleeps the model's load time (in the calling thread: the worker
 loads from a thread, so the event loop goes on serving): ``emulated.load_ms`` when model.yaml
-gives it, else derived from the profile's weights as a host-to-device copy at
-``LOAD_BYTES_PER_S`` (2 GB/s, a PCIe 4 x16 link well below its peak, as weights read from the
-page cache reach it) plus ``COLD_LOAD_S`` (50 ms: creating the context and the buffers). A
+gives it, else the simulator's own default cold load (``core.scenario.default_load_times_s``:
+the profile's weights at 2 GB/s plus 50 ms of set-up), so live and simulated loads agree. A
 model of 440 MB loads in 0.05 + 0.44e9 * 1.048576 / 2e9 = 0.28 s. There is no warm pool: a
 reload after an unload costs the same as the first load.
 
@@ -49,6 +48,7 @@ from pydantic import Field
 from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice, occupancy
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import LatencyProfile, bundled_profile_set, load_profile
+from evenserve.core.scenario import default_load_times_s
 from evenserve.core.validation import Strict
 from evenserve.runtime.base import Array, RuntimeContext
 
@@ -108,18 +108,12 @@ class PreciseSleeper:
             pass
 
 
-#: Weights copied to the device per second while an emulated model loads (2 GB/s).
-LOAD_BYTES_PER_S = 2e9
-#: What every emulated load costs on top of its weights (seconds).
-COLD_LOAD_S = 0.05
-
-
 def load_time_s(profile: LatencyProfile, load_ms: float | None = None) -> float:
-    """How long loading a model takes: ``load_ms`` when given, else COLD_LOAD_S plus its
-    weights at LOAD_BYTES_PER_S."""
+    """How long loading a model takes: ``load_ms`` when given, else the default cold load of
+    its weights (``core.scenario.default_load_times_s``, as the simulator's)."""
     if load_ms is not None:
         return load_ms / 1000.0
-    return COLD_LOAD_S + profile.weights_bytes / LOAD_BYTES_PER_S
+    return default_load_times_s(profile.weights_bytes)[0]
 
 
 def load_sleep(seconds: float) -> None:

@@ -343,6 +343,8 @@ class Simulation:
                 m: i.cold_load_s + 2 * i.batch_s
                 for m, i in self.placement.controller.models.items()
             },
+            scale_ups_s=[] if pl is None else list(pl.scale_ups_s),
+            scale_up_decisions_s=[] if pl is None else list(pl.scale_up_decisions_s),
         )
 
 

@@ -47,6 +47,7 @@ from evenserve.policy.placement import (
     ScaleUp,
     Unload,
 )
+from evenserve.policy.placement.burst import BurstClock
 from evenserve.policy.placement.controller import PlacementController
 from evenserve.policy.routing import Router
 from evenserve.sim.device import SimDevice, SimHost, SimRequest
@@ -95,6 +96,11 @@ class SimPlacement:
         self.sim = sim
         arm, sc = sim.arm, sim.sc
         self.load_wait_s = arm.load_wait_ms / 1000.0
+        #: When each ScaleUp was decided (RunRecords.scale_ups_s).
+        self.scale_ups_s: list[float] = []
+        #: Each ScaleUp's burst-clock time (policy.placement.burst, as the gateway's gauge).
+        self.burst = BurstClock()
+        self.scale_up_decisions_s: list[float] = []
         self.unload_s = arm.unload_ms / 1000.0
         self.devices = {
             d.name: _Device(d, s, s.active, 0.0 if s.active else None) for d, s in devices
@@ -136,6 +142,7 @@ class SimPlacement:
         now = sim.loop.now
         ctl = self.controller
         ctl.arrival(r.model, now)
+        self.burst.arrival(now)
         if sim.refusals and router.refusal(r.model, now) is not None:
             sim.drop(r, OVERLOADED, None)
             return
@@ -228,6 +235,10 @@ class SimPlacement:
 
     def _scale_up(self, name: str, now: float) -> None:
         pd = self.devices[name]
+        self.scale_ups_s.append(now)
+        took = self.burst.scale_up(now)
+        if took is not None:
+            self.scale_up_decisions_s.append(took)
         pd.starting = True
         pd.on = True
         pd.on_since_s = now
@@ -271,6 +282,7 @@ class SimPlacement:
         for name, pd in self.devices.items():
             if pd.on and not pd.starting:
                 ctl.utilization(name, pd.sim_device.sched.busy.fraction(now))
+        self.burst.tick(ctl, now)
         self.carry_out(ctl.tick(now), now)
         nxt = now + ctl.interval_s
         if nxt <= sim.end_s:

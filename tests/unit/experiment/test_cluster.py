@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,9 +10,16 @@ import yaml
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import load_profile_set
-from evenserve.experiment.cluster import live_batching, write_arm_cluster, write_profile_sets
+from evenserve.core.scenario import default_load_times_s
+from evenserve.experiment.cluster import (
+    live_batching,
+    write_arm_cluster,
+    write_payloads,
+    write_profile_sets,
+)
 from evenserve.experiment.scaling import scale_scenario
 from evenserve.gateway.config import load_cluster
+from evenserve.gateway.placement import cluster_setup
 from evenserve.policy.batching import BATCHING
 from evenserve.sim.loader import LoadedScenario, load_scenario
 
@@ -126,3 +134,101 @@ def test_repositories_the_live_bench_cannot_run(tmp_path: Path) -> None:
         (other / m / "model.yaml").write_text("runtime: onnx\n")
     with pytest.raises(ConfigError, match="emulated models only"):
         write_arm_cluster(scaled, "baseline", other, tmp_path / "w", {}, seed=1)
+
+
+def _placement_scenario(tmp_path: Path) -> LoadedScenario:
+    """Two devices and a spare; two placement arms on different devices."""
+    over = {
+        "devices": [
+            {"name": "g0", "memory_gb": 3, "models": ["resnet50"]},
+            {"name": "g1", "memory_gb": 2, "models": ["bert-base"]},
+            {"name": "sp", "memory_gb": 4, "active": False, "start_ms": 1500},
+        ],
+        "models": {
+            "resnet50": {"slo_ms": 10, "load_ms": 300},
+            "bert-base": {"slo_ms": 15, "profile": "bert-base"},
+        },
+        "arms": {
+            "cost": {
+                "routing": "least-expected-work",
+                "batching": "fixed-window",
+                "devices": ["g0", "sp"],
+                "placement": {"policy": "lru"},
+                "autoscaling": {"policy": "demand", "target_utilization": 0.5},
+                "placement_interval_ms": 500,
+                "load_wait_ms": 2000,
+                "host_memory_gb": 2,
+            },
+            "plain": {"routing": "round-robin", "batching": "none", "devices": ["g0", "g1"]},
+        },
+    }
+    return _scaled(tmp_path, **over)  # K = 5
+
+
+def test_a_placement_arm_compiled_into_a_cluster(tmp_path: Path) -> None:
+    scaled = _placement_scenario(tmp_path)
+    dirs = write_profile_sets(scaled, tmp_path / "w")
+    path = write_arm_cluster(scaled, "cost", REPO, tmp_path / "w", dirs, seed=2)
+    raw = yaml.safe_load(path.read_text())
+    gw = raw["gateway"]
+    # The arm's policy with its scaled interval and load-wait bound, its host memory.
+    assert gw["placement"] == {
+        "policy": "lru",
+        "interval_ms": 2500.0,
+        "load_wait_ms": 10000.0,
+        "host_memory_gb": 2.0,
+    }
+    assert gw["autoscaling"] == {"policy": "demand", "target_utilization": 0.5}
+    devices = raw["workers"]["devices"]
+    assert [d["name"] for d in devices] == ["g0", "sp"]  # only the arm's
+    g0, sp = devices
+    assert (g0["models"], g0["memory_gb"]) == (["resnet50"], 3)
+    assert "active" not in g0
+    assert sp["active"] is False and "models" not in sp and sp["memory_gb"] == 4
+    # Load times, scaled as the batches are: the given 300 ms, and the default from the
+    # weights made explicit; the worker sleeps them.
+    repo = tmp_path / "w" / "repo"
+    resnet = yaml.safe_load((repo / "resnet50" / "model.yaml").read_text())
+    bert = yaml.safe_load((repo / "bert-base" / "model.yaml").read_text())
+    assert resnet["emulated"] == {"profile_name": "resnet50", "load_ms": 1500.0}
+    weights = scaled.profile_sets["a10"]["bert-base"].weights_bytes
+    cold, _ = default_load_times_s(weights)
+    assert bert["emulated"]["load_ms"] == pytest.approx(cold * 1000 * 5, abs=1e-3)
+    # The gateway's own loader takes it: a spare, and a catalogue whose load times and
+    # weights are the simulator's (the same numbers the controller plans with there).
+    cluster = load_cluster(path)
+    workers = cluster.config.workers
+    assert workers is not None
+    assert [d.active for d in workers.devices] == [True, False]
+    infos, setups = cluster_setup(cluster, {"a10": scaled.profile_sets["a10"]})
+    assert [(d.name, d.active, d.models) for d in setups] == [
+        ("g0", True, ("resnet50",)),
+        ("sp", False, ()),
+    ]
+    sim_cold, _ = scaled.scenario.models["bert-base"].load_times_s(weights)
+    assert infos["bert-base"].cold_load_s == pytest.approx(sim_cold, abs=1e-6)
+    assert infos["resnet50"].cold_load_s == pytest.approx(1.5)
+    assert infos["bert-base"].weights_bytes == weights
+
+
+def test_a_plain_arm_keeps_its_devices_and_no_placement(tmp_path: Path) -> None:
+    scaled = _placement_scenario(tmp_path)
+    dirs = write_profile_sets(scaled, tmp_path / "w")
+    raw = yaml.safe_load(
+        write_arm_cluster(scaled, "plain", REPO, tmp_path / "w", dirs, seed=2).read_text()
+    )
+    assert "placement" not in raw["gateway"] and "autoscaling" not in raw["gateway"]
+    assert [d["name"] for d in raw["workers"]["devices"]] == ["g0", "g1"]
+    resnet = yaml.safe_load((tmp_path / "w" / "repo" / "resnet50" / "model.yaml").read_text())
+    assert resnet["emulated"] == {"profile_name": "resnet50"}
+
+
+def test_payloads_for_models_that_start_cold(tmp_path: Path) -> None:
+    scaled = _placement_scenario(tmp_path)
+    files = write_payloads(scaled, REPO, tmp_path / "w")
+    bert = json.loads(files["bert-base"].read_text())
+    ids, mask = bert["inputs"]
+    assert (ids["name"], ids["datatype"], ids["shape"]) == ("input_ids", "INT64", [1, 128])
+    assert set(ids["data"]) == {0} and set(mask["data"]) == {1}  # each synthetic low
+    resnet = json.loads(files["resnet50"].read_text())["inputs"][0]
+    assert resnet["shape"] == [1, 3, 224, 224] and len(resnet["data"]) == 3 * 224 * 224

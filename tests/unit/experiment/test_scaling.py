@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.scenario import ClosedLoop, OpenLoop, TraceWorkload
+from evenserve.core.scenario import ClosedLoop, OpenLoop, TraceWorkload, default_load_times_s
 from evenserve.experiment.load import scenario_arrivals
 from evenserve.experiment.scaling import scale_scenario
 from evenserve.sim.loader import load_scenario
@@ -31,8 +31,14 @@ def test_open_loop_scaled(tmp_path: Path) -> None:
     assert st.phases is not None and (st.phases[0].start_s, st.phases[0].end_s) == (4.0, 12.0)
     assert sc.models["resnet50"].slo_ms == 40.0 and sc.models["resnet50"].deadline_ms == 120.0
     assert sc.models["bert-base"].deadline_ms is None and sc.models["bert-base"].priority == 0
-    # Policies, the signal period and the devices are left alone.
-    assert sc.arms == sc0.arms and sc.signals == sc0.signals and sc.devices == sc0.devices
+    # Policies, the signal period and the devices are left alone, but for placement's times.
+    timed = {"placement_interval_ms", "load_wait_ms", "unload_ms"}
+    for a, spec in sc.arms.items():
+        assert spec.model_dump(exclude=timed) == sc0.arms[a].model_dump(exclude=timed)
+    assert sc.signals == sc0.signals
+    assert [d.model_dump(exclude={"start_ms"}) for d in sc.devices] == [
+        d.model_dump(exclude={"start_ms"}) for d in sc0.devices
+    ]
     p0 = loaded.profile_sets["a10"]["resnet50"]
     p1 = scaled.profile_sets["a10"]["resnet50"]
     assert p1.latency_ms == tuple(4.0 * x for x in p0.latency_ms)
@@ -89,3 +95,40 @@ def test_warmup_must_be_inside_the_run(tmp_path: Path, duration_s: float, warmup
     loaded = load_scenario(write(tmp_path, scenario()))
     with pytest.raises(ConfigError, match="--warmup"):
         scale_scenario(loaded, 2.0, duration_s, warmup_s, tmp_path)
+
+
+def test_placement_times_scale_alike(tmp_path: Path) -> None:
+    """Load times (given, or the default from the weights made explicit), start times and
+    placement intervals: all K times longer, as the batches are."""
+    devices = [
+        {"name": "g0", "models": ["resnet50", "bert-base"], "start_ms": 1500},
+        {"name": "sp", "active": False, "start_ms": 2500},
+    ]
+    models = {
+        "resnet50": {"slo_ms": 10, "load_ms": 300, "warm_load_ms": 40},
+        "bert-base": {"slo_ms": 15},
+    }
+    arms = {
+        "lru": {
+            "routing": "least-expected-work",
+            "batching": "fixed-window",
+            "placement": {"policy": "lru"},
+            "autoscaling": {"policy": "demand"},
+            "placement_interval_ms": 500,
+            "load_wait_ms": 2000,
+        }
+    }
+    loaded = load_scenario(write(tmp_path, scenario(devices=devices, models=models, arms=arms)))
+    k = 3.0
+    sc = scale_scenario(loaded, k, 30.0, 3.0, tmp_path).scenario
+    assert [d.start_ms for d in sc.devices] == [4500.0, 7500.0]
+    arm = sc.arms["lru"]
+    assert (arm.placement_interval_ms, arm.load_wait_ms, arm.unload_ms) == (1500.0, 6000.0, 30.0)
+    r = sc.models["resnet50"]
+    assert (r.load_ms, r.warm_load_ms) == pytest.approx((900.0, 120.0))
+    weights = loaded.profile_sets["a10"]["bert-base"].weights_bytes
+    cold, warm = default_load_times_s(weights)
+    b = sc.models["bert-base"]
+    assert (b.load_ms, b.warm_load_ms) == pytest.approx((cold * 1000 * k, warm * 1000 * k))
+    # The simulator's own load times (what it plans and sleeps with) are the scaled ones.
+    assert sc.models["bert-base"].load_times_s(weights) == pytest.approx((cold * k, warm * k))

@@ -72,6 +72,8 @@ def test_fidelity_per_figure() -> None:
         "live": 11.0,
         "simulated": 10.0,
         "rel_error": 0.1,
+        "abs_error": None,
+        "error": "relative",
         "checked": True,
         "within": True,
     }
@@ -88,3 +90,48 @@ def test_fidelity_per_figure() -> None:
     assert util[2:] == ["50.00 %", "50.00 %", "+0.0 %", "yes"] and marks[(i, 5)] == "good"
     assert by_fig["throughput_rps"][1][5] == "" and (by_fig["throughput_rps"][0], 5) not in marks
     assert (by_fig["util g1"][0], 5) not in marks
+
+
+def placed(p99: float, dev_s: float, evictions: int, loads: int) -> dict[str, Any]:
+    a = arm(10.0, p99, 100.0, {"g0": 0.5})
+    a.update(device_seconds=dev_s, evictions=evictions, loads=loads, scale_up_decision_s=1.5)
+    return a
+
+
+def test_placement_figures_in_the_fidelity_table() -> None:
+    """device_seconds and evictions are checked on placement arms: relative error, but an
+    absolute difference (within 1) for counts below 10 on both sides."""
+    live = {
+        "lru": repeat_stats([placed(40.0, 230.0, 42, 45)]),
+        "few": repeat_stats([placed(40.0, 160.0, 3, 4)]),
+        "off": repeat_stats([placed(40.0, 160.0, 30, 4)]),
+    }
+    sim = {
+        "lru": repeat_stats([placed(40.0, 200.0, 40, 44)]),
+        "few": repeat_stats([placed(40.0, 161.0, 5, 4)]),
+        "off": repeat_stats([placed(40.0, 160.0, 9, 4)]),
+    }
+    fid = fidelity(live, sim, placement_arms=["lru", "few"])
+    lru = fid["lru"]
+    assert lru["device_seconds"]["rel_error"] == 0.15 and lru["device_seconds"]["within"]
+    assert lru["device_seconds"]["checked"] and lru["evictions"]["checked"]
+    assert lru["evictions"]["rel_error"] == 0.05 and lru["evictions"]["error"] == "relative"
+    assert lru["loads"]["checked"] is False  # shown
+    assert lru["scale_up_decision_s"]["rel_error"] == 0.0
+    few = fid["few"]["evictions"]
+    assert (few["error"], few["abs_error"], few["rel_error"], few["within"]) == (
+        "absolute",
+        -2.0,
+        None,
+        False,
+    )
+    assert fid["few"]["loads"]["abs_error"] == 0.0 and fid["few"]["loads"]["within"]
+    # 30 vs 9: not both small, so relative; not a placement arm, so not checked.
+    off = fid["off"]["evictions"]
+    assert off["error"] == "relative" and off["checked"] is False and off["within"] is False
+    _, table, marks = fidelity_rows(fid)
+    by = {(r[0], r[1]): (i, r) for i, r in enumerate(table)}
+    i, row = by[("few", "evictions")]
+    assert row[4:] == ["-2 (abs.)", "NO"] and marks[(i, 5)] == "bad"
+    i, row = by[("lru", "device_seconds")]
+    assert row[2:] == ["230.00", "200.00", "+15.0 %", "yes"]

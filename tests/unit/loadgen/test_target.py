@@ -57,3 +57,43 @@ def test_classify_status_and_summary_lines() -> None:
     assert lines[0].startswith("http-500: 3 of 8 requests (37.5 %; m 3)")
     assert "the server failed" in lines[0] and "boom" in lines[0]
     assert "nothing listens there" in lines[1]
+
+
+def test_preflight_passes_a_cold_model_whose_body_is_given() -> None:
+    """A placement gateway answers 503 for the metadata of a model not loaded yet: fine when
+    its request body is given (no metadata needed), an error when it must be built."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from evenserve.loadgen.target import HEALTH_LIVE_PATH, preflight
+
+    async def run(need: set[str]) -> dict[str, object]:
+        async def live(_: web.Request) -> web.Response:
+            return web.json_response({})
+
+        async def hot(_: web.Request) -> web.Response:
+            return web.json_response({"name": "hot"})
+
+        async def cold(_: web.Request) -> web.Response:
+            return web.json_response({"error": "not ready"}, status=503)
+
+        app = web.Application()
+        app.router.add_get(HEALTH_LIVE_PATH, live)
+        app.router.add_get("/v2/models/hot", hot)
+        app.router.add_get("/v2/models/cold", cold)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with aiohttp.ClientSession() as session:
+                return await preflight(session, f"http://127.0.0.1:{port}", ["hot", "cold"], need)
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(run({"hot"})) == {"hot": {"name": "hot"}}
+    with pytest.raises(TargetError, match="cold answered 503"):
+        asyncio.run(run({"hot", "cold"}))

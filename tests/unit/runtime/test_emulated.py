@@ -10,6 +10,7 @@ import pytest
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import LatencyProfile, load_profile
+from evenserve.core.scenario import COLD_LOAD_BYTES_PER_S, COLD_LOAD_FIXED_S
 from evenserve.runtime import emulated
 from evenserve.runtime.base import RuntimeContext, TensorSpec
 from evenserve.runtime.device import parse_device
@@ -197,7 +198,7 @@ def test_a_load_sleeps_its_load_time_and_only_then_holds_its_weights(
     monkeypatch.setattr(emulated, "load_sleep", sleep)
     rt = EmulatedRuntime(_ctx(), prof)
     rt.load()
-    derived = emulated.COLD_LOAD_S + 1000 * 1024 * 1024 / emulated.LOAD_BYTES_PER_S
+    derived = COLD_LOAD_FIXED_S + 1000 * 1024 * 1024 / COLD_LOAD_BYTES_PER_S
     assert slept == [derived] and resident_while_sleeping == [0.0]
     assert rt.resident_bytes() == prof.weights_bytes
     assert rt.describe()["load_ms"] == round(derived * 1000, 3)

@@ -1,0 +1,93 @@
+"""A live placement run's figures from the gateway's metrics, and the simulator's match."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evenserve.experiment.placement_figures import (
+    parse_placement_metrics,
+    run_placement_figures,
+    sim_scale_up_decision_s,
+)
+from evenserve.sim.cluster import simulate
+from evenserve.sim.loader import load_scenario
+
+from .scenarios import scenario, write
+
+METRICS = """\
+# TYPE evenserve_gateway_model_loads counter
+evenserve_gateway_model_loads_total{backend="g0",model="a"} 3.0
+evenserve_gateway_model_loads_total{backend="g1",model="b"} 2.0
+# TYPE evenserve_gateway_evictions counter
+evenserve_gateway_evictions_total{backend="g0",model="c"} 4.0
+# TYPE evenserve_gateway_device_active_seconds counter
+evenserve_gateway_device_active_seconds_total{backend="g0"} 12.5
+evenserve_gateway_device_active_seconds_total{backend="sp"} 2.5
+# TYPE evenserve_gateway_scale_decisions counter
+evenserve_gateway_scale_decisions_total{direction="up"} 1.0
+evenserve_gateway_scale_decisions_total{direction="down"} 0.0
+# TYPE evenserve_gateway_scale_up_decision_seconds gauge
+evenserve_gateway_scale_up_decision_seconds 1.25
+"""
+
+
+def test_the_gateways_counters_summed_and_differenced() -> None:
+    after = parse_placement_metrics(METRICS)
+    assert after == {
+        "device_seconds": 15.0,
+        "loads": 5.0,
+        "evictions": 4.0,
+        "scale_up": 1.0,
+        "scale_down": 0.0,
+        "scale_up_decision_s": 1.25,
+    }
+    before = parse_placement_metrics(
+        'evenserve_gateway_device_active_seconds_total{backend="g0"} 2.0\n'
+        "evenserve_gateway_scale_up_decision_seconds NaN\n"
+    )
+    assert before["scale_up_decision_s"] is None and before["loads"] == 0.0
+    run = run_placement_figures(before, after)
+    assert run == {
+        "device_seconds": 13.0,
+        "loads": 5,
+        "evictions": 4,
+        "scale_ups": 1,
+        "scale_downs": 0,
+        "scale_up_decision_s": 1.25,
+    }
+    assert run_placement_figures(None, after)["device_seconds"] is None
+
+
+def test_the_simulator_runs_the_same_burst_clock(tmp_path: Path) -> None:
+    """A burst on one device with a spare: the simulator records the ScaleUp and its
+    burst-clock time (first request of the burst's interval -> ScaleUp)."""
+    over = {
+        "duration_s": 12,
+        "warmup_s": 1,
+        "devices": [
+            {"name": "g0", "models": ["resnet50", "bert-base"]},
+            {"name": "sp", "active": False, "start_ms": 500},
+        ],
+        "workload": {
+            "type": "open-loop",
+            "rates_rps": {"resnet50": 300, "bert-base": 50},
+            "phases": [{"start_s": 4, "end_s": 10, "multiplier": 6.0}],
+        },
+        "arms": {
+            "scale": {
+                "routing": "least-expected-work",
+                "batching": "fixed-window",
+                "placement": {"policy": "lru"},
+                "autoscaling": {"policy": "demand", "target_utilization": 0.5},
+                "placement_interval_ms": 500,
+            }
+        },
+    }
+    loaded = load_scenario(write(tmp_path, scenario(**over)))
+    rec = simulate(loaded, "scale", 1)
+    assert rec.scale_ups_s and len(rec.scale_up_decisions_s) >= 1
+    took = sim_scale_up_decision_s(rec)
+    assert took is not None and 0 <= took <= rec.scale_ups_s[-1]
+    assert took == pytest.approx(rec.scale_up_decisions_s[-1], abs=1e-4)
