@@ -178,22 +178,14 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         d = self.driver
-        loads = CounterMetricFamily(
-            names.GATEWAY_MODEL_LOADS,
-            "model loads the gateway started",
-            labels=["backend", "model"],
-        )
-        for (b, m), n in sorted(d.loads.items()):
-            loads.add_metric([b, m], n)
-        yield loads
-        ev = CounterMetricFamily(
-            names.GATEWAY_EVICTIONS,
-            "model unloads the gateway started",
-            labels=["backend", "model"],
-        )
-        for (b, m), n in sorted(d.evictions.items()):
-            ev.add_metric([b, m], n)
-        yield ev
+        for name, text, counts in (
+            (names.GATEWAY_MODEL_LOADS, "model loads the gateway started", d.loads),
+            (names.GATEWAY_EVICTIONS, "model unloads the gateway started", d.evictions),
+        ):
+            family = CounterMetricFamily(name, text, labels=["backend", "model"])
+            for (b, m), n in sorted(counts.items()):
+                family.add_metric([b, m], n)
+            yield family
         act = CounterMetricFamily(
             names.GATEWAY_DEVICE_ACTIVE_SECONDS,
             "seconds each device was on (device-seconds: the cost)",
