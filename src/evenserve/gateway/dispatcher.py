@@ -213,11 +213,15 @@ class Dispatcher:
         fw = self._admit(model, path, body, headers)
         if isinstance(fw, Answer):
             return self._finish(model, fw, time.perf_counter())
-        if self.placement is not None and not self.router.candidates(model):
+        if self._missing(model):
             refused = await self._miss(fw)
             if refused is not None:
                 return self._finish(model, refused, fw.t0)
         return await self._tries(fw, partial(self._send_http, fw), self._settle)
+
+    def _missing(self, model: str) -> bool:
+        """Placement is on and no healthy host has ``model`` READY: the miss path first."""
+        return self.placement is not None and not self.router.candidates(model)
 
     async def _miss(self, fw: _Forward) -> Answer | None:
         """Placement's miss path: no healthy host has the model READY. Wait for it to be
@@ -293,7 +297,7 @@ class Dispatcher:
             answer(self._finish(model, fw, time.perf_counter()))
             return
         fw.answer = answer
-        if self.placement is not None and not self.router.candidates(model):
+        if self._missing(model):
             task = asyncio.get_running_loop().create_task(self._miss_then_try(fw))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -359,7 +363,7 @@ class Dispatcher:
         if isinstance(fw, Answer):
             return self._finish(model, fw, time.perf_counter())
         fw.tried.extend(exclude)
-        if self.placement is not None and not self.router.candidates(model):
+        if self._missing(model):
             refused = await self._miss(fw)
             if refused is not None:
                 return self._finish(model, refused, fw.t0)

@@ -105,7 +105,7 @@ def model_info(
     if profile is None:
         return ModelInfo(name, weights, cold, warm, 0.0, max_batch_size or 1)
     cap = max_batch_size or max(profile.batches, default=1)
-    return ModelInfo(name, weights, cold, warm, profile.latency_s(cap), cap)
+    return ModelInfo.from_profile(name, profile, cap, cold, warm)
 
 
 @dataclass(frozen=True)

@@ -111,9 +111,7 @@ class SimPlacement:
             prof = first.profiles[m]
             cap = BATCHING.build(arm.batching_per_model.get(m, arm.batching)).max_batch_size
             cold, warm = ms.load_times_s(prof.weights_bytes)
-            infos[m] = ModelInfo(
-                m, prof.weights_bytes, cold, warm, prof.latency_s(cap), cap, ms.slo_s
-            )
+            infos[m] = ModelInfo.from_profile(m, prof, cap, cold, warm, ms.slo_s)
         views = [
             DeviceView(
                 d.name,

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from evenserve.core.profile import LatencyProfile
 from evenserve.policy.registry import Registry
 
 READY = "READY"
@@ -55,6 +56,28 @@ class ModelInfo:
     batch_s: float
     max_batch_size: int = 1
     slo_s: float | None = None
+
+    @classmethod
+    def from_profile(
+        cls,
+        name: str,
+        profile: LatencyProfile,
+        max_batch_size: int,
+        cold_load_s: float,
+        warm_load_s: float,
+        slo_s: float | None = None,
+    ) -> ModelInfo:
+        """A model as its latency profile describes it: its weights, and the batch time at
+        ``max_batch_size`` (what the simulator's and the gateway's catalogues both use)."""
+        return cls(
+            name,
+            profile.weights_bytes,
+            cold_load_s,
+            warm_load_s,
+            profile.latency_s(max_batch_size),
+            max_batch_size,
+            slo_s,
+        )
 
     @property
     def capacity_rps(self) -> float:
