@@ -111,6 +111,35 @@ def test_lru_idle_eviction_is_off_by_default_and_spares_what_it_just_loaded() ->
     assert Unload("new", "d0") in policy.rebalance(step(later, [], 131.0))
 
 
+def test_lru_adds_copies_as_modelmesh_does_and_removes_them_with_hysteresis() -> None:
+    policy = build({"policy": "lru", "scaleup_rps_per_copy": 10, "hold_s": 5})
+    hot = device("d0", 16, ["hot", "big"], used={"hot": 99.0, "big": 1.0})
+    others = [
+        device(f"d{i}", 4, [m], used={m: 50.0 + i}) for i, m in enumerate(["s1", "s2", "new"], 1)
+    ]
+    v = cluster([hot, *others], {"hot": 35.0}, now_s=100.0)
+    # 35 req/s on one copy: floor(35 / 10) = 3 more, capped at max(2, 4 // 3) = 2 per call,
+    # each on a device without it (the fewest evictions, the most free memory after, then
+    # name), evicting its least recently used model to make room
+    acts = policy.rebalance(v)
+    assert acts == [Unload("s1", "d1"), Load("hot", "d1"), Unload("s2", "d2"), Load("hot", "d2")]
+    v = step(v, acts, 101.0)
+    assert policy.rebalance(v) == []  # held: the copy count changed 1 s ago
+    v = step(v, [], 106.0)  # 35 / 3 = 11.7 > 10: one more, on the last device without it
+    acts = policy.rebalance(v)
+    assert acts == [Unload("new", "d3"), Load("hot", "d3")]
+    v = step(step(v, acts, 106.0), [], 112.0)
+    # the rate falls: 12 / 3 = 4 per copy with one fewer is under 0.5 * 10: the least recently
+    # used copy goes (d0's, last used at 99 s), then one per hold
+    calm = ClusterView(112.0, v.models, v.devices, {"hot": 16.0})
+    assert policy.rebalance(calm) == []  # 16 / 3 = 5.3 >= 5: all four stay
+    calm = ClusterView(112.0, v.models, v.devices, {"hot": 12.0})
+    assert policy.rebalance(calm) == [Unload("hot", "d0")]
+    calm = ClusterView(113.0, v.models, v.devices, {"hot": 1.0})
+    assert policy.rebalance(calm) == []  # held
+    assert build({"policy": "lru", "scaleup_rps_per_copy": None}).rebalance(v) == []
+
+
 # -- cost-aware ------------------------------------------------------------------------
 
 
@@ -289,6 +318,7 @@ def views(draw: st.DrawFn) -> ClusterView:
         "static",
         "lru",
         {"policy": "lru", "idle_evict_s": 5},
+        {"policy": "lru", "idle_evict_s": 5, "scaleup_rps_per_copy": 1, "hold_s": 0},
         "cost-aware",
         {"policy": "cost-aware", "hold_s": 0},
     ],
