@@ -320,9 +320,11 @@ def bench_notes(plan: BenchPlan, runs: list[RepeatRun]) -> list[str]:
     worst_lag = max(
         (r.lag_ms["p99"] for r in runs if r.lag_ms.get("p99") is not None), default=None
     )
+    sc = plan.loaded.scenario
+    workers = max(len(sc.arm_devices(a)) for a in plan.live_arms)
     notes = [
-        f"Live: {len(plan.live_arms)} arm(s) on a local emulated cluster (gateway + "
-        f"{len(plan.loaded.scenario.expanded_devices())} workers), {dur:g} s per run, warm-up "
+        f"Live: {len(plan.live_arms)} arm(s) on a local emulated cluster (gateway + up to "
+        f"{workers} workers per arm), {dur:g} s per run, warm-up "
         f"{wu:g} s, {plan.bench.repeats} repeat(s); time scale K = {k:g} (batch, think and "
         f"inter-arrival times x{k:g}; load, start and placement-interval times x{k:g}; "
         f"batching windows and the signal period unscaled).",

@@ -104,6 +104,6 @@ def test_summary_meta_and_notes(tmp_path: Path) -> None:
         4,
     )
     notes = bench_notes(plan, runs)
-    assert "gateway + 3 workers" in notes[0] and "time scale K = 4" in notes[0]
+    assert "gateway + up to 3 workers per arm" in notes[0] and "time scale K = 4" in notes[0]
     assert notes[1].endswith("over all runs: 1.200 ms.")
     assert notes[2] == "Simulator-only arms (no live run): central-queue."
