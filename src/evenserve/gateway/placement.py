@@ -605,6 +605,9 @@ class PlacementDriver:
         for m, s in after.items():
             if s == READY and before.get(m) in (None, LOADING):
                 self.adopted[(dev, m)] = self.adopted.get((dev, m), 0) + 1
+                fut = self._waiters.pop((m, dev), None)
+                if fut is not None and not fut.done():  # its load was waiting for room
+                    fut.set_result(None)
                 over = d.used_bytes(ctl.models) > d.memory_total_bytes
                 log.warning(
                     "placement: %s READY on %s (not loaded by placement): adopted%s",

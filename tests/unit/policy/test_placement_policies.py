@@ -581,6 +581,11 @@ def test_a_controller_run_with_lost_devices_and_hand_loads_keeps_its_invariants(
             index.update({m: LOADING for m, dd in loads if dd == d})  # the driver's override
             index.update({m: UNLOADING for m, dd in unloads if dd == d})
             carry(ctl.reconcile(d, index, now))
+            for m, dd in list(waiting):  # a waiting load found READY: its requests go
+                if dd == d and dev[d].models.get(m) == READY:
+                    for _ in range(waiting.pop((m, dd))):
+                        ctl.sent(m, d, now)
+                        sent.append((m, d))
             if used(dev[d])[0] > dev[d].memory_total_bytes:
                 event("an adoption over the memory")
             continue  # an adoption may take a device over its memory (documented)
