@@ -104,3 +104,19 @@ async def test_models_loaded_and_unloaded_by_hand_show_after_the_next_index_read
         assert view["counts"]["dropped"] == 1 and view["counts"]["adopted"] == 2
         text = (await client.get("/metrics")).text
         assert 'evenserve_gateway_placement_dropped_total{backend="f0",model="a"} 1.0' in text
+
+
+async def test_a_lost_worker_s_model_that_fits_nowhere_else_is_503_with_retry_after() -> None:
+    f0 = FakeBackend("f0", ["a"], index={"a": "READY"})
+    f1 = FakeBackend("f1", ["b"], index={"b": "READY"})
+    async with cluster([(f0, True), (f1, True)], {"policy": "static"}) as (g, client, _):
+        drv = g.placement
+        assert drv is not None
+        f0.ready = False
+        await wait_for(lambda: drv.controller.lost == {"f0"})
+        # static never evicts, and f1 (1 GiB) is full with b: a cannot be placed now.
+        r = await client.post("/v2/models/a/infer", json=infer_body())
+        assert r.status_code == 503
+        assert r.headers["retry-after"] == "1"
+        assert "'a'" in r.json()["error"] and "no device can hold it" in r.json()["error"]
+        assert f1.control_log == []
