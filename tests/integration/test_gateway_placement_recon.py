@@ -55,7 +55,8 @@ async def test_a_lost_worker_s_model_is_loaded_elsewhere_and_adopted_when_it_is_
 
 
 async def test_a_request_waiting_for_a_load_on_a_lost_worker_is_placed_again() -> None:
-    f0 = FakeBackend("f0", [], index={}, load_delay_s=1.0)
+    # The load on f0 outlasts its ejection (a probe period) by far: it is still under way.
+    f0 = FakeBackend("f0", [], index={}, load_delay_s=3.0)
     f1 = FakeBackend("f1", [], index={})
     async with cluster([(f0, True), (f1, True)], {"policy": "lru"}) as (g, client, _):
         drv = g.placement
