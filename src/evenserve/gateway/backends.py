@@ -86,6 +86,9 @@ EjectHook = Callable[[str, str], None]
 AdmitHook = Callable[[str], None]
 #: Adjusts an index a backend reported (placement: its loads and unloads under way win).
 IndexOverride = Callable[[str, dict[str, str]], dict[str, str]]
+#: Called with a backend's name once an index read from it was applied (placement
+#: reconciles its view with ``states[name].index``).
+IndexReadHook = Callable[[str], None]
 
 
 @dataclass
@@ -101,6 +104,7 @@ class BackendRegistry:
     catalogue: frozenset[str] = frozenset()
     on_admit: AdmitHook | None = None
     index_override: IndexOverride | None = None
+    on_index_read: IndexReadHook | None = None
     #: Per backend, how many times the gateway itself changed its index (placement's loads
     #: and unloads): an index read that began before such a change is stale (``Poller``).
     index_epochs: dict[str, int] = field(default_factory=dict)

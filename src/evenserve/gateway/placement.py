@@ -12,7 +12,15 @@ Events in (the same sequence as the simulator's):
 - ``utilization``: every tick, from each device's newest load report (the router's view);
 - ``load_done`` / ``unload_done``: the HTTP answers of the load/unload POSTs this driver makes;
 - ``device_ready``: the registry admits a device the autoscaler turned on (its worker is up);
-- ``device_stopped``: the launcher says the drained worker it stopped has exited.
+- ``device_stopped``: the launcher says the drained worker it stopped has exited;
+- ``device_lost``: the registry ejects an active device (refused connects, probes without
+  an answer, a not-ready answer, a forward timeout) that the autoscaler did not turn off.
+  Its residents leave the controller's view, the requests waiting for a load there are
+  placed again (``wait``), its backend index is emptied and read afresh, and it stops
+  counting device-seconds; its next admission is ``device_ready`` (it counts again);
+- ``reconcile``: every index the poller reads from a backend (``on_index_read``), with this
+  driver's loads and unloads under way written over it (``_override``): models READY there
+  are adopted, models the controller counts READY that the index no longer has leave.
 
 Decisions out:
 - **miss** (``miss``): an inference request for a catalogue model no healthy backend has
@@ -36,7 +44,7 @@ new request is sent for it meanwhile. A Load that waits for unloads comes out of
 device in the controller's view and answers the requests waiting for it with 503.
 
 Device-seconds (the cost): a device counts from its ScaleUp decision (or from the start for
-an active one) until it is stopped, as in the simulator.
+an active one) until it is stopped or lost, as in the simulator.
 """
 
 from __future__ import annotations
@@ -172,6 +180,10 @@ def emulated_section(cluster: LoadedCluster, model: str) -> dict[str, Any]:
     return em if isinstance(em, dict) else {}
 
 
+class _Lost(str):
+    """A load's answer when its device was lost meanwhile: the request places it again."""
+
+
 class _Collector(Collector):
     def __init__(self, driver: PlacementDriver) -> None:
         self.driver = driver
@@ -181,6 +193,16 @@ class _Collector(Collector):
         for name, text, counts in (
             (names.GATEWAY_MODEL_LOADS, "model loads the gateway started", d.loads),
             (names.GATEWAY_EVICTIONS, "model unloads the gateway started", d.evictions),
+            (
+                names.GATEWAY_PLACEMENT_ADOPTED,
+                "models placement adopted from a backend's index (loaded by hand, a restart)",
+                d.adopted,
+            ),
+            (
+                names.GATEWAY_PLACEMENT_DROPPED,
+                "models placement counted READY that a backend's index no longer had",
+                d.dropped,
+            ),
         ):
             family = CounterMetricFamily(name, text, labels=["backend", "model"])
             for (b, m), n in sorted(counts.items()):
@@ -194,6 +216,14 @@ class _Collector(Collector):
         for b, s in sorted(d.active_seconds().items()):
             act.add_metric([b], s)
         yield act
+        lost = CounterMetricFamily(
+            names.GATEWAY_DEVICES_LOST,
+            "times a device on was lost (ejected, not turned off by the autoscaler)",
+            labels=["backend"],
+        )
+        for b, n in sorted(d.lost.items()):
+            lost.add_metric([b], n)
+        yield lost
         sc = CounterMetricFamily(
             names.GATEWAY_SCALE_DECISIONS, "autoscaler decisions", labels=["direction"]
         )
@@ -233,6 +263,12 @@ class PlacementDriver:
     #: Seconds from the first request of the last burst to its ScaleUp (None: none yet).
     last_scale_up_s: float | None = None
     scale_up_log: list[float] = field(default_factory=list)
+    #: Per device, how many times it was lost; per (device, model), adoptions and drops.
+    lost: dict[str, int] = field(default_factory=dict)
+    adopted: dict[tuple[str, str], int] = field(default_factory=dict)
+    dropped: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: Per device, bumped when it is lost: a load or unload begun before answers nothing.
+    _gen: dict[str, int] = field(default_factory=dict)
     _books: dict[str, _DeviceBook] = field(default_factory=dict)
     #: A future per load decided (model, device): None when READY, else the error.
     _waiters: dict[tuple[str, str], asyncio.Future[str | None]] = field(default_factory=dict)
@@ -276,6 +312,15 @@ class PlacementDriver:
         registry.catalogue = frozenset(models)
         registry.on_admit = drv._admitted
         registry.index_override = drv._override
+        registry.on_index_read = drv._index_read
+        before = registry.on_eject
+
+        def ejected(name: str, reason: str) -> None:
+            if before is not None:
+                before(name, reason)
+            drv._ejected(name, reason)
+
+        registry.on_eject = ejected
         for d in devices:
             if not d.active:
                 registry.hold(d.name, "off (a spare: the autoscaler turns it on)")
@@ -329,14 +374,25 @@ class PlacementDriver:
         return dev, self._waiter(model, dev), ""
 
     async def wait(self, model: str, dev: str, fut: asyncio.Future[str | None]) -> str | None:
-        """Wait for the load of ``model`` on ``dev``; None when READY, else why not."""
-        try:
-            err = await asyncio.wait_for(asyncio.shield(fut), self.load_wait_s)
-        except TimeoutError:
-            return (
-                f"model {model!r} is still loading on {dev} after {self.settings.load_wait_ms:g} ms"
-            )
-        return err
+        """Wait for the load of ``model`` on ``dev``; None when READY, else why not. If
+        ``dev`` is lost meanwhile the model is placed again (``miss``) and the wait goes on
+        for that load, within the same ``load_wait_ms``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.load_wait_s
+        while True:
+            try:
+                err = await asyncio.wait_for(asyncio.shield(fut), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                return (
+                    f"model {model!r} is still loading on {dev} after "
+                    f"{self.settings.load_wait_ms:g} ms"
+                )
+            if not isinstance(err, _Lost):
+                return err
+            again, nxt, why = self.miss(model)
+            if again is None or nxt is None:
+                return f"{err}; {why}"
+            dev, fut = again, nxt
 
     @property
     def policy_name(self) -> str:
@@ -398,6 +454,7 @@ class PlacementDriver:
 
     async def _load(self, a: Load) -> None:
         path = f"/v2/repository/models/{a.model}/load"
+        gen = self._gen.get(a.device, 0)
         try:
             status, body = await self.post(a.device, path)
             err = (
@@ -407,6 +464,8 @@ class PlacementDriver:
             )
         except Exception as exc:  # a lost connection: the load did not happen
             err = f"{type(exc).__name__} {exc}"
+        if self._gen.get(a.device, 0) != gen:
+            return  # the device was lost meanwhile: its waiters were answered then
         now = self.clock.now()
         ctl = self.controller
         d = ctl.devices[a.device]
@@ -431,12 +490,15 @@ class PlacementDriver:
 
     async def _unload(self, a: Unload) -> None:
         path = f"/v2/repository/models/{a.model}/unload"
+        gen = self._gen.get(a.device, 0)
         try:
             status, _ = await self.post(a.device, path)
             if status >= 300:
                 log.warning("placement: unload of %s on %s answered %d", a.model, a.device, status)
         except Exception as exc:  # the worker is gone: so is the model
             log.warning("placement: unload of %s on %s: %s", a.model, a.device, exc)
+        if self._gen.get(a.device, 0) != gen:
+            return  # the device was lost meanwhile: the controller forgot its residents
         now = self.clock.now()
         self._ops.pop((a.device, a.model), None)
         if self.controller.devices[a.device].models.get(a.model) == UNLOADING:
@@ -478,11 +540,86 @@ class PlacementDriver:
         book.scale = "stop"
 
     def _admitted(self, dev: str) -> None:
-        """The registry admitted ``dev``: a device turned on is ready (device_ready)."""
-        if dev in self.controller.starting:
-            self.controller.device_ready(dev, self.clock.now())
+        """The registry admitted ``dev``: a device turned on is ready (device_ready); a lost
+        one is back (device_ready, then what its index says now: reconcile)."""
+        ctl = self.controller
+        if dev in ctl.starting:
+            ctl.device_ready(dev, self.clock.now())
             self._books[dev].scale = None
             log.warning("placement: %s is ready", dev)
+        elif dev in ctl.lost:
+            now = self.clock.now()
+            ctl.device_ready(dev, now)
+            book = self._books[dev]
+            book.on, book.on_since_s = True, now
+            log.warning("placement: %s is back", dev)
+            self._index_read(dev)
+
+    # -- a lost device, and reconciliation ------------------------------------------------
+    def _ejected(self, dev: str, reason: str) -> None:
+        """The registry ejected ``dev``: if it was on (not turned off by the autoscaler),
+        it is lost (``device_lost``)."""
+        ctl = self.controller
+        if dev not in ctl.devices or dev in ctl.lost:
+            return
+        now = self.clock.now()
+        loading = ctl.device_lost(dev, now)
+        if dev not in ctl.lost:
+            return  # off, starting or stopping: not lost
+        self.lost[dev] = self.lost.get(dev, 0) + 1
+        self._gen[dev] = self._gen.get(dev, 0) + 1
+        book = self._books[dev]
+        if book.on and book.on_since_s is not None:
+            book.active_s += now - book.on_since_s
+        book.on, book.on_since_s = False, None
+        for key in [k for k in self._ops if k[0] == dev]:
+            del self._ops[key]
+        for key in [k for k in self._waiters if k[1] == dev]:
+            fut = self._waiters.pop(key)
+            if not fut.done():
+                fut.set_result(_Lost(f"{dev} was lost while loading model {key[0]!r} ({reason})"))
+        st = self.registry.states.get(dev)
+        if st is not None:  # what it hosts is unknown now: read its index afresh when back
+            epochs = self.registry.index_epochs
+            epochs[dev] = epochs.get(dev, 0) + 1
+            self.registry.set_index(dev, {})
+            st.index_version, st.index_read_s = None, -math.inf
+        log.warning(
+            "placement: %s lost (%s): its models leave it%s",
+            dev,
+            reason,
+            f"; loads of {', '.join(loading)} there are placed again" if loading else "",
+        )
+
+    def _index_read(self, dev: str) -> None:
+        """An index of ``dev`` was read (or ``dev`` is back): reconcile the controller's
+        view of it with that index (this driver's operations under way written over it)."""
+        ctl = self.controller
+        st = self.registry.states.get(dev)
+        if dev not in ctl.devices or st is None:
+            return
+        d = ctl.devices[dev]
+        before = dict(d.models)
+        started = ctl.reconcile(dev, st.index, self.clock.now())
+        after = d.models
+        for m, s in after.items():
+            if s == READY and before.get(m) in (None, LOADING):
+                self.adopted[(dev, m)] = self.adopted.get((dev, m), 0) + 1
+                fut = self._waiters.pop((m, dev), None)
+                if fut is not None and not fut.done():  # its load was waiting for room
+                    fut.set_result(None)
+                over = d.used_bytes(ctl.models) > d.memory_total_bytes
+                log.warning(
+                    "placement: %s READY on %s (not loaded by placement): adopted%s",
+                    m,
+                    dev,
+                    "; the device is over its memory: no loads there until room" if over else "",
+                )
+        for m, s in before.items():
+            if s == READY and m not in after:
+                self.dropped[(dev, m)] = self.dropped.get((dev, m), 0) + 1
+                log.warning("placement: %s is no longer on %s (its index): dropped", m, dev)
+        self.carry_out(started)
 
     def stopped(self, dev: str) -> None:
         """The launcher stopped ``dev``'s worker (drained): device_stopped."""
@@ -571,6 +708,7 @@ class PlacementDriver:
                 name: {
                     "active": d.active,
                     "starting": name in ctl.starting,
+                    "lost": name in ctl.lost,
                     "scale": self._books[name].scale,
                     "residents": dict(sorted(d.models.items())),
                     "outstanding": dict(sorted(d.outstanding.items())),
@@ -581,6 +719,7 @@ class PlacementDriver:
                 }
                 for name, d in ctl.devices.items()
             },
+            "lost": sorted(ctl.lost),
             "counts": {
                 "loads": c.loads,
                 "cold_loads": c.cold_loads,
@@ -589,6 +728,9 @@ class PlacementDriver:
                 "scale_ups": c.scale_ups,
                 "scale_downs": c.scale_downs,
                 "unplaced": c.unplaced,
+                "lost": c.lost,
+                "adopted": c.adopted,
+                "dropped": c.dropped,
             },
             "pending": {
                 "loads_waiting": sorted(f"{m}@{d}" for (m, d) in self._waiters),

@@ -290,6 +290,8 @@ class Poller:
             return  # the gateway changed it meanwhile (placement): this read is stale
         st.index_version, st.index_read_s = version, now
         self.registry.set_index(name, index)
+        if self.registry.on_index_read is not None:
+            self.registry.on_index_read(name)
 
     def _probes(self, st: BackendState) -> list[tuple[float, Probe]]:
         """A backend's probes with their periods (seconds), by its signal source; every

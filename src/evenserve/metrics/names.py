@@ -81,6 +81,11 @@ GATEWAY_EVICTIONS = f"{GATEWAY_PREFIX}_evictions"
 GATEWAY_DEVICE_ACTIVE_SECONDS = f"{GATEWAY_PREFIX}_device_active_seconds"
 GATEWAY_SCALE_DECISIONS = f"{GATEWAY_PREFIX}_scale_decisions"
 GATEWAY_SCALE_UP_DECISION_SECONDS = f"{GATEWAY_PREFIX}_scale_up_decision_seconds"  # gauge
+# Reconciliation: devices lost (ejected while on), models adopted from / dropped after a
+# backend's index (by backend and model).
+GATEWAY_DEVICES_LOST = f"{GATEWAY_PREFIX}_devices_lost"
+GATEWAY_PLACEMENT_ADOPTED = f"{GATEWAY_PREFIX}_placement_adopted"
+GATEWAY_PLACEMENT_DROPPED = f"{GATEWAY_PREFIX}_placement_dropped"
 
 #: Gateway request outcomes (the ``outcome`` label of GATEWAY_REQUESTS).
 GATEWAY_OUTCOMES = (

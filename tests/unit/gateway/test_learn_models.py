@@ -316,3 +316,19 @@ async def test_the_index_is_read_again_only_when_the_models_version_moved() -> N
     await p.probe_index(st)
     await p.probe_index(st)
     assert len(index.calls) == 7
+
+
+async def test_on_index_read_is_called_after_each_index_applied_and_not_after_a_failure() -> None:
+    index = Index({"a": "READY"})
+    p, reg, _, st = setup(None, index)
+    seen: list[tuple[str, dict[str, str]]] = []
+    reg.on_index_read = lambda name: seen.append((name, dict(reg.states[name].index)))
+    await p.probe_index(st)
+    assert seen == [("gpu0", {"a": "READY"})]
+    index.error = ConnectFailed("connect-refused")
+    await p.probe_index(st)
+    assert len(seen) == 1  # no answer: nothing to reconcile with
+    index.error = None
+    index.entries["b"] = "READY"
+    await p.probe_index(st)
+    assert seen[-1] == ("gpu0", {"a": "READY", "b": "READY"})

@@ -239,3 +239,142 @@ def test_the_demand_estimate_reads_a_steady_rate_from_the_start() -> None:
         later.arrival("a", 100.0 + k * 0.1)
     raw = later._rates["a"].rate_at(200.0)
     assert later.rate_rps("a", 200.0) == pytest.approx(raw, rel=1e-6)
+
+
+# -- a lost device, and the workers' indexes ------------------------------------------------
+
+
+def test_a_lost_device_s_residents_leave_and_its_model_misses_onto_another_device() -> None:
+    c = controller(host_gib=100.0)  # d0: a (4), b (6) of 12 GiB; d1 empty
+    c.sent("a", "d0", 0.5)  # a request in flight when the worker dies
+    assert c.route_miss("c", 1.0) == ("d1", [Load("c", "d1")])
+    assert c.device_lost("d0", 2.0) == []  # nothing was loading there
+    assert c.lost == {"d0"} and not c.devices["d0"].active
+    assert c.devices["d0"].models == {}
+    assert [d.name for d in c.view(2.0).devices] == ["d1"]  # out of the view
+    assert c.warm == ["c"]  # c passed through host memory; d0's models did not go warm
+    c.done("a", "d0", 1, 2.1)  # the request sent before is still answered (failed)
+    # a had no other replica: a miss again, placed on d1 (c 6 + a 4 <= 12)
+    assert c.route_miss("a", 3.0) == ("d1", [Load("a", "d1")])
+    assert c.counts.lost == 1
+    assert c.device_lost("d0", 3.0) == []  # lost once
+    assert c.counts.lost == 1
+
+
+def test_a_lost_device_s_loads_are_returned_and_their_load_done_changes_nothing() -> None:
+    c = controller(
+        [DeviceView("d0", 12 * GIB, {"a": READY, "b": READY}), DeviceView("d1", 6 * GIB)]
+    )
+    c.sent("b", "d0", 0.5)
+    assert c.route_miss("c", 1.0) == ("d1", [Load("c", "d1")])  # started
+    assert c._apply([Unload("a", "d0"), Load("c", "d0")], 1.0) == [Unload("a", "d0")]
+    assert c.devices["d0"].models == {"a": UNLOADING, "b": READY, "c": LOADING}  # c waits
+    assert c.device_lost("d1", 1.5) == ["c"]
+    assert c.device_lost("d0", 1.5) == ["c"]  # waiting for room: forgotten too
+    c.load_done("c", "d1", 3.0)
+    assert c.devices["d1"].models == {} and c.devices["d0"].models == {}
+    assert c.route_miss("c", 3.0) == (None, [])  # no device left
+
+
+def test_a_lost_device_comes_back_with_device_ready_and_is_not_scaled() -> None:
+    devs = [DeviceView("d0", 12 * GIB, {"a": READY}), DeviceView("d1", 12 * GIB, {"b": READY})]
+    scaler = AUTOSCALING.build({"policy": "demand", "up_after_s": 0.0, "min_devices": 2})
+    c = PlacementController(infos(), devs, PLACEMENT.build("test-fit-or-evict"), scaler)
+    c.device_lost("d1", 1.0)
+    assert c.tick(1.0) == []  # min_devices 2, one active: but the lost one is not turned on
+    assert c._scale(ScaleUp("d1")) is False and c._scale(ScaleDown("d1")) is False
+    c.device_ready("d1", 2.0)
+    assert c.lost == frozenset() and c.devices["d1"].active
+    assert c.devices["d1"].models == {}  # what its index says comes with reconcile
+    assert c.reconcile("d1", {"b": "READY"}, 2.1) == []
+    assert c.ready_models("d1") == ["b"]
+
+
+def test_a_stopping_or_starting_device_is_not_lost() -> None:
+    devs = [DeviceView("d0", 12 * GIB, {"a": READY}), DeviceView("s0", 12 * GIB, active=False)]
+    scaler = AUTOSCALING.build({"policy": "test-scheduled", "up": ["s0"], "up_at_s": 1.0})
+    c = PlacementController(infos(), devs, PLACEMENT.build("test-fit-or-evict"), scaler)
+    assert c.tick(1.0) == [ScaleUp("s0")]
+    assert c.device_lost("s0", 1.5) == []  # starting: not lost
+    assert c.lost == frozenset() and c.starting == {"s0"}
+    c2 = controller()
+    c2._scale(ScaleDown("d1"))
+    assert c2.device_lost("d1", 1.0) == [] and c2.lost == frozenset()
+
+
+def test_reconcile_adopts_a_hand_loaded_model_and_drops_one_unloaded_by_hand() -> None:
+    c = controller()  # d0: a, b READY; d1 empty
+    assert c.reconcile("d1", {"d": "READY", "zz": "READY", "c": "LOADING"}, 1.0) == []
+    assert c.devices["d1"].models == {"d": READY}  # zz is not in the catalogue, c not READY
+    assert c.counts.adopted == 1
+    # b unloaded by hand: absent from d0's index; a LOADING there (a change under way): kept
+    assert c.reconcile("d0", {"a": "LOADING"}, 2.0) == []
+    assert c.devices["d0"].models == {"a": READY}
+    assert c.reconcile("d0", {"a": "UNAVAILABLE"}, 2.0) == []
+    assert c.devices["d0"].models == {}
+    assert c.counts.dropped == 2
+    assert c.warm == []  # neither went warm
+    # the same index again changes nothing
+    assert c.reconcile("d1", {"d": "READY"}, 3.0) == []
+    assert c.counts.adopted == 1
+
+
+def test_reconcile_leaves_the_driver_s_own_loads_and_unloads_alone() -> None:
+    c = controller([DeviceView("d0", 12 * GIB, {"a": READY, "b": READY})])
+    c.sent("b", "d0", 0.5)
+    assert c.route_miss("c", 1.0) == (
+        "d0",
+        [Unload("a", "d0")],
+    )  # a UNLOADING, c LOADING (waiting for a)
+    # the index (with the driver's operations written over it) says a UNLOADING
+    assert c.reconcile("d0", {"a": "UNLOADING", "b": "READY"}, 1.1) == []
+    assert c.devices["d0"].models == {"a": UNLOADING, "b": READY, "c": LOADING}
+    assert c.unload_done("a", "d0", 1.2) == [Load("c", "d0")]
+    # c's load started: LOADING in the index (the driver's op) or absent, it stays
+    assert c.reconcile("d0", {"b": "READY", "c": "LOADING"}, 1.3) == []
+    assert c.devices["d0"].models == {"b": READY, "c": LOADING}
+
+
+def test_a_waiting_load_found_ready_is_adopted_and_a_drop_starts_waiting_loads() -> None:
+    c = controller([DeviceView("d0", 12 * GIB, {"a": READY, "b": READY})])
+    c.sent("b", "d0", 0.5)
+    c.route_miss("c", 1.0)  # unload a, c waits
+    # by hand: c loaded (the worker had room after all), a still there
+    assert c.reconcile("d0", {"a": "UNLOADING", "b": "READY", "c": "READY"}, 1.1) == []
+    assert c.devices["d0"].models == {"a": UNLOADING, "b": READY, "c": READY}
+    assert c.counts.adopted == 1
+    assert c.unload_done("a", "d0", 1.2) == []  # c's load is forgotten
+    assert c.counts.loads == 0
+    # a load waiting for room starts when reconcile drops what held the room
+    c3 = PlacementController(
+        infos(), [DeviceView("d0", 12 * GIB, {"a": READY, "b": READY})], _Script([], [])
+    )
+    c3._apply([Unload("a", "d0"), Load("c", "d0")], 1.0)  # c (6) waits for a (4)
+    assert c3.reconcile("d0", {"b": "READY", "a": "UNLOADING"}, 1.1) == []
+    c3.devices["d0"].models["a"] = READY  # as if the unload had been undone by hand
+    assert c3.reconcile("d0", {"b": "READY"}, 1.2) == [Load("c", "d0")]  # a gone: c fits
+
+
+def test_an_adopted_model_over_the_cap_is_kept_and_the_device_reads_full() -> None:
+    c = controller()  # d0: a (4) + b (6) of 12 GiB
+    assert c.reconcile("d0", {"a": "READY", "b": "READY", "c": "READY"}, 1.0) == []
+    d0 = c.devices["d0"]
+    assert d0.models == {"a": READY, "b": READY, "c": READY}
+    assert d0.used_bytes(c.models) == 16 * GIB > d0.memory_total_bytes
+    assert d0.free_bytes(c.models) == 0.0
+    # a miss for d (2 GiB) goes to d1, not to the full d0
+    assert c.route_miss("d", 2.0) == ("d1", [Load("d", "d1")])
+    # on d0 a load is planned only once unloads bring it under the cap
+    with pytest.raises(PlacementError, match="over"):
+        c._check(c.view(4.0), [Unload("a", "d0"), Load("d", "d0")], "test")  # 6+6+2 > 12
+    c._check(c.view(4.0), [Unload("a", "d0"), Unload("b", "d0"), Load("d", "d0")], "test")
+
+
+def test_an_inactive_or_lost_device_is_not_reconciled() -> None:
+    c = controller()
+    c.device_lost("d1", 1.0)
+    assert c.reconcile("d1", {"c": "READY"}, 1.1) == []
+    assert c.devices["d1"].models == {}
+    c._scale(ScaleDown("d0"))  # stopping
+    assert c.reconcile("d0", {}, 1.2) == []
+    assert c.devices["d0"].models == {"a": READY, "b": READY}

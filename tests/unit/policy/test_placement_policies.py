@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from evenserve.policy.placement import (
@@ -429,3 +429,198 @@ def test_a_miss_eviction_does_not_hold_the_models_replica_count() -> None:
     later = step(step(v, first, 100.5), [], 101.0)
     later.device("d2").active = True
     assert policy.rebalance(later) == [Load("hot", "d2")]
+
+
+# -- the controller with lost devices and workers' indexes ----------------------------------
+
+EVENTS = [
+    "miss",
+    "miss",
+    "load",
+    "unload",
+    "done",
+    "tick",
+    "lost",
+    "back",
+    "reconcile",
+    "ready",
+    "stopped",
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "scaler"),
+    [
+        ("static", None),
+        ("lru", None),
+        ({"policy": "lru", "idle_evict_s": 2}, {"policy": "demand", "up_after_s": 0}),
+        ("cost-aware", None),
+        ({"policy": "cost-aware", "hold_s": 0}, {"policy": "demand", "quiet_s": 0}),
+    ],
+)
+@given(data=st.data())
+def test_a_controller_run_with_lost_devices_and_hand_loads_keeps_its_invariants(
+    spec: object, scaler: object, data: st.DataObject
+) -> None:
+    """Random runs of events (misses, loads and unloads done, ticks, scaling, devices lost
+    and back, reconcile with arbitrary indexes) against a controller, carried out by a
+    minimal driver: no PlacementError (the policies plan around an adopted overflow), no
+    event but ``reconcile`` takes a device over its memory or further over it, a load
+    starts only where everything resident fits, no (model, device) both loading and
+    unloading, and every request waiting for a load on a lost device is answered."""
+    from evenserve.policy.placement import AUTOSCALING, ScaleDown, ScaleUp
+    from evenserve.policy.placement.controller import PlacementController
+
+    sizes = data.draw(st.lists(st.sampled_from([2, 3, 4, 6, 8]), min_size=2, max_size=5))
+    models = {f"m{i}": model(f"m{i}", gb) for i, gb in enumerate(sizes)}
+    names = sorted(models)
+    devices = []
+    for k in range(data.draw(st.integers(2, 3), label="devices")):
+        total = data.draw(st.sampled_from([8, 10, 16]), label="gib")
+        on = k == 0 or data.draw(st.booleans(), label="on")
+        here: dict[str, str] = {}
+        used = 0
+        for m in names if on else []:
+            gb = int(models[m].weights_bytes / GIB)
+            if used + gb <= total and data.draw(st.booleans(), label="resident"):
+                here[m] = READY
+                used += gb
+        devices.append(DeviceView(f"d{k}", total * GIB, here, active=on))
+    ctl = PlacementController(
+        models,
+        devices,
+        build(spec),
+        None if scaler is None else AUTOSCALING.build(scaler),
+        host_memory_bytes=8 * GIB,
+        interval_s=1.0,
+    )
+    dev = ctl.devices
+    loads: set[tuple[str, str]] = set()  # started, not answered
+    unloads: set[tuple[str, str]] = set()
+    waiting: dict[tuple[str, str], int] = {}  # requests waiting for (model, device)'s load
+    sent: list[tuple[str, str]] = []
+    starting: set[str] = set()
+    stopping: set[str] = set()
+
+    def used(d: DeviceView) -> tuple[float, float]:
+        """What the controller plans there (an UNLOADING model's memory free, as for
+        check_actions) and what it holds (a load waiting for room not counted yet)."""
+        pending = {p.model for p in ctl._pending[d.name]}
+        w = {m: models[m].weights_bytes for m in d.models}
+        planned = sum(b for m, b in w.items() if d.models[m] != UNLOADING)
+        return planned, sum(b for m, b in w.items() if m not in pending)
+
+    def carry(actions: list) -> None:  # type: ignore[type-arg]
+        keys = {
+            (a.model, a.device, type(a).__name__) for a in actions if isinstance(a, Load | Unload)
+        }
+        for m, d, _ in keys:
+            assert not {(m, d, "Load"), (m, d, "Unload")} <= keys, "loaded and unloaded at once"
+        for a in actions:
+            if isinstance(a, Load):
+                key = (a.model, a.device)
+                assert key not in unloads and key not in loads
+                here = dev[a.device]
+                pending = {p.model for p in ctl._pending[a.device]}
+                held = sum(models[m].weights_bytes for m in here.models if m not in pending)
+                assert held <= here.memory_total_bytes, "a load started over the memory"
+                loads.add(key)
+            elif isinstance(a, Unload):
+                unloads.add((a.model, a.device))
+            elif isinstance(a, ScaleUp):
+                starting.add(a.device)
+            elif isinstance(a, ScaleDown):
+                stopping.add(a.device)
+
+    now = 0.0
+    for _ in range(data.draw(st.integers(5, 40), label="steps")):
+        now += data.draw(st.sampled_from([0.01, 0.3, 1.0, 3.0]), label="dt")
+        before = {n: used(d) for n, d in dev.items()}
+        kind = data.draw(
+            st.sampled_from(EVENTS),
+            label="event",
+        )
+        if kind == "miss":
+            m = data.draw(st.sampled_from(names), label="model")
+            ctl.arrival(m, now)
+            ready = [n for n, d in dev.items() if d.active and d.models.get(m) == READY]
+            if ready:
+                ctl.sent(m, ready[0], now)
+                sent.append((m, ready[0]))
+            else:
+                where, acts = ctl.route_miss(m, now)
+                carry(acts)
+                if where is not None:
+                    assert where not in ctl.lost
+                    waiting[(m, where)] = waiting.get((m, where), 0) + 1
+        elif kind == "load" and loads:
+            m, d = data.draw(st.sampled_from(sorted(loads)), label="load")
+            loads.discard((m, d))
+            ctl.load_done(m, d, now)
+            if dev[d].models.get(m) == READY:
+                for _ in range(waiting.pop((m, d), 0)):
+                    ctl.sent(m, d, now)
+                    sent.append((m, d))
+        elif kind == "unload" and unloads:
+            m, d = data.draw(st.sampled_from(sorted(unloads)), label="unload")
+            unloads.discard((m, d))
+            if dev[d].models.get(m) == UNLOADING:
+                carry(ctl.unload_done(m, d, now))
+        elif kind == "done" and sent:
+            m, d = sent.pop(data.draw(st.integers(0, len(sent) - 1), label="which"))
+            ctl.done(m, d, 1, now)
+        elif kind == "tick":
+            carry(ctl.tick(now))
+        elif kind == "lost":
+            on = sorted(n for n, d in dev.items() if d.active)
+            if on:
+                d = data.draw(st.sampled_from(on), label="lost")
+                lost = ctl.device_lost(d, now)
+                if lost:
+                    event("a device lost while loading")
+                assert d in ctl.lost and dev[d].models == {} and not dev[d].active
+                assert d not in [v.name for v in ctl.view(now).devices]
+                for m, dd in list(waiting):
+                    if dd == d:  # every request waiting for a load there is answered now
+                        assert m in lost
+                        del waiting[(m, dd)]
+                loads.difference_update({k for k in loads if k[1] == d})
+                unloads.difference_update({k for k in unloads if k[1] == d})
+        elif kind == "back" and ctl.lost:
+            d = data.draw(st.sampled_from(sorted(ctl.lost)), label="back")
+            ctl.device_ready(d, now)
+            assert d not in ctl.lost and dev[d].active and dev[d].models == {}
+        elif kind == "ready" and starting:
+            d = data.draw(st.sampled_from(sorted(starting)), label="ready")
+            starting.discard(d)
+            ctl.device_ready(d, now)
+        elif kind == "stopped" and stopping:
+            d = data.draw(st.sampled_from(sorted(stopping)), label="stopped")
+            if not any(k[1] == d for k in loads | unloads) and not any(x == d for _, x in sent):
+                stopping.discard(d)
+                for m, dd in list(waiting):
+                    if dd == d:
+                        del waiting[(m, dd)]  # the live driver's waiters time out
+                ctl.device_stopped(d, now)
+        elif kind == "reconcile":
+            d = data.draw(st.sampled_from(sorted(dev)), label="device")
+            index = {
+                m: data.draw(st.sampled_from([READY, READY, "UNAVAILABLE", "LOADING"]), label="s")
+                for m in data.draw(st.sets(st.sampled_from(names)), label="listed")
+            }
+            index.update({m: LOADING for m, dd in loads if dd == d})  # the driver's override
+            index.update({m: UNLOADING for m, dd in unloads if dd == d})
+            carry(ctl.reconcile(d, index, now))
+            for m, dd in list(waiting):  # a waiting load found READY: its requests go
+                if dd == d and dev[d].models.get(m) == READY:
+                    for _ in range(waiting.pop((m, dd))):
+                        ctl.sent(m, d, now)
+                        sent.append((m, d))
+            if used(dev[d])[0] > dev[d].memory_total_bytes:
+                event("an adoption over the memory")
+            continue  # an adoption may take a device over its memory (documented)
+        for n, d in dev.items():
+            for was, now_used in zip(before[n], used(d), strict=True):
+                assert now_used <= d.memory_total_bytes or now_used <= was, (kind, n)
+            if n in ctl.lost:
+                assert d.models == {}

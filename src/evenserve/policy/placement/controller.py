@@ -7,7 +7,10 @@ with its time, and every decision goes out as a return value.
 
 Events in: ``arrival`` (a request of a model reached the front door: the demand estimate),
 ``sent`` / ``done`` (requests outstanding on a device, its last use), ``load_done``,
-``unload_done``, ``utilization``, ``device_ready``, ``device_stopped``.
+``unload_done``, ``utilization``, ``device_ready``, ``device_stopped``, ``device_lost`` (a
+worker stopped answering: its residents leave, it is out of the view until ``device_ready``),
+``reconcile`` (what a device's own index says: models READY there are adopted, models it no
+longer has leave).
 
 Decisions out: ``route_miss(model, now)`` (no device has the model READY: the device where it
 is LOADING, else the policy's ``on_miss``) and ``tick(now)`` (every ``interval_s``: the
@@ -83,6 +86,13 @@ class PlacementCounts:
     unplaced: int = 0
     #: (time, model, device) of every load started, for tests and traces.
     load_log: list[tuple[float, str, str]] = field(default_factory=list)
+    #: Devices declared lost (``device_lost``: their worker stopped answering).
+    lost: int = 0
+    #: Models ``reconcile`` found READY on a device the controller did not count them on
+    #: (loaded by hand, a worker restarted with its models), and models it counted READY
+    #: that the device's index no longer lists READY (unloaded by hand, restarted empty).
+    adopted: int = 0
+    dropped: int = 0
 
 
 class PlacementController:
@@ -118,6 +128,8 @@ class PlacementController:
         self._load_s: dict[tuple[str, str], float] = {}
         self._starting: set[str] = set()
         self._stopping: set[str] = set()
+        #: Devices whose worker was lost (``device_lost``) and has not come back yet.
+        self._lost: set[str] = set()
         self._next_tick_s = 0.0
         self._rate_tau_s = rate_tau_s
         #: The time of the first event: the demand estimates start there (rate_rps).
@@ -126,11 +138,14 @@ class PlacementController:
 
     # -- the view ---------------------------------------------------------------------------
     def view(self, now: float) -> ClusterView:
-        """The cluster as the policy sees it now (the controller's own objects)."""
+        """The cluster as the policy sees it now (the controller's own objects). A lost
+        device is not in it: nothing is placed there and the autoscaler neither counts it
+        nor turns it on, until its worker is back (``device_ready``)."""
+        lost = self._lost
         return ClusterView(
             now_s=now,
             models=self.models,
-            devices=list(self.devices.values()),
+            devices=[d for d in self.devices.values() if d.name not in lost],
             rate_rps={m: self.rate_rps(m, now) for m in self._rates},
             warm=frozenset(self._warm),
         )
@@ -167,6 +182,11 @@ class PlacementController:
     @property
     def starting(self) -> frozenset[str]:
         return frozenset(self._starting)
+
+    @property
+    def lost(self) -> frozenset[str]:
+        """Devices lost (``device_lost``) and not back yet."""
+        return frozenset(self._lost)
 
     # -- events in --------------------------------------------------------------------------
     def arrival(self, model: str, now: float) -> None:
@@ -208,8 +228,11 @@ class PlacementController:
         return list(self._start_pending(device, now))
 
     def device_ready(self, device: str, now: float) -> None:
+        """``device``'s worker is up (turned on, or a lost one back): active, nothing
+        resident until its index says otherwise (``reconcile``)."""
         d = self.devices[device]
         self._starting.discard(device)
+        self._lost.discard(device)
         d.active = True
         d.models.clear()
         d.utilization = 0.0
@@ -226,6 +249,65 @@ class PlacementController:
         d.models.clear()
         self._pending[device] = []
         d.utilization = 0.0
+
+    def device_lost(self, device: str, now: float) -> list[str]:
+        """``device``'s worker stopped answering (ejected, not on purpose): it is inactive
+        and out of the view, its residents leave it (not into the warm pool: nothing says
+        its host memory survived), and the loads waiting for room there are forgotten. A
+        model without another replica is a miss again. Returns the models that were
+        LOADING there (started or waiting): whoever waits for those loads must be answered
+        now (their ``load_done`` will change nothing). Only an active device that is not
+        stopping can be lost (a device the autoscaler turned off, or one starting, is not:
+        ``[]``). Its ``outstanding`` counts stay: each request sent there is still answered
+        (as failed) with ``done``. ``device_ready`` brings it back."""
+        d = self.devices[device]
+        if not d.active or device in self._stopping or device in self._lost:
+            return []
+        loading = sorted(m for m, s in d.models.items() if s == LOADING)
+        self._lost.add(device)
+        d.active = False
+        d.models.clear()
+        self._pending[device] = []
+        d.utilization = 0.0
+        self.counts.lost += 1
+        return loading
+
+    def reconcile(self, device: str, index: Mapping[str, str], now: float) -> list[Action]:
+        """What ``device``'s own repository index says (model -> state), with the driver's
+        loads and unloads under way already written over it (those win). A catalogue model
+        READY there that the controller does not count (loaded by hand, or the worker
+        restarted with it) is adopted READY: its memory counts, a policy may evict it like
+        any other. If that puts the device over its memory (the worker accepted the load,
+        so its real memory allowed it) it is adopted anyway: ``free_bytes`` reads 0 and no
+        load is planned or started there until unloads make room (``check_actions`` and
+        the start of a waiting load both check the cap). A model the controller counts READY
+        that the index does not list at all, or lists UNAVAILABLE, leaves the view (not
+        into the warm pool); LOADING or UNLOADING in the index leaves it as it is (a change
+        under way). A model the controller is about to load (waiting for room) found READY
+        is adopted and its load forgotten. A device that is not active (off, starting,
+        stopping, lost) is not reconciled. Returns the waiting loads that now fit there."""
+        d = self.devices[device]
+        if not d.active or device in self._lost:
+            return []
+        changed = False
+        for m in sorted(index):
+            if index[m] != READY or m not in self.models:
+                continue
+            state = d.models.get(m)
+            if state is None:
+                d.models[m] = READY
+                self.counts.adopted += 1
+            elif state == LOADING and self._is_pending(device, m):
+                self._pending[device] = [p for p in self._pending[device] if p.model != m]
+                d.models[m] = READY
+                self.counts.adopted += 1
+                changed = True
+        for m, state in list(d.models.items()):
+            if state == READY and index.get(m, "UNAVAILABLE") == "UNAVAILABLE":
+                del d.models[m]
+                self.counts.dropped += 1
+                changed = True
+        return list(self._start_pending(device, now)) if changed else []
 
     # -- decisions out ----------------------------------------------------------------------
     def route_miss(self, model: str, now: float) -> tuple[str | None, list[Action]]:
@@ -341,6 +423,8 @@ class PlacementController:
         d = self.devices.get(s.device)
         if d is None:
             raise PlacementError(f"autoscaler: no device {s.device!r}")
+        if s.device in self._lost:
+            return False  # its worker is gone: it comes back on its own (device_ready)
         if isinstance(s, ScaleUp):
             if d.active or s.device in self._starting:
                 return False
