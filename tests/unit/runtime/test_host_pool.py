@@ -102,7 +102,7 @@ def test_a_lost_file_is_no_entry(tmp_path: Path) -> None:
 def test_a_directory_that_cannot_be_written_is_an_error_naming_the_flag(tmp_path: Path) -> None:
     f = tmp_path / "file"
     f.write_text("")
-    with pytest.raises(ConfigError, match="--host-pool: .* is not a writable directory"):
+    with pytest.raises(ConfigError, match=r"--host-pool: .* is not a writable directory"):
         HostPool(f / "pool", MB)
     with pytest.raises(ConfigError, match="--host-pool-gb: must be > 0"):
         HostPool(tmp_path, 0)
