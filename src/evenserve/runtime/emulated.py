@@ -207,6 +207,9 @@ class EmulatedRuntime:
         load_sleep(self.warm_load_s)
         self._loaded = True
 
+    #: The host-pool entry may be written while the load runs (it needs nothing loaded).
+    pool_entry_first = True
+
     def pool_bytes(self) -> float:
         """The bytes of the model's host-pool entry: its weights."""
         return self.profile.weights_bytes

@@ -17,6 +17,7 @@ import logging
 import math
 import random
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -441,8 +442,8 @@ class WorkerService:
     def _load_runtime(self, entry: ModelEntry, runtime: Runtime) -> dict[str, Any]:
         """Load a runtime (blocking): from the host pool when it holds the model (warm), else
         from the repository, and then into the pool (a cold load passes through host
-        memory). Where it came from and how long it took: ``load_source`` (host | disk),
-        ``load_seconds``."""
+        memory). Where it came from and how long it took (the entry's write included):
+        ``load_source`` (host | disk), ``load_seconds``."""
         pool = self.host_pool if _pooled(runtime) else None
         rt: Any = runtime
         key = self._pool_digest(entry, runtime) if pool is not None else None
@@ -457,14 +458,26 @@ class WorkerService:
                 log.warning("model %s: warm load from the host pool failed: %s", entry.name, exc)
                 rt.close()
                 t0 = time.perf_counter()
+        if source == "disk":
+            if pool is not None and key is not None:
+                put = (entry.name, key, rt.pool_bytes(), rt.write_pool_entry)
+                if getattr(rt, "pool_entry_first", False):
+                    # The entry stands for the host buffer the cold load reads into: written
+                    # while the load runs (emulated: reserving its pages takes a while).
+                    writer = threading.Thread(target=pool.put, args=put, name="host-pool")
+                    writer.start()
+                    try:
+                        runtime.load()
+                    finally:
+                        writer.join()
+                else:
+                    runtime.load()
+                    pool.put(*put)
+            else:
                 runtime.load()
-        else:
-            runtime.load()
-        took = time.perf_counter() - t0
-        if pool is not None and key is not None:
+        if key is not None:
             self._pool_digests[entry.name] = key
-            if source == "disk":
-                pool.put(entry.name, key, rt.pool_bytes(), rt.write_pool_entry)
+        took = time.perf_counter() - t0
         self.metrics.observe_load_source(entry.name, source)
         log.info("model %s loaded from %s in %.3f s", entry.name, source, took)
         return {"load_source": source, "load_seconds": round(took, 6)}
