@@ -1,11 +1,13 @@
 """The host pool on the worker: a cold load writes the model's entry, an unload keeps it, the
 next load is warm (source host) and takes the warm load time; a changed config loads cold;
-two workers on one pool share it (unloaded on one, warm on the other). The chosen sleep is
+two workers on one pool share it (unloaded on one, warm on the other); a torch model
+reloads from its entry (a copy of its file). The chosen sleep is
 asserted through the emulated runtime's injectable ``load_sleep``, never a wall time."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -164,4 +166,36 @@ async def test_an_evicted_entry_is_written_again_at_the_unload(
         await c.post(repository_path("b", "unload"))
         assert [e.model for e in pool.entries()] == ["b"]
         assert (await c.post(repository_path("b", "load"))).json()["load_source"] == "host"
+    await service.stop()
+
+
+async def test_a_torch_model_reloads_from_the_pool(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    repo = tmp_path / "repo"
+    (repo / "lin").mkdir(parents=True)
+    with warnings.catch_warnings():  # TorchScript is deprecated upstream; still served
+        warnings.simplefilter("ignore")
+        torch.jit.save(torch.jit.script(torch.nn.Linear(4, 2)), str(repo / "lin" / "m.pt"))
+    (repo / "lin" / "model.yaml").write_text(
+        json.dumps(
+            {
+                "runtime": "torch",
+                "max_batch_size": 4,
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
+                "torch": {"file": "m.pt"},
+            }
+        )
+    )
+    service = await _started(_service(repo, tmp_path / "pool"))
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+    async with worker_client(service, timeout=60) as c:
+        assert (await c.post(repository_path("lin", "load"))).json()["load_source"] == "disk"
+        want = (await c.post("/v2/models/lin/infer", json=body)).json()["outputs"]
+        await c.post(repository_path("lin", "unload"))
+        assert service.host_pool is not None
+        (entry,) = service.host_pool.entries()
+        assert entry.size_bytes == (repo / "lin" / "m.pt").stat().st_size
+        assert (await c.post(repository_path("lin", "load"))).json()["load_source"] == "host"
+        assert (await c.post("/v2/models/lin/infer", json=body)).json()["outputs"] == want
     await service.stop()
