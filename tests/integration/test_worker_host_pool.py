@@ -7,6 +7,7 @@ asserted through the emulated runtime's injectable ``load_sleep``, never a wall 
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -199,3 +200,14 @@ async def test_a_torch_model_reloads_from_the_pool(tmp_path: Path) -> None:
         assert (await c.post(repository_path("lin", "load"))).json()["load_source"] == "host"
         assert (await c.post("/v2/models/lin/infer", json=body)).json()["outputs"] == want
     await service.stop()
+
+
+async def test_a_pool_removed_under_the_worker_never_fails_a_load(
+    worker: tuple[WorkerService, httpx.AsyncClient],
+) -> None:
+    service, c = worker
+    assert service.host_pool is not None
+    shutil.rmtree(service.host_pool.directory)
+    r = await c.post(repository_path("em", "load"))
+    assert r.status_code == 200 and r.json()["load_source"] == "disk"
+    assert (await c.post(repository_path("em", "unload"))).status_code == 200

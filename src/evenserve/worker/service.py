@@ -200,10 +200,6 @@ def trim_memory() -> bool:
         return False
 
 
-#: Where a load came from: the host pool (warm) or the repository (cold).
-LOAD_SOURCES = ("host", "disk")
-
-
 def _pooled(runtime: Runtime) -> bool:
     """Whether the runtime can load from and write a host-pool entry."""
     return all(
@@ -211,14 +207,25 @@ def _pooled(runtime: Runtime) -> bool:
     )
 
 
+def _pool_put(pool: HostPool, model: str, key: str, runtime: Runtime) -> Callable[[], None]:
+    """What writes (or refreshes) a model's pool entry; a failure is logged, never raised
+    (the pool is an optimisation: no load or unload fails for it)."""
+    rt: Any = runtime
+
+    def put() -> None:
+        try:
+            pool.put(model, key, rt.pool_bytes(), rt.write_pool_entry)
+        except Exception:
+            log.exception("host pool: keeping model %s failed", model)
+
+    return put
+
+
 def _release(runtime: Runtime, keep: Callable[[Runtime], None] | None = None) -> None:
     """Close an unloaded model's runtime and collect what it held (runs in a thread);
     ``keep`` first puts it in the host pool (an unload keeps it warm)."""
     if keep is not None:
-        try:
-            keep(runtime)
-        except Exception:  # the pool is an optimisation: an unload never fails for it
-            log.exception("host pool: keeping an unloaded model failed")
+        keep(runtime)
     runtime.close()
     del runtime
     gc.collect()
@@ -449,7 +456,12 @@ class WorkerService:
         key = self._pool_digest(entry, runtime) if pool is not None else None
         source = "disk"
         t0 = time.perf_counter()
-        found = pool.take(entry.name, key) if pool is not None and key is not None else None
+        found = None
+        if pool is not None and key is not None:
+            try:
+                found = pool.take(entry.name, key)
+            except OSError as exc:  # the pool is an optimisation: a load never fails for it
+                log.warning("host pool: %s", exc)
         if found is not None:
             try:
                 rt.load_warm(found)
@@ -460,11 +472,11 @@ class WorkerService:
                 t0 = time.perf_counter()
         if source == "disk":
             if pool is not None and key is not None:
-                put = (entry.name, key, rt.pool_bytes(), rt.write_pool_entry)
+                put = _pool_put(pool, entry.name, key, rt)
                 if getattr(rt, "pool_entry_first", False):
                     # The entry stands for the host buffer the cold load reads into: written
                     # while the load runs (emulated: reserving its pages takes a while).
-                    writer = threading.Thread(target=pool.put, args=put, name="host-pool")
+                    writer = threading.Thread(target=put, name="host-pool")
                     writer.start()
                     try:
                         runtime.load()
@@ -472,7 +484,7 @@ class WorkerService:
                         writer.join()
                 else:
                     runtime.load()
-                    pool.put(*put)
+                    put()
             else:
                 runtime.load()
         if key is not None:
@@ -489,8 +501,7 @@ class WorkerService:
             return None
 
         def keep(runtime: Runtime) -> None:
-            rt: Any = runtime
-            pool.put(name, key, rt.pool_bytes(), rt.write_pool_entry)
+            _pool_put(pool, name, key, runtime)()
 
         return keep
 
