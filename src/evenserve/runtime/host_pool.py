@@ -19,7 +19,8 @@ model reloaded with a changed config never reads a stale entry. Workers are sepa
 processes: every change of the index (``index.json``: each entry's bytes and its LRU
 sequence number) is made under an exclusive ``fcntl`` lock of ``.lock``. An entry is
 written outside the lock (a torch model's weights take a while) to a temporary file, then
-renamed into place under it; room is made before the write and checked again after.
+renamed into place under it; room is made before the write and checked again after. A
+worker opening the pool deletes the temporary files of writers that died mid-write.
 
 One safety bound the controller does not have: an entry is not written when the host's
 available memory (``MemAvailable``) would fall below ``HOST_MEMORY_RESERVE`` of its total,
@@ -110,6 +111,16 @@ class PoolEntry:
     used: int
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def allocate_file(path: Path, size_bytes: int) -> None:
     """A file of ``size_bytes`` whose pages are really reserved (``posix_fallocate``; on tmpfs
     that takes the memory without writing it), zero-length where the call is missing."""
@@ -150,6 +161,16 @@ class HostPool:
         self._memory = memory
         #: Entries not written because the host's memory was short (see the module doc).
         self.refused = 0
+        self._remove_orphans()
+
+    def _remove_orphans(self) -> None:
+        """Delete the temporary files of writers that died mid-write (their memory)."""
+        with self._locked():
+            for tmp in self.directory.glob("*.tmp"):
+                pid = tmp.name.rsplit(".", 2)[-2]
+                if pid.isdigit() and not _alive(int(pid)):
+                    with contextlib.suppress(OSError):
+                        tmp.unlink()
 
     # -- the index, under the lock ---------------------------------------------------------
     @contextlib.contextmanager

@@ -4,6 +4,8 @@ two workers (two pool objects on one directory), memory released (files removed)
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,16 @@ def test_a_directory_that_cannot_be_written_is_an_error_naming_the_flag(tmp_path
         HostPool(f / "pool", MB)
     with pytest.raises(ConfigError, match="--host-pool-gb: must be > 0"):
         HostPool(tmp_path, 0)
+
+
+def test_a_dead_writer_s_temporary_file_is_removed_when_a_worker_opens_the_pool(
+    tmp_path: Path,
+) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / f"m-0.{dead.pid}.tmp"
+    allocate_file(orphan, MB)
+    mine = tmp_path / f"n-0.{os.getpid()}.tmp"  # a live writer's: kept
+    mine.write_bytes(b"")
+    _pool(tmp_path)
+    assert not orphan.exists() and mine.exists()
