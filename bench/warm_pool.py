@@ -18,7 +18,13 @@ files' allocated blocks and the tmpfs's used bytes (statvfs) above what they wer
 the workers started. Figures of this machine, quoted in docs/design/0009-placement.md,
 never asserted in a test.
 
-    python bench/warm_pool.py [--weights-mib 400] [--pool-gib 1] [--json PATH]
+``--placement ROUNDS``: then also ``evenserve up`` with the gateway's placement (lru) on two
+emulated devices that hold one model each, four models of 60 MiB, a host pool of
+``--placement-pool-mib`` (three entries' worth), and ROUNDS rounds of one request per model in
+turn (most of them misses): the controller's planned cold and warm loads against what the
+workers' load replies said (``/admin/placement``).
+
+    python bench/warm_pool.py [--weights-mib 400] [--pool-gib 1] [--placement 5] [--json PATH]
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import argparse
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -109,10 +117,105 @@ def entry_bytes(pool: Path) -> tuple[int, list[str]]:
     return sum(f.stat().st_blocks * 512 for f in files), [f.name.split("-")[0] for f in files]
 
 
+def placement_run(rounds: int, pool_mib: float, root: Path) -> dict[str, Any]:
+    """``evenserve up`` with placement and a host pool, models asked for in turn; the counts."""
+    token = "warm-pool-bench-token-0123"
+    models = ("m1", "m2", "m3", "m4")
+    repo, tiny = root / "prepo", root / "tiny"
+    tiny.mkdir(parents=True)
+    for m in models:
+        (repo / m).mkdir(parents=True)
+        (repo / m / "model.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "runtime": "emulated",
+                    "max_batch_size": 1,
+                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
+                    "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
+                }
+            )
+        )
+        (tiny / f"{m}.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "model": m,
+                    "device": "bench (synthetic)",
+                    "runtime": "emulated",
+                    "precision": "fp16",
+                    "source": "Synthetic figures for the warm-pool bench (not a measurement).",
+                    "weights_mb": 60,
+                    "points": [{"batch": 1, "latency_ms": 2.0}],
+                }
+            )
+        )
+    ports = [free_port() for _ in range(3)]
+    cluster = {
+        "gateway": {
+            "port": ports[0],
+            "admin": {"token": token},
+            "placement": {
+                "policy": "lru",
+                "interval_ms": 1000,
+                "load_wait_ms": 30_000,
+                "host_memory_gb": pool_mib / 1024.0,
+            },
+        },
+        "workers": {
+            "repo": str(repo),
+            "devices": [
+                {
+                    "name": f"d{i}",
+                    "device": f"emulated:{tiny}",
+                    "models": [models[i]],
+                    "memory_gb": 0.1,
+                    "port": ports[i + 1],
+                }
+                for i in range(2)
+            ],
+        },
+    }
+    cfg = root / "cluster.yaml"
+    cfg.write_text(yaml.safe_dump(cluster))
+    ready = root / "ready.json"
+    log = (root / "up.log").open("wb")
+    up = subprocess.Popen(
+        [*CLI, "up", str(cfg), "--log-dir", str(root / "logs"), "--ready-file", str(ready)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            if up.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"evenserve up failed: {(root / 'up.log').read_text()}")
+            time.sleep(0.2)
+        url = json.loads(ready.read_text())["gateway"]["url"]
+        body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0] * 4}]}
+        order = [m for _ in range(rounds) for m in (*models[2:], *models[:2])]
+        with httpx.Client(base_url=url, timeout=60, trust_env=False) as c:
+            for m in order:
+                c.post(f"/v2/models/{m}/infer", json=body).raise_for_status()
+            view = c.get("/admin/placement", headers={"authorization": f"Bearer {token}"})
+            counts: dict[str, Any] = view.json()["counts"]
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(60)
+        log.close()
+    return {"requests": len(order), "pool_mib": pool_mib, **counts}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--weights-mib", type=float, default=400.0)
     ap.add_argument("--pool-gib", type=float, default=1.0)
+    ap.add_argument("--placement", type=int, default=0, help="rounds of the placement run")
+    ap.add_argument("--placement-pool-mib", type=float, default=200.0)
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     opts = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="warm-pool-bench-"))
@@ -190,6 +293,24 @@ def main() -> int:
         )
     print()
     print(f"after the run (pool removed): tmpfs used {released / mib:+.0f} MiB vs before")
+    placed: dict[str, Any] | None = None
+    if opts.placement > 0:
+        proot = Path(tempfile.mkdtemp(prefix="warm-pool-bench-up-"))
+        try:
+            placed = placement_run(opts.placement, opts.placement_pool_mib, proot)
+        finally:
+            shutil.rmtree(proot, ignore_errors=True)
+        print()
+        print(
+            f"placement (lru, 2 devices of one model, 4 models of 60 MiB, pool "
+            f"{opts.placement_pool_mib:g} MiB, {placed['requests']} requests, models in turn, "
+            f"{placed['loads']} loads, {placed['evictions']} evictions):"
+        )
+        print()
+        print("| loads | planned (controller) | live (workers' replies) |")
+        print("|---|---|---|")
+        print(f"| cold | {placed['cold_loads']} | {placed['live_cold_loads']} |")
+        print(f"| warm | {placed['warm_loads']} | {placed['live_warm_loads']} |")
     if opts.json is not None:
         doc = {
             "pool_gib": opts.pool_gib,
@@ -198,6 +319,7 @@ def main() -> int:
             "expected_warm_s": warm_s,
             "steps": rows,
             "tmpfs_used_after_bytes": released,
+            "placement": placed,
         }
         opts.json.write_text(json.dumps(doc, indent=2) + "\n")
     return 0
