@@ -52,6 +52,8 @@ class FakeBackend:
     #: (``"load m"``, ``"unload m"``). A load or unload flips ``index`` and ``models``.
     load_delay_s: float = 0.0
     load_status: int | None = None
+    #: What a load's reply says it came from (the worker's: host, its warm pool, or disk).
+    load_source: str = "disk"
     control_log: list[str] = field(default_factory=list)
     seen_headers: list[dict[str, str]] = field(default_factory=list)
 
@@ -153,6 +155,7 @@ class FakeBackend:
             self.index[m] = "READY"
             if m not in self.models:
                 self.models.append(m)
+            return JSONResponse({"load_source": self.load_source, "load_seconds": 0.0})
         elif action == "unload":
             self.index.pop(m, None)
             if m in self.models:

@@ -91,6 +91,9 @@ async def test_a_miss_unloads_then_loads_and_is_answered_from_the_new_host() -> 
         view = (await client.get("/admin/placement", headers=AUTH)).json()
         assert view["devices"]["f0"]["residents"] == {"c": "READY"}
         assert view["counts"]["loads"] == 1 and view["counts"]["evictions"] == 1
+        # The controller planned c cold; the worker's reply says where it came from.
+        assert view["counts"]["cold_loads"] == 1 and view["counts"]["warm_loads"] == 0
+        assert (view["counts"]["live_cold_loads"], view["counts"]["live_warm_loads"]) == (1, 0)
         text = (await client.get("/metrics")).text
         assert 'evenserve_gateway_model_loads_total{backend="f0",model="c"} 1.0' in text
         assert 'evenserve_gateway_evictions_total{backend="f0",model="a"} 1.0' in text

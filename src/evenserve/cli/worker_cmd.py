@@ -150,6 +150,21 @@ def worker(
         float,
         typer.Option(help=_help(DeviceOptions, "interference", "with --instances > 1")),
     ] = DEFAULT_INTERFERENCE,
+    host_pool: Annotated[
+        Path | None,
+        typer.Option(
+            help="The host's warm pool: a directory (tmpfs, e.g. under /dev/shm, so it is host "
+            "memory) shared by the workers of this host, created if missing. A cold load "
+            "(from the repository) writes the model's entry there, an unload keeps it, and a "
+            "load that finds it is warm (emulated: emulated.warm_load_ms, default weights / "
+            "12 GB/s + 5 ms); least recently used entries are deleted beyond --host-pool-gb. "
+            "Needs --host-pool-gb."
+        ),
+    ] = None,
+    host_pool_gb: Annotated[
+        float | None,
+        typer.Option(help="Capacity of --host-pool in GiB (needs --host-pool)."),
+    ] = None,
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
@@ -191,6 +206,13 @@ def worker(
         fail("--repository-poll-secs: must be > 0")
     if not load_wait_ms >= 0:
         fail("--load-wait-ms: must be >= 0")
+    if host_pool_gb is not None and host_pool is None:
+        fail("--host-pool-gb: needs --host-pool DIR (the pool's directory)")
+    if host_pool is not None:
+        if host_pool_gb is None:
+            fail("--host-pool: needs --host-pool-gb (the pool's capacity in GiB)")
+        elif not host_pool_gb > 0:
+            fail("--host-pool-gb: must be > 0")
     try:
         run = DeviceOptions.from_flags(
             instances=instances, interference=interference, memory_gb=memory_gb
@@ -236,6 +258,8 @@ def worker(
             repository=repo,
             repository_poll_s=repository_poll_secs,
             load_wait_s=load_wait_ms / 1000.0,
+            host_pool=host_pool,
+            host_pool_bytes=(host_pool_gb or 0.0) * 1024.0**3,
         )
         service = WorkerService(entries, options)
         err_console.print(

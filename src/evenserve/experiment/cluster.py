@@ -9,9 +9,12 @@ policy. :func:`arm_cluster` starts it with the ``evenserve up`` Launcher, on loo
 Placement arms: only the devices the arm lists; the gateway's ``placement`` (the arm's
 policy with its ``placement_interval_ms``, ``load_wait_ms`` and ``host_memory_gb``) and
 ``autoscaling``; a device that is not ``active`` is a spare (``active: false``, no models);
-every model.yaml's ``emulated.load_ms`` is the scenario's (scaled) cold load time, which the
-worker sleeps and the gateway's controller plans with. A spare's start time live is its
-worker process starting (the scenario's ``start_ms`` is what the simulator assumes).
+every model.yaml's ``emulated.load_ms`` and ``emulated.warm_load_ms`` are the scenario's
+(scaled) cold and warm load times, which the worker sleeps and the gateway's controller plans
+with. An arm with ``host_memory_gb`` > 0 gets one host pool shared by its workers (the
+Launcher makes it and removes it at the end), so warm loads are warm live too. A spare's
+start time live is its worker process starting (the scenario's ``start_ms`` is what the
+simulator assumes).
 """
 
 from __future__ import annotations
@@ -101,8 +104,9 @@ def write_arm_cluster(
         raw.pop("profile", None)
         raw["emulated"] = {"profile_name": mspec.profile or m}
         if spec.placement is not None:
-            cold_s, _ = mspec.load_times_s(model_weights_bytes(loaded, m))
+            cold_s, warm_s = mspec.load_times_s(model_weights_bytes(loaded, m))
             raw["emulated"]["load_ms"] = round(cold_s * 1000.0, 3)
+            raw["emulated"]["warm_load_ms"] = round(warm_s * 1000.0, 3)
         raw["batching"], max_batch = live_batching(
             spec.batching_per_model.get(m, spec.batching), f"arms.{arm}.batching"
         )

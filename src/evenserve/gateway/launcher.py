@@ -19,6 +19,11 @@ also gets SIGTERM if this process dies without cleaning up (PR_SET_PDEATHSIG).
   configured models as ``--load-model`` (so the gateway's placement view of residents
   matches) and ``--load-wait-ms`` from the placement section. A spare (``active: false``) is
   not started at ``up``: the scale channel starts it.
+- The host's warm pool: when ``gateway.placement.host_memory_gb`` is above 0, one pool
+  directory per run (under /dev/shm where it exists, else the temporary directory) is given
+  to every worker as ``--host-pool DIR --host-pool-gb G``, so a model unloaded on one device
+  reloads warm on another, as the controller's one cluster-wide pool plans it. ``stop``
+  removes it (its memory goes back to the host).
 - The scale channel (``gateway.autoscaling``): every 200 ms the launcher GETs the gateway's
   ``/admin/scale`` with the admin token it holds (``[{device, action: start | stop}]``).
   ``start``: start that worker (the gateway admits it once it is ready: device_ready).
@@ -38,6 +43,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -59,9 +65,12 @@ from evenserve.gateway.config import (
     AdminToken,
     DeviceEntry,
     LoadedCluster,
+    PlacementSettings,
+    WorkersSection,
     write_private,
 )
 from evenserve.runtime.device import parse_device
+from evenserve.runtime.host_pool import default_pool_parent
 
 #: How a child runs the CLI. Not ``-m evenserve.cli.main``: run as ``__main__`` that module
 #: would be loaded twice and commands registered by other modules would miss the running app.
@@ -167,6 +176,8 @@ class Launcher:
     on: set[str] = field(default_factory=set)
     #: Workers the scale channel sent SIGTERM, with the time (monotonic).
     stopping: dict[str, float] = field(default_factory=dict)
+    #: The host pool directory of this run (``host_memory_gb`` > 0), removed at ``stop``.
+    host_pool: Path | None = None
     _stop: bool = False
 
     def __post_init__(self) -> None:
@@ -217,6 +228,29 @@ class Launcher:
             raise ConfigError("workers: `evenserve up` needs a workers section with devices")
         base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         placement = self.cluster.config.gateway.placement_settings()
+        pool_args: list[str] = []
+        if placement is not None and placement.host_memory_gb > 0:
+            if self.host_pool is None:
+                self.host_pool = Path(
+                    tempfile.mkdtemp(prefix="evenserve-pool-", dir=default_pool_parent())
+                )
+            pool_args = [
+                "--host-pool", str(self.host_pool),
+                "--host-pool-gb", f"{placement.host_memory_gb:g}",
+            ]  # fmt: skip
+        try:
+            self._plan_workers(w, base_env, placement, pool_args)
+        except BaseException:
+            self.remove_host_pool()
+            raise
+
+    def _plan_workers(
+        self,
+        w: WorkersSection,
+        base_env: dict[str, str],
+        placement: PlacementSettings | None,
+        pool_args: list[str],
+    ) -> None:
         for i, d in enumerate(w.devices):
             port = w.port_of(i)
             dev, env = worker_env(self._device_arg(d.device), base_env)
@@ -231,6 +265,7 @@ class Launcher:
                 "--port", str(port),
                 *([] if d.grpc_port is None else ["--grpc-port", str(d.grpc_port)]),
                 *models,
+                *pool_args,
                 *d.option_flags(),
                 *d.extra_args,
             )  # fmt: skip
@@ -473,6 +508,13 @@ class Launcher:
         if self.gateway is not None:
             self._terminate([self.gateway], drain_s)
         self._terminate(self.workers, drain_s)
+        self.remove_host_pool()
+
+    def remove_host_pool(self) -> None:
+        """Remove this run's host pool (its entries' memory goes back to the host)."""
+        if self.host_pool is not None:
+            shutil.rmtree(self.host_pool, ignore_errors=True)
+            self.host_pool = None
 
     def _terminate(self, procs: list[Proc], timeout_s: float) -> None:
         for p in procs:

@@ -101,15 +101,18 @@ def model_info(
     profile: LatencyProfile | None,
     max_batch_size: int | None = None,
     load_s: float | None = None,
+    warm_load_s: float | None = None,
 ) -> ModelInfo:
     """A catalogue entry: weights from the profile (0 without one), cold and warm load times
-    with the scenario's defaults (``core.scenario.default_load_times_s``; ``load_s``, the
-    model's own cold load, replaces the cold one), batch time and size from the profile at
+    with the scenario's defaults (``core.scenario.default_load_times_s``; ``load_s`` and
+    ``warm_load_s``, the model's own, replace them), batch time and size from the profile at
     the batching cap (default: the profile's largest batch)."""
     weights = profile.weights_bytes if profile is not None else 0.0
     cold, warm = default_load_times_s(weights)
     if load_s is not None:
         cold = load_s
+    if warm_load_s is not None:
+        warm = warm_load_s
     if profile is None:
         return ModelInfo(name, weights, cold, warm, 0.0, max_batch_size or 1)
     cap = max_batch_size or max(profile.batches, default=1)
@@ -157,17 +160,20 @@ def cluster_setup(
         pname = em.get("profile_name")
         key = pname if isinstance(pname, str) else m
         prof = next((ps[key] for ps in profile_sets.values() if key in ps), None)
-        ms = em.get("load_ms")
-        load_s = None if isinstance(ms, bool) or not isinstance(ms, int | float) else ms / 1e3
-        infos[m] = model_info(m, prof, load_s=load_s)
+        load_s, warm_s = (_seconds(em.get(k)) for k in ("load_ms", "warm_load_ms"))
+        infos[m] = model_info(m, prof, load_s=load_s, warm_load_s=warm_s)
     return infos, devices
+
+
+def _seconds(ms: Any) -> float | None:
+    return None if isinstance(ms, bool) or not isinstance(ms, int | float) else ms / 1e3
 
 
 def emulated_section(cluster: LoadedCluster, model: str) -> dict[str, Any]:
     """The ``emulated:`` section of a repository model's model.yaml ({} if none): its
     ``profile_name`` (the profile in the device's set, default the model's name) and its
-    ``load_ms`` (what the emulated worker sleeps for a load), so the controller plans with
-    the weights and the load time the worker has."""
+    ``load_ms`` and ``warm_load_ms`` (what the emulated worker sleeps for a cold and a warm
+    load), so the controller plans with the weights and the load times the worker has."""
     w = cluster.config.workers
     if w is None:
         return {}
@@ -259,6 +265,8 @@ class PlacementDriver:
     post: Post
     loads: dict[tuple[str, str], int] = field(default_factory=dict)
     evictions: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: Loads done as the workers' replies say they came: from the host pool or from disk.
+    live_sources: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})
     scale_decisions: dict[str, int] = field(default_factory=lambda: {"up": 0, "down": 0})
     #: Seconds from the first request of the last burst to its ScaleUp (None: none yet).
     last_scale_up_s: float | None = None
@@ -471,6 +479,7 @@ class PlacementDriver:
         d = ctl.devices[a.device]
         self._ops.pop((a.device, a.model), None)
         if err is None:
+            self._count_source(body)
             ctl.load_done(a.model, a.device, now)
             if d.models.get(a.model) == READY:
                 self._set_state(a.device, a.model, READY)
@@ -487,6 +496,13 @@ class PlacementDriver:
                 if err is None
                 else f"the load of model {a.model!r} on {a.device} failed ({err})"
             )
+
+    def _count_source(self, body: bytes) -> None:
+        """The worker's load reply says where the load came from (host: its warm pool)."""
+        with contextlib.suppress(ValueError, AttributeError):
+            source = json.loads(body or b"{}").get("load_source")
+            if source in self.live_sources:
+                self.live_sources[source] += 1
 
     async def _unload(self, a: Unload) -> None:
         path = f"/v2/repository/models/{a.model}/unload"
@@ -724,6 +740,9 @@ class PlacementDriver:
                 "loads": c.loads,
                 "cold_loads": c.cold_loads,
                 "warm_loads": c.warm_loads,
+                # What the workers' load replies said (the controller plans, they measure).
+                "live_warm_loads": self.live_sources["host"],
+                "live_cold_loads": self.live_sources["disk"],
                 "evictions": c.evictions,
                 "scale_ups": c.scale_ups,
                 "scale_downs": c.scale_downs,

@@ -24,6 +24,8 @@ REFUSALS = f"{PREFIX}_refusals"  # counter (_total): requests refused, by model 
 # Model control (the repository extension), per model.
 MODEL_LOADS = "evenserve_model_loads"  # counter (_total): load attempts, by model and outcome
 MODEL_UNLOADS = "evenserve_model_unloads"  # counter (_total): unloads done, by model
+#: Counter (_total): loads done, by model and source (host: the warm pool; disk: cold).
+MODEL_LOAD_SOURCES = "evenserve_model_load_sources"
 #: Histogram: how long an inference request waited for its model's load, by model.
 LOAD_WAIT = "evenserve_load_wait_seconds"
 #: The ``outcome`` label of MODEL_LOADS.

@@ -168,6 +168,12 @@ class WorkerMetrics:
             registry=r,
         )
         self.unloads = Counter(names.MODEL_UNLOADS, "Model unloads done.", ["model"], registry=r)
+        self.load_sources = Counter(
+            names.MODEL_LOAD_SOURCES,
+            "Model loads done, by source: host (the host's warm pool) or disk (the repository).",
+            ["model", "source"],
+            registry=r,
+        )
         self.load_wait = per_model(
             names.LOAD_WAIT,
             "Time an inference request waited for its model's load (requests that arrived "
@@ -194,6 +200,9 @@ class WorkerMetrics:
 
     def observe_load(self, model: str, outcome: str) -> None:
         self.loads.labels(model, outcome).inc()
+
+    def observe_load_source(self, model: str, source: str) -> None:
+        self.load_sources.labels(model, source).inc()
 
     def observe_load_wait(self, model: str, waited_s: float) -> None:
         self.load_wait.labels(model).observe(waited_s)

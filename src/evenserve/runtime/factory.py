@@ -50,7 +50,8 @@ def create_runtime(
         profile = resolve_profile(ctx, params, profile_sets_dir)
         fail_value = None if params is None else params.fail_value
         load_ms = None if params is None else params.load_ms
-        return EmulatedRuntime(ctx, profile, emulated_device, fail_value, load_ms)
+        warm_ms = None if params is None else params.warm_load_ms
+        return EmulatedRuntime(ctx, profile, emulated_device, fail_value, load_ms, warm_ms)
     if kind == "transformers":
         return TransformersRuntime(ctx)
     if kind == "torch":

@@ -4,13 +4,21 @@ Inputs are passed positionally in the order model.yaml declares them. The module
 tensor (one declared output), a tuple/list (matched to the declared outputs in order) or a
 dict (matched by name). ``format: auto`` picks torch.export for ``.pt2`` files, TorchScript
 otherwise.
+
+The host pool (``runtime.host_pool``): the entry is the model file itself, copied into the
+pool after a cold load (its serialized program and weights, as torch saved them); a warm
+load reads that copy (tmpfs: host memory) instead of the repository's file. The entry's
+digest includes the file's size and modification time, so a changed file is never read
+stale.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -40,15 +48,42 @@ class TorchRuntime(TorchModuleRuntime):
         self._format = ""
         self._notes: list[str] = []
 
+    @property
+    def path(self) -> Path:
+        """The model file (relative to the model folder; an absolute one stays as it is)."""
+        return self.ctx.model_dir / self.params.file
+
     def load(self) -> None:
+        path = self.path
+        if not path.is_file():
+            raise ConfigError(f"model {self.ctx.model!r}: torch.file: not found: {path}")
+        self._load_file(path, path)
+
+    def load_warm(self, entry: Path) -> None:
+        """A load from the host pool: the copy of the model file there."""
+        self._load_file(entry, self.path)
+
+    def pool_bytes(self) -> float:
+        return float(self.path.stat().st_size)
+
+    def pool_tag(self) -> str:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return str(self.path)
+        return f"{self.path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+
+    def write_pool_entry(self, path: Path) -> None:
+        shutil.copyfile(self.path, path)
+
+    def _load_file(self, path: Path, named: Path) -> None:
+        """Load the program of ``path`` (``named``: the repository's file, which decides the
+        format and is named in errors)."""
         torch, dtype = self._prepare(self.params.precision)
         ctx = self.ctx
-        path = ctx.model_dir / self.params.file  # an absolute file stays as it is
-        if not path.is_file():
-            raise ConfigError(f"model {ctx.model!r}: torch.file: not found: {path}")
         fmt = self.params.format
         if fmt == "auto":
-            fmt = "export" if path.suffix == ".pt2" else "torchscript"
+            fmt = "export" if named.suffix == ".pt2" else "torchscript"
         dev = ctx.device.torch_device
         try:
             if fmt == "export":

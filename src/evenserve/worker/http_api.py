@@ -288,19 +288,22 @@ class WorkerApp:
     async def repository_control(self, request: Request, name: str, action: str) -> Response:
         """``POST /v2/repository/models/{m}/load`` (optional body ``{"parameters": {"config":
         "<model.yaml fields as JSON>"}}``, the config as a string as Triton takes it, or as
-        an object) and ``.../unload``: 200 ``{}`` once done."""
+        an object) and ``.../unload``: 200 once done, a load's body saying where it came
+        from and how long it took (``{"load_source": "host" | "disk", "load_seconds": s}``:
+        host, the warm pool; an unload's ``{}``)."""
         svc = self.service
+        reply: dict[str, Any] = {}
         try:
             body = _json_body(request, svc.options.max_body_bytes)
             if action == "load":
-                await svc.request_load(name, load_override(body))
+                reply = await svc.request_load(name, load_override(body))
             else:
                 await svc.request_unload(name)
         except ProtocolError as exc:
             return _error(str(exc), exc.status)
         except ModelControlError as exc:
             return _error(str(exc), exc.status)
-        return _json({})
+        return _json(reply)
 
     async def load(self, request: Request) -> Response:
         if not self.service.started:

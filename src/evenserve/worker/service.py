@@ -17,8 +17,9 @@ import logging
 import math
 import random
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +37,7 @@ from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
+from evenserve.runtime.host_pool import HostPool, digest
 from evenserve.runtime.torch_common import (
     cuda_memory_bytes,
     cuda_process_memory_bytes,
@@ -83,6 +85,10 @@ class WorkerOptions:
     #: How long an inference request for a model being loaded waits for the load to end
     #: before it is answered 503 (``--load-wait-ms``).
     load_wait_s: float = 10.0
+    #: The host's warm pool (``--host-pool``, shared by the host's workers) and its capacity
+    #: (``--host-pool-gb``); None: no pool, every load is from disk.
+    host_pool: Path | None = None
+    host_pool_bytes: float = 0.0
 
 
 #: Model states (Triton's repository index).
@@ -194,8 +200,32 @@ def trim_memory() -> bool:
         return False
 
 
-def _release(runtime: Runtime) -> None:
-    """Close an unloaded model's runtime and collect what it held (runs in a thread)."""
+def _pooled(runtime: Runtime) -> bool:
+    """Whether the runtime can load from and write a host-pool entry."""
+    return all(
+        hasattr(runtime, a) for a in ("load_warm", "write_pool_entry", "pool_bytes", "pool_tag")
+    )
+
+
+def _pool_put(pool: HostPool, model: str, key: str, runtime: Runtime) -> Callable[[], None]:
+    """What writes (or refreshes) a model's pool entry; a failure is logged, never raised
+    (the pool is an optimisation: no load or unload fails for it)."""
+    rt: Any = runtime
+
+    def put() -> None:
+        try:
+            pool.put(model, key, rt.pool_bytes(), rt.write_pool_entry)
+        except Exception:
+            log.exception("host pool: keeping model %s failed", model)
+
+    return put
+
+
+def _release(runtime: Runtime, keep: Callable[[Runtime], None] | None = None) -> None:
+    """Close an unloaded model's runtime and collect what it held (runs in a thread);
+    ``keep`` first puts it in the host pool (an unload keeps it warm)."""
+    if keep is not None:
+        keep(runtime)
     runtime.close()
     del runtime
     gc.collect()
@@ -295,6 +325,15 @@ class WorkerService:
         # Emulated models share one device when batches run at once (they slow each other).
         run = options.run
         self._shared = EmulatedDevice(run.interference) if run.instances > 1 else None
+        self.host_pool = (
+            None
+            if options.host_pool is None
+            else HostPool(options.host_pool, options.host_pool_bytes)
+        )
+        #: Each loaded model's host-pool digest, and where its load came from and how long
+        #: it took (``load_source``, ``load_seconds``).
+        self._pool_digests: dict[str, str] = {}
+        self.load_info: dict[str, dict[str, Any]] = {}
         for e in entries:
             if e.name in self.entries:
                 raise ConfigError(f"model {e.name!r} is given twice")
@@ -351,7 +390,7 @@ class WorkerService:
         self.policies[n] = b.policy
         self.batching_specs[n] = b.spec
         self.profiles[n] = b.profile
-        self.stats[n] = ModelStats(n, e.config.version)
+        self.stats[n] = ModelStats(n, e.config.version, load=self.load_info.get(n))
 
     def _unregister(self, n: str) -> Runtime:
         for d in (
@@ -394,10 +433,77 @@ class WorkerService:
                 )
         for name, rt in self.runtimes.items():
             try:
-                rt.load()
+                info = self._load_runtime(self.entries[name], rt)
             except ConfigError as exc:
                 raise ConfigError(f"{self.entries[name].source}: {exc}") from exc
-            self.descriptions[name] = rt.describe()
+            self.descriptions[name] = {**rt.describe(), **info}
+            self.load_info[name] = info
+            self.stats[name].load = info
+
+    def _pool_digest(self, entry: ModelEntry, runtime: Runtime) -> str:
+        """The digest of a model's host-pool entry: its config and what the runtime adds."""
+        tag = getattr(runtime, "pool_tag", lambda: "")()
+        triton = json.dumps(entry.triton_config, sort_keys=True, default=str)
+        return digest(entry.config.model_dump_json(), triton, str(tag))
+
+    def _load_runtime(self, entry: ModelEntry, runtime: Runtime) -> dict[str, Any]:
+        """Load a runtime (blocking): from the host pool when it holds the model (warm), else
+        from the repository, and then into the pool (a cold load passes through host
+        memory). Where it came from and how long it took (the entry's write included):
+        ``load_source`` (host | disk), ``load_seconds``."""
+        pool = self.host_pool if _pooled(runtime) else None
+        rt: Any = runtime
+        key = self._pool_digest(entry, runtime) if pool is not None else None
+        source = "disk"
+        t0 = time.perf_counter()
+        found = None
+        if pool is not None and key is not None:
+            try:
+                found = pool.take(entry.name, key)
+            except OSError as exc:  # the pool is an optimisation: a load never fails for it
+                log.warning("host pool: %s", exc)
+        if found is not None:
+            try:
+                rt.load_warm(found)
+                source = "host"
+            except (OSError, ConfigError) as exc:  # evicted under it: the cold load then
+                log.warning("model %s: warm load from the host pool failed: %s", entry.name, exc)
+                rt.close()
+                t0 = time.perf_counter()
+        if source == "disk":
+            if pool is not None and key is not None:
+                put = _pool_put(pool, entry.name, key, rt)
+                if getattr(rt, "pool_entry_first", False):
+                    # The entry stands for the host buffer the cold load reads into: written
+                    # while the load runs (emulated: reserving its pages takes a while).
+                    writer = threading.Thread(target=put, name="host-pool")
+                    writer.start()
+                    try:
+                        runtime.load()
+                    finally:
+                        writer.join()
+                else:
+                    runtime.load()
+                    put()
+            else:
+                runtime.load()
+        if key is not None:
+            self._pool_digests[entry.name] = key
+        took = time.perf_counter() - t0
+        self.metrics.observe_load_source(entry.name, source)
+        log.info("model %s loaded from %s in %.3f s", entry.name, source, took)
+        return {"load_source": source, "load_seconds": round(took, 6)}
+
+    def _keeper(self, name: str) -> Callable[[Runtime], None] | None:
+        """What puts an unloaded model back in the host pool (None: no pool for it)."""
+        pool, key = self.host_pool, self._pool_digests.pop(name, None)
+        if pool is None or key is None:
+            return None
+
+        def keep(runtime: Runtime) -> None:
+            _pool_put(pool, name, key, runtime)()
+
+        return keep
 
     def _emulated_switch_interval(self) -> None:
         if self._saved_switch_interval is None and any(
@@ -544,10 +650,13 @@ class WorkerService:
                 400,
             )
 
-    async def request_load(self, name: str, override: Mapping[str, Any] | None = None) -> None:
-        """A load request of the repository extension (explicit model control only)."""
+    async def request_load(
+        self, name: str, override: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """A load request of the repository extension (explicit model control only); where
+        the load came from (``load_source``: host or disk) and ``load_seconds``."""
         self._check_control("load")
-        await self.load_model(name, override)
+        return await self.load_model(name, override)
 
     async def request_unload(self, name: str) -> None:
         """An unload request of the repository extension (explicit model control only)."""
@@ -577,7 +686,9 @@ class WorkerService:
         if self._driver is None or self._executor is None:
             raise ModelControlError("the worker has not started yet", 503)
 
-    async def load_model(self, name: str, override: Mapping[str, Any] | None = None) -> None:
+    async def load_model(
+        self, name: str, override: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Load (or reload) model ``name`` from its repository folder; ``override``: model.yaml
         fields replacing the file's top-level ones. The model is LOADING meanwhile (inference
         requests for it wait for the load: ``await_load``), READY after. A model already
@@ -586,7 +697,8 @@ class WorkerService:
         then the old one is unloaded (drained: no request lost) and the new one loaded. On an
         emulated device a load whose weights do not fit in the memory not yet held (the
         resident models' weights and those being loaded) is refused (400). ModelControlError
-        with the status otherwise."""
+        with the status otherwise. Returns where the load came from and how long it took
+        (``load_source``, ``load_seconds``)."""
         self._check_running()
         directory = self._folder(name)
         async with self._lock(name):
@@ -651,6 +763,7 @@ class WorkerService:
                 self.states[name] = ModelState(READY, version=entry.config.version)
                 failure = None
                 log.info("model %s loaded", name)
+                return dict(self.load_info[name])
             except ModelControlError as exc:
                 failure = str(exc)
                 raise
@@ -691,16 +804,17 @@ class WorkerService:
 
     def _load_built(self, entry: ModelEntry, built: _Built) -> dict[str, Any]:
         """Load a built runtime (runs in a thread: an emulated load sleeps its load time);
-        closed again if that fails. Returns its description."""
+        closed again if that fails. Returns its description, with where the load came from
+        (``load_source``) and how long it took (``load_seconds``)."""
         try:
-            built.runtime.load()
+            info = self._load_runtime(entry, built.runtime)
         except ConfigError as exc:
             built.runtime.close()
             raise ConfigError(f"{entry.source}: {exc}") from exc
         except BaseException:
             built.runtime.close()
             raise
-        return built.runtime.describe()
+        return {**built.runtime.describe(), **info}
 
     def waiting_for_load(self, name: str) -> int:
         """How many inference requests wait for the load of ``name`` now."""
@@ -745,6 +859,8 @@ class WorkerService:
         n = entry.name
         self._register(entry, built)
         self.descriptions[n] = description
+        self.load_info[n] = {k: description[k] for k in ("load_source", "load_seconds")}
+        self.stats[n].load = self.load_info[n]
         self._executor.add(n, built.runtime, [s.name for s in entry.inputs])
         self._driver.add_model(self._setup(n))
         self.metrics.add_model(n)
@@ -781,7 +897,8 @@ class WorkerService:
         self._executor.remove(name)
         runtime = self._unregister(name)
         self._mtimes.pop(name, None)
-        await asyncio.to_thread(_release, runtime)
+        self.load_info.pop(name, None)
+        await asyncio.to_thread(_release, runtime, self._keeper(name))
         del runtime
         self.metrics.observe_unload(name)
         self.states[name] = ModelState(UNAVAILABLE, "unloaded", version)

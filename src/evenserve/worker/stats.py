@@ -5,7 +5,9 @@ nanoseconds, as Triton does: ``success``/``fail`` time a request from receipt to
 ``queue`` from arrival to its batch's start; ``compute_input``/``compute_infer``/
 ``compute_output`` are the batch's phases, counted once per request in the batch;
 ``batch_stats`` count executions per batch size. Tools that read Triton's statistics
-(perf_analyzer, dashboards) read these unchanged.
+(perf_analyzer, dashboards) read these unchanged. One key of evenserve's own:
+``evenserve_load``, where the model's last load came from (``load_source``: ``host``, the
+warm pool, or ``disk``) and how long it took (``load_seconds``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class ModelStats:
     queue: Duration = field(default_factory=Duration)
     compute: Phases = field(default_factory=Phases)
     batches: dict[int, Phases] = field(default_factory=dict)
+    #: Where the model's load came from and how long it took (``load_source``: host, the
+    #: warm pool, or disk; ``load_seconds``), shown as ``evenserve_load``.
+    load: dict[str, Any] | None = None
 
     def record_batch(
         self,
@@ -93,4 +98,5 @@ class ModelStats:
                 {"batch_size": size, **asdict(b)} for size, b in sorted(self.batches.items())
             ],
             "memory_usage": [],
+            **({} if self.load is None else {"evenserve_load": dict(self.load)}),
         }

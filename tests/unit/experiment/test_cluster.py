@@ -190,10 +190,17 @@ def test_a_placement_arm_compiled_into_a_cluster(tmp_path: Path) -> None:
     repo = tmp_path / "w" / "repo"
     resnet = yaml.safe_load((repo / "resnet50" / "model.yaml").read_text())
     bert = yaml.safe_load((repo / "bert-base" / "model.yaml").read_text())
-    assert resnet["emulated"] == {"profile_name": "resnet50", "load_ms": 1500.0}
+    r_weights = scaled.profile_sets["a10"]["resnet50"].weights_bytes
+    _, r_warm = scaled.scenario.models["resnet50"].load_times_s(r_weights)
+    assert resnet["emulated"] == {
+        "profile_name": "resnet50",
+        "load_ms": 1500.0,
+        "warm_load_ms": round(r_warm * 1000, 3),  # the scaled default: the worker's warm load
+    }
     weights = scaled.profile_sets["a10"]["bert-base"].weights_bytes
-    cold, _ = default_load_times_s(weights)
+    cold, warm = default_load_times_s(weights)
     assert bert["emulated"]["load_ms"] == pytest.approx(cold * 1000 * 5, abs=1e-3)
+    assert bert["emulated"]["warm_load_ms"] == pytest.approx(warm * 1000 * 5, abs=1e-3)
     # The gateway's own loader takes it: a spare, and a catalogue whose load times and
     # weights are the simulator's (the same numbers the controller plans with there).
     cluster = load_cluster(path)
@@ -205,8 +212,9 @@ def test_a_placement_arm_compiled_into_a_cluster(tmp_path: Path) -> None:
         ("g0", True, ("resnet50",)),
         ("sp", False, ()),
     ]
-    sim_cold, _ = scaled.scenario.models["bert-base"].load_times_s(weights)
+    sim_cold, sim_warm = scaled.scenario.models["bert-base"].load_times_s(weights)
     assert infos["bert-base"].cold_load_s == pytest.approx(sim_cold, abs=1e-6)
+    assert infos["bert-base"].warm_load_s == pytest.approx(sim_warm, abs=1e-6)
     assert infos["resnet50"].cold_load_s == pytest.approx(1.5)
     assert infos["bert-base"].weights_bytes == weights
 

@@ -245,6 +245,26 @@ def test_under_placement_workers_run_explicit_with_their_models_and_a_spare_wait
     assert la.on == {"g0"}
 
 
+def test_host_memory_gives_every_worker_one_pool_removed_at_stop(tmp_path: Path) -> None:
+    raw = _placement_cluster(tmp_path)
+    gw = raw["gateway"]
+    assert isinstance(gw, dict)
+    la = Launcher(parse_cluster(raw, tmp_path), tmp_path / "c.yaml", tmp_path, python="py")
+    la.plan()
+    assert la.host_pool is None and "--host-pool" not in la.workers[0].cmd  # 0 GB: no pool
+    gw["placement"] = {"policy": "lru", "host_memory_gb": 1.5}
+    la = Launcher(parse_cluster(raw, tmp_path), tmp_path / "c.yaml", tmp_path, python="py")
+    la.plan()
+    pool = la.host_pool
+    assert pool is not None and pool.is_dir()
+    for p in la.workers:  # one directory for all: a model unloaded on g0 is warm on g1
+        assert p.cmd[p.cmd.index("--host-pool") + 1] == str(pool)
+        assert p.cmd[p.cmd.index("--host-pool-gb") + 1] == "1.5"
+    (pool / "m-0.entry").write_bytes(b"x")
+    la.stop()
+    assert not pool.exists() and la.host_pool is None
+
+
 def test_spares_and_autoscaling_are_validated_naming_the_field(tmp_path: Path) -> None:
     raw = _placement_cluster(tmp_path)
     del raw["gateway"]  # a spare without an autoscaler: nothing would turn it on

@@ -3,6 +3,7 @@ torch.export and ONNX Runtime. Outputs are checked against the framework called 
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -157,6 +158,34 @@ def test_torchscript_and_export(tmp_path: Path) -> None:
     assert rt2.describe()["format"] == "export"
     with pytest.raises(ConfigError, match=r"torch\.file: not found"):
         TorchRuntime(_ctx(TorchParams(file="absent.pt"), *IO, model_dir=tmp_path)).load()
+
+
+def test_a_torch_model_loads_warm_from_its_host_pool_entry(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    mod = _Tiny().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.save(torch.jit.script(mod), str(tmp_path / "m.pt"))
+    ep = torch.export.export(
+        mod, (torch.zeros(2, 4),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},)
+    )
+    torch.export.save(ep, str(tmp_path / "m.pt2"))
+    x = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+    with torch.no_grad():
+        want = mod(torch.from_numpy(x))[0].numpy()
+    for name in ("m.pt", "m.pt2"):
+        cold = TorchRuntime(_ctx(TorchParams(file=name), *IO, model_dir=tmp_path))
+        cold.load()
+        entry = tmp_path / f"{name}.entry"
+        cold.write_pool_entry(entry)  # the file's bytes: its program and weights
+        assert entry.stat().st_size == cold.pool_bytes() == (tmp_path / name).stat().st_size
+        warm = TorchRuntime(_ctx(TorchParams(file=name), *IO, model_dir=tmp_path))
+        warm.load_warm(entry)
+        np.testing.assert_allclose(warm.run({"x": x})["y"], want, rtol=1e-5)
+        assert warm.describe()["format"] == cold.describe()["format"]
+        tag = cold.pool_tag()
+        os.utime(tmp_path / name, ns=(1, 1))  # a changed file: another digest
+        assert cold.pool_tag() != tag
 
 
 def test_onnx_runtime(tmp_path: Path) -> None:
