@@ -31,8 +31,8 @@ starts *now*:
   for a device already starting, or already stopping or off, are dropped.
 
 The warm pool: host memory of ``host_memory_bytes``. A model that leaves a device (an unload
-done, a device stopped) and a model loaded from disk (it passed through host memory, the
-residents at the start included) are warm; beyond the capacity the least recently used warm models go cold. A warm load touches
+done, a device stopped) and a model loaded from disk (it passed through host memory) are
+warm; beyond the capacity the least recently used warm models go cold. A warm load touches
 the model's place in the LRU order.
 
 A policy answer ``check_actions`` refuses is a bug in that policy: PlacementError is raised,
@@ -135,11 +135,6 @@ class PlacementController:
         #: The time of the first event: the demand estimates start there (rate_rps).
         self._start_s: float | None = None
         self.counts = PlacementCounts()
-        # The residents at the start were loaded from disk: they passed through host memory
-        # (in the order the devices list them; beyond the capacity the first go cold).
-        for d in devices:
-            for m in d.models:
-                self._make_warm(m)
 
     # -- the view ---------------------------------------------------------------------------
     def view(self, now: float) -> ClusterView:
