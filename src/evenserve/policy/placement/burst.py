@@ -30,7 +30,7 @@ class BurstClock:
         first, self.first_arrival_s = self.first_arrival_s, None
         if ctl.autoscaler is None:
             return
-        view = ctl.view(now)
+        view = ctl.scale_view(now)
         active = sum(1 for d in view.devices if d.active) + len(ctl.starting)
         params = getattr(ctl.autoscaler, "params", None)
         target = float(getattr(params, "target_utilization", 1.0))
