@@ -31,7 +31,7 @@ def controller() -> PlacementController:
         info,
         devices,
         PLACEMENT.build("cost-aware"),
-        AUTOSCALING.build({"policy": "demand", "target_utilization": 0.7, "up_after_s": 0.5}),
+        AUTOSCALING.build({"policy": "demand", "target_utilization": 0.7}),  # up_after_s 1
         interval_s=1.0,
     )
 
@@ -77,7 +77,7 @@ def test_a_step_burst_gets_a_scale_up_within_2_s_of_the_step() -> None:
 
 
 def test_a_blip_shorter_than_up_after_s_gets_no_scale_up() -> None:
-    start_s, blip_s = 60.0, 0.3  # 5x for 0.3 s: the demand is over one device for < 0.5 s
+    start_s, blip_s = 60.0, 0.5  # 5x for 0.5 s: the demand is over one device for < 1 s
 
     def rate(t: float) -> float:
         return BASE_RPS * (5.0 if start_s <= t < start_s + blip_s else 1.0)

@@ -28,12 +28,14 @@ demand for seconds):
 ``count`` is the active devices, plus those this autoscaler asked to
 turn on and the view does not show active yet, less those it asked to turn off (draining).
 
-- **Up**: as soon as ``required > count`` has held for ``up_after_s`` (default 0.5 s; the
-  first view where it holds starts the clock, and with ``up_after_s = 0`` that view
-  decides), ``ScaleUp`` the inactive devices, in name order, that make up the difference (as
-  many as there are). The decision comes ``up_after_s`` plus at most one decision interval
-  after the burst reaches the view (the controller decides every quarter placement
-  interval: 0.5-0.75 s at the defaults and a 1 s interval).
+- **Up**: as soon as ``required > count`` has held for ``up_after_s`` (default 1 s; the
+  first view where it holds starts the clock, a view where it does not restarts it, and
+  with ``up_after_s = 0`` that view decides), ``ScaleUp`` the inactive devices, in name
+  order, that make up the difference (as many as there are). The decision comes
+  ``up_after_s`` plus at most one decision interval after the burst reaches the view (the
+  controller decides every quarter placement interval: 1-1.25 s at the defaults and a 1 s
+  interval). Why 1 s: with decisions once a second, 0.5 s meant "over at two decisions a
+  second apart"; 1 s keeps that noise filter now that decisions come four times as often.
 - **Down**: only after ``required <= count - 1`` (one device fewer would still meet the
   target, memory included) has held for ``quiet_s`` (default 30 s), with no scale-up or
   -down of its own pending: ``ScaleDown`` one of the active devices whose residents with
@@ -87,7 +89,7 @@ class NoAutoscaler:
 
 class DemandParams(PolicyParams):
     target_utilization: float = Field(default=0.7, gt=0, le=1)
-    up_after_s: float = Field(default=0.5, ge=0)
+    up_after_s: float = Field(default=1.0, ge=0)
     quiet_s: float = Field(default=30.0, ge=0)
     min_devices: int = Field(default=1, ge=0)
     pending_s: float = Field(default=120.0, gt=0)

@@ -38,9 +38,9 @@ larger of the ``rate_tau_s`` estimate and one over ``SCALE_RATE_TAU_S`` (0.5 s),
 for their start alike: it rises within about a second of a step in the offered load and
 falls as slowly as the long one, so scale-up is quick and scale-down (which needs both low,
 then the autoscaler's ``quiet_s``) is as conservative as before. Why the checks run more
-often than rebalance: ``decide`` is a few sums over models and devices, and a ScaleUp at a
-1 s tick with ``up_after_s`` 0.5 needs two ticks, 1-2 s after the signal crosses; at 0.25 s
-it comes 0.5-0.75 s after (the bound in docs/design/0009-placement.md).
+often than rebalance: ``decide`` is a few sums over models and devices, and at a 1 s tick
+a ScaleUp needs two ticks, 1-2 s after the signal crosses; at 0.25 s it comes
+``up_after_s`` to ``up_after_s`` + 0.25 s after (the bound in the design note 0009).
 
 A policy answer ``check_actions`` refuses is a bug in that policy: PlacementError is raised,
 never passed on to a driver.
@@ -114,7 +114,8 @@ class PlacementController:
         host_memory_bytes: float = 0.0,
         interval_s: float = 1.0,
         rate_tau_s: float = PLACEMENT_RATE_TAU_S,
-        scale_rate_tau_s: float = SCALE_RATE_TAU_S,
+        scale_rate_tau_s: float | None = None,
+        scale_checks_per_interval: int | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
@@ -130,7 +131,10 @@ class PlacementController:
         self.autoscaler = autoscaler
         self.host_memory_bytes = host_memory_bytes
         self.interval_s = interval_s
-        self.scale_interval_s = interval_s / SCALE_CHECKS_PER_INTERVAL
+        if scale_rate_tau_s is None:
+            scale_rate_tau_s = SCALE_RATE_TAU_S
+        checks = scale_checks_per_interval or SCALE_CHECKS_PER_INTERVAL
+        self.scale_interval_s = interval_s / checks
         self._rates = {m: RateEstimator(rate_tau_s) for m in self.models}
         self._fast = {m: RateEstimator(scale_rate_tau_s) for m in self.models}
         self._fast_tau_s = scale_rate_tau_s
