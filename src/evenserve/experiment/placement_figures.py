@@ -104,10 +104,10 @@ def sim_scale_up_decision_s(rec: RunRecords) -> float | None:
     return round(rec.scale_up_decisions_s[-1], 4) if rec.scale_up_decisions_s else None
 
 
-def burst_starts_s(workload: object) -> list[float]:
-    """The times where the offered load rises: phase edges of an open-loop workload where the
-    sum of every stream's rate after the edge exceeds the sum just before ([] for other
-    workloads)."""
+def burst_starts_s(workload: object, end_s: float = math.inf) -> list[float]:
+    """The times before ``end_s`` where the offered load rises: phase edges of an open-loop
+    workload where the sum of every stream's rate after the edge exceeds the sum just before
+    ([] for other workloads)."""
     if not isinstance(workload, OpenLoop):
         return []
     streams = open_loop_streams(workload)
@@ -126,7 +126,7 @@ def burst_starts_s(workload: object) -> list[float]:
     out: list[float] = []
     for e in edges:
         before = total(e - 1e-9) if e > 0 else 0.0
-        if e > 0 and total(e) > before * (1 + 1e-9):
+        if 0 < e < end_s and total(e) > before * (1 + 1e-9):
             out.append(e)
     return out
 

@@ -239,7 +239,9 @@ def run_repeat(
         s["scale_up_after_burst_s"] = (
             None
             if ups_unix is None or t0 is None
-            else scale_up_after_burst_s(burst_starts_s(sc.workload), [t - t0 for t in ups_unix])
+            else scale_up_after_burst_s(
+                burst_starts_s(sc.workload, sc.duration_s), [t - t0 for t in ups_unix]
+            )
         )
         console.print(
             f"  {title}: placement: {fmt(s['device_seconds'], 1)} device-seconds, "
@@ -275,7 +277,7 @@ def simulate_arms(
             if sc.arms[arm].placement is not None:
                 s["scale_up_decision_s"] = sim_scale_up_decision_s(rec)
                 s["scale_up_after_burst_s"] = scale_up_after_burst_s(
-                    burst_starts_s(sc.workload), rec.scale_ups_s
+                    burst_starts_s(sc.workload, sc.duration_s), rec.scale_ups_s
                 )
             runs.append(s)
         stats[arm] = repeat_stats(runs)

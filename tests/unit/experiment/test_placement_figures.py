@@ -118,6 +118,7 @@ def test_burst_starts_are_the_edges_where_the_offered_rate_rises() -> None:
         ],
     )
     assert burst_starts_s(wl) == [25.0, 60.0]  # 45 s is a fall
+    assert burst_starts_s(wl, end_s=60.0) == [25.0]  # an edge at the run's end is none
 
 
 def test_scale_up_after_burst_takes_the_first_scale_up_of_each_burst_the_worst() -> None:
