@@ -161,6 +161,7 @@ async def test_a_burst_scales_up_a_spare_and_a_quiet_spell_drains_and_stops_it()
     ):
         drv = g.placement
         assert drv is not None
+        drv.wall = lambda: 1.7e9  # the ScaleUp's wall time, for a bench's burst clock
         # The spare is held out of routing: its probes do not admit it.
         await g.poller.probe_load(g.registry.states["f1"])
         assert not g.registry.is_healthy("f1")
@@ -174,6 +175,8 @@ async def test_a_burst_scales_up_a_spare_and_a_quiet_spell_drains_and_stops_it()
         assert drv.scale_decisions["up"] == 1
         assert drv.last_scale_up_s is not None
         assert abs(drv.last_scale_up_s - (clock.now() - t_first)) < 1e-9
+        view = await client.get("/admin/placement", headers=AUTH)
+        assert view.json()["scale_ups_unix_s"] == [1.7e9]
         # The launcher started it; its first good probe admits it: device_ready.
         await g.poller.probe_load(g.registry.states["f1"])
         assert g.registry.is_healthy("f1")

@@ -258,6 +258,14 @@ class Scenario(Strict):
         default_factory=dict,
         description="named load levels: each replaces an open-loop workload's rate phases",
     )
+    #: A fixed cost every answered request pays outside the devices, in the simulator: the
+    #: live path's HTTP hops (load generator -> gateway -> worker and back) on the host a
+    #: scenario is benched on. Not scaled by a bench's time scale (it is the host's).
+    request_overhead_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="simulator: fixed per-request cost outside the devices (the live HTTP path)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:

@@ -24,6 +24,7 @@ FIDELITY_FIGURES = (
     "device_seconds",
     "loads",
     "evictions",
+    "scale_up_after_burst_s",
     "scale_up_decision_s",
 )
 #: Figures the fidelity target applies to, with every ``util DEVICE`` (throughput is shown).

@@ -9,17 +9,32 @@ The simulator counts device-seconds from the start of the run, as this differenc
 
 Scale-up decision time, simulated: the same burst clock (``policy.placement.burst``) run by
 the simulator's placement driver, the last ScaleUp's (as the gauge keeps the last one).
+That clock starts at the first request of the interval whose demand estimate first exceeds
+the devices, so it leaves out the estimate's rise: it is kept as ``scale_up_decision_s``
+(shown, not the figure to judge by).
+
+**The scale-up time after a burst** (``scale_up_after_burst_s``), the honest figure: from the
+burst's start (``burst_starts_s``: a phase edge of the scenario's open-loop workload where
+the offered rate, all streams together, goes up) to the first ScaleUp decided at or after it
+and before the next burst; the worst over the run's bursts (None: no burst, or no ScaleUp
+after one). Simulated: the ScaleUp times (``RunRecords.scale_ups_s``) against the
+scenario's times. Live: the gateway's ScaleUp wall times (``/admin/placement``
+``scale_ups_unix_s``) less the wall time of the load's t = 0 (``LoadResult.t0_unix_s``),
+against the same scenario times (the load generator schedules the arrivals from that t = 0).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from evenserve.core.results import RunRecords
+from evenserve.core.scenario import OpenLoop
+from evenserve.workload.open_loop import open_loop_streams
 
 LOADS = "evenserve_gateway_model_loads"
 EVICTIONS = "evenserve_gateway_evictions"
@@ -87,3 +102,59 @@ def sim_scale_up_decision_s(rec: RunRecords) -> float | None:
     """The simulator's counterpart of the gateway's gauge: the last ScaleUp's burst-clock
     time (``RunRecords.scale_up_decisions_s``; None: no ScaleUp in a burst)."""
     return round(rec.scale_up_decisions_s[-1], 4) if rec.scale_up_decisions_s else None
+
+
+def burst_starts_s(workload: object, end_s: float = math.inf) -> list[float]:
+    """The times before ``end_s`` where the offered load rises: phase edges of an open-loop
+    workload where the sum of every stream's rate after the edge exceeds the sum just before
+    ([] for other workloads)."""
+    if not isinstance(workload, OpenLoop):
+        return []
+    streams = open_loop_streams(workload)
+
+    def total(t: float) -> float:
+        out = 0.0
+        for st in streams:
+            mult = 1.0
+            for p in st.phases:
+                if p.start_s <= t < p.end_s:
+                    mult = p.multiplier
+            out += st.rate_rps * mult
+        return out
+
+    edges = sorted({e for st in streams for p in st.phases for e in (p.start_s, p.end_s)})
+    out: list[float] = []
+    for e in edges:
+        before = total(e - 1e-9) if e > 0 else 0.0
+        if 0 < e < end_s and total(e) > before * (1 + 1e-9):
+            out.append(e)
+    return out
+
+
+def scale_up_after_burst_s(bursts: Sequence[float], scale_ups: Sequence[float]) -> float | None:
+    """The worst over ``bursts`` of the time from a burst's start to the first of
+    ``scale_ups`` at or after it and before the next burst (None: none)."""
+    worst: float | None = None
+    for i, b in enumerate(bursts):
+        nxt = bursts[i + 1] if i + 1 < len(bursts) else math.inf
+        ups = [t for t in scale_ups if b <= t < nxt]
+        if ups:
+            took = round(min(ups) - b, 4)
+            worst = took if worst is None else max(worst, took)
+    return worst
+
+
+def scrape_scale_ups_unix_s(
+    gateway_url: str, token: str, timeout_s: float = 5.0
+) -> list[float] | None:
+    """The gateway's ScaleUp wall times (``/admin/placement``; None: unreachable)."""
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+            r = client.get(
+                f"{gateway_url}/admin/placement", headers={"authorization": f"Bearer {token}"}
+            )
+            r.raise_for_status()
+            ups = r.json().get("scale_ups_unix_s")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    return [float(t) for t in ups] if isinstance(ups, list) else None

@@ -21,7 +21,13 @@ def scalar_figures(arm: dict[str, Any]) -> dict[str, float | None]:
         "max_queue_depth": arm["max_queue_depth"],
     }
     # Placement figures (a live run's from the gateway's metrics), where the run has them.
-    for key in ("device_seconds", "loads", "evictions", "scale_up_decision_s"):
+    for key in (
+        "device_seconds",
+        "loads",
+        "evictions",
+        "scale_up_after_burst_s",
+        "scale_up_decision_s",
+    ):
         if key in arm:
             out[key] = arm[key]
     for d, v in arm["devices"].items():

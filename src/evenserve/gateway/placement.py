@@ -54,6 +54,7 @@ import contextlib
 import json
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -238,7 +239,8 @@ class _Collector(Collector):
         yield sc
         up = GaugeMetricFamily(
             names.GATEWAY_SCALE_UP_DECISION_SECONDS,
-            "seconds from the first request of the last burst to its ScaleUp decision",
+            "seconds from the first request of the interval whose demand estimate first "
+            "exceeded the devices to the ScaleUp decision (the last one)",
         )
         up.add_metric([], math.nan if d.last_scale_up_s is None else d.last_scale_up_s)
         yield up
@@ -277,6 +279,10 @@ class PlacementDriver:
     dropped: dict[tuple[str, str], int] = field(default_factory=dict)
     #: Per device, bumped when it is lost: a load or unload begun before answers nothing.
     _gen: dict[str, int] = field(default_factory=dict)
+    #: The wall time (Unix seconds) of every ScaleUp decision, for a bench to measure the
+    #: decision time from its own burst's start (``/admin/placement`` ``scale_ups_unix_s``).
+    scale_up_unix_s: list[float] = field(default_factory=list)
+    wall: Callable[[], float] = time.time
     _books: dict[str, _DeviceBook] = field(default_factory=dict)
     #: A future per load decided (model, device): None when READY, else the error.
     _waiters: dict[tuple[str, str], asyncio.Future[str | None]] = field(default_factory=dict)
@@ -529,12 +535,13 @@ class PlacementDriver:
         book.scale = "start"
         if not book.on:
             book.on, book.on_since_s = True, now
+        self.scale_up_unix_s.append(self.wall())
         took = self._burst.scale_up(now)
         if took is not None:
             self.last_scale_up_s = took
             self.scale_up_log.append(took)
             log.warning(
-                "placement: ScaleUp %s %.3f s after the first request of the burst", dev, took
+                "placement: ScaleUp %s %.3f s after the first request of the over-demand", dev, took
             )
         else:
             log.warning("placement: ScaleUp %s", dev)
@@ -689,7 +696,7 @@ class PlacementDriver:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.controller.interval_s)
+            await asyncio.sleep(self.controller.tick_s)
             try:
                 self.tick()
             except Exception:  # a bug in a policy must not stop placement for good
@@ -761,6 +768,7 @@ class PlacementDriver:
             "warm": ctl.warm,
             "scale_up_decision_s": self.last_scale_up_s,
             "scale_up_decisions_s": list(self.scale_up_log),
+            "scale_ups_unix_s": list(self.scale_up_unix_s),
         }
 
 

@@ -234,6 +234,7 @@ class LoadGenerator:
                     )
             started_unix = time.time()
             self.t0 = time.perf_counter() + 0.05
+            t0_unix = started_unix + (self.t0 - time.perf_counter())
             scraper = Scraper(spec.scrape, self.t0, spec.scrape_interval_s, spec.metrics_interval_s)
             scraper.start(session)
             self.clock.start()
@@ -287,6 +288,7 @@ class LoadGenerator:
             end_s=max(end_s, spec.warmup_s + 1e-6),
             aborted=self._aborted,
             connections=self._client.stats(),
+            t0_unix_s=t0_unix,
         )
 
 

@@ -148,3 +148,6 @@ class LoadResult:
     #: The send path's connections: opened, idle ones retired before reuse, requests resent
     #: after a keep-alive race (``http.RawHttpClient.stats``).
     connections: dict[str, int] = field(default_factory=dict)
+    #: The wall time (Unix seconds) of the run's t = 0, the origin of the samples' and the
+    #: schedule's times (None: not known).
+    t0_unix_s: float | None = None

@@ -73,6 +73,9 @@ class Simulation:
         self.log = RequestLog()
         self.warmup_s = sc.warmup_s
         self.end_s = sc.duration_s
+        #: What an answer costs on its way back (the scenario's request_overhead_ms): the
+        #: request's latency, and a closed-loop user's next think, count from then.
+        self.overhead_s = sc.request_overhead_ms / 1000.0
         self.policy_rng = random.Random(f"{self.seed}:policy")
         sig = sc.signals
         self.signal_interval_s = sig.interval_ms / 1000.0
@@ -211,9 +214,9 @@ class Simulation:
         for u in range(wl.users):
             self._schedule_user(u)
 
-    def _schedule_user(self, user: int) -> None:
+    def _schedule_user(self, user: int, answered_s: float = 0.0) -> None:
         assert self._users is not None
-        t = self.loop.now + self._users.think_s()
+        t = self.loop.now + answered_s + self._users.think_s()
         if t < self.end_s:
             self.loop.at(t, self._user_arrival, user)
 
@@ -252,11 +255,12 @@ class Simulation:
     def completed(self, batch: Batch[SimRequest], now: float, device: str) -> None:
         log_finish = self.log.finish_s
         log_dev = self.log.device
+        answered = now + self.overhead_s
         for r in batch.requests:
-            log_finish[r.idx] = now
+            log_finish[r.idx] = answered
             log_dev[r.idx] = device
             if r.user >= 0:
-                self._schedule_user(r.user)
+                self._schedule_user(r.user, self.overhead_s)
         if self.router is not None:
             self.router.done(device, batch.model, len(batch.requests), now)
             if self.placement is not None:

@@ -15,11 +15,12 @@ Theory of operation (all on the simulation's event heap):
   the scheduler when it starts (their load-wait bound counts from then; an unload takes
   ``unload_ms``, 10 ms by default). An unload takes ``unload_ms``; the weights are held until
   it is done. An unload asked while the model is still loading happens once it is loaded.
-- Every ``placement_interval_ms``: each device's busy fraction to the controller, then its
-  ``tick`` (rebalance, autoscaling). ScaleUp: the device costs from then, and takes work
-  after ``start_ms`` (its scheduler, empty, ends its drain). ScaleDown: nothing new is
-  sent; it drains (its queued requests run at once, loads and unloads under way finish),
-  then it is off and its residents leave it.
+- Every ``tick_s`` (the controller's: a quarter of ``placement_interval_ms`` with an
+  autoscaler): each device's busy fraction to the controller, then its ``tick`` (rebalance
+  every ``placement_interval_ms``, autoscaling every ``tick_s``). ScaleUp: the device costs
+  from then, and takes work after ``start_ms`` (its scheduler, empty, ends its drain).
+  ScaleDown: nothing new is sent; it drains (its queued requests run at once, loads and
+  unloads under way finish), then it is off and its residents leave it.
 - Memory: a device's resident weights (loading, ready, unloading) never exceed
   its memory (``memory_gb``, or its slice's): asserted at every load start (a controller
   or policy bug otherwise).
@@ -282,7 +283,7 @@ class SimPlacement:
                 ctl.utilization(name, pd.sim_device.sched.busy.fraction(now))
         self.burst.tick(ctl, now)
         self.carry_out(ctl.tick(now), now)
-        nxt = now + ctl.interval_s
+        nxt = now + ctl.tick_s
         if nxt <= sim.end_s:
             sim.loop.at(nxt, self.tick, None)
 

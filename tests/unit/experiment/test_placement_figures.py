@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from evenserve.core.scenario import OpenLoop, Phase, Stream
 from evenserve.experiment.placement_figures import (
+    burst_starts_s,
     parse_placement_metrics,
     run_placement_figures,
+    scale_up_after_burst_s,
     sim_scale_up_decision_s,
 )
 from evenserve.sim.cluster import simulate
@@ -91,3 +94,34 @@ def test_the_simulator_runs_the_same_burst_clock(tmp_path: Path) -> None:
     took = sim_scale_up_decision_s(rec)
     assert took is not None and 0 <= took <= rec.scale_ups_s[-1]
     assert took == pytest.approx(rec.scale_up_decisions_s[-1], abs=1e-4)
+    # The honest figure: from the phase start (4 s) to the first ScaleUp after it.
+    after = scale_up_after_burst_s(burst_starts_s(loaded.scenario.workload), rec.scale_ups_s)
+    assert after == pytest.approx(min(t for t in rec.scale_ups_s if t >= 4.0) - 4.0, abs=1e-4)
+    assert after is not None and 0.0 < after <= 2.0
+
+
+def test_burst_starts_are_the_edges_where_the_offered_rate_rises() -> None:
+    wl = OpenLoop(
+        type="open-loop",
+        rates_rps={"a": 10.0},
+        phases=[Phase(start_s=25, end_s=45, multiplier=3)],
+        streams=[  # b only in the burst, then once more alone from 60 s
+            Stream(
+                model="b",
+                rate_rps=5.0,
+                phases=[
+                    Phase(start_s=0, end_s=25, multiplier=0),
+                    Phase(start_s=25, end_s=45, multiplier=3),
+                    Phase(start_s=45, end_s=60, multiplier=0),
+                ],
+            )
+        ],
+    )
+    assert burst_starts_s(wl) == [25.0, 60.0]  # 45 s is a fall
+    assert burst_starts_s(wl, end_s=60.0) == [25.0]  # an edge at the run's end is none
+
+
+def test_scale_up_after_burst_takes_the_first_scale_up_of_each_burst_the_worst() -> None:
+    assert scale_up_after_burst_s([25.0, 60.0], [10.0, 25.75, 27.0, 61.5]) == 1.5
+    assert scale_up_after_burst_s([25.0], [10.0]) is None  # none after the burst
+    assert scale_up_after_burst_s([], [1.0]) is None

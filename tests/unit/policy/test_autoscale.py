@@ -59,16 +59,17 @@ def test_none_never_changes_anything() -> None:
 
 
 def test_a_burst_scales_up_after_up_after_s_inactive_devices_in_name_order() -> None:
-    scaler = build("demand")  # up_after_s 0.5, target 0.7
+    scaler = build("demand")  # up_after_s 1.0, target 0.7
     devices = fleet(1)
     assert scaler.decide(at(0.0, devices, {"a": 5.0})) == []  # 0.5 device: one is enough
     burst = {"a": 25.0}  # 2.5 devices / 0.7: 4 needed
     assert scaler.decide(at(10.0, devices, burst)) == []
     assert scaler.decide(at(10.25, devices, burst)) == []
-    assert scaler.decide(at(10.5, devices, burst)) == [ScaleUp("d1"), ScaleUp("d2"), ScaleUp("d3")]
-    assert scaler.decide(at(10.75, devices, burst)) == []  # asked already: not again
+    assert scaler.decide(at(10.75, devices, burst)) == []
+    assert scaler.decide(at(11.0, devices, burst)) == [ScaleUp("d1"), ScaleUp("d2"), ScaleUp("d3")]
+    assert scaler.decide(at(11.25, devices, burst)) == []  # asked already: not again
     devices[1].active = True  # d1 came up, the others are still starting
-    assert scaler.decide(at(11.0, devices, burst)) == []
+    assert scaler.decide(at(11.5, devices, burst)) == []
 
 
 def test_a_blip_shorter_than_up_after_s_scales_nothing() -> None:

@@ -161,3 +161,22 @@ def test_optimized_beats_baseline_on_toy(tmp_path: Path) -> None:
     # static batches of 4 make the rare 'slow' model wait for four arrivals: P99 explodes
     assert opt["latency_ms"]["p99"] < 0.5 * base["latency_ms"]["p99"]
     assert opt["models"]["slow"]["slo_attainment"] > base["models"]["slow"]["slo_attainment"]
+
+
+def test_request_overhead_adds_to_every_answered_request_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """``request_overhead_ms`` (the live path's HTTP cost): each answered request's latency
+    is the same run's plus exactly the overhead; the devices do the same work."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain = load(tmp_path / "a")
+    slow = load(tmp_path / "b", request_overhead_ms=2.5)
+    arm = next(iter(plain.scenario.arms))
+    a, b = simulate(plain, arm, 1), simulate(slow, arm, 1)
+    ra, rb = a.requests, b.requests
+    assert ra.arrival_s == rb.arrival_s and ra.device == rb.device
+    lat_a = [f - t for f, t in zip(ra.finish_s, ra.arrival_s, strict=True)]
+    lat_b = [f - t for f, t in zip(rb.finish_s, rb.arrival_s, strict=True)]
+    done = [(x, y) for x, y in zip(lat_a, lat_b, strict=True) if x == x]  # answered ones
+    assert done and all(y - x == pytest.approx(0.0025) for x, y in done)

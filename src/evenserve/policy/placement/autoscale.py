@@ -8,7 +8,11 @@ request rates and one from what the active devices report::
     required = max(min_devices, ceil(demand / target_utilization))
 
 (``rate / capacity`` is the fraction of one device that m keeps busy; a model whose capacity
-is infinite counts 0.) Two more rules can raise ``required``:
+is infinite counts 0.) The rates here are the view's ``burst_rps`` where the driver gives
+them (the controller does: the larger of a 0.5 s and the 10 s estimate, which rises within
+a second of a burst and falls as slowly as the 10 s one), else ``rate_rps``. Two more rules
+can raise ``required`` (both on ``rate_rps``: one request of an idle model must not read as
+demand for seconds):
 
 - **memory pressure**: the models with demand (``rate >= idle_rps``, default 0.1 req/s) must
   all fit, one replica each, in the memory filled to ``fill_target`` (0.9): ``required >=``
@@ -24,11 +28,14 @@ is infinite counts 0.) Two more rules can raise ``required``:
 ``count`` is the active devices, plus those this autoscaler asked to
 turn on and the view does not show active yet, less those it asked to turn off (draining).
 
-- **Up**: as soon as ``required > count`` has held for ``up_after_s`` (default 0.5 s; the
-  first view where it holds starts the clock, and with ``up_after_s = 0`` that view
-  decides), ``ScaleUp`` the inactive devices, in name order, that make up the difference (as
-  many as there are). The decision comes ``up_after_s`` plus at most one ``interval_s``
-  after the burst reaches the view.
+- **Up**: as soon as ``required > count`` has held for ``up_after_s`` (default 1 s; the
+  first view where it holds starts the clock, a view where it does not restarts it, and
+  with ``up_after_s = 0`` that view decides), ``ScaleUp`` the inactive devices, in name
+  order, that make up the difference (as many as there are). The decision comes
+  ``up_after_s`` plus at most one decision interval after the burst reaches the view (the
+  controller decides every quarter placement interval: 1-1.25 s at the defaults and a 1 s
+  interval). Why 1 s: with decisions once a second, 0.5 s meant "over at two decisions a
+  second apart"; 1 s keeps that noise filter now that decisions come four times as often.
 - **Down**: only after ``required <= count - 1`` (one device fewer would still meet the
   target, memory included) has held for ``quiet_s`` (default 30 s), with no scale-up or
   -down of its own pending: ``ScaleDown`` one of the active devices whose residents with
@@ -82,7 +89,7 @@ class NoAutoscaler:
 
 class DemandParams(PolicyParams):
     target_utilization: float = Field(default=0.7, gt=0, le=1)
-    up_after_s: float = Field(default=0.5, ge=0)
+    up_after_s: float = Field(default=1.0, ge=0)
     quiet_s: float = Field(default=30.0, ge=0)
     min_devices: int = Field(default=1, ge=0)
     pending_s: float = Field(default=120.0, gt=0)
@@ -95,9 +102,12 @@ class DemandParams(PolicyParams):
 
 
 def demand_devices(view: ClusterView) -> float:
-    """The demand in devices (module docstring): the larger of the two estimates."""
+    """The demand in devices (module docstring): the larger of the two estimates. The rates
+    are ``view.burst_rps`` when the view has them (the controller's fast-rising demand),
+    else ``view.rate_rps``."""
     from_rates = 0.0
-    for m, rate in view.rate_rps.items():
+    rates = view.rate_rps if view.burst_rps is None else view.burst_rps
+    for m, rate in rates.items():
         cap = view.models[m].capacity_rps if m in view.models else math.inf
         if math.isfinite(cap) and cap > 0:
             from_rates += rate / cap

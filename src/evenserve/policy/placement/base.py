@@ -113,13 +113,18 @@ class DeviceView:
 @dataclass(slots=True)
 class ClusterView:
     """The whole cluster at ``now_s``: models, devices, demand (requests per second per
-    model, the driver's smoothed estimate) and the warm pool (models held in host memory)."""
+    model, the driver's smoothed estimate) and the warm pool (models held in host memory).
+
+    ``burst_rps``: a demand estimate that rises fast and falls slow (the controller's: the
+    larger of a short-time-constant and the ``rate_rps`` estimate), for the autoscaler's
+    compute demand; None: ``rate_rps``. Placement policies read ``rate_rps`` only."""
 
     now_s: float
     models: Mapping[str, ModelInfo]
     devices: Sequence[DeviceView]
     rate_rps: Mapping[str, float] = field(default_factory=dict)
     warm: frozenset[str] = frozenset()
+    burst_rps: Mapping[str, float] | None = None
 
     def device(self, name: str) -> DeviceView:
         for d in self.devices:

@@ -1,10 +1,13 @@
-"""The burst clock: how long the autoscaler took to decide a ScaleUp after a burst began.
+"""The burst clock: how long the autoscaler took to decide a ScaleUp after the over-demand.
 
 One definition for the gateway (its scale-up decision-time gauge) and the simulator
 (``RunRecords.scale_up_decisions_s``): the clock starts at the first arrival of the interval
-(between two placement ticks) at whose tick the demand estimate (``demand_devices`` /
-``target_utilization``) first exceeds the active and starting devices, and stops at the
-ScaleUp (or when the demand falls back). Sans I/O: the caller passes the times.
+(between two ticks) at whose tick the compute-demand estimate (``demand_devices`` /
+``target_utilization``, on the autoscaler's view) first exceeds the active and starting
+devices, and stops at the ScaleUp (or when the demand falls back). It leaves out the
+estimate's rise and sees no memory-pressure or blocked-replica ScaleUp; the figure to judge
+a scale-up by is the time from the burst's start (``experiment.placement_figures.
+scale_up_after_burst_s``). Sans I/O: the caller passes the times.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ class BurstClock:
         first, self.first_arrival_s = self.first_arrival_s, None
         if ctl.autoscaler is None:
             return
-        view = ctl.view(now)
+        view = ctl.scale_view(now)
         active = sum(1 for d in view.devices if d.active) + len(ctl.starting)
         params = getattr(ctl.autoscaler, "params", None)
         target = float(getattr(params, "target_utilization", 1.0))

@@ -13,9 +13,10 @@ worker stopped answering: its residents leave, it is out of the view until ``dev
 longer has leave).
 
 Decisions out: ``route_miss(model, now)`` (no device has the model READY: the device where it
-is LOADING, else the policy's ``on_miss``) and ``tick(now)`` (every ``interval_s``: the
-policy's ``rebalance`` and the autoscaler's ``decide``). Both return the actions the driver
-starts *now*:
+is LOADING, else the policy's ``on_miss``) and ``tick(now)`` (every ``interval_s`` the
+policy's ``rebalance``; every ``scale_interval_s``, ``interval_s / SCALE_CHECKS_PER_INTERVAL``,
+the autoscaler's ``decide``: a driver calls ``tick`` every ``tick_s``). Both return the
+actions the driver starts *now*:
 
 - an ``Unload`` is reported ``UNLOADING`` (its weights still held) until ``unload_done``; it
   counts as an eviction (every unload the policy asks for makes room or rebalances);
@@ -34,6 +35,15 @@ The warm pool: host memory of ``host_memory_bytes``. A model that leaves a devic
 done, a device stopped) and a model loaded from disk (it passed through host memory) are
 warm; beyond the capacity the least recently used warm models go cold. A warm load touches
 the model's place in the LRU order.
+
+The autoscaler's demand: its view (``scale_view``) carries ``burst_rps``, per model the
+larger of the ``rate_tau_s`` estimate and one over ``SCALE_RATE_TAU_S`` (0.5 s), corrected
+for their start alike: it rises within about a second of a step in the offered load and
+falls as slowly as the long one, so scale-up is quick and scale-down (which needs both low,
+then the autoscaler's ``quiet_s``) is as conservative as before. Why the checks run more
+often than rebalance: ``decide`` is a few sums over models and devices, and at a 1 s tick
+a ScaleUp needs two ticks, 1-2 s after the signal crosses; at 0.25 s it comes
+``up_after_s`` to ``up_after_s`` + 0.25 s after (the bound in the design note 0009).
 
 A policy answer ``check_actions`` refuses is a bug in that policy: PlacementError is raised,
 never passed on to a driver.
@@ -69,6 +79,14 @@ from evenserve.policy.placement.base import (
 #: that a second's quiet does not look like no demand, short enough to follow a day/night
 #: swing within a minute.
 PLACEMENT_RATE_TAU_S = 10.0
+#: Time constant of the autoscaler's fast-rising demand (seconds): a 3x step in a model's
+#: rate reads as 2x after ``0.5 * ln 2`` = 0.35 s; the noise of a Poisson rate r over it is
+#: about ``1 / sqrt(r)`` (10 % at 100 req/s), filtered by the autoscaler's ``up_after_s``.
+SCALE_RATE_TAU_S = 0.5
+#: The autoscaler decides this many times per placement interval.
+SCALE_CHECKS_PER_INTERVAL = 4
+#: Slack on tick times (a sum of quarter intervals may fall a hair short of the interval).
+_TICK_EPS_S = 1e-9
 
 
 @dataclass(slots=True)
@@ -106,6 +124,8 @@ class PlacementController:
         host_memory_bytes: float = 0.0,
         interval_s: float = 1.0,
         rate_tau_s: float = PLACEMENT_RATE_TAU_S,
+        scale_rate_tau_s: float | None = None,
+        scale_checks_per_interval: int | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
@@ -121,7 +141,13 @@ class PlacementController:
         self.autoscaler = autoscaler
         self.host_memory_bytes = host_memory_bytes
         self.interval_s = interval_s
+        if scale_rate_tau_s is None:
+            scale_rate_tau_s = SCALE_RATE_TAU_S
+        checks = scale_checks_per_interval or SCALE_CHECKS_PER_INTERVAL
+        self.scale_interval_s = interval_s / checks
         self._rates = {m: RateEstimator(rate_tau_s) for m in self.models}
+        self._fast = {m: RateEstimator(scale_rate_tau_s) for m in self.models}
+        self._fast_tau_s = scale_rate_tau_s
         self._warm: OrderedDict[str, None] = OrderedDict()
         #: Loads decided but waiting for unloads on their device, in order.
         self._pending: dict[str, list[Load]] = {d.name: [] for d in devices}
@@ -131,6 +157,7 @@ class PlacementController:
         #: Devices whose worker was lost (``device_lost``) and has not come back yet.
         self._lost: set[str] = set()
         self._next_tick_s = 0.0
+        self._next_scale_s = 0.0
         self._rate_tau_s = rate_tau_s
         #: The time of the first event: the demand estimates start there (rate_rps).
         self._start_s: float | None = None
@@ -150,6 +177,18 @@ class PlacementController:
             warm=frozenset(self._warm),
         )
 
+    def scale_view(self, now: float) -> ClusterView:
+        """The autoscaler's view: ``view(now)`` with ``burst_rps`` (``burst_rate_rps``)."""
+        v = self.view(now)
+        v.burst_rps = {m: self.burst_rate_rps(m, now) for m in self._rates}
+        return v
+
+    @property
+    def tick_s(self) -> float:
+        """How often a driver calls ``tick``: the scale interval with an autoscaler, else
+        the placement interval."""
+        return self.interval_s if self.autoscaler is None else self.scale_interval_s
+
     @property
     def warm(self) -> list[str]:
         """The warm pool, least recently used first."""
@@ -162,10 +201,18 @@ class PlacementController:
         bias correction of an exponential average started at 0): a steady rate reads as
         itself from the start, not as ramping up over several tau (without it a freshly
         started controller would see every model idle, and evict and scale as if)."""
-        raw = self._rates[model].rate_at(now)
+        return self._corrected(self._rates[model].rate_at(now), now, self._rate_tau_s)
+
+    def burst_rate_rps(self, model: str, now: float) -> float:
+        """The autoscaler's demand of ``model``: the larger of ``rate_rps`` and the estimate
+        over ``scale_rate_tau_s`` (rises fast, falls slow)."""
+        fast = self._corrected(self._fast[model].rate_at(now), now, self._fast_tau_s)
+        return max(fast, self.rate_rps(model, now))
+
+    def _corrected(self, raw: float, now: float, tau: float) -> float:
         if self._start_s is None or now <= self._start_s:
             return raw
-        return raw / -math.expm1(-(now - self._start_s) / self._rate_tau_s)
+        return raw / -math.expm1(-(now - self._start_s) / tau)
 
     def _started(self, now: float) -> None:
         if self._start_s is None:
@@ -192,6 +239,7 @@ class PlacementController:
     def arrival(self, model: str, now: float) -> None:
         self._started(now)
         self._rates[model].observe(now)
+        self._fast[model].observe(now)
 
     def sent(self, model: str, device: str, now: float) -> None:
         d = self.devices[device]
@@ -332,20 +380,20 @@ class PlacementController:
         return target[-1].device, started
 
     def tick(self, now: float) -> list[Action | ScaleAction]:
-        """Every ``interval_s`` (earlier calls do nothing): the policy's rebalance, then the
-        autoscaler's decision; returns what to start now."""
+        """Every ``interval_s`` the policy's rebalance, then every ``scale_interval_s`` the
+        autoscaler's decision (calls in between do nothing); returns what to start now."""
         self._started(now)
-        if now < self._next_tick_s:
-            return []
-        self._next_tick_s = now + self.interval_s
-        view = self.view(now)
         out: list[Action | ScaleAction] = []
-        proposed = self.policy.rebalance(view)
-        if proposed:
-            self._check(view, proposed, "rebalance")
-            out.extend(self._apply(proposed, now))
-        if self.autoscaler is not None:
-            for s in self.autoscaler.decide(self.view(now)):
+        if now >= self._next_tick_s - _TICK_EPS_S:
+            self._next_tick_s = now + self.interval_s
+            view = self.view(now)
+            proposed = self.policy.rebalance(view)
+            if proposed:
+                self._check(view, proposed, "rebalance")
+                out.extend(self._apply(proposed, now))
+        if self.autoscaler is not None and now >= self._next_scale_s - _TICK_EPS_S:
+            self._next_scale_s = now + self.scale_interval_s
+            for s in self.autoscaler.decide(self.scale_view(now)):
                 if self._scale(s):
                     out.append(s)
         return out
@@ -443,4 +491,10 @@ class PlacementController:
         return True
 
 
-__all__ = ["PLACEMENT_RATE_TAU_S", "PlacementController", "PlacementCounts"]
+__all__ = [
+    "PLACEMENT_RATE_TAU_S",
+    "SCALE_CHECKS_PER_INTERVAL",
+    "SCALE_RATE_TAU_S",
+    "PlacementController",
+    "PlacementCounts",
+]
