@@ -124,6 +124,20 @@ def test_a_busy_moment_restarts_the_quiet_clock() -> None:
     assert scaler.decide(at(16.0, devices, {"a": 1.0})) == [ScaleDown("d1")]  # ties: last name
 
 
+def test_a_device_over_busy_utilization_is_not_quiet() -> None:
+    # Three devices, demand for one: quiet, but d0 runs over busy_utilization (0.85) with
+    # work placement has not spread yet; no device goes while it does, and the quiet
+    # clock starts once it is below.
+    scaler = build({"policy": "demand", "quiet_s": 10})
+    devices = fleet(3)
+    devices[0].utilization = 0.9
+    assert scaler.decide(at(0.0, devices, {"a": 2.0})) == []
+    assert scaler.decide(at(20.0, devices, {"a": 2.0})) == []
+    devices[0].utilization = 0.5
+    assert scaler.decide(at(21.0, devices, {"a": 2.0})) == []
+    assert scaler.decide(at(31.0, devices, {"a": 2.0})) == [ScaleDown("d2")]
+
+
 def test_never_below_min_devices() -> None:
     scaler = build({"policy": "demand", "min_devices": 2, "quiet_s": 0})
     devices = fleet(2)

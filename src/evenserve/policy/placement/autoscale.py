@@ -37,7 +37,10 @@ turn on and the view does not show active yet, less those it asked to turn off (
   interval). Why 1 s: with decisions once a second, 0.5 s meant "over at two decisions a
   second apart"; 1 s keeps that noise filter now that decisions come four times as often.
 - **Down**: only after ``required <= count - 1`` (one device fewer would still meet the
-  target, memory included) has held for ``quiet_s`` (default 30 s), with no scale-up or
+  target, memory included) with no active device over ``busy_utilization`` (a device that
+  busy is not quiet: without this rule a device the blocked-replica rule added was taken
+  away again by the demand rule a few seconds later, while the busy device still queued)
+  has held for ``quiet_s`` (default 30 s), with no scale-up or
   -down of its own pending: ``ScaleDown`` one of the active devices whose residents with
   demand and no replica elsewhere fit, first fit by decreasing size, into the free memory
   of the other active devices (their reload needs no eviction): the one leaving the fewest
@@ -250,7 +253,8 @@ class DemandAutoscaler:
             return [ScaleUp(n) for n in ups]
 
         self._above_since = None
-        quiet = required <= count - 1 and count - 1 >= p.min_devices
+        busy = any(d.utilization > p.busy_utilization for d in view.devices if d.active)
+        quiet = required <= count - 1 and count - 1 >= p.min_devices and not busy
         if not quiet or self._up or self._down:
             self._below_since = None
             return []
