@@ -40,11 +40,17 @@ from evenserve.policy.registry import split_spec
 from evenserve.sim.loader import LoadedScenario
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def free_port(taken: set[int] | None = None) -> int:
+    """A free loopback port, not one of ``taken`` (which it joins): the OS may hand the same
+    free port out twice in a row, and one cluster's ports must differ."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if taken is None or port not in taken:
+            if taken is not None:
+                taken.add(port)
+            return port
 
 
 def write_profile_sets(loaded: LoadedScenario, workdir: Path) -> dict[str, Path]:
@@ -116,6 +122,7 @@ def write_arm_cluster(
         (repo / m).mkdir(parents=True, exist_ok=True)
         (repo / m / "model.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     util_window_s = sc.signals.utilization_window_ms / 1000.0
+    ports: set[int] = set()
     devices = []
     for d in sc.arm_devices(arm):
         placed: dict[str, Any] = {"models": list(d.models)}
@@ -126,7 +133,7 @@ def write_arm_cluster(
                 "name": d.name,
                 "device": f"emulated:{profile_dirs[sc.profile_set_of(d)]}",
                 **placed,
-                "port": free_port(),
+                "port": free_port(ports),
                 # The scenario's device and arm options, as the worker's own.
                 **DeviceOptions.of(d).model_dump(),
                 **QueueOptions.of(spec).model_dump(exclude_none=True),
@@ -140,7 +147,7 @@ def write_arm_cluster(
         "name": f"bench-{sc.name}-{arm}",
         "gateway": {
             "host": "127.0.0.1",
-            "port": free_port(),
+            "port": free_port(ports),
             "routing": spec.routing,
             "seed": seed,
             "signals": {"interval_ms": sc.signals.interval_ms, "window": sc.signals.window},

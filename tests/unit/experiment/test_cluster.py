@@ -240,3 +240,32 @@ def test_payloads_for_models_that_start_cold(tmp_path: Path) -> None:
     assert set(ids["data"]) == {0} and set(mask["data"]) == {1}  # each synthetic low
     resnet = json.loads(files["resnet50"].read_text())["inputs"][0]
     assert resnet["shape"] == [1, 3, 224, 224] and len(resnet["data"]) == 3 * 224 * 224
+
+
+def test_free_port_never_hands_out_a_port_of_the_same_cluster_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from evenserve.experiment import cluster as cl
+
+    handed = iter([5001, 5001, 5002])  # the OS may give the same free port twice in a row
+
+    class FakeSocket:
+        def __init__(self, *_: object) -> None:
+            self.port = next(handed)
+
+        def __enter__(self) -> FakeSocket:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            return None
+
+        def bind(self, _: object) -> None:
+            return None
+
+        def getsockname(self) -> tuple[str, int]:
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(cl.socket, "socket", FakeSocket)
+    taken: set[int] = set()
+    assert [cl.free_port(taken), cl.free_port(taken)] == [5001, 5002]
+    assert taken == {5001, 5002}
