@@ -53,11 +53,12 @@ CLI = [sys.executable, "-c", "from evenserve.cli.main import main; main()"]
 MODELS = ("a", "b", "c")
 
 
-def write_repo(root: Path, weights_mib: float) -> tuple[Path, Path]:
-    """A repository of three emulated models and their profile set."""
-    repo, pset = root / "repo", root / "set"
+def write_repo(
+    repo: Path, pset: Path, weights_mib: float, models: tuple[str, ...] = MODELS
+) -> tuple[Path, Path]:
+    """A repository of emulated models (batches of one, 2 ms) and their profile set."""
     pset.mkdir(parents=True)
-    for m in MODELS:
+    for m in models:
         (repo / m).mkdir(parents=True)
         (repo / m / "model.yaml").write_text(
             yaml.safe_dump(
@@ -121,33 +122,7 @@ def placement_run(rounds: int, pool_mib: float, root: Path) -> dict[str, Any]:
     """``evenserve up`` with placement and a host pool, models asked for in turn; the counts."""
     token = "warm-pool-bench-token-0123"
     models = ("m1", "m2", "m3", "m4")
-    repo, tiny = root / "prepo", root / "tiny"
-    tiny.mkdir(parents=True)
-    for m in models:
-        (repo / m).mkdir(parents=True)
-        (repo / m / "model.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "runtime": "emulated",
-                    "max_batch_size": 1,
-                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
-                    "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
-                }
-            )
-        )
-        (tiny / f"{m}.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "model": m,
-                    "device": "bench (synthetic)",
-                    "runtime": "emulated",
-                    "precision": "fp16",
-                    "source": "Synthetic figures for the warm-pool bench (not a measurement).",
-                    "weights_mb": 60,
-                    "points": [{"batch": 1, "latency_ms": 2.0}],
-                }
-            )
-        )
+    repo, tiny = write_repo(root / "prepo", root / "tiny", 60, models)
     ports = [free_port() for _ in range(3)]
     cluster = {
         "gateway": {
@@ -226,7 +201,7 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     rows: list[dict[str, Any]] = []
     try:
-        repo, pset = write_repo(root, opts.weights_mib)
+        repo, pset = write_repo(root / "repo", root / "set", opts.weights_mib)
         flags = ["--repo", str(repo), "--device", f"emulated:{pset}"]
         flags += ["--model-control", "explicit", "--log-level", "warning"]
         flags += ["--host-pool", str(pool), "--host-pool-gb", f"{opts.pool_gib:g}"]

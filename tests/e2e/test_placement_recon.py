@@ -19,46 +19,22 @@ import httpx
 import pytest
 import yaml
 
-from tests.e2e.test_placement_up import BODY, EVENSERVE, ROOT, TOKEN, _placement, free_port
+from tests.e2e.test_placement_up import (
+    BODY,
+    EVENSERVE,
+    ROOT,
+    TOKEN,
+    _placement,
+    free_port,
+    write_models,
+)
 
 pytestmark = pytest.mark.e2e
 
 
 def write_cluster(tmp: Path) -> Path:
     """m1 on d0, m2 on d1, m3 nowhere; 4 GB each, 10 GB devices: two fit on one."""
-    for m in ("m1", "m2", "m3"):
-        (tmp / "repo" / m).mkdir(parents=True)
-        (tmp / "repo" / m / "model.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "runtime": "emulated",
-                    "max_batch_size": 8,
-                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
-                    "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
-                    "batching": {
-                        "policy": "fixed-window",
-                        "max_batch_size": 8,
-                        "max_batch_delay_ms": 2,
-                    },
-                    "emulated": {"load_ms": 200},
-                }
-            )
-        )
-        (tmp / "tiny").mkdir(exist_ok=True)
-        (tmp / "tiny" / f"{m}.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "model": m,
-                    "device": "tiny",
-                    "runtime": "emulated",
-                    "precision": "fp16",
-                    "source": "test",
-                    "weights_mb": 4000,
-                    "points": [{"batch": 1, "latency_ms": 2.0}, {"batch": 8, "latency_ms": 8.0}],
-                }
-            )
-        )
-    dev = f"emulated:{tmp / 'tiny'}"
+    dev = write_models(tmp, load_ms=200, weights_mb=4000)
     raw: dict[str, Any] = {
         "gateway": {
             "port": free_port(),

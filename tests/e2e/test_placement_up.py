@@ -32,25 +32,39 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_cluster(tmp: Path) -> Path:
+def write_models(
+    tmp: Path,
+    *,
+    load_ms: float,
+    weights_mb: float,
+    warm_load_ms: float | None = None,
+    batched: bool = True,
+) -> str:
+    """Emulated models m1, m2, m3 under ``tmp/repo`` with profiles of ``weights_mb`` under
+    ``tmp/tiny``; returns the device string that reads those profiles. ``batched``: batches
+    of up to 8 (2 ms window), else batches of one."""
     for m in ("m1", "m2", "m3"):
         (tmp / "repo" / m).mkdir(parents=True)
-        (tmp / "repo" / m / "model.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "runtime": "emulated",
-                    "max_batch_size": 8,
-                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
-                    "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
-                    "batching": {
-                        "policy": "fixed-window",
-                        "max_batch_size": 8,
-                        "max_batch_delay_ms": 2,
-                    },
-                    "emulated": {"load_ms": 300},
-                }
-            )
-        )
+        emulated: dict[str, float] = {"load_ms": load_ms}
+        if warm_load_ms is not None:
+            emulated["warm_load_ms"] = warm_load_ms
+        cfg: dict[str, Any] = {
+            "runtime": "emulated",
+            "max_batch_size": 8 if batched else 1,
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
+            "emulated": emulated,
+        }
+        if batched:
+            cfg["batching"] = {
+                "policy": "fixed-window",
+                "max_batch_size": 8,
+                "max_batch_delay_ms": 2,
+            }
+        (tmp / "repo" / m / "model.yaml").write_text(yaml.safe_dump(cfg))
+        points = [{"batch": 1, "latency_ms": 2.0}]
+        if batched:
+            points.append({"batch": 8, "latency_ms": 8.0})
         (tmp / "tiny").mkdir(exist_ok=True)
         (tmp / "tiny" / f"{m}.yaml").write_text(
             yaml.safe_dump(
@@ -60,12 +74,16 @@ def write_cluster(tmp: Path) -> Path:
                     "runtime": "emulated",
                     "precision": "fp16",
                     "source": "test",
-                    "weights_mb": 6000,
-                    "points": [{"batch": 1, "latency_ms": 2.0}, {"batch": 8, "latency_ms": 8.0}],
+                    "weights_mb": weights_mb,
+                    "points": points,
                 }
             )
         )
-    dev = f"emulated:{tmp / 'tiny'}"
+    return f"emulated:{tmp / 'tiny'}"
+
+
+def write_cluster(tmp: Path) -> Path:
+    dev = write_models(tmp, load_ms=300, weights_mb=6000)
     raw: dict[str, Any] = {
         "gateway": {
             "port": free_port(),

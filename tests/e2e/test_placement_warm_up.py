@@ -15,41 +15,14 @@ import httpx
 import pytest
 import yaml
 
-from .test_placement_up import BODY, EVENSERVE, ROOT, TOKEN, free_port
+from .test_placement_up import BODY, EVENSERVE, ROOT, TOKEN, free_port, write_models
 
 pytestmark = pytest.mark.e2e
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 
 
 def write_cluster(tmp: Path) -> Path:
-    for m in ("m1", "m2", "m3"):
-        (tmp / "repo" / m).mkdir(parents=True)
-        (tmp / "repo" / m / "model.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "runtime": "emulated",
-                    "max_batch_size": 1,
-                    "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
-                    "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
-                    "emulated": {"load_ms": 100, "warm_load_ms": 10},
-                }
-            )
-        )
-        (tmp / "tiny").mkdir(exist_ok=True)
-        (tmp / "tiny" / f"{m}.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "model": m,
-                    "device": "tiny",
-                    "runtime": "emulated",
-                    "precision": "fp16",
-                    "source": "test",
-                    "weights_mb": 60,
-                    "points": [{"batch": 1, "latency_ms": 2.0}],
-                }
-            )
-        )
-    dev = f"emulated:{tmp / 'tiny'}"
+    dev = write_models(tmp, load_ms=100, weights_mb=60, warm_load_ms=10, batched=False)
     # Devices of 0.1 GiB hold one model of 60 MiB each; the pool holds all three.
     devices = [
         {"name": n, "device": dev, "models": [m], "memory_gb": 0.1, "port": free_port()}

@@ -19,7 +19,10 @@ model reloaded with a changed config never reads a stale entry. Workers are sepa
 processes: every change of the index (``index.json``: each entry's bytes and its LRU
 sequence number) is made under an exclusive ``fcntl`` lock of ``.lock``. An entry is
 written outside the lock (a torch model's weights take a while) to a temporary file, then
-renamed into place under it; room is made before the write and checked again after. A
+renamed into place under it. The write's bytes are reserved in the index before it starts
+(``pending``, with the writer's pid: a dead writer's reservation is dropped), so the room
+made and the host-memory check count the writes still under way: several workers writing
+at once cannot take the pool over its capacity or the host under its reserve. A
 worker opening the pool deletes the temporary files of writers that died mid-write.
 
 One safety bound the controller does not have: an entry is not written when the host's
@@ -53,6 +56,11 @@ SUFFIX = ".entry"
 #: Keep at least this fraction of the host's memory available when writing an entry.
 HOST_MEMORY_RESERVE = 0.10
 GIB = 1024.0**3
+
+
+def reserved(index: dict[str, Any]) -> int:
+    """Bytes that writers have reserved in the pool and not written yet."""
+    return sum(int(r["bytes"]) for r in index.get("pending", {}).values())
 
 
 def digest(*parts: str) -> str:
@@ -112,6 +120,9 @@ class PoolEntry:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -193,9 +204,13 @@ class HostPool:
         except (OSError, ValueError):
             raw = None
         if not isinstance(raw, dict) or not isinstance(raw.get("entries"), dict):
-            return {"seq": 0, "entries": {}}
-        # An entry whose file is gone (removed by hand, a crash) is no entry.
+            return {"seq": 0, "entries": {}, "pending": {}}
+        # An entry whose file is gone (removed by hand, a crash) is no entry; a reservation
+        # of a writer that died is none either.
         raw["entries"] = {k: e for k, e in raw["entries"].items() if self.path(k).is_file()}
+        pending = raw.get("pending")
+        pending = pending if isinstance(pending, dict) else {}
+        raw["pending"] = {k: r for k, r in pending.items() if _alive(int(r.get("pid", 0)))}
         return raw
 
     def _write_index(self, index: dict[str, Any]) -> None:
@@ -215,7 +230,7 @@ class HostPool:
         gone: list[str] = []
 
         def used() -> int:
-            return sum(int(e["bytes"]) for e in entries.values())
+            return sum(int(e["bytes"]) for e in entries.values()) + reserved(index)
 
         for k in sorted(entries, key=lambda k: int(entries[k]["used"])):
             if used() + room_for <= self.capacity_bytes:
@@ -258,20 +273,34 @@ class HostPool:
             if e is not None:
                 e["used"] = self._bump(index)
                 return True
+            if key in index["pending"]:
+                return True  # another worker is writing it now
             self._evict(index, size)
             if size > self.capacity_bytes:
                 return False
-        if not self._memory_allows(size, model):
-            return False
+            held = sum(int(e["bytes"]) for e in index["entries"].values()) + reserved(index)
+            if held + size > self.capacity_bytes:
+                # What is left are writes under way: no room now, the entry is not kept.
+                log.info("host pool: no room for %s while other entries are written", model)
+                return False
+            # Under the lock: the room and the host's memory are checked against what the
+            # other writers have reserved and not written yet, and this write reserves its
+            # bytes (several workers writing at once cannot go over either).
+            if not self._memory_allows(size + reserved(index), model):
+                return False
+            index["pending"][key] = {"bytes": size, "pid": os.getpid()}
         tmp = self.directory / f"{key}.{os.getpid()}.tmp"
         try:
             write(tmp)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
+            with self._locked() as index:
+                index["pending"].pop(key, None)
             log.warning("host pool: cannot keep %s (%s bytes): %s", model, size, exc)
             return False
         with self._locked() as index:
+            index["pending"].pop(key, None)
             os.replace(tmp, self.path(key))
             index["entries"][key] = {"model": model, "bytes": size, "used": self._bump(index)}
             self._evict(index, 0, keep=key)

@@ -85,6 +85,38 @@ def test_two_workers_share_one_pool(tmp_path: Path) -> None:
     assert a.take("m", digest("a")) is None
 
 
+def test_writes_under_way_count_against_the_capacity_and_the_host_memory(
+    tmp_path: Path,
+) -> None:
+    # While worker A writes m (6 MB), worker B puts n (6 MB): A's write is reserved, so B
+    # finds no room (6 + 6 > 10 MB) and does not keep n; the pool never holds more than its
+    # capacity, on disk or under way. B putting m itself, while A writes it, is a no-op.
+    a, b = _pool(tmp_path, 10 * MB), _pool(tmp_path, 10 * MB)
+    seen: dict[str, object] = {}
+
+    def write_a(path: Path) -> None:
+        allocate_file(path, 6 * MB)
+        seen["b_kept"] = _put(b, "n", 6 * MB)  # B, in the middle of A's write
+        seen["b_same"] = b.put("m", digest("a"), 6 * MB, lambda _: None)  # m being written
+
+    assert a.put("m", digest("a"), 6 * MB, write_a)
+    assert seen == {"b_kept": False, "b_same": True}
+    assert [e.model for e in a.entries()] == ["m"]
+    assert not list(tmp_path.glob("*.tmp"))
+    assert a.used_bytes() <= 10 * MB
+
+    # The host's memory: a reservation counts as used (15 % available, 10 % reserve).
+    c = _pool(tmp_path / "c", capacity=1e12, free=0.15e12)
+    inner: dict[str, bool] = {}
+
+    def write_c(path: Path) -> None:
+        allocate_file(path, 1)
+        inner["second"] = _put(c, "y", int(0.03e12))  # 4 % reserved + 3 % > 5 % left
+
+    assert c.put("x", digest("a"), int(0.04e12), write_c)
+    assert inner == {"second": False} and c.refused == 1
+
+
 def test_the_host_memory_bound_refuses_an_entry_instead_of_filling_the_host(
     tmp_path: Path,
 ) -> None:
