@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ import yaml
 
 from evenserve.core.profile import MB
 from evenserve.core.scenario import default_load_times_s
+from evenserve.experiment.cluster import free_port
 from evenserve.runtime.host_pool import SUFFIX, default_pool_parent
 
 CLI = [sys.executable, "-c", "from evenserve.cli.main import main; main()"]
@@ -123,7 +123,8 @@ def placement_run(rounds: int, pool_mib: float, root: Path) -> dict[str, Any]:
     token = "warm-pool-bench-token-0123"
     models = ("m1", "m2", "m3", "m4")
     repo, tiny = write_repo(root / "prepo", root / "tiny", 60, models)
-    ports = [free_port() for _ in range(3)]
+    taken: set[int] = set()
+    ports = [free_port(taken) for _ in range(3)]  # three different ports
     cluster = {
         "gateway": {
             "port": ports[0],
@@ -177,12 +178,6 @@ def placement_run(rounds: int, pool_mib: float, root: Path) -> dict[str, Any]:
         up.wait(60)
         log.close()
     return {"requests": len(order), "pool_mib": pool_mib, **counts}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> int:
