@@ -7,10 +7,8 @@ model loads on the other worker. Counts and states, never times."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -21,11 +19,10 @@ import yaml
 
 from tests.e2e.test_placement_up import (
     BODY,
-    EVENSERVE,
-    ROOT,
     TOKEN,
     _placement,
     free_port,
+    running_up,
     write_models,
 )
 
@@ -58,31 +55,11 @@ def write_cluster(tmp: Path) -> Path:
 def test_a_hand_loaded_model_is_adopted_and_a_killed_worker_s_model_moves(
     tmp_path: Path,
 ) -> None:
-    cfg = write_cluster(tmp_path)
-    ready = tmp_path / "ready.json"
-    out = open(tmp_path / "up.out", "wb")  # noqa: SIM115
-    args = ["up", str(cfg), "--log-dir", str(tmp_path / "logs"), "--ready-file", str(ready)]
-    up = subprocess.Popen(
-        [*EVENSERVE, *args],
-        cwd=ROOT,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert up.poll() is None, (tmp_path / "up.out").read_text()
-            assert time.monotonic() < deadline, "evenserve up did not get ready"
-            time.sleep(0.2)
-        summary = json.loads(ready.read_text())
-        workers = {w["name"]: w for w in summary["workers"]}
-        asyncio.run(_drive(summary["gateway"]["url"], workers))
-    finally:
-        up.send_signal(signal.SIGINT)
-        code = up.wait(timeout=60)
-        out.close()
+    with running_up(tmp_path, write_cluster(tmp_path)) as run:
+        workers = {w["name"]: w for w in run.summary["workers"]}
+        asyncio.run(_drive(run.summary["gateway"]["url"], workers))
     text = (tmp_path / "up.out").read_text()
-    assert code == 0, text[-3000:]
+    assert run.code == 0, text[-3000:]
     assert "worker d0 exited" in text and "not restarting" in text
 
 

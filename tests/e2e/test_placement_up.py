@@ -6,12 +6,15 @@ after it drains one device and stops it. Counts and states, never times."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -131,41 +134,46 @@ def write_cluster(tmp: Path) -> Path:
     return cfg
 
 
+@dataclass
+class UpRun:
+    """A running ``evenserve up``: its ready-file summary, its output file, and (once the
+    ``with`` block is left) its exit code."""
+
+    out: Path
+    summary: dict[str, Any] = field(default_factory=dict)
+    code: int | None = None
+
+
+@contextlib.contextmanager
+def running_up(tmp: Path, cfg: Path) -> Iterator[UpRun]:
+    """``evenserve up cfg`` (logs under ``tmp/logs``) until it is ready; SIGINT on leaving."""
+    ready = tmp / "ready.json"
+    run = UpRun(tmp / "up.out")
+    args = ["up", str(cfg), "--log-dir", str(tmp / "logs"), "--ready-file", str(ready)]
+    with run.out.open("wb") as out:
+        up = subprocess.Popen([*EVENSERVE, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while not ready.exists():
+                assert up.poll() is None, run.out.read_text()
+                assert time.monotonic() < deadline, "evenserve up did not get ready"
+                time.sleep(0.2)
+            run.summary = json.loads(ready.read_text())
+            yield run
+        finally:
+            up.send_signal(signal.SIGINT)
+            run.code = up.wait(timeout=60)
+
+
 def test_a_cold_model_is_loaded_on_a_miss_and_a_burst_scales_up_the_spare(
     tmp_path: Path,
 ) -> None:
-    cfg = write_cluster(tmp_path)
-    ready = tmp_path / "ready.json"
-    out = open(tmp_path / "up.out", "wb")  # noqa: SIM115
-    up = subprocess.Popen(
-        [
-            *EVENSERVE,
-            "up",
-            str(cfg),
-            "--log-dir",
-            str(tmp_path / "logs"),
-            "--ready-file",
-            str(ready),
-        ],
-        cwd=ROOT,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert up.poll() is None, (tmp_path / "up.out").read_text()
-            assert time.monotonic() < deadline, "evenserve up did not get ready"
-            time.sleep(0.2)
-        summary = json.loads(ready.read_text())
+    with running_up(tmp_path, write_cluster(tmp_path)) as run:
+        summary = run.summary
         assert [w["active"] for w in summary["workers"]] == [True, True, False]
         assert summary["workers"][2]["pid"] is None  # the spare is not started
         asyncio.run(_drive(summary["gateway"]["url"]))
-    finally:
-        up.send_signal(signal.SIGINT)
-        code = up.wait(timeout=60)
-        out.close()
-    assert code == 0, (tmp_path / "up.out").read_text()[-3000:]
+    assert run.code == 0, (tmp_path / "up.out").read_text()[-3000:]
     text = (tmp_path / "up.out").read_text()
     assert "scale up: started worker d2" in text
     assert "scale down: worker" in text and " stopped" in text

@@ -4,10 +4,6 @@ came from the host pool; the run's pool directory is gone after exit. Counts, ne
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from .test_placement_up import BODY, EVENSERVE, ROOT, TOKEN, free_port, write_models
+from .test_placement_up import BODY, TOKEN, free_port, running_up, write_models
 
 pytestmark = pytest.mark.e2e
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -47,24 +43,9 @@ def write_cluster(tmp: Path) -> Path:
 
 
 def test_an_evicted_model_reloads_warm_as_the_controller_planned(tmp_path: Path) -> None:
-    cfg = write_cluster(tmp_path)
-    ready = tmp_path / "ready.json"
-    out = open(tmp_path / "up.out", "wb")  # noqa: SIM115
-    args = ["up", str(cfg), "--log-dir", str(tmp_path / "logs"), "--ready-file", str(ready)]
-    up = subprocess.Popen(
-        [*EVENSERVE, *args],
-        cwd=ROOT,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-    )
     pool: str | None = None
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert up.poll() is None, (tmp_path / "up.out").read_text()
-            assert time.monotonic() < deadline, "evenserve up did not get ready"
-            time.sleep(0.2)
-        url = json.loads(ready.read_text())["gateway"]["url"]
+    with running_up(tmp_path, write_cluster(tmp_path)) as run:
+        url = run.summary["gateway"]["url"]
         with httpx.Client(base_url=url, timeout=60, trust_env=False) as c:
             # m3 is resident nowhere: one device's model is evicted, m3 loads cold.
             assert c.post("/v2/models/m3/infer", json=BODY).status_code == 200
@@ -78,14 +59,10 @@ def test_an_evicted_model_reloads_warm_as_the_controller_planned(tmp_path: Path)
         assert (counts["cold_loads"], counts["warm_loads"]) == (1, 1), counts
         assert (counts["live_cold_loads"], counts["live_warm_loads"]) == (1, 1), counts
         logs = (tmp_path / "logs" / "d0.log").read_text() + (tmp_path / "up.out").read_text()
-        cmdline = Path(f"/proc/{json.loads(ready.read_text())['workers'][0]['pid']}/cmdline")
+        cmdline = Path(f"/proc/{run.summary['workers'][0]['pid']}/cmdline")
         argv = cmdline.read_bytes().split(b"\0")  # the worker's command line (Linux)
         pool = argv[argv.index(b"--host-pool") + 1].decode()
         assert Path(pool).is_dir() and list(Path(pool).glob("*.entry"))
         assert "Traceback" not in logs
-    finally:
-        up.send_signal(signal.SIGINT)
-        code = up.wait(timeout=60)
-        out.close()
-    assert code == 0, (tmp_path / "up.out").read_text()[-3000:]
+    assert run.code == 0, (tmp_path / "up.out").read_text()[-3000:]
     assert pool is not None and not Path(pool).exists()  # removed at exit: its memory is back

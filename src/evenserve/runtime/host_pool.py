@@ -63,6 +63,11 @@ def reserved(index: dict[str, Any]) -> int:
     return sum(int(r["bytes"]) for r in index.get("pending", {}).values())
 
 
+def held(index: dict[str, Any]) -> int:
+    """Bytes the pool holds: its entries, and the writes under way."""
+    return sum(int(e["bytes"]) for e in index["entries"].values()) + reserved(index)
+
+
 def digest(*parts: str) -> str:
     """A short stable digest of a model's configuration (its config JSON, runtime tags)."""
     h = hashlib.sha256()
@@ -229,11 +234,8 @@ class HostPool:
         entries: dict[str, Any] = index["entries"]
         gone: list[str] = []
 
-        def used() -> int:
-            return sum(int(e["bytes"]) for e in entries.values()) + reserved(index)
-
         for k in sorted(entries, key=lambda k: int(entries[k]["used"])):
-            if used() + room_for <= self.capacity_bytes:
+            if held(index) + room_for <= self.capacity_bytes:
                 break
             if k == keep:
                 continue
@@ -278,8 +280,7 @@ class HostPool:
             self._evict(index, size)
             if size > self.capacity_bytes:
                 return False
-            held = sum(int(e["bytes"]) for e in index["entries"].values()) + reserved(index)
-            if held + size > self.capacity_bytes:
+            if held(index) + size > self.capacity_bytes:
                 # What is left are writes under way: no room now, the entry is not kept.
                 log.info("host pool: no room for %s while other entries are written", model)
                 return False
