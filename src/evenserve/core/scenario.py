@@ -6,6 +6,7 @@ policy names and profiles. Every error names the field by its dotted path.
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -16,6 +17,20 @@ from evenserve.core.validation import Strict
 from evenserve.core.wire import PRIORITY_CLASSES
 
 CENTRAL_QUEUE = "central-queue"
+
+
+class Phase(Strict):
+    """A stretch of the run where open-loop rates are multiplied (e.g. a burst)."""
+
+    start_s: float = Field(ge=0)
+    end_s: float = Field(gt=0)
+    multiplier: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Phase:
+        if self.end_s <= self.start_s:
+            raise ValueError("end_s must be greater than start_s")
+        return self
 
 
 class DeviceSpec(DeviceOptions):
@@ -39,6 +54,17 @@ class DeviceSpec(DeviceOptions):
     )
     start_ms: float = Field(
         default=2000.0, ge=0, description="scale-up time: turned on -> taking work"
+    )
+    slowdown: float = Field(
+        default=1.0,
+        gt=0,
+        description="how much slower the device runs than its profiles say (2: batches take "
+        "twice the profile's time; routing and batching still read the profile)",
+    )
+    slowdown_phases: list[Phase] = Field(
+        default_factory=list,
+        description="stretches of the run where the slowdown is multiplied (a card that "
+        "throttles mid-run); phases must not overlap",
     )
 
     @field_validator("slice")
@@ -64,6 +90,23 @@ class DeviceSpec(DeviceOptions):
         """Its speed as a fraction of its profiles' device (a MIG slice: G/7)."""
         sl = self.device_slice
         return 1.0 if sl is None else sl.compute_fraction
+
+    def slowdown_at(self, t_s: float) -> float:
+        """The device's slowdown at ``t_s`` (its ``slowdown`` times the phase's multiplier)."""
+        for ph in self.slowdown_phases:
+            if ph.start_s <= t_s < ph.end_s:
+                return self.slowdown * ph.multiplier
+        return self.slowdown
+
+    @model_validator(mode="after")
+    def _phases_apart(self) -> DeviceSpec:
+        ps = sorted(self.slowdown_phases, key=lambda p: p.start_s)
+        for a, b in itertools.pairwise(ps):
+            if b.start_s < a.end_s:
+                raise ValueError("slowdown_phases: phases overlap")
+        if any(p.multiplier <= 0 for p in ps):
+            raise ValueError("slowdown_phases: multiplier must be > 0")
+        return self
 
     @model_validator(mode="after")
     def _inactive_starts_empty(self) -> DeviceSpec:
@@ -115,20 +158,6 @@ class ModelSpec(ModelOptions):
         if self.warm_load_ms is not None:
             warm = self.warm_load_ms / 1000.0
         return cold, warm
-
-
-class Phase(Strict):
-    """A stretch of the run where open-loop rates are multiplied (e.g. a burst)."""
-
-    start_s: float = Field(ge=0)
-    end_s: float = Field(gt=0)
-    multiplier: float = Field(ge=0)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Phase:
-        if self.end_s <= self.start_s:
-            raise ValueError("end_s must be greater than start_s")
-        return self
 
 
 class Stream(Strict):

@@ -6,6 +6,12 @@ change the earliest end is announced again (``end_at`` with a new token); ``anno
 answers with the batch a token stands for, or None once a later announcement superseded it.
 One instance keeps a direct path: a batch ends at its start plus its solo time, announced
 when it starts.
+
+``slowdown`` is how much slower the device really runs than its profiles say (1.0: as they
+say; a scenario's ``slowdown``, a throttled card). It stretches when a batch really ends (what
+is announced with ``end_at``) but not the scheduler's own estimates (``solo_s``, ``end_s`` on
+the direct path, ``busy_remaining_s``): like a live worker, the scheduler only learns that a
+device is slower from the batch times it observes.
 """
 
 from __future__ import annotations
@@ -23,7 +29,17 @@ R = TypeVar("R", bound=QueuedRequest)
 
 
 class Slots(Generic[R]):
-    __slots__ = ("_actions", "_moved", "_shared", "_token", "busy", "free", "instances", "running")
+    __slots__ = (
+        "_actions",
+        "_moved",
+        "_shared",
+        "_token",
+        "busy",
+        "free",
+        "instances",
+        "running",
+        "slowdown",
+    )
 
     def __init__(
         self,
@@ -40,6 +56,7 @@ class Slots(Generic[R]):
         self._token = 0
         self._moved = False
         self.busy = BusyClock(device.instances, utilization_window_s, origin_s)
+        self.slowdown = 1.0
 
     def start(self, batch: Batch[R], occupancy: float, now: float) -> None:
         """``batch`` starts on ``batch.instance`` (taken from ``free``)."""
@@ -48,9 +65,12 @@ class Slots(Generic[R]):
         if self._shared is None:
             batch.end_s = now + batch.solo_s
             self._token += 1
-            self._actions.end_at(batch.end_s, self._token)
+            slow = self.slowdown
+            self._actions.end_at(
+                batch.end_s if slow == 1.0 else now + batch.solo_s * slow, self._token
+            )
         else:
-            self._shared.start(batch.instance, now, batch.solo_s, occupancy)
+            self._shared.start(batch.instance, now, batch.solo_s * self.slowdown, occupancy)
             self._moved = True
 
     def finish(self, batch: Batch[R], now: float) -> None:

@@ -125,8 +125,9 @@ class Simulation:
     def new_scheduler(
         self, d: SimDevice, spec: DeviceSpec, models: tuple[str, ...] | list[str]
     ) -> DeviceScheduler[SimRequest]:
-        """A scheduler for device ``d`` hosting ``models`` (its own queues)."""
-        return scheduler_for(
+        """A scheduler for device ``d`` hosting ``models`` (its own queues), running at the
+        device's slowdown now."""
+        sched = scheduler_for(
             [self.model_setup(m, d.profiles[m]) for m in models],
             d,
             spec,  # a scenario device has the DeviceOptions, an arm the QueueOptions
@@ -135,6 +136,14 @@ class Simulation:
             memory_total_bytes=spec.memory_total_bytes,
             utilization_window_s=self.utilization_window_s,
         )
+        sched.slots.slowdown = spec.slowdown_at(self.loop.now)
+        return sched
+
+    def _slowdown_edge(self, arg: tuple[SimDevice, DeviceSpec]) -> None:
+        """A slowdown phase of a device starts or ends: batches started from now on run at
+        the new speed (a running batch keeps its end)."""
+        d, spec = arg
+        d.sched.slots.slowdown = spec.slowdown_at(self.loop.now)
 
     def _build_devices(self) -> None:
         sc, arm = self.sc, self.arm
@@ -154,6 +163,9 @@ class Simulation:
                 d = self.add_device(spec.name, self.loaded.profiles_for(spec))
             d.trace.instances = spec.instances
             d.sched = self.new_scheduler(d, spec, d.models)
+            for ph in spec.slowdown_phases:
+                for t in (ph.start_s, ph.end_s):
+                    self.loop.at(t, self._slowdown_edge, (d, spec))
             built.append((d, spec))
         self.by_name = {d.name: d for d in self.devices}
         self.router = Router(ROUTING.build(arm.routing, self.policy_rng), window=sc.signals.window)
