@@ -1,0 +1,150 @@
+"""The watch loop's rules with a fake gateway and a fake simulator: apply only with a margin,
+roll back a change that live P99 contradicts within one window, never two changes in a window,
+no re-applying a rolled-back set."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from evenserve.experiment.watch import (
+    Figures,
+    Params,
+    Record,
+    WatchPolicy,
+    live_figures,
+    run_watch,
+)
+
+
+class FakeGateway:
+    def __init__(self, params: Params) -> None:
+        self.history = [{"version": 1, "params": params}]
+        self.calls: list[str] = []
+
+    @property
+    def version(self) -> int:
+        return int(self.history[-1]["version"])
+
+    def get_params(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "params": self.history[-1]["params"],
+            "history": list(self.history),
+        }
+
+    def _new(self, params: Params) -> dict[str, Any]:
+        self.history.append({"version": self.version + 1, "params": params})
+        return self.get_params()
+
+    def put_params(self, params: Params, expected_version: int, note: str) -> dict[str, Any]:
+        assert expected_version == self.version
+        self.calls.append("put")
+        return self._new(params)
+
+    def rollback(self, to_version: int, expected_version: int, note: str) -> dict[str, Any]:
+        assert expected_version == self.version
+        self.calls.append(f"rollback->{to_version}")
+        (h,) = [h for h in self.history if h["version"] == to_version]
+        return self._new(h["params"])
+
+    def pull_log(self, since_unix_s: float) -> list[Record]:
+        return []
+
+
+class FakeSim:
+    """P99 = the params' ``w`` (ms); the tuner proposes ``best``."""
+
+    def __init__(self, best: Params) -> None:
+        self.best = best
+
+    def predict(self, records: Sequence[Record], params: Params) -> Figures:
+        return Figures(float(params["w"]), 100.0, len(records))
+
+    def tune(self, records: Sequence[Record], params: Params) -> tuple[Params, Figures]:
+        return self.best, self.predict(records, self.best)
+
+
+def window(p99_ms: float, n: int = 400) -> list[Record]:
+    """A window of n answers, all taking ``p99_ms`` (so that is its P99)."""
+    return [{"model": "m", "status": 200, "latency_ms": p99_ms, "unix_s": 0.0}] * n
+
+
+def policy() -> WatchPolicy:
+    return WatchPolicy(slo_ms={"m": 1000.0}, window_s=10.0)
+
+
+def test_live_figures() -> None:
+    recs = [{"model": "m", "status": 200, "latency_ms": float(i)} for i in range(1, 101)]
+    recs.append({"model": "m", "status": 503, "latency_ms": 1.0})
+    f = live_figures(recs, {"m": 50.0}, 10.0)
+    assert f.answered == 100
+    assert f.goodput_rps == 5.0
+    assert f.p99_ms is not None and 99.0 <= f.p99_ms <= 100.0
+
+
+def test_applies_with_margin_then_keeps() -> None:
+    gw, sim, pol = FakeGateway({"w": 100}), FakeSim({"w": 50}), policy()
+    ev = pol.step(gw, sim, window(100.0), 1.0)
+    assert ev.action == "apply" and gw.version == 2
+    ev = pol.step(gw, sim, window(52.0), 2.0)  # live agrees with the prediction
+    assert ev.action == "keep" and gw.calls == ["put"]
+
+
+def test_no_change_without_margin() -> None:
+    gw, sim, pol = FakeGateway({"w": 100}), FakeSim({"w": 95}), policy()
+    assert pol.step(gw, sim, window(100.0), 1.0).action == "hold"
+    assert gw.calls == []
+
+
+def test_own_change_contradicted_is_rolled_back_and_not_reapplied() -> None:
+    gw, sim, pol = FakeGateway({"w": 100}), FakeSim({"w": 50}), policy()
+    assert pol.step(gw, sim, window(100.0), 1.0).action == "apply"
+    # live 70 ms > 1.15 x 50 ms predicted (calibration 1.0): rolled back in this window
+    ev = pol.step(gw, sim, window(70.0), 2.0)
+    assert ev.action == "rollback"
+    assert gw.calls == ["put", "rollback->1"]
+    assert gw.history[-1]["params"] == {"w": 100}
+    # the same candidate is not applied again during the cooldown: no oscillation
+    for k in range(pol.cooldown_windows):
+        assert pol.step(gw, sim, window(100.0), 3.0 + k).action == "hold"
+    assert gw.calls == ["put", "rollback->1"]
+
+
+def test_external_bad_change_rolled_back_within_one_window() -> None:
+    gw, sim, pol = FakeGateway({"w": 100}), FakeSim({"w": 100}), policy()
+    assert pol.step(gw, sim, window(100.0), 1.0).action == "hold"
+    gw.put_params({"w": 100, "bad": True}, gw.version, "someone")  # predicted like before
+    assert pol.step(gw, sim, window(100.0), 2.0).action == "noticed"
+    ev = pol.step(gw, sim, window(300.0), 3.0)  # live got 3x worse under it
+    assert ev.action == "rollback"
+    assert gw.history[-1]["params"] == {"w": 100}
+
+
+def test_calibration_scales_the_guardrail() -> None:
+    # live runs 2x the simulator: a change predicted 50 ms is fine at 100 ms live
+    gw, sim, pol = FakeGateway({"w": 100}), FakeSim({"w": 50}), policy()
+    assert pol.step(gw, sim, window(200.0), 1.0).action == "apply"
+    assert pol.calibration == 2.0
+    assert pol.step(gw, sim, window(105.0), 2.0).action == "keep"
+
+
+def test_too_few_requests_decide_nothing() -> None:
+    gw, sim, pol = FakeGateway({"w": 100}), FakeSim({"w": 10}), policy()
+    assert pol.step(gw, sim, window(100.0, n=50), 1.0).action == "skip"
+    assert gw.calls == []
+
+
+def test_run_watch_windows_with_a_fake_clock() -> None:
+    t = [0.0]
+    gw, sim, pol = FakeGateway({"w": 100}), FakeSim({"w": 100}), policy()
+    events = run_watch(
+        gw,
+        sim,
+        pol,
+        now=lambda: t[0],
+        sleep=lambda s: t.__setitem__(0, t[0] + s),
+        windows=3,
+    )
+    assert [e.action for e in events] == ["skip"] * 3  # the fake log is empty
+    assert t[0] == 30.0
