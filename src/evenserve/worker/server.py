@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 
+from evenserve.core.requestlog import Recorder
 from evenserve.httpio.serving import Serving
 from evenserve.worker.http_api import create_app
 from evenserve.worker.service import WorkerService
@@ -22,10 +23,14 @@ def make_server(
     *,
     grpc_host: str = "127.0.0.1",
     grpc_port: int | None = None,
+    recorder: Recorder | None = None,
 ) -> Serving:
     """The worker's server on a bound socket; ``run()`` serves until SIGTERM/SIGINT. With
-    ``grpc_port`` (0: any free port) it also serves KServe v2 over gRPC (``grpc_api``)."""
-    app = create_app(service, grpc_host=grpc_host, grpc_port=grpc_port)
+    ``grpc_port`` (0: any free port) it also serves KServe v2 over gRPC (``grpc_api``); with
+    ``recorder`` it writes the request log (``core.requestlog``)."""
+    app = create_app(service, grpc_host=grpc_host, grpc_port=grpc_port, recorder=recorder)
+    if recorder is not None:
+        service.metrics.count_record_drops(lambda: recorder.dropped)
     return Serving(
         app, sock=sock, limits=app.limits, drain_timeout_s=service.options.drain_timeout_s + 5
     )
