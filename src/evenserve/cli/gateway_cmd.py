@@ -61,9 +61,6 @@ def gateway(
     except EvenserveError as exc:
         fail(str(exc))
         return
-    except OSError as exc:
-        fail(f"--record: cannot open {exc.filename}: {exc.strerror}")
-        return
     g = cluster.config.gateway
     if g.grpc_port is not None:
         try:
@@ -91,6 +88,12 @@ def gateway(
         )
     else:
         err_console.print(f"admin token: the one of {token.source}", highlight=False)
+    if rec is not None and rec.path is not None:
+        try:
+            rec.path.parent.mkdir(parents=True, exist_ok=True)
+            rec.path.open("ab").close()
+        except OSError as exc:
+            fail(f"--record: cannot open {rec.path}: {exc.strerror}")
     if rec is not None:
         kept = "memory only" if rec.path is None else str(rec.path)
         err_console.print(f"request log: {kept} (window {rec.window} records)", highlight=False)

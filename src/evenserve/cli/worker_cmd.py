@@ -311,10 +311,12 @@ def worker(
     if record is not None:
         from evenserve.core.requestlog import MIB, Recorder, RecordSettings
 
+        recorder = Recorder(
+            RecordSettings(record, max(1, int(record_max_mb * MIB)), record_keep, window=0)
+        )
         try:
-            recorder = Recorder(
-                RecordSettings(record, max(1, int(record_max_mb * MIB)), record_keep, window=0)
-            )
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.open("ab").close()
         except OSError as exc:
             fail(f"--record: cannot open {record}: {exc.strerror}")
         err_console.print(f"evenserve worker: request log {record}", highlight=False)

@@ -113,9 +113,9 @@ def encode_rest(raw: RawRecord) -> tuple[int, float, float, bytes]:
     obj["latency_ms"] = round(latency_s * 1000.0, 3)
     obj["queue_ms"] = _ms(q)
     obj["compute_ms"] = _ms(c)
-    obj["unix_s"] = round(unix_s, 6)
+    obj["unix_s"] = unix = round(unix_s, 6)  # the cursor compares what a client reads
     rest = json.dumps(obj, separators=(",", ":")).encode()[1:]
-    return seq, _t, unix_s, rest
+    return seq, _t, unix, rest
 
 
 def line(t_s: float, rest: bytes) -> bytes:
@@ -137,6 +137,10 @@ class RotatingFile:
         self.size = self._f.tell()
 
     def write(self, lines: Iterable[bytes]) -> None:
+        """Append ``lines`` (after a ``close``, the file is opened again)."""
+        if self._f.closed:
+            self._f = self.path.open("ab")
+            self.size = self._f.tell()
         chunk: list[bytes] = []
         for ln in lines:
             if self.size > 0 and self.size + len(ln) > self.max_bytes:
@@ -233,9 +237,8 @@ class Recorder:
         self.dropped = 0
         self.written = 0
         self.write_errors = 0
+        #: Opened by ``start`` (or the first flush), closed by ``stop``.
         self._file: RotatingFile | None = None
-        if settings.path is not None:
-            self._file = RotatingFile(settings.path, settings.max_bytes, settings.keep)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -289,9 +292,11 @@ class Recorder:
             if self.settings.window:
                 with self._ring_lock:
                     self._ring.extend(out)
-            if self._file is not None:
+            if self.settings.path is not None:
                 t0 = self.t0_s
                 try:
+                    if self._file is None:
+                        self._file = self._open()
                     self._file.write(line(t - t0, rest) for _, t, _, rest in out)
                 except OSError as exc:
                     self.write_errors += 1
@@ -303,8 +308,16 @@ class Recorder:
         while not self._stop.wait(self.settings.flush_s):
             self.flush()
 
+    def _open(self) -> RotatingFile:
+        s = self.settings
+        assert s.path is not None
+        return RotatingFile(s.path, s.max_bytes, s.keep)
+
     def start(self) -> None:
-        """Restart the clock origin and flush every ``flush_s`` on a thread of its own."""
+        """Open the file (OSError when it cannot be), restart the clock origin, and flush
+        every ``flush_s`` on a thread of its own."""
+        if self.settings.path is not None and self._file is None:
+            self._file = self._open()
         self.t0_s = self.clock.now()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="request-log", daemon=True)
@@ -319,7 +332,6 @@ class Recorder:
         self.flush()
         if self._file is not None:
             self._file.close()
-            self._file = None
 
     # -- reading the window ----------------------------------------------------------------
     def lines(self, q: LogQuery) -> tuple[bytes, float | None, int]:

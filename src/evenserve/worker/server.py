@@ -49,7 +49,7 @@ class BackgroundWorker:
     ``start`` loads the models, binds 127.0.0.1 on a free port (or ``port``) and returns once
     the server accepts connections; ``stop`` drains gracefully and joins the thread. With
     ``grpc_port`` (0: a free port) it also serves gRPC; ``grpc_port`` is the bound port once
-    started.
+    started. With ``recorder`` it writes the request log (``core.requestlog``).
     """
 
     def __init__(
@@ -59,6 +59,7 @@ class BackgroundWorker:
         port: int = 0,
         *,
         grpc_port: int | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.service = service
         self.host = host
@@ -66,7 +67,9 @@ class BackgroundWorker:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.port: int = self._sock.getsockname()[1]
-        self._server = make_server(service, self._sock, grpc_host=host, grpc_port=grpc_port)
+        self._server = make_server(
+            service, self._sock, grpc_host=host, grpc_port=grpc_port, recorder=recorder
+        )
         self.grpc_port: int | None = grpc_port
 
     @property
