@@ -193,3 +193,32 @@ def test_a_recorded_log_replays_through_evenserve_simulate(
     assert res.exit_code == 0, res.output
     req = json.loads(out.read_text())["arms"]["a"]["requests"]
     assert req["arrived"] == N
+
+
+async def test_evenserve_record_pulls_a_trace_and_never_shows_the_token(
+    worker: BackgroundWorker, tmp_path: Path
+) -> None:
+    g = _gateway(worker, tmp_path / "gw.jsonl")
+    good, bad = tmp_path / "token", tmp_path / "wrong"
+    good.write_text(TOKEN + "\n")
+    bad.write_text("not-the-token-at-all\n")
+    runner = CliRunner()
+    async with serving(g) as served, httpx.AsyncClient(base_url=served.url, timeout=60) as c:
+        for i in range(3):
+            assert (await c.post("/v2/models/em/infer", json=_body(float(i)))).status_code == 200
+        assert g.recorder is not None
+        g.recorder.flush()
+        out = tmp_path / "t.jsonl"
+        args = ["record", served.url, "--out", str(out), "--duration", "0"]
+        res = await asyncio.to_thread(runner.invoke, app, [*args, "--token-file", str(good)])
+        assert res.exit_code == 0, res.output
+        assert TOKEN not in res.output and "wrote 3 records" in res.output
+        assert [a.model for a in read_trace(out)] == ["em"] * 3
+        res = await asyncio.to_thread(runner.invoke, app, [*args, "--token-file", str(bad)])
+        assert res.exit_code == 2 and "401" in res.output
+        assert "not-the-token-at-all" not in res.output
+    for cmd in (["record"], ["gateway"], ["worker"]):
+        text = runner.invoke(app, [*cmd, "--help"]).output
+        assert TOKEN not in text
+    assert "--record-max-mb" in runner.invoke(app, ["gateway", "--help"]).output
+    assert "--record-keep" in runner.invoke(app, ["worker", "--help"]).output

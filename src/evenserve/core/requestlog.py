@@ -79,48 +79,86 @@ class RecordSettings:
             raise ValueError("buffer: must be >= 1")
 
 
-def _ms(value: object) -> float | None:
-    """A millisecond figure from a header's text or a number; None when absent or bad."""
+def _ms(value: object) -> str:
+    """A millisecond figure (header text or a number) as JSON: ``null`` when absent or bad."""
     if value is None:
-        return None
+        return "null"
     try:
         x = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        return None
-    return round(x, 3) if math.isfinite(x) else None
+        return "null"
+    return f"{x:.3f}" if math.isfinite(x) else "null"
+
+
+#: The encoder's memo of what it has read (a model name, a priority or a deadline as the
+#: request gave it), so a flush parses each distinct value once; bounded.
+_MEMO_MAX = 4096
+
+
+class _Memo:
+    def __init__(self) -> None:
+        self.model: dict[str, str] = {}
+        self.priority: dict[object, str] = {}
+        self.deadline: dict[object, str] = {}
+
+
+def _cached(memo: dict[object, str], key: object, make: Callable[[object], str]) -> str:
+    try:
+        return memo[key]
+    except KeyError:
+        pass
+    except TypeError:  # not hashable
+        return make(key)
+    v = make(key)
+    if len(memo) < _MEMO_MAX:
+        memo[key] = v
+    return v
+
+
+def _priority_field(value: object) -> str:
+    try:
+        p = parse_priority(value, "priority")
+    except ValueError:
+        p = None
+    return "" if p is None else f',"priority":{p}'
+
+
+def _deadline_field(value: object) -> str:
+    try:
+        d = parse_deadline_ms(value, "deadline_ms")
+    except ValueError:
+        d = None
+    return "" if d is None else f',"deadline_ms":{d!r}'
+
+
+_MEMO = _Memo()
 
 
 def encode_rest(raw: RawRecord) -> tuple[int, float, float, bytes]:
     """(seq, t on the recorder's clock, unix_s, the line after ``t_s``): the encoded record
     without its ``t_s``, so the line is ``{"t_s":T,`` + rest for any base of T."""
-    seq, _t, unix_s, model, prio, deadline, backend, status, latency_s, q, c = raw
-    obj: dict[str, object] = {"model": model}
-    try:
-        p = parse_priority(prio, "priority")
-    except ValueError:
-        p = None
-    if p is not None:
-        obj["priority"] = p
-    try:
-        d = parse_deadline_ms(deadline, "deadline_ms")
-    except ValueError:
-        d = None
-    if d is not None:
-        obj["deadline_ms"] = d
-    obj["seq"] = seq
-    obj["backend"] = backend
-    obj["status"] = status
-    obj["latency_ms"] = round(latency_s * 1000.0, 3)
-    obj["queue_ms"] = _ms(q)
-    obj["compute_ms"] = _ms(c)
-    obj["unix_s"] = unix = round(unix_s, 6)  # the cursor compares what a client reads
-    rest = json.dumps(obj, separators=(",", ":")).encode()[1:]
-    return seq, _t, unix, rest
+    seq, t, unix_s, model, prio, deadline, backend, status, latency_s, q, c = raw
+    m = _MEMO
+    model_js = m.model.get(model)
+    if model_js is None:
+        model_js = json.dumps(model)
+        if len(m.model) < _MEMO_MAX:
+            m.model[model] = model_js
+    p = "" if prio is None else _cached(m.priority, prio, _priority_field)
+    d = "" if deadline is None else _cached(m.deadline, deadline, _deadline_field)
+    b = "null" if backend is None else _cached(m.model, backend, json.dumps)  # type: ignore[arg-type]
+    unix = f"{unix_s:.6f}"
+    rest = (
+        f'"model":{model_js}{p}{d},"seq":{seq},"backend":{b},"status":{status},'
+        f'"latency_ms":{latency_s * 1000.0:.3f},"queue_ms":{_ms(q)},'
+        f'"compute_ms":{_ms(c)},"unix_s":{unix}}}'
+    )
+    return seq, t, float(unix), rest.encode()  # the cursor compares what a client reads
 
 
 def line(t_s: float, rest: bytes) -> bytes:
     """One JSONL line: ``t_s`` then the rest of the record (``encode_rest``)."""
-    return b'{"t_s":' + repr(round(max(t_s, 0.0), 6)).encode() + b"," + rest + b"\n"
+    return f'{{"t_s":{max(t_s, 0.0):.6f},'.encode() + rest + b"\n"
 
 
 class RotatingFile:
