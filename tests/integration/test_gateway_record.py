@@ -155,6 +155,8 @@ async def test_the_gateway_records_every_answer_and_serves_the_window(
         await asyncio.sleep(0.05)
     assert sum(1 for x in wrows if x["status"] == 200) >= N
     assert all(x["backend"] is None and x["compute_ms"] > 0 for x in wrows if x["status"] == 200)
+    async with httpx.AsyncClient(base_url=worker.url, timeout=60) as wc:
+        assert "evenserve_worker_record_dropped_total 0.0" in (await wc.get("/metrics")).text
 
 
 def test_a_recorded_log_replays_through_evenserve_simulate(
