@@ -29,6 +29,24 @@ def gateway(
             "temporary folder). Not used when the cluster file or its variable gives one."
         ),
     ] = None,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the request log here: one JSON line per answered inference request, "
+            "a replayable trace plus outcomes (overrides gateway.record.path)."
+        ),
+    ] = None,
+    record_max_mb: Annotated[
+        float | None,
+        typer.Option(help="Rotate the request log past this size, MiB (default 64)."),
+    ] = None,
+    record_keep: Annotated[
+        int | None, typer.Option(help="Rotated request logs kept: PATH.1 ... (default 4).")
+    ] = None,
+    record_window: Annotated[
+        int | None,
+        typer.Option(help="Records kept in memory for GET /admin/log (default 200000)."),
+    ] = None,
 ) -> None:
     """Run the gateway: KServe v2 HTTP API routing to the cluster's backends."""
     from evenserve.gateway.config import load_cluster, write_private
@@ -38,7 +56,8 @@ def gateway(
     try:
         cluster = load_cluster(config)
         token = cluster.resolve_admin_token()
-        gw = Gateway(cluster, admin_token=token.value, host=host)
+        rec = cluster.record_settings(record, record_max_mb, record_keep, record_window)
+        gw = Gateway(cluster, admin_token=token.value, host=host, record=rec)
     except EvenserveError as exc:
         fail(str(exc))
         return
@@ -69,6 +88,15 @@ def gateway(
         )
     else:
         err_console.print(f"admin token: the one of {token.source}", highlight=False)
+    if rec is not None and rec.path is not None:
+        try:
+            rec.path.parent.mkdir(parents=True, exist_ok=True)
+            rec.path.open("ab").close()
+        except OSError as exc:
+            fail(f"--record: cannot open {rec.path}: {exc.strerror}")
+    if rec is not None:
+        kept = "memory only" if rec.path is None else str(rec.path)
+        err_console.print(f"request log: {kept} (window {rec.window} records)", highlight=False)
     serve(gw, host, port)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evenserve.cli import bench_cmd, gateway_cmd, sim_cmd, worker_cmd
+from evenserve.cli import bench_cmd, gateway_cmd, record_cmd, sim_cmd, worker_cmd
 from evenserve.cli.app import app
 
 #: Every command, in the order ``evenserve --help`` lists them.
@@ -14,6 +14,7 @@ COMMANDS = (
     bench_cmd.report,
     gateway_cmd.gateway,
     gateway_cmd.up,
+    record_cmd.record,
     worker_cmd.worker,
     worker_cmd.profile,
 )

@@ -174,6 +174,17 @@ def worker(
             help="Also serve KServe v2 over gRPC on this port (0: no gRPC; needs the grpc extra)."
         ),
     ] = 0,
+    record: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the request log here: one JSON line per answered inference request, "
+            "a replayable trace plus outcomes."
+        ),
+    ] = None,
+    record_max_mb: Annotated[
+        float, typer.Option(help="Rotate the request log past this size, MiB.")
+    ] = 64.0,
+    record_keep: Annotated[int, typer.Option(help="Rotated request logs kept: PATH.1 ...")] = 4,
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "warning",
 ) -> None:
     """Serve a model repository on one device over the KServe v2 protocol."""
@@ -206,6 +217,10 @@ def worker(
         fail("--repository-poll-secs: must be > 0")
     if not load_wait_ms >= 0:
         fail("--load-wait-ms: must be >= 0")
+    if not record_max_mb > 0:
+        fail("--record-max-mb: must be > 0")
+    if record_keep < 0:
+        fail("--record-keep: must be >= 0")
     if host_pool_gb is not None and host_pool is None:
         fail("--host-pool-gb: needs --host-pool DIR (the pool's directory)")
     if host_pool is not None:
@@ -292,8 +307,23 @@ def worker(
     if port_file is not None:
         port_file.write_text(f"{bound}\n")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    recorder = None
+    if record is not None:
+        from evenserve.core.requestlog import MIB, Recorder, RecordSettings
+
+        recorder = Recorder(
+            RecordSettings(record, max(1, int(record_max_mb * MIB)), record_keep, window=0)
+        )
+        try:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.open("ab").close()
+        except OSError as exc:
+            fail(f"--record: cannot open {record}: {exc.strerror}")
+        err_console.print(f"evenserve worker: request log {record}", highlight=False)
     try:
-        make_server(service, sock, grpc_host=host, grpc_port=grpc_port or None).run()
+        make_server(
+            service, sock, grpc_host=host, grpc_port=grpc_port or None, recorder=recorder
+        ).run()
     except EvenserveError as exc:  # the gRPC port cannot be bound
         fail(str(exc))
 

@@ -155,6 +155,15 @@ REASON_HEADER = "x-evenserve-reason"
 LOAD_WAIT_HEADER = "x-evenserve-load-wait-ms"
 #: Response (from the gateway): the backend that answered.
 BACKEND_HEADER = "x-evenserve-backend"
+#: Response (from the worker, relayed by the gateway): milliseconds the request waited in
+#: its queue before its batch started, and its batch's compute time (answered requests).
+QUEUE_MS_HEADER = "x-evenserve-queue-ms"
+COMPUTE_MS_HEADER = "x-evenserve-compute-ms"
+#: Response of ``GET /admin/log``: the first returned record's ``t_s`` on the recorder's
+#: clock (its lines' ``t_s`` are relative to that record).
+LOG_ORIGIN_HEADER = "x-evenserve-log-origin-s"
+#: Response of ``GET /admin/log``: the last sequence number returned (resume after it).
+LOG_LAST_SEQ_HEADER = "x-evenserve-log-last-seq"
 RETRY_AFTER_HEADER = "retry-after"
 #: KServe v2 binary tensor extension: length of the JSON part of the body (KServe's spelling;
 #: header names are case-insensitive).

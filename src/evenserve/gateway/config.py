@@ -8,6 +8,7 @@ gateway:                      # the front door
   signals: {interval_ms: 100, window: 3, stale_after_ms: 500}
   # placement: {policy: cost-aware, interval_ms: 1000, load_wait_ms: 10000, host_memory_gb: 0}
   # autoscaling: {policy: demand, target_utilization: 0.7}   # needs placement
+  # record: {path: requests.jsonl, max_mb: 64, keep: 4, window: 200000}   # the request log
 workers:                      # devices ``evenserve up`` starts one worker on each
   repo: models                # model repository (relative to this file)
   base_port: 8101             # device i listens on base_port + i unless it names a port
@@ -46,6 +47,7 @@ from evenserve.core import wire
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import bundled_profile_set
+from evenserve.core.requestlog import MIB, RecordSettings
 from evenserve.core.validation import Strict, read_yaml, validate_document
 from evenserve.policy.routing import ROUTING
 from evenserve.runtime.device import parse_device
@@ -122,6 +124,29 @@ class OverloadConfig(Strict):
     retry_after_s: int = Field(default=1, ge=0, description="Retry-After header value")
 
 
+class RecordConfig(Strict):
+    """``gateway.record``: the request log (``core.requestlog``); the CLI's ``--record*``
+    flags override it."""
+
+    path: str | None = Field(
+        default=None,
+        min_length=1,
+        description="JSONL file, relative to the cluster file (None: only the in-memory "
+        "window that GET /admin/log serves)",
+    )
+    max_mb: float = Field(default=64.0, gt=0, description="size at which the file rotates, MiB")
+    keep: int = Field(default=4, ge=0, description="rotated files kept (PATH.1 ... PATH.keep)")
+    window: int = Field(
+        default=200_000, ge=0, description="last records kept in memory for GET /admin/log"
+    )
+    flush_ms: float = Field(default=500.0, gt=0, description="how often the writer flushes")
+    buffer: int = Field(
+        default=65_536,
+        ge=1,
+        description="records waiting for the writer; beyond it the oldest are dropped and counted",
+    )
+
+
 class AdminConfig(Strict):
     token: str | None = Field(
         default=None, min_length=MIN_TOKEN_LENGTH, description="literal bearer token"
@@ -178,6 +203,9 @@ class GatewaySection(Strict):
     autoscaling: Any = Field(
         default=None,
         description="{policy: none|demand, ...params}: devices turned on and off (needs placement)",
+    )
+    record: RecordConfig | None = Field(
+        default=None, description="the request log (None: off unless --record is given)"
     )
 
     def placement_settings(self) -> PlacementSettings | None:
@@ -452,6 +480,36 @@ class LoadedCluster:
     def resolve(self, relative: str) -> Path:
         p = Path(relative)
         return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+    def record_settings(
+        self,
+        path: Path | None = None,
+        max_mb: float | None = None,
+        keep: int | None = None,
+        window: int | None = None,
+    ) -> RecordSettings | None:
+        """The request log's settings: ``gateway.record`` with the CLI's flags over it (a
+        ``path`` turns it on); None when neither asks for one."""
+        cfg = self.config.gateway.record
+        if cfg is None and path is None:
+            return None
+        c = cfg or RecordConfig()
+        where = path if path is not None else (None if c.path is None else self.resolve(c.path))
+        mb = c.max_mb if max_mb is None else max_mb
+        if not mb > 0:
+            raise ConfigError("--record-max-mb: must be > 0")
+        if keep is not None and keep < 0:
+            raise ConfigError("--record-keep: must be >= 0")
+        if window is not None and window < 0:
+            raise ConfigError("--record-window: must be >= 0")
+        return RecordSettings(
+            path=where,
+            max_bytes=max(1, int(mb * MIB)),
+            keep=c.keep if keep is None else keep,
+            window=c.window if window is None else window,
+            flush_s=c.flush_ms / 1000.0,
+            buffer=c.buffer,
+        )
 
     def repo_models(self) -> list[str]:
         """Model names in the workers' repository (sub-directories holding a model.yaml, or a

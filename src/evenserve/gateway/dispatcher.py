@@ -98,6 +98,8 @@ RELAY_RESPONSE_HEADERS = (
     "content-encoding",
     wire.RETRY_AFTER_HEADER,
     wire.REASON_HEADER,
+    wire.QUEUE_MS_HEADER,
+    wire.COMPUTE_MS_HEADER,
 )
 
 

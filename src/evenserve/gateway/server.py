@@ -10,15 +10,20 @@ figures). Model control (``POST /v2/repository/models/{m}/load|unload``) answers
 the workers that host the model: the gateway loads nothing (its gRPC front answers
 UNIMPLEMENTED, with the same words).
 ``/metrics`` is the gateway's Prometheus text; ``/admin/...`` needs the bearer token.
+With a request log (``--record`` or ``gateway.record``: ``core.requestlog``) every HTTP
+inference request answered is one record; ``GET /admin/log`` serves the recent window as a
+replayable trace and ``GET /admin/record`` the log's counters.
 The HTTP server is ``httpio.server`` (asyncio protocol + httptools; design note 0007); a
 :class:`Gateway` is its handler: one dict lookup or ``core.wire.split_model_path`` per request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +34,7 @@ from evenserve.core import wire
 from evenserve.core.clock import Clock, RealClock
 from evenserve.core.errors import ProfileError
 from evenserve.core.profile import LatencyProfile, load_profile_set
+from evenserve.core.requestlog import Recorder, RecordSettings, parse_log_query
 from evenserve.gateway.admin import AdminAPI
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import BackendSpec, LoadedCluster
@@ -90,6 +96,7 @@ class Gateway:
         host: str | None = None,
         placement_models: Mapping[str, ModelInfo] | None = None,
         placement_devices: Sequence[DeviceSetup] | None = None,
+        record: RecordSettings | None = None,
     ) -> None:
         self.cluster = cluster
         cfg = cluster.config.gateway
@@ -114,6 +121,13 @@ class Gateway:
         self.admin = AdminAPI(self.registry, self.clock, self.admin_token, cfg.seed, cfg.routing)
         self.dispatcher = Dispatcher(self.registry, cfg, self.clock, self.metrics)
         self.poller = Poller(self.registry, cfg, self.clock)
+        #: The request log (``record``, else ``gateway.record``; None: off).
+        self.recorder: Recorder | None = None
+        settings_rec = record if record is not None else cluster.record_settings()
+        if settings_rec is not None:
+            self.recorder = Recorder(settings_rec, self.clock)
+            rec = self.recorder
+            self.metrics.count_record_drops(lambda: rec.dropped)
         self.limits = Limits(max_body_bytes=int(cfg.forward.max_body_mb * 1024 * 1024))
         #: The placement driver (``gateway.placement``; None: off). ``placement_models`` and
         #: ``placement_devices`` replace the catalogue and devices read from the file (tests).
@@ -145,6 +159,8 @@ class Gateway:
             ("GET", "/admin/placement"): self.admin.guard(self.placement_view),
             ("GET", "/admin/scale"): self.admin.guard(self.scale_view),
             ("POST", "/admin/scale"): self.admin.guard(self.scale_report),
+            ("GET", "/admin/log"): self.admin.guard(self.log_view),
+            ("GET", "/admin/record"): self.admin.guard(self.record_view),
         }
         self._paths = {p for _, p in self._exact}
         #: The gRPC server (``grpc_front``) once started, when ``gateway.grpc_port`` is set.
@@ -210,7 +226,30 @@ class Gateway:
             return _error(400, str(exc))
         return _json({"device": dev, "event": event})
 
+    async def log_view(self, request: Request) -> Response:
+        """The request log's recent window as JSONL (a trace: ``t_s`` from the first record
+        returned; query ``since_unix_s``, ``since_seq``, ``limit``)."""
+        if self.recorder is None:
+            return _error(404, "recording is off (no --record and no gateway.record)")
+        try:
+            q = parse_log_query(request.query)
+        except ValueError as exc:
+            return _error(400, str(exc))
+        body, origin, last = await asyncio.to_thread(self.recorder.lines, q)
+        headers = {"content-type": "application/x-ndjson", wire.LOG_LAST_SEQ_HEADER: str(last)}
+        if origin is not None:
+            headers[wire.LOG_ORIGIN_HEADER] = repr(round(origin, 6))
+        return Response(200, body, headers)
+
+    async def record_view(self, request: Request) -> Response:
+        """The request log's counters (records, dropped, in the window, the file's size)."""
+        if self.recorder is None:
+            return _error(404, "recording is off (no --record and no gateway.record)")
+        return _json(self.recorder.status())
+
     async def startup(self) -> None:
+        if self.recorder is not None:
+            self.recorder.start()
         await self.poller.probe_all()
         self.poller.start()
         if self.placement is not None and self.placement_loop:
@@ -233,6 +272,8 @@ class Gateway:
             await self.placement.stop()
         await self.poller.stop()
         await self.dispatcher.aclose()
+        if self.recorder is not None:
+            self.recorder.stop()
 
     def ready(self) -> bool:
         """Some model is READY on a backend, and every such model has a routable backend (a
@@ -259,10 +300,41 @@ class Gateway:
         found = wire.split_model_path(path)
         if found is None:
             return False
-        self.dispatcher.infer_fast(
-            found.model, found.path(), request.body, request.headers, lambda a: respond(_answer(a))
-        )
+        rec = self.recorder
+        if rec is None:
+            self.dispatcher.infer_fast(
+                found.model,
+                found.path(),
+                request.body,
+                request.headers,
+                lambda a: respond(_answer(a)),
+            )
+            return True
+        t_s, unix_s, h, model = rec.clock.now(), time.time(), request.headers, found.model
+
+        def answered(a: Answer) -> None:
+            self._record(rec, t_s, unix_s, model, h, a)
+            respond(_answer(a))
+
+        self.dispatcher.infer_fast(model, found.path(), request.body, h, answered)
         return True
+
+    @staticmethod
+    def _record(
+        rec: Recorder, t_s: float, unix_s: float, model: str, h: Mapping[str, str], a: Answer
+    ) -> None:
+        ah = a.headers
+        rec.add(
+            t_s,
+            unix_s,
+            model,
+            h.get(wire.PRIORITY_HEADER),
+            h.get(wire.DEADLINE_HEADER),
+            a.backend,
+            a.status,
+            ah.get(wire.QUEUE_MS_HEADER),
+            ah.get(wire.COMPUTE_MS_HEADER),
+        )
 
     # -- the handler --------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
@@ -279,9 +351,17 @@ class Gateway:
             if suffix == "infer":
                 if request.method != "POST":
                     return _error(405, "infer takes POST")
+                rec = self.recorder
+                if rec is None:
+                    ans = await self.dispatcher.infer(
+                        model, found.path(), request.body, request.headers
+                    )
+                    return _answer(ans)
+                t_s, unix_s = rec.clock.now(), time.time()
                 ans = await self.dispatcher.infer(
                     model, found.path(), request.body, request.headers
                 )
+                self._record(rec, t_s, unix_s, model, request.headers, ans)
                 return _answer(ans)
             if request.method != "GET":
                 return _error(405, f"{path[:200]!r} takes GET")

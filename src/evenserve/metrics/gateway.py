@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from evenserve.metrics import names
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
+from evenserve.metrics.read_counter import ReadCounter
 
 #: The dispatcher's outcome for a model no backend hosts (names.GATEWAY_OUTCOMES).
 UNKNOWN_MODEL_OUTCOME = "unknown_model"
@@ -177,6 +178,16 @@ class GatewayMetrics:
         if h is None:
             h = hot.latency[label] = _Hist(tuple(names.TIME_BUCKETS_S))
         h.observe(seconds)
+
+    def count_record_drops(self, read: Callable[[], int]) -> None:
+        """Export the request log's lost records (``core.requestlog.Recorder.dropped``)."""
+        self.registry.register(
+            ReadCounter(
+                names.GATEWAY_RECORD_DROPPED,
+                "request-log records lost because the writer fell behind",
+                read,
+            )
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

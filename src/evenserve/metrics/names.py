@@ -88,6 +88,9 @@ GATEWAY_SCALE_UP_DECISION_SECONDS = f"{GATEWAY_PREFIX}_scale_up_decision_seconds
 GATEWAY_DEVICES_LOST = f"{GATEWAY_PREFIX}_devices_lost"
 GATEWAY_PLACEMENT_ADOPTED = f"{GATEWAY_PREFIX}_placement_adopted"
 GATEWAY_PLACEMENT_DROPPED = f"{GATEWAY_PREFIX}_placement_dropped"
+#: Request-log records lost because the writer fell behind (``--record``; counter, _total).
+GATEWAY_RECORD_DROPPED = f"{GATEWAY_PREFIX}_record_dropped"
+WORKER_RECORD_DROPPED = "evenserve_worker_record_dropped"
 
 #: Gateway request outcomes (the ``outcome`` label of GATEWAY_REQUESTS).
 GATEWAY_OUTCOMES = (

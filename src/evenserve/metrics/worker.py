@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from evenserve.core import wire
 from evenserve.metrics import names
 from evenserve.metrics.nvml import NvmlSampler
+from evenserve.metrics.read_counter import ReadCounter
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,16 @@ class WorkerMetrics:
         self.requests.labels(model, outcome).inc()
         if latency_s is not None and outcome == "success":
             self.latency.labels(model).observe(latency_s)
+
+    def count_record_drops(self, read: Callable[[], int]) -> None:
+        """Export the request log's lost records (``core.requestlog.Recorder.dropped``)."""
+        self.registry.register(
+            ReadCounter(
+                names.WORKER_RECORD_DROPPED,
+                "request-log records lost because the writer fell behind",
+                read,
+            )
+        )
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

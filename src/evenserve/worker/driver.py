@@ -80,6 +80,10 @@ class PendingRequest(QueuedRequest):
 
     payload: Any = None
     future: asyncio.Future[Any] | None = None
+    #: Set when its batch ends: seconds from arrival to the batch's start, and the batch's
+    #: compute time (the response headers x-evenserve-queue-ms / -compute-ms).
+    queue_s: float | None = None
+    compute_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -328,10 +332,13 @@ class BatchDriver:
     def _batch_done(self, batch: RunningBatch, result: BatchResult) -> None:
         now = self.clock.now()
         outputs = result.outputs
+        took = result.compute_s if result.compute_s > 0 else now - batch.started_s
         for i, r in enumerate(batch.requests):
             fut = r.future
             if fut is None or fut.done():
                 continue
+            r.queue_s = batch.started_s - r.arrival_s
+            r.compute_s = took
             if result.error is not None or outputs is None:
                 fut.set_exception(BatchFailedError(result.error or "batch produced no outputs"))
             else:
@@ -339,7 +346,6 @@ class BatchDriver:
         self.observer.batch_finished(batch, result, now)
         if self._probe is not None:
             self.sched.observe_memory(*self._probe())
-        took = result.compute_s if result.compute_s > 0 else now - batch.started_s
         self.sched.finished(batch, now, took if result.error is None else None)
         self._notify_if_idle()
 

@@ -15,6 +15,9 @@ first word of the message and the ``x-evenserve-reason`` header (the gateway rea
 ``{"error": "..."}`` as Triton sends them, so tritonclient shows the message.
 Every infer request is counted once in ``evenserve_worker_requests_total`` by outcome, and
 every refusal once in ``evenserve_worker_refusals_total`` by reason.
+Answered requests carry ``x-evenserve-queue-ms`` (arrival to the batch's start) and
+``x-evenserve-compute-ms`` (the batch's compute time). With a recorder (``--record``) every
+inference request the handler answers is one line of the request log (``core.requestlog``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
+from evenserve.core.requestlog import Recorder
 from evenserve.httpio.server import Limits, Request, Response
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.worker.driver import (
@@ -131,6 +135,18 @@ def _json_body(request: Request, limit: int) -> dict[str, Any] | None:
     return body
 
 
+class _Note:
+    """What the request log needs of one request beyond its answer (``--record``)."""
+
+    __slots__ = ("deadline_ms", "priority", "t_s", "unix_s")
+
+    def __init__(self, t_s: float, unix_s: float) -> None:
+        self.t_s = t_s
+        self.unix_s = unix_s
+        self.priority: int | None = None
+        self.deadline_ms: float | None = None
+
+
 class WorkerApp:
     """The worker's HTTP handler (an ``httpio.serving.App``). With ``manage_lifecycle`` its
     startup starts the service's driver and its shutdown drains the queues and stops the
@@ -145,8 +161,11 @@ class WorkerApp:
         manage_lifecycle: bool = True,
         grpc_host: str = "127.0.0.1",
         grpc_port: int | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.service = service
+        #: The request log (``--record``; None: off).
+        self.recorder = recorder
         self.manage_lifecycle = manage_lifecycle
         self.grpc_host = grpc_host
         self.grpc_port = grpc_port
@@ -174,6 +193,8 @@ class WorkerApp:
 
     # -- lifecycle (httpio.serving.App) ---------------------------------------------------------
     async def startup(self) -> None:
+        if self.recorder is not None:
+            self.recorder.start()
         if self.grpc_port is not None:
             from evenserve.worker.grpc_api import GrpcServer
 
@@ -203,6 +224,8 @@ class WorkerApp:
         finally:
             if grpc_stop is not None:
                 await grpc_stop
+            if self.recorder is not None:
+                self.recorder.stop()
 
     def refused(self, status: int, path: str) -> None:
         """The server answered an inference request itself (a body over the limit, a head
@@ -340,8 +363,23 @@ class WorkerApp:
     ) -> Response:
         t0 = time.perf_counter() if t0 is None else t0
         outcome = "error"
+        rec = self.recorder
+        note = None if rec is None else _Note(rec.clock.now(), rec.wall())
         try:
-            response, outcome = await self._infer(request, name, sig)
+            response, outcome = await self._infer(request, name, sig, note)
+            if rec is not None and note is not None:
+                h = response.headers or {}
+                rec.add(
+                    note.t_s,
+                    note.unix_s,
+                    name,
+                    note.priority,
+                    note.deadline_ms,
+                    None,
+                    response.status,
+                    h.get(wire.QUEUE_MS_HEADER),
+                    h.get(wire.COMPUTE_MS_HEADER),
+                )
             return response
         except asyncio.CancelledError:
             outcome = "cancelled"
@@ -350,7 +388,7 @@ class WorkerApp:
             self.service.count_infer(name, outcome, time.perf_counter() - t0)
 
     async def _infer(
-        self, request: Request, name: str, sig: ModelSignature
+        self, request: Request, name: str, sig: ModelSignature, note: _Note | None = None
     ) -> tuple[Response, str]:
         service = self.service
         if service.draining or not service.ready:
@@ -365,6 +403,9 @@ class WorkerApp:
             else:
                 req = parse_infer_request(body, header_length, sig)
             priority, deadline_in_s = request_class(req, request.headers)
+            if note is not None:
+                note.priority = priority
+                note.deadline_ms = None if deadline_in_s is None else deadline_in_s * 1000.0
         except ProtocolError as exc:
             outcome = {413: "too_large"}.get(exc.status, "bad_request")
             return _error(str(exc), exc.status), outcome
@@ -386,6 +427,9 @@ class WorkerApp:
         encode = partial(encode_infer_response, sig, req.id, outputs, req.outputs)
         big = sum(int(a.nbytes) for a in outputs.values()) > OFFLOAD_BYTES
         data, headers = await asyncio.to_thread(encode) if big else encode()
+        if pending.queue_s is not None and pending.compute_s is not None:
+            headers[wire.QUEUE_MS_HEADER] = _ms(pending.queue_s)
+            headers[wire.COMPUTE_MS_HEADER] = _ms(pending.compute_s)
         return Response(200, data, headers), "success"
 
 
@@ -395,8 +439,13 @@ def create_app(
     manage_lifecycle: bool = True,
     grpc_host: str = "127.0.0.1",
     grpc_port: int | None = None,
+    recorder: Recorder | None = None,
 ) -> WorkerApp:
     """The worker's HTTP handler (see :class:`WorkerApp`)."""
     return WorkerApp(
-        service, manage_lifecycle=manage_lifecycle, grpc_host=grpc_host, grpc_port=grpc_port
+        service,
+        manage_lifecycle=manage_lifecycle,
+        grpc_host=grpc_host,
+        grpc_port=grpc_port,
+        recorder=recorder,
     )

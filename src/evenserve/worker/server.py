@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 
+from evenserve.core.requestlog import Recorder
 from evenserve.httpio.serving import Serving
 from evenserve.worker.http_api import create_app
 from evenserve.worker.service import WorkerService
@@ -22,10 +23,14 @@ def make_server(
     *,
     grpc_host: str = "127.0.0.1",
     grpc_port: int | None = None,
+    recorder: Recorder | None = None,
 ) -> Serving:
     """The worker's server on a bound socket; ``run()`` serves until SIGTERM/SIGINT. With
-    ``grpc_port`` (0: any free port) it also serves KServe v2 over gRPC (``grpc_api``)."""
-    app = create_app(service, grpc_host=grpc_host, grpc_port=grpc_port)
+    ``grpc_port`` (0: any free port) it also serves KServe v2 over gRPC (``grpc_api``); with
+    ``recorder`` it writes the request log (``core.requestlog``)."""
+    app = create_app(service, grpc_host=grpc_host, grpc_port=grpc_port, recorder=recorder)
+    if recorder is not None:
+        service.metrics.count_record_drops(lambda: recorder.dropped)
     return Serving(
         app, sock=sock, limits=app.limits, drain_timeout_s=service.options.drain_timeout_s + 5
     )
@@ -44,7 +49,7 @@ class BackgroundWorker:
     ``start`` loads the models, binds 127.0.0.1 on a free port (or ``port``) and returns once
     the server accepts connections; ``stop`` drains gracefully and joins the thread. With
     ``grpc_port`` (0: a free port) it also serves gRPC; ``grpc_port`` is the bound port once
-    started.
+    started. With ``recorder`` it writes the request log (``core.requestlog``).
     """
 
     def __init__(
@@ -54,6 +59,7 @@ class BackgroundWorker:
         port: int = 0,
         *,
         grpc_port: int | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.service = service
         self.host = host
@@ -61,7 +67,9 @@ class BackgroundWorker:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.port: int = self._sock.getsockname()[1]
-        self._server = make_server(service, self._sock, grpc_host=host, grpc_port=grpc_port)
+        self._server = make_server(
+            service, self._sock, grpc_host=host, grpc_port=grpc_port, recorder=recorder
+        )
         self.grpc_port: int | None = grpc_port
 
     @property

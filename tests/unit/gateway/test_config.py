@@ -288,3 +288,38 @@ def test_a_bad_slice_names_the_device_field() -> None:
         )
     )
     assert "workers.devices.0.device" in msg and "share='3/2'" in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("record", "needle"),
+    [
+        ({"max_mb": 0}, "gateway.record.max_mb"),
+        ({"keep": -1}, "gateway.record.keep"),
+        ({"window": "many"}, "gateway.record.window"),
+        ({"path": ""}, "gateway.record.path"),
+        ({"rotate": 1}, "gateway.record.rotate"),
+    ],
+)
+def test_a_bad_record_section_names_the_field(record: dict[str, Any], needle: str) -> None:
+    assert needle in error_of(cluster(gateway={"record": record}))
+
+
+def test_record_settings_from_the_file_and_the_flags_over_it(tmp_path: Path) -> None:
+    assert parse_cluster(cluster(), tmp_path).record_settings() is None
+    loaded = parse_cluster(
+        cluster(gateway={"record": {"path": "logs/r.jsonl", "max_mb": 2, "keep": 1}}), tmp_path
+    )
+    s = loaded.record_settings()
+    assert s is not None
+    assert s.path == (tmp_path / "logs/r.jsonl").resolve()
+    assert (s.max_bytes, s.keep, s.window) == (2 * 1024 * 1024, 1, 200_000)
+    s = loaded.record_settings(tmp_path / "cli.jsonl", max_mb=1, keep=3, window=10)
+    assert s is not None and s.path == tmp_path / "cli.jsonl"
+    assert (s.max_bytes, s.keep, s.window) == (1024 * 1024, 3, 10)
+    # A flag alone turns it on; the section alone without a path keeps only the window.
+    s = parse_cluster(cluster(), tmp_path).record_settings(tmp_path / "x.jsonl")
+    assert s is not None and s.keep == 4
+    s = parse_cluster(cluster(gateway={"record": {}}), tmp_path).record_settings()
+    assert s is not None and s.path is None
+    with pytest.raises(ConfigError, match="--record-keep"):
+        loaded.record_settings(keep=-1)
