@@ -10,7 +10,12 @@ and both clipped, so one outlier moves them a bounded step:
 
 - the device-wide scale, ``L <- L + ALPHA * clip(x - L, -CLIP, +CLIP)``; ``scale = e^L``;
 - per batch size, the residual shape ``S_b <- S_b + ALPHA * clip(x - L - S_b, -CLIP, +CLIP)``
-  (with ``L`` just updated): how this size differs from the scaled profile.
+  (with ``L`` just updated): how this size differs from the scaled profile, learned only
+  while the scale is settled: ``|D| <= DRIFT_GATE``, with ``D <- D + ALPHA * (dL - D)`` the
+  smoothed change of ``L`` per observation. While the scale moves (a step: every size's
+  ``x - L`` is the lag, not a shape) no size takes the lag into its shape, so a size seen
+  alone tracks exactly as the scale does, without overshoot; the alternating changes of ``L``
+  that persistent shapes cause average out in ``D`` and do not stop them being learned.
 
 The learned profile, at every point of the base profile and every size with at least
 ``MIN_SIZE_OBS`` observations::
@@ -28,10 +33,12 @@ reports in its load report: ``profile_scale_by_model``, ``observed_ms_by_model``
 
 Constants and what they give. ``ALPHA = 0.05``, ``CLIP = ln 2``: after a 2x step, ``L``
 is within 20 % of ln 2's ratio (scale >= 1.67) after 26 batches and within 10 % after 45
-(``1 - 0.95^k``), which at 20-100 batches a second is 0.3-2 s; one batch 10x slower than
-expected moves the scale by 3.5 % (``e^(0.05 ln 2)``), and it decays again with the next
-ones. A speed-up back is tracked the same way (log space is symmetric). ``L`` stays within
-``[ln 1/16, ln 16]`` and each ``S_b`` within ``ln 4`` of 0.
+(``1 - 0.95^k``), which at 20-100 batches a second is 0.3-2 s; a size seen alone tracks the
+same and overshoots by at most about 2 % (the gate opens as the scale settles). One batch
+10x slower than expected moves the scale by 3.5 % (``e^(0.05 ln 2)``) and its own size's
+estimate by about 7 %, and both decay again with the next batches. A speed-up back is tracked
+the same way (log space is symmetric). ``L`` stays within ``[ln 1/16, ln 16]`` and each
+``S_b`` within ``ln 4`` of 0.
 """
 
 from __future__ import annotations
@@ -42,8 +49,10 @@ from dataclasses import replace
 
 from evenserve.core.profile import LatencyProfile
 
-#: Weight of one observation in the scale and in a size's shape (log space).
+#: Weight of one observation in the scale (log space).
 ALPHA = 0.05
+#: A size's shape learns only while the scale's smoothed change per observation is within this.
+DRIFT_GATE = 0.002
 #: One observation moves a log estimate by at most ALPHA * CLIP (a 2x outlier's worth).
 CLIP = math.log(2.0)
 #: A size's own shape is used (and reported) once it has this many observations.
@@ -95,11 +104,12 @@ def learned_profile(
 class ProfileLearner:
     """One model's learned figures on one device (see the module for the formulas)."""
 
-    __slots__ = ("_count", "_log_scale", "_pub_scale", "_pub_shape", "_shape", "base")
+    __slots__ = ("_count", "_drift", "_log_scale", "_pub_scale", "_pub_shape", "_shape", "base")
 
     def __init__(self, base: LatencyProfile) -> None:
         self.base = base
         self._log_scale = 0.0
+        self._drift = 0.0
         self._shape: dict[int, float] = {}
         self._count: dict[int, int] = {}
         self._pub_scale = 0.0
@@ -122,10 +132,13 @@ class ProfileLearner:
         if t0 <= 0:
             return False
         x = math.log(took_s / t0)
-        ls = self._log_scale + ALPHA * _clip(x - self._log_scale, CLIP)
-        self._log_scale = ls = _clip(ls, _L_MAX)
+        ls0 = self._log_scale
+        ls = _clip(ls0 + ALPHA * _clip(x - ls0, CLIP), _L_MAX)
+        self._log_scale = ls
+        self._drift = d = self._drift + ALPHA * (ls - ls0 - self._drift)
         s = self._shape.get(batch, 0.0)
-        s = _clip(s + ALPHA * _clip(x - ls - s, CLIP), _S_MAX)
+        if -DRIFT_GATE <= d <= DRIFT_GATE:
+            s = _clip(s + ALPHA * _clip(x - ls - s, CLIP), _S_MAX)
         self._shape[batch] = s
         n = self._count[batch] = self._count.get(batch, 0) + 1
         if abs(ls - self._pub_scale) > TOLERANCE:
