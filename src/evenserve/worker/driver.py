@@ -145,6 +145,7 @@ class BatchDriver:
         utilization_window_s: float = 1.0,
         memory_total_bytes: float | None = None,
         memory_probe: Callable[[], tuple[float | None, float | None]] | None = None,
+        learn_profiles: bool = False,
     ) -> None:
         self.clock = clock
         self._timer_service = timer
@@ -159,6 +160,7 @@ class BatchDriver:
             memory_total_bytes=memory_total_bytes,
             utilization_window_s=utilization_window_s,
             origin_s=clock.now(),
+            learn_profiles=learn_profiles,
         )
         self._ids = itertools.count(1)
         self._submitting: PendingRequest | None = None
@@ -339,7 +341,12 @@ class BatchDriver:
         self.observer.batch_finished(batch, result, now)
         if self._probe is not None:
             self.sched.observe_memory(*self._probe())
-        took = result.compute_s if result.compute_s > 0 else now - batch.started_s
+        # A scheduler-timed executor's batch took what the scheduler's clock says (the end it
+        # announced, a slowdown's included); a threaded one's what the executor measured.
+        if self._executor.timed_by_scheduler or result.compute_s <= 0:
+            took = now - batch.started_s
+        else:
+            took = result.compute_s
         self.sched.finished(batch, now, took if result.error is None else None)
         self._notify_if_idle()
 

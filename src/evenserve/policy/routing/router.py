@@ -147,10 +147,15 @@ class Router:
             qbm = v.queued_by_model
             if isinstance(qbm, dict):
                 qbm.pop(m, None)
-        if profiles is not None:
-            st.base_profiles = dict(profiles)
-            st.learned_from.clear()
         profs = dict(v.profiles) if profiles is None else dict(profiles)
+        if profiles is not None:
+            # A model kept, on the same base profile, keeps what was learned of it there.
+            old_base, st.base_profiles = st.base_profiles, dict(profiles)
+            for m in list(st.learned_from):
+                if m not in new or old_base.get(m) is not st.base_profiles.get(m):
+                    del st.learned_from[m]
+                elif m in v.profiles:
+                    profs[m] = v.profiles[m]
         v.profiles = {m: p for m, p in profs.items() if m in new}
         changed = new != st.models
         st.models = new
