@@ -19,7 +19,10 @@ flight there at the send + 1), the seconds each request ahead costs
 (``BackendView.latency_per_request_s``). Requests of one model on one backend are answered
 about in the order they were sent, so ``done`` pairs an answer with the oldest send. It needs
 no profile, so a policy can tell a slow device from a fast one when the gateway has no
-profile for it. ``refusal`` is the front door's overload rule (``routing.refusal``).
+profile for it. A backend whose samples carry learned profile figures (profiles that learn:
+``LoadSample.profile_scale``, ``observed_ms``) has its view's profiles rebuilt from the base
+profiles it was added with (``core.profile_learning.learned_profile``), so profile-reading
+policies see a device that slowed down as slow. ``refusal`` is the front door's overload rule (``routing.refusal``).
 """
 
 from __future__ import annotations
