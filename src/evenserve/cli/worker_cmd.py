@@ -186,7 +186,7 @@ def worker(
     slowdown_phases: Annotated[
         str | None,
         typer.Option(
-            help="Emulated devices: START:END:MULT,... stretches (seconds from the origin) "
+            help="Emulated devices: START_S:END_S:MULT,... stretches (seconds from the origin) "
             "where --slowdown is multiplied by MULT; the origin is the worker's first batch "
             "unless --slowdown-origin-unix says."
         ),

@@ -34,7 +34,7 @@ class SlowdownSchedule:
 def parse_slowdown_phases(
     text: str, flag: str = "--slowdown-phases"
 ) -> tuple[tuple[float, float, float], ...]:
-    """``START:END:MULT,...`` (seconds, seconds, factor) as phases; ConfigError naming
+    """``START_S:END_S:MULT,...`` (seconds, seconds, factor) as phases; ConfigError naming
     ``flag`` on anything else: not three numbers, start < 0, end <= start, a multiplier
     <= 0, or phases that overlap."""
     out: list[tuple[float, float, float]] = []
@@ -48,15 +48,17 @@ def parse_slowdown_phases(
             start, end, mult = (float(p) for p in parts)
         except ValueError:
             raise ConfigError(
-                f"{flag}: phase {i + 1} ({item!r}): expected START:END:MULT (seconds, "
+                f"{flag}: phase {i + 1} ({item!r}): expected START_S:END_S:MULT (seconds, "
                 "seconds, factor)"
             ) from None
         if not all(math.isfinite(v) for v in (start, end, mult)):
             raise ConfigError(f"{flag}: phase {i + 1} ({item!r}): numbers must be finite")
         if start < 0:
-            raise ConfigError(f"{flag}: phase {i + 1} ({item!r}): START must be >= 0")
+            raise ConfigError(f"{flag}: phase {i + 1} ({item!r}): START_S must be >= 0")
         if end <= start:
-            raise ConfigError(f"{flag}: phase {i + 1} ({item!r}): END must be greater than START")
+            raise ConfigError(
+                f"{flag}: phase {i + 1} ({item!r}): END_S must be greater than START_S"
+            )
         if mult <= 0:
             raise ConfigError(f"{flag}: phase {i + 1} ({item!r}): MULT must be > 0")
         out.append((start, end, mult))

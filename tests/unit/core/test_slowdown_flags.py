@@ -22,10 +22,10 @@ def test_the_flag_text_reads_back() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("20:40", "phase 1 ('20:40'): expected START:END:MULT"),
-        ("1:2:x", "expected START:END:MULT"),
-        ("-1:2:2", "START must be >= 0"),
-        ("5:5:2", "END must be greater than START"),
+        ("20:40", "phase 1 ('20:40'): expected START_S:END_S:MULT"),
+        ("1:2:x", "expected START_S:END_S:MULT"),
+        ("-1:2:2", "START_S must be >= 0"),
+        ("5:5:2", "END_S must be greater than START_S"),
         ("1:2:0", "MULT must be > 0"),
         ("1:5:2,4:6:2", "phases overlap"),
         ("1:inf:2", "finite"),

@@ -58,7 +58,7 @@ def test_an_emulated_batch_takes_its_profile_times_the_slowdown(tmp_path: Path) 
     [
         ({"slowdown": 0}, "--slowdown: must be a number > 0"),
         ({"slowdown_phases": "1:2"}, "--slowdown-phases: phase 1"),
-        ({"slowdown_phases": "3:1:2"}, "--slowdown-phases: phase 1 ('3:1:2'): END"),
+        ({"slowdown_phases": "3:1:2"}, "--slowdown-phases: phase 1 ('3:1:2'): END_S"),
         ({"slowdown_origin_unix": 5.0}, "--slowdown-origin-unix: needs --slowdown-phases"),
     ],
 )
