@@ -22,7 +22,8 @@ no profile, so a policy can tell a slow device from a fast one when the gateway 
 profile for it. A backend whose samples carry learned profile figures (profiles that learn:
 ``LoadSample.profile_scale``, ``observed_ms``) has its view's profiles rebuilt from the base
 profiles it was added with (``core.profile_learning.learned_profile``), so profile-reading
-policies see a device that slowed down as slow. ``refusal`` is the front door's overload rule (``routing.refusal``).
+policies see a device that slowed down as slow. ``refusal`` is the front door's overload
+rule (``routing.refusal``).
 """
 
 from __future__ import annotations
