@@ -16,6 +16,8 @@ from evenserve.cli.app import console, err_console, fail
 from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.errors import EvenserveError
 from evenserve.core.options import DeviceOptions, QueueOptions
+from evenserve.core.slowdown import SlowdownSchedule, parse_slowdown_phases
+from evenserve.runtime.emulated import EmulatedRuntime
 
 MIB = 1024 * 1024
 
@@ -165,6 +167,34 @@ def worker(
         float | None,
         typer.Option(help="Capacity of --host-pool in GiB (needs --host-pool)."),
     ] = None,
+    learn_profiles: Annotated[
+        bool,
+        typer.Option(
+            help="Profiles that learn: each model's latency profile here follows its measured "
+            "batch times (smoothed), so batching, estimates and admission track a device that "
+            "slows down or speeds up; the load report carries them to the gateway, whose "
+            "profiles for this worker follow."
+        ),
+    ] = False,
+    slowdown: Annotated[
+        float,
+        typer.Option(
+            help="Emulated devices: every batch takes this many times its profile's time "
+            "(the profile, and so the worker's estimates, still say 1x)."
+        ),
+    ] = 1.0,
+    slowdown_phases: Annotated[
+        str | None,
+        typer.Option(
+            help="Emulated devices: START_S:END_S:MULT,... stretches (seconds from the origin) "
+            "where --slowdown is multiplied by MULT; the origin is the worker's first batch "
+            "unless --slowdown-origin-unix says."
+        ),
+    ] = None,
+    slowdown_origin_unix: Annotated[
+        float | None,
+        typer.Option(help="Origin of --slowdown-phases, wall-clock Unix seconds."),
+    ] = None,
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
@@ -228,7 +258,13 @@ def worker(
             fail("--host-pool: needs --host-pool-gb (the pool's capacity in GiB)")
         elif not host_pool_gb > 0:
             fail("--host-pool-gb: must be > 0")
+    if not (slowdown > 0 and slowdown < float("inf")):
+        fail("--slowdown: must be a number > 0")
+    if slowdown_origin_unix is not None and slowdown_phases is None:
+        fail("--slowdown-origin-unix: needs --slowdown-phases")
     try:
+        phases = parse_slowdown_phases(slowdown_phases) if slowdown_phases else ()
+        schedule = SlowdownSchedule(slowdown, phases)
         run = DeviceOptions.from_flags(
             instances=instances, interference=interference, memory_gb=memory_gb
         )
@@ -275,8 +311,16 @@ def worker(
             load_wait_s=load_wait_ms / 1000.0,
             host_pool=host_pool,
             host_pool_bytes=(host_pool_gb or 0.0) * 1024.0**3,
+            learn_profiles=learn_profiles,
+            slowdown=None if schedule.constant else schedule,
+            slowdown_origin_unix_s=slowdown_origin_unix,
         )
         service = WorkerService(entries, options)
+        if not schedule.constant and not any(
+            isinstance(rt, EmulatedRuntime) for rt in service.runtimes.values()
+        ):
+            flag = "--slowdown" if slowdown != 1.0 else "--slowdown-phases"
+            fail(f"{flag}: only emulated models can be slowed, and none is served here")
         err_console.print(
             f"evenserve worker: loading {', '.join(service.entries) or 'no models'} on "
             f"{dev.name} (model control: {model_control}) ...",

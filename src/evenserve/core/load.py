@@ -40,6 +40,16 @@ class LoadReport(BaseModel):
     max_queue_by_model: dict[str, int] = Field(
         default_factory=dict, description="queue bound per model (unbounded models absent)"
     )
+    profile_scale_by_model: dict[str, float] = Field(
+        default_factory=dict,
+        description="profiles that learn (--learn-profiles): each model's learned batch time "
+        "over its profile's (core.profile_learning); absent: the worker does not learn",
+    )
+    observed_ms_by_model: dict[str, dict[int, float]] = Field(
+        default_factory=dict,
+        description="profiles that learn: each model's smoothed observed batch time, ms, by "
+        "batch size (sizes observed often enough); the gateway's profile follows them",
+    )
     loading_models: list[str] = Field(
         default_factory=list,
         description="models being loaded here now (requests for them wait for the load, up "
@@ -65,4 +75,6 @@ class LoadReport(BaseModel):
             max_batch_size=self.max_batch_size_by_model,
             slo_s={m: ms / 1000.0 for m, ms in self.slo_ms_by_model.items()},
             max_queue=self.max_queue_by_model,
+            profile_scale=self.profile_scale_by_model,
+            observed_ms=self.observed_ms_by_model,
         )

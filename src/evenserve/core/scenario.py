@@ -255,6 +255,12 @@ class ArmSpec(QueueOptions):
     host_memory_gb: float = Field(
         default=0.0, ge=0, description="host memory for warm models (GiB; 0: none)"
     )
+    learn_profiles: bool = Field(
+        default=False,
+        description="profiles that learn: each device's profiles follow its observed batch "
+        "times (smoothed), and the router's follow the devices' load reports (live: the "
+        "workers' --learn-profiles)",
+    )
 
     @model_validator(mode="after")
     def _placement_options(self) -> ArmSpec:

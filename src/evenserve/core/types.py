@@ -51,6 +51,11 @@ class LoadSample:
     slo_s: Mapping[str, float] = field(default_factory=dict)
     #: Each model's queue bound here: requests waiting before refusals (absent: unbounded).
     max_queue: Mapping[str, int] = field(default_factory=dict)
+    #: Profiles that learn (a backend that learns; empty otherwise): per model the learned
+    #: scale of its profile and its smoothed observed batch times, ms by batch size, from
+    #: which the router rebuilds the learned profile (``core.profile_learning``).
+    profile_scale: Mapping[str, float] = field(default_factory=dict)
+    observed_ms: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
 
     @property
     def memory_free_bytes(self) -> float | None:

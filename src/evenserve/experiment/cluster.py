@@ -4,7 +4,11 @@ For an arm: the scenario's (scaled) profile sets as profile folders; a model rep
 ``model.yaml`` carry the arm's batching (exactly as the simulator batches), SLOs, classes,
 deadlines and queue bound; and a cluster YAML with one emulated worker per device (memory,
 instances, interference, the arm's class options) behind a gateway routing with the arm's
-policy. :func:`arm_cluster` starts it with the ``evenserve up`` Launcher, on loopback.
+policy. :func:`arm_cluster` starts it with the ``evenserve up`` Launcher, on loopback. A
+scenario device's ``slowdown`` and ``slowdown_phases`` become its worker's ``--slowdown`` and
+``--slowdown-phases`` (phases from the worker's first batch, which is the load's start: an
+emulated batch then really takes its profile's time times the slowdown, as in the
+simulator); an arm's ``learn_profiles``, every worker's ``--learn-profiles``.
 
 Placement arms: only the devices the arm lists; the gateway's ``placement`` (the arm's
 policy with its ``placement_interval_ms``, ``load_wait_ms`` and ``host_memory_gb``) and
@@ -31,7 +35,8 @@ import yaml
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions
-from evenserve.core.scenario import ArmSpec
+from evenserve.core.scenario import ArmSpec, DeviceSpec
+from evenserve.core.slowdown import phases_flag
 from evenserve.experiment.scaling import model_weights_bytes
 from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.launcher import Launcher
@@ -78,6 +83,18 @@ def live_batching(spec: Any, where: str) -> tuple[dict[str, Any], int]:
     if "max_batch_size" in BATCHING.entry(name, where).params_model.model_fields:
         raw.setdefault("max_batch_size", policy.max_batch_size)
     return {"policy": name, **raw}, int(policy.max_batch_size)
+
+
+def slowdown_args(d: DeviceSpec) -> list[str]:
+    """The worker flags of a scenario device's slowdown (none for one as fast as its
+    profiles): its phases count from the worker's first batch, the load's start."""
+    out: list[str] = []
+    if d.slowdown != 1.0:
+        out += ["--slowdown", repr(d.slowdown)]
+    if d.slowdown_phases:
+        phases = [(p.start_s, p.end_s, p.multiplier) for p in d.slowdown_phases]
+        out += ["--slowdown-phases", phases_flag(phases)]
+    return out
 
 
 def write_arm_cluster(
@@ -140,6 +157,8 @@ def write_arm_cluster(
                 "extra_args": [
                     "--utilization-window-s", f"{util_window_s:g}",
                     "--log-level", "warning",
+                    *slowdown_args(d),
+                    *(["--learn-profiles"] if spec.learn_profiles else []),
                 ],
             }
         )  # fmt: skip

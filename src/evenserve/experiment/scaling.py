@@ -95,7 +95,15 @@ def scale_scenario(
         )
     if not 0 <= warmup_s < duration_s:
         raise ConfigError("--warmup: must be >= 0 and less than --duration")
-    devices = [d.model_copy(update={"start_ms": d.start_ms * k}) for d in sc.devices]
+    devices = [
+        d.model_copy(
+            update={
+                "start_ms": d.start_ms * k,
+                "slowdown_phases": scaled_phases(d.slowdown_phases, k),
+            }
+        )
+        for d in sc.devices
+    ]
     arms = {
         a: spec.model_copy(
             update={

@@ -34,6 +34,12 @@ plus 5 ms; 0.043 s for the model above). The entry ``write_pool_entry`` makes af
 load is a file of the profile's weights bytes, allocated with ``posix_fallocate`` (on tmpfs
 that reserves the host memory without writing it): the pool holds what a real one would.
 
+A slower device (the worker's ``--slowdown`` and ``--slowdown-phases``, which mirror a
+scenario's ``devices[].slowdown`` and ``slowdown_phases``): every batch takes its profile's
+time times the slowdown when it starts (``EmulatedSlowdown``: a ``core.slowdown`` schedule in
+seconds from an origin, by default the worker's first batch, so phases line up with a load
+that starts then), while the worker's profile still says the profile's time.
+
 Failures on purpose: with ``fail_value`` set, a batch whose first input holds that value
 raises instead of running (EmulatedFailure), as a real runtime failing would, so the worker
 answers 500 ``inference failed`` to every request of that batch (tests of what a client, a
@@ -55,6 +61,7 @@ from evenserve.core.contention import DEFAULT_INTERFERENCE, SharedDevice, occupa
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import LatencyProfile, bundled_profile_set, load_profile
 from evenserve.core.scenario import default_load_times_s
+from evenserve.core.slowdown import SlowdownSchedule
 from evenserve.core.validation import Strict
 from evenserve.runtime.base import Array, RuntimeContext
 from evenserve.runtime.host_pool import allocate_file
@@ -146,6 +153,23 @@ def load_sleep(seconds: float) -> None:
 HANDOVER_S = 0.002
 
 
+class EmulatedSlowdown:
+    """How much slower than its profile an emulated device runs now: ``schedule`` at the
+    seconds since the origin (``origin_unix_s``, wall-clock; None: the first batch asked)."""
+
+    def __init__(self, schedule: SlowdownSchedule, origin_unix_s: float | None = None) -> None:
+        self.schedule = schedule
+        self._origin: float | None = None
+        if origin_unix_s is not None:
+            self._origin = time.perf_counter() - (time.time() - origin_unix_s)
+
+    def factor(self) -> float:
+        now = time.perf_counter()
+        if self._origin is None:
+            self._origin = now
+        return self.schedule.at(now - self._origin)
+
+
 class EmulatedDevice:
     """One emulated device shared by the batches of every model on it (``core.contention``)."""
 
@@ -195,6 +219,8 @@ class EmulatedRuntime:
         self.warm_load_s = warm_load_time_s(profile, warm_load_ms)
         self._sleeper = PreciseSleeper()
         self._loaded = False
+        #: A device slower than the profile (the worker's --slowdown); None: as the profile.
+        self.slowdown: EmulatedSlowdown | None = None
 
     def load(self) -> None:
         """Sleep the load time (blocking: call it from a thread); resident afterwards."""
@@ -236,12 +262,15 @@ class EmulatedRuntime:
                 for i, d in enumerate(spec.shape)
             ]
             out[spec.name] = np.zeros([batch, *dims], dtype=spec.dtype)
+        took = self.profile.latency_s(batch)
+        if self.slowdown is not None:
+            took *= self.slowdown.factor()
         if self.device is not None:
-            solo = self.profile.latency_s(batch) - (time.perf_counter() - start)
+            solo = took - (time.perf_counter() - start)
             self.device.run(max(0.0, solo), occupancy(self.profile, batch), self._sleeper)
             return out
         # The batch's time counts from entry: making the outputs is part of it.
-        self._sleeper.sleep_until(start + self.profile.latency_s(batch))
+        self._sleeper.sleep_until(start + took)
         return out
 
     def resident_bytes(self) -> float:

@@ -6,6 +6,7 @@ from typing import Generic, TypeVar
 
 from evenserve.core.contention import occupancy
 from evenserve.core.profile import LatencyProfile
+from evenserve.core.profile_learning import ProfileLearner
 from evenserve.core.types import QueueView
 from evenserve.policy.batching import BATCHING, BatchingPolicy
 from evenserve.sched.queues import ModelQueue, QueuedRequest
@@ -24,9 +25,11 @@ class Hosted(Generic[R]):
     """One hosted model as this device serves it: its queue (maybe shared), this device's
     profile and the view its policy reads."""
 
-    __slots__ = ("costs", "lead_s", "mq", "policy", "profile", "view")
+    __slots__ = ("costs", "lead_s", "learner", "mq", "policy", "profile", "view")
 
-    def __init__(self, mq: ModelQueue[R], profile: LatencyProfile | None) -> None:
+    def __init__(
+        self, mq: ModelQueue[R], profile: LatencyProfile | None, learn: bool = False
+    ) -> None:
         self.mq = mq
         self.policy: BatchingPolicy = mq.policy
         self.profile = profile
@@ -37,6 +40,26 @@ class Hosted(Generic[R]):
         self.view = QueueView(
             mq.name, mq.queue.items, profile, None, mq.setup.slo_s, None, mq.setup.priority
         )
+        #: With learning on (and a profile to start from): this model's learned batch times
+        #: here (``core.profile_learning``), which ``use_profile`` makes the profile.
+        self.learner = ProfileLearner(profile) if learn and profile is not None else None
+
+    def true_s(self, items: int, solo_s: float) -> float:
+        """Seconds a batch really takes alone on a device that runs as its (unlearned)
+        profile says, times any slowdown (``solo_s``: the estimate, the learned profile's)."""
+        learner = self.learner
+        return solo_s if learner is None else learner.base.latency_s(items)
+
+    def use_profile(self, profile: LatencyProfile, own_queue: bool) -> None:
+        """From now on this device's estimates, its policy's view (and, when the queue is
+        this device's alone, admission and the deadline watch) read ``profile``."""
+        self.profile = profile
+        self.costs.clear()
+        self.lead_s = profile.latency_s(1)
+        self.view.profile = profile
+        if own_queue:
+            self.mq.profile = profile
+            self.mq.lead_s = self.lead_s
 
     def cost(self, items: int) -> tuple[float, float, float]:
         c = self.costs.get(items)

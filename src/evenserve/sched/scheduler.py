@@ -81,6 +81,7 @@ class DeviceScheduler(Generic[R]):
         utilization_window_s: float = 1.0,
         origin_s: float = 0.0,
         profiles: Mapping[str, LatencyProfile | None] | None = None,
+        learn_profiles: bool = False,
     ) -> None:
         instances = device.instances
         names = sorted(queues.queues if models is None else models)
@@ -90,6 +91,9 @@ class DeviceScheduler(Generic[R]):
         self.queues = queues
         self.actions = actions
         self.draining = False
+        #: Profiles that learn: each hosted model's profile follows its observed batch
+        #: times (``finished``'s ``took_s``; ``core.profile_learning``).
+        self.learn_profiles = learn_profiles
         #: Models loading here: name -> (load-wait bound or None, the queued requests with
         #: the time each times out, in offer order).
         self._loading: dict[str, tuple[float | None, deque[tuple[float, R]]]] = {}
@@ -98,6 +102,7 @@ class DeviceScheduler(Generic[R]):
             Hosted(
                 queues.queues[m],
                 queues.queues[m].profile if profiles is None else profiles.get(m),
+                learn_profiles,
             )
             for m in names
         ]
@@ -157,7 +162,7 @@ class DeviceScheduler(Generic[R]):
         if setup.name in self._by_name:
             raise ValueError(f"model {setup.name!r} is hosted here already")
         mq = self.queues.add(setup)
-        h = Hosted(mq, setup.profile if profile is None else profile)
+        h = Hosted(mq, setup.profile if profile is None else profile, self.learn_profiles)
         if self.draining:
             h.policy = flush(mq.policy)
         # Models in name order: next_batch breaks ties by the order it sees them.
@@ -282,10 +287,15 @@ class DeviceScheduler(Generic[R]):
         self.in_flight -= k
         mem = self.memory
         mem.batches_bytes = mem.batches_bytes - batch.memory_bytes if self.slots.running else 0.0
-        if took_s is not None and h.profile is None:
-            obs = h.mq.observed_s
-            prev = obs.get(batch.items)
-            obs[batch.items] = took_s if prev is None else prev + 0.2 * (took_s - prev)
+        if took_s is not None:
+            learner = h.learner
+            if learner is not None:
+                if learner.observe(batch.items, took_s):
+                    h.use_profile(learner.profile(), self._owns_queues)
+            elif h.profile is None:
+                obs = h.mq.observed_s
+                prev = obs.get(batch.items)
+                obs[batch.items] = took_s if prev is None else prev + 0.2 * (took_s - prev)
         self._plan(now)
 
     def announced(self, token: int) -> Batch[R] | None:
@@ -431,7 +441,7 @@ class DeviceScheduler(Generic[R]):
         batch = Batch(h.mq.name, taken, items, inst, now, solo, mem, self.batches_started)
         self.batches_started += 1
         self.memory.batches_bytes += mem
-        self.slots.start(batch, occ, now)
+        self.slots.start(batch, occ, now, h.true_s(items, solo))
         self.actions.start_batch(batch)
 
     def _ensure_timer(self) -> None:
@@ -494,10 +504,23 @@ class DeviceScheduler(Generic[R]):
     def idle(self) -> bool:
         return not self.slots.running and self.waiting == 0
 
+    def learned(self) -> tuple[dict[str, float], dict[str, dict[int, float]]]:
+        """With learning on: each model's learned scale and its smoothed observed batch
+        times, ms by size (what a router rebuilds the learned profile from); empty without."""
+        scale: dict[str, float] = {}
+        observed: dict[str, dict[int, float]] = {}
+        if self.learn_profiles:
+            for h in self._hosted:
+                if h.learner is not None:
+                    scale[h.mq.name] = h.learner.scale
+                    observed[h.mq.name] = h.learner.observed_ms()
+        return scale, observed
+
     def snapshot(self, now: float) -> LoadSample:
         """The load signals the router reads (the worker's load report, the simulator's
         samples)."""
         used, total = self.memory.used_total()
+        scale, observed = self.learned()
         return LoadSample(
             timestamp_s=now,
             queue_depth=float(self.waiting),
@@ -510,6 +533,8 @@ class DeviceScheduler(Generic[R]):
             max_batch_size=self.max_batch_size,
             slo_s=self.slo_s,
             max_queue=self.max_queue,
+            profile_scale=scale,
+            observed_ms=observed,
         )
 
 
@@ -523,6 +548,7 @@ def scheduler_for(
     memory_total_bytes: float | None = None,
     utilization_window_s: float = 1.0,
     origin_s: float = 0.0,
+    learn_profiles: bool = False,
 ) -> DeviceScheduler[R]:
     """A device with queues of its own (the usual case)."""
     return DeviceScheduler(
@@ -532,4 +558,5 @@ def scheduler_for(
         memory_total_bytes=memory_total_bytes,
         utilization_window_s=utilization_window_s,
         origin_s=origin_s,
+        learn_profiles=learn_profiles,
     )

@@ -11,7 +11,8 @@ when it starts.
 say; a scenario's ``slowdown``, a throttled card). It stretches when a batch really ends (what
 is announced with ``end_at``) but not the scheduler's own estimates (``solo_s``, ``end_s`` on
 the direct path, ``busy_remaining_s``): like a live worker, the scheduler only learns that a
-device is slower from the batch times it observes.
+device is slower from the batch times it observes (with profiles that learn, its estimates
+follow them; a batch's real time still comes from the profile as given, times the slowdown).
 """
 
 from __future__ import annotations
@@ -58,19 +59,23 @@ class Slots(Generic[R]):
         self.busy = BusyClock(device.instances, utilization_window_s, origin_s)
         self.slowdown = 1.0
 
-    def start(self, batch: Batch[R], occupancy: float, now: float) -> None:
-        """``batch`` starts on ``batch.instance`` (taken from ``free``)."""
+    def start(
+        self, batch: Batch[R], occupancy: float, now: float, true_s: float | None = None
+    ) -> None:
+        """``batch`` starts on ``batch.instance`` (taken from ``free``). ``true_s``: what it
+        takes alone on a device as fast as its profile (default ``batch.solo_s``; a learned
+        profile's estimate may differ), before the slowdown."""
         self.running[batch.instance] = batch
         self.busy.start(now)
+        real_s = (batch.solo_s if true_s is None else true_s) * self.slowdown
         if self._shared is None:
             batch.end_s = now + batch.solo_s
             self._token += 1
-            slow = self.slowdown
             self._actions.end_at(
-                batch.end_s if slow == 1.0 else now + batch.solo_s * slow, self._token
+                batch.end_s if real_s == batch.solo_s else now + real_s, self._token
             )
         else:
-            self._shared.start(batch.instance, now, batch.solo_s * self.slowdown, occupancy)
+            self._shared.start(batch.instance, now, real_s, occupancy)
             self._moved = True
 
     def finish(self, batch: Batch[R], now: float) -> None:

@@ -135,6 +135,7 @@ class Simulation:
             stats_since_s=self.warmup_s,
             memory_total_bytes=spec.memory_total_bytes,
             utilization_window_s=self.utilization_window_s,
+            learn_profiles=self.arm.learn_profiles,
         )
         sched.slots.slowdown = spec.slowdown_at(self.loop.now)
         return sched

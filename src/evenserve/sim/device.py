@@ -96,7 +96,9 @@ class SimDevice:
         batch = self.sched.announced(token)
         if batch is None:
             return  # superseded: a batch started or ended since
-        self.sched.finished(batch, now)
+        # What the batch really took (a slow device's included): a scheduler that learns
+        # its profiles hears it, as the worker's hears its executor's measured time.
+        self.sched.finished(batch, now, now - batch.started_s)
         self.idle_since_s = now
         self.trace.busy_end_s[batch.index] = now
         self.sim.completed(batch, now, self.name)

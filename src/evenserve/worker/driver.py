@@ -149,6 +149,7 @@ class BatchDriver:
         utilization_window_s: float = 1.0,
         memory_total_bytes: float | None = None,
         memory_probe: Callable[[], tuple[float | None, float | None]] | None = None,
+        learn_profiles: bool = False,
     ) -> None:
         self.clock = clock
         self._timer_service = timer
@@ -163,6 +164,7 @@ class BatchDriver:
             memory_total_bytes=memory_total_bytes,
             utilization_window_s=utilization_window_s,
             origin_s=clock.now(),
+            learn_profiles=learn_profiles,
         )
         self._ids = itertools.count(1)
         self._submitting: PendingRequest | None = None
@@ -332,7 +334,12 @@ class BatchDriver:
     def _batch_done(self, batch: RunningBatch, result: BatchResult) -> None:
         now = self.clock.now()
         outputs = result.outputs
-        took = result.compute_s if result.compute_s > 0 else now - batch.started_s
+        # A scheduler-timed executor's batch took what the scheduler's clock says (the end it
+        # announced, a slowdown's included); a threaded one's what the executor measured.
+        if self._executor.timed_by_scheduler or result.compute_s <= 0:
+            took = now - batch.started_s
+        else:
+            took = result.compute_s
         for i, r in enumerate(batch.requests):
             fut = r.future
             if fut is None or fut.done():

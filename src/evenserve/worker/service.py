@@ -30,13 +30,14 @@ from evenserve.core.errors import ConfigError, EvenserveError
 from evenserve.core.load import LoadReport
 from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import LatencyProfile
+from evenserve.core.slowdown import SlowdownSchedule
 from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.nvml import NvmlSampler
 from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
 from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
-from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime
+from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime, EmulatedSlowdown
 from evenserve.runtime.host_pool import HostPool, digest
 from evenserve.runtime.torch_common import (
     cuda_memory_bytes,
@@ -89,6 +90,13 @@ class WorkerOptions:
     #: (``--host-pool-gb``); None: no pool, every load is from disk.
     host_pool: Path | None = None
     host_pool_bytes: float = 0.0
+    #: Profiles that learn (``--learn-profiles``): each model's profile here follows its
+    #: measured batch times (``core.profile_learning``), and the load report carries them.
+    learn_profiles: bool = False
+    #: An emulated device slower than its profiles (``--slowdown``, ``--slowdown-phases``,
+    #: phases in seconds from ``slowdown_origin_unix_s``, None: the first batch).
+    slowdown: SlowdownSchedule | None = None
+    slowdown_origin_unix_s: float | None = None
 
 
 #: Model states (Triton's repository index).
@@ -325,6 +333,12 @@ class WorkerService:
         # Emulated models share one device when batches run at once (they slow each other).
         run = options.run
         self._shared = EmulatedDevice(run.interference) if run.instances > 1 else None
+        sd = options.slowdown
+        self._slowdown = (
+            None
+            if sd is None or sd.constant
+            else EmulatedSlowdown(sd, options.slowdown_origin_unix_s)
+        )
         self.host_pool = (
             None
             if options.host_pool is None
@@ -369,6 +383,8 @@ class WorkerService:
             )
         except ConfigError as exc:
             raise ConfigError(f"{e.source}: {exc}") from exc
+        if self._slowdown is not None and isinstance(rt, EmulatedRuntime):
+            rt.slowdown = self._slowdown  # one schedule, one origin, for every model here
         override = self.options.batching_override
         # A model without a profile file of its own has its emulated runtime's, if any.
         # On an emulated MIG slice the model's own profile runs at the slice's speed too.
@@ -540,6 +556,7 @@ class WorkerService:
             # a real one is measured (a share's cap applied to the measured total).
             memory_total_bytes=self._emulated_total() if emulated else None,
             memory_probe=None if emulated else self.memory_bytes,
+            learn_profiles=self.options.learn_profiles,
         )
         for n, e in self.entries.items():
             self.states[n] = ModelState(READY, version=e.config.version)
@@ -1016,6 +1033,8 @@ class WorkerService:
         def ready_only(by_model: Mapping[str, Any]) -> dict[str, Any]:
             return {m: v for m, v in by_model.items() if m in routable}
 
+        scale, observed = d.sched.learned()
+
         return LoadReport(
             timestamp_s=time.time(),
             device=self.device.name,
@@ -1033,6 +1052,10 @@ class WorkerService:
             max_batch_size_by_model=ready_only(d.sched.max_batch_size),
             slo_ms_by_model={m: s * 1000.0 for m, s in ready_only(d.sched.slo_s).items()},
             max_queue_by_model=ready_only(d.sched.max_queue),
+            profile_scale_by_model={m: round(v, 5) for m, v in ready_only(scale).items()},
+            observed_ms_by_model={
+                m: {b: round(ms, 4) for b, ms in v.items()} for m, v in ready_only(observed).items()
+            },
             loading_models=sorted(n for n, st in self.states.items() if st.state == LOADING),
             models_version=self.states.version,
             ready=self.ready,

@@ -269,3 +269,24 @@ def test_free_port_never_hands_out_a_port_of_the_same_cluster_twice(
     taken: set[int] = set()
     assert [cl.free_port(taken), cl.free_port(taken)] == [5001, 5002]
     assert taken == {5001, 5002}
+
+
+def test_a_slowdown_and_learning_reach_the_workers_flags(tmp_path: Path) -> None:
+    sc = scenario()
+    sc["devices"][1]["slowdown"] = 1.5
+    sc["devices"][1]["slowdown_phases"] = [{"start_s": 2, "end_s": 4, "multiplier": 2}]
+    sc["arms"]["classes"]["learn_profiles"] = True
+    scaled = _scaled(tmp_path, **sc)
+    (solo,) = [d for d in scaled.scenario.devices if d.name == "solo"]
+    assert [(p.start_s, p.end_s) for p in solo.slowdown_phases] == [(10.0, 20.0)]  # K = 5
+    dirs = write_profile_sets(scaled, tmp_path / "w")
+    for arm, learn in (("classes", True), ("baseline", False)):
+        path = write_arm_cluster(scaled, arm, REPO, tmp_path / arm, dirs, seed=9)
+        devices = {d["name"]: d for d in yaml.safe_load(path.read_text())["workers"]["devices"]}
+        args = devices["solo"]["extra_args"]
+        i = args.index("--slowdown-phases")
+        assert args[i + 1] == "10.0:20.0:2.0"
+        assert args[args.index("--slowdown") + 1] == "1.5"
+        others = [d for n, d in devices.items() if n != "solo"]
+        assert others and all("--slowdown" not in d["extra_args"] for d in others)
+        assert ("--learn-profiles" in args) is learn

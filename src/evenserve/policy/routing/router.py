@@ -19,7 +19,11 @@ flight there at the send + 1), the seconds each request ahead costs
 (``BackendView.latency_per_request_s``). Requests of one model on one backend are answered
 about in the order they were sent, so ``done`` pairs an answer with the oldest send. It needs
 no profile, so a policy can tell a slow device from a fast one when the gateway has no
-profile for it. ``refusal`` is the front door's overload rule (``routing.refusal``).
+profile for it. A backend whose samples carry learned profile figures (profiles that learn:
+``LoadSample.profile_scale``, ``observed_ms``) has its view's profiles rebuilt from the base
+profiles it was added with (``core.profile_learning.learned_profile``), so profile-reading
+policies see a device that slowed down as slow. ``refusal`` is the front door's overload
+rule (``routing.refusal``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from evenserve.core.profile import LatencyProfile
+from evenserve.core.profile_learning import learned_profile
 from evenserve.core.types import BackendView, LoadSample, RequestInfo
 from evenserve.policy.routing.base import RoutingPolicy
 from evenserve.policy.routing.refusal import refusal
@@ -62,6 +67,10 @@ class _BackendState:
     #: The mean of the sampled queues per model, without this router's sends: what the
     #: backend itself reported, the only evidence the refusal rule takes.
     sampled_queued: dict[str, float] = field(default_factory=dict)
+    #: The profiles the backend was added with (profiles that learn start from these) and,
+    #: per model, the learned figures its view's profile was last rebuilt from.
+    base_profiles: dict[str, LatencyProfile] = field(default_factory=dict)
+    learned_from: dict[str, tuple[float, Mapping[int, float]]] = field(default_factory=dict)
 
 
 class Router:
@@ -105,6 +114,7 @@ class Router:
             ),
             models=frozenset(models),
             samples=deque(maxlen=self.window),
+            base_profiles=dict(profiles or {}),
         )
         # The view reads the router's own counts and what it learned (the same dicts).
         st.view.in_flight_by_model = st.in_flight_by_model
@@ -142,6 +152,14 @@ class Router:
             if isinstance(qbm, dict):
                 qbm.pop(m, None)
         profs = dict(v.profiles) if profiles is None else dict(profiles)
+        if profiles is not None:
+            # A model kept, on the same base profile, keeps what was learned of it there.
+            old_base, st.base_profiles = st.base_profiles, dict(profiles)
+            for m in list(st.learned_from):
+                if m not in new or old_base.get(m) is not st.base_profiles.get(m):
+                    del st.learned_from[m]
+                elif m in v.profiles:
+                    profs[m] = v.profiles[m]
         v.profiles = {m: p for m, p in profs.items() if m in new}
         changed = new != st.models
         st.models = new
@@ -185,7 +203,29 @@ class Router:
         st.last_sample_s = sample.timestamp_s
         st.sent_since_sample = 0
         st.sent_by_model = {}
+        if sample.profile_scale:
+            self._learn(st, sample)
         self._refresh(st)
+
+    def _learn(self, st: _BackendState, sample: LoadSample) -> None:
+        """Profiles that learn: the backend reports each model's learned scale and smoothed
+        batch times; its view's profile becomes the base profile learned the same way
+        (``core.profile_learning.learned_profile``), rebuilt only when the figures moved."""
+        observed = sample.observed_ms
+        changed = False
+        profiles = dict(st.view.profiles)
+        for m, scale in sample.profile_scale.items():
+            base = st.base_profiles.get(m)
+            if base is None or m not in st.models:
+                continue
+            obs = observed.get(m, {})
+            if st.learned_from.get(m) == (scale, obs):
+                continue
+            st.learned_from[m] = (scale, obs)
+            profiles[m] = learned_profile(base, scale, obs)
+            changed = True
+        if changed:
+            st.view.profiles = profiles
 
     def _refresh(self, st: _BackendState) -> None:
         v = st.view
