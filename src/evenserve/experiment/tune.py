@@ -17,11 +17,13 @@ Params (the shape the live parameter API takes)::
                                     "max_batch_delay_ms"}},
      "class_headroom": null | float}
 
-Search space: the three queue-aware weights in [0, 1]; ``overload_utilization`` in
+Search space: the three queue-aware weights as shares of a sum of 1 (two dimensions: the
+queue's share in [0, 1], and how the rest splits between utilization and memory; a score
+only ranks hosts, so only the weights' ratios matter); ``overload_utilization`` in
 [0.5, 1]; ``overload_free_gb`` in [0, the largest device's memory]; per model a cap in
-{1, 2, 4, 8, 16, 32} and a window in [0, min(50, SLO / 4)] ms; ``class_headroom`` (off, or
-in [0.3, 1]) only when the workload has more than one priority class. The routing policy
-stays queue-aware (the params shape is queue-aware's).
+{1, 2, 4, 8, 16, 32} and a window in [0.1, min(50, SLO / 4)] ms, log-scaled;
+``class_headroom`` (off, or in [0.3, 1]) only when the workload has more than one priority
+class. The routing policy stays queue-aware (the params shape is queue-aware's).
 
 Objective ("goodput within SLO first, then P99"): minimise the P99 latency over all
 requests subject to ``goodput >= current goodput x (1 - GOODPUT_TOLERANCE)`` (0.5 %: the
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
 GOODPUT_TOLERANCE = 0.005
 DEFAULT_BUDGET = 30
 BATCH_CAPS = (1, 2, 4, 8, 16, 32)
+MIN_WINDOW_MS = 0.1
 MAX_WINDOW_MS = 50.0
 #: The sweep's grid (``sweep_grid``): the dimensions and their values, stated in the output.
 GRID: dict[str, tuple[float, ...]] = {
@@ -204,11 +207,14 @@ def evaluate(loaded: LoadedScenario, arm: str, seed: int, params: Params | None)
 
 def _suggest(trial: optuna.Trial, sc: Scenario) -> Params:
     max_gb = max(d.memory_gb for d in sc.expanded_devices())
+    # Scores rank hosts, so only the weights' ratios matter: two shares of a sum of 1.
+    wq = trial.suggest_float("routing.queue_weight", 0.0, 1.0)
+    split = trial.suggest_float("routing.utilization_split", 0.0, 1.0)
     routing: dict[str, Any] = {
         "policy": "queue-aware",
-        "queue_weight": trial.suggest_float("routing.queue_weight", 0.0, 1.0),
-        "utilization_weight": trial.suggest_float("routing.utilization_weight", 0.0, 1.0),
-        "memory_weight": trial.suggest_float("routing.memory_weight", 0.0, 1.0),
+        "queue_weight": wq,
+        "utilization_weight": (1.0 - wq) * split,
+        "memory_weight": (1.0 - wq) * (1.0 - split),
         "overload_utilization": trial.suggest_float("routing.overload_utilization", 0.5, 1.0),
         "overload_free_gb": trial.suggest_float("routing.overload_free_gb", 0.0, max_gb),
     }
@@ -218,7 +224,10 @@ def _suggest(trial: optuna.Trial, sc: Scenario) -> Params:
             "policy": "fixed-window",
             "max_batch_size": trial.suggest_categorical(f"batching.{m}.max_batch_size", BATCH_CAPS),
             "max_batch_delay_ms": trial.suggest_float(
-                f"batching.{m}.max_batch_delay_ms", 0.0, window_limit_ms(spec.slo_ms)
+                f"batching.{m}.max_batch_delay_ms",
+                MIN_WINDOW_MS,
+                window_limit_ms(spec.slo_ms),
+                log=True,
             ),
         }
     headroom: float | None = None
@@ -236,18 +245,20 @@ def _as_trial(params: Params, sc: Scenario) -> dict[str, Any]:
     the search space."""
     max_gb = max(d.memory_gb for d in sc.expanded_devices())
     r = params["routing"]
+    total = r["queue_weight"] + r["utilization_weight"] + r["memory_weight"]
+    wq, wu = (r["queue_weight"] / total, r["utilization_weight"] / total) if total else (1.0, 0.0)
     out: dict[str, Any] = {
-        "routing.queue_weight": min(1.0, r["queue_weight"]),
-        "routing.utilization_weight": min(1.0, r["utilization_weight"]),
-        "routing.memory_weight": min(1.0, r["memory_weight"]),
+        "routing.queue_weight": wq,
+        "routing.utilization_split": wu / (1.0 - wq) if wq < 1.0 else 0.5,
         "routing.overload_utilization": max(0.5, r["overload_utilization"]),
         "routing.overload_free_gb": min(max_gb, r["overload_free_gb"]),
     }
     for m, b in params["batching_per_model"].items():
         cap = b["max_batch_size"]
         out[f"batching.{m}.max_batch_size"] = min(BATCH_CAPS, key=lambda c: abs(c - cap))
+        window = b["max_batch_delay_ms"]
         out[f"batching.{m}.max_batch_delay_ms"] = min(
-            b["max_batch_delay_ms"], window_limit_ms(sc.models[m].slo_ms)
+            max(MIN_WINDOW_MS, window), window_limit_ms(sc.models[m].slo_ms)
         )
     if has_classes(sc):
         h = params["class_headroom"]
@@ -372,6 +383,14 @@ def _import_optuna() -> Any:
     return optuna
 
 
+def sampler(optuna: Any, seed: int, budget: int) -> Any:
+    """The search's sampler: TPE, seeded, its random start a third of the budget (at most
+    10), multivariate (the weights act together: only their ratios matter)."""
+    return optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=max(1, min(10, budget // 3)), multivariate=True
+    )
+
+
 def tune(
     loaded: LoadedScenario,
     arm: str,
@@ -403,12 +422,7 @@ def tune(
     current = Evaluation(cur_params, cur_summary, score(cur_summary, floor))
     report("search", 1, budget)
 
-    sampler = optuna.samplers.TPESampler(
-        seed=s,
-        n_startup_trials=max(1, min(10, budget // 3)),
-        multivariate=True,
-    )
-    study = optuna.create_study(direction="minimize", sampler=sampler)
+    study = optuna.create_study(direction="minimize", sampler=sampler(optuna, s, budget))
     if cur_params is not None:
         study.enqueue_trial(_as_trial(cur_params, sc))
     best = current
@@ -416,8 +430,10 @@ def tune(
     while runs < budget:
         trial = study.ask()
         params = _suggest(trial, sc)
-        if trial.number == 0 and params == cur_params:  # the enqueued current arm, known
-            summ = cur_summary
+        if trial.number == 0 and cur_params is not None:
+            # The enqueued current arm (its trial values clipped into the space): its run
+            # is known.
+            params, summ = cur_params, cur_summary
         else:
             summ = evaluate(loaded, arm, s, params)
             runs += 1
