@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.scenario import ArmSpec, OpenLoop, Scenario, TraceWorkload
+from evenserve.core.scenario import ArmSpec, ClosedLoop, OpenLoop, Scenario, TraceWorkload
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.routing import ROUTING
 from evenserve.report.summary import run_summary, summarize
@@ -143,13 +143,23 @@ def current_params(sc: Scenario, arm: str) -> Params | None:
     }
 
 
-def has_classes(sc: Scenario) -> bool:
+def has_classes(loaded: LoadedScenario) -> bool:
     """Whether the workload carries more than one priority class (class headroom matters)."""
-    classes = {spec.priority_value for spec in sc.models.values()}
+    sc = loaded.scenario
     wl = sc.workload
-    if isinstance(wl, OpenLoop):
-        classes |= {p for st in wl.streams if (p := st.priority_value()) is not None}
-    return len(classes) > 1 or isinstance(wl, TraceWorkload)
+    if isinstance(wl, ClosedLoop):
+        classes = {sc.models[m].priority_value for m, w in wl.mix.items() if w > 0}
+    elif isinstance(wl, OpenLoop):
+        streams = [(st.model, st.priority_value()) for st in wl.streams if st.rate_rps > 0]
+        classes = {sc.models[m].priority_value for m in wl.rates_rps if wl.rates_rps[m] > 0}
+        classes |= {sc.models[m].priority_value if p is None else p for m, p in streams}
+    else:
+        arrivals = read_trace(loaded.resolve(wl.path), list(sc.models))
+        classes = {
+            sc.models[a.model].priority_value if a.priority is None else a.priority
+            for a in arrivals
+        }
+    return len(classes) > 1
 
 
 # -- the objective ----------------------------------------------------------------------------
@@ -205,7 +215,7 @@ def evaluate(loaded: LoadedScenario, arm: str, seed: int, params: Params | None)
     return summarize(simulate(run, arm, seed), timeseries=False)
 
 
-def _suggest(trial: optuna.Trial, sc: Scenario) -> Params:
+def _suggest(trial: optuna.Trial, sc: Scenario, classes: bool) -> Params:
     max_gb = max(d.memory_gb for d in sc.expanded_devices())
     # Scores rank hosts, so only the weights' ratios matter: two shares of a sum of 1.
     wq = trial.suggest_float("routing.queue_weight", 0.0, 1.0)
@@ -231,7 +241,7 @@ def _suggest(trial: optuna.Trial, sc: Scenario) -> Params:
             ),
         }
     headroom: float | None = None
-    if has_classes(sc) and trial.suggest_categorical("class_headroom.on", (False, True)):
+    if classes and trial.suggest_categorical("class_headroom.on", (False, True)):
         headroom = trial.suggest_float("class_headroom", 0.3, 1.0)
     return {"routing": routing, "batching_per_model": per_model, "class_headroom": headroom}
 
@@ -240,7 +250,7 @@ def window_limit_ms(slo_ms: float) -> float:
     return min(MAX_WINDOW_MS, slo_ms / 4.0)
 
 
-def _as_trial(params: Params, sc: Scenario) -> dict[str, Any]:
+def _as_trial(params: Params, sc: Scenario, classes: bool) -> dict[str, Any]:
     """A params object as optuna's trial values (to enqueue the current arm), clipped into
     the search space."""
     max_gb = max(d.memory_gb for d in sc.expanded_devices())
@@ -260,7 +270,7 @@ def _as_trial(params: Params, sc: Scenario) -> dict[str, Any]:
         out[f"batching.{m}.max_batch_delay_ms"] = min(
             max(MIN_WINDOW_MS, window), window_limit_ms(sc.models[m].slo_ms)
         )
-    if has_classes(sc):
+    if classes:
         h = params["class_headroom"]
         out["class_headroom.on"] = h is not None
         if h is not None:
@@ -422,14 +432,15 @@ def tune(
     current = Evaluation(cur_params, cur_summary, score(cur_summary, floor))
     report("search", 1, budget)
 
+    classes = has_classes(loaded)
     study = optuna.create_study(direction="minimize", sampler=sampler(optuna, s, budget))
     if cur_params is not None:
-        study.enqueue_trial(_as_trial(cur_params, sc))
+        study.enqueue_trial(_as_trial(cur_params, sc, classes))
     best = current
     runs = 1  # the current arm's
     while runs < budget:
         trial = study.ask()
-        params = _suggest(trial, sc)
+        params = _suggest(trial, sc, classes)
         if trial.number == 0 and cur_params is not None:
             # The enqueued current arm (its trial values clipped into the space): its run
             # is known.

@@ -15,6 +15,7 @@ from evenserve.experiment.tune import (
     Score,
     apply,
     current_params,
+    has_classes,
     replay_trace,
     score,
     sweep_grid,
@@ -180,3 +181,22 @@ def test_replay_trace_unknown_model(tmp_path: Path) -> None:
     trace.write_text('{"t_s": 0.1, "model": "other"}\n')
     with pytest.raises(ConfigError, match="not in the scenario"):
         replay_trace(tiny(tmp_path), trace)
+
+
+def test_class_headroom_searched_only_with_classes(tmp_path: Path) -> None:
+    assert not has_classes(tiny(tmp_path))
+    classed = tiny(
+        tmp_path,
+        workload={
+            "type": "open-loop",
+            "streams": [
+                {"model": "fast", "rate_rps": 200, "priority": "online"},
+                {"model": "fast", "rate_rps": 100, "priority": "offline"},
+                {"model": "slow", "rate_rps": 20},
+            ],
+        },
+    )
+    assert has_classes(classed)
+    r = tune(classed, "qa", budget=6, sweep=False)
+    h = r.best.params["class_headroom"] if r.best.params else None
+    assert h is None or 0.3 <= h <= 1.0
