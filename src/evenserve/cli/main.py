@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evenserve.cli import bench_cmd, gateway_cmd, record_cmd, sim_cmd, worker_cmd
+from evenserve.cli import bench_cmd, gateway_cmd, record_cmd, sim_cmd, tune_cmd, worker_cmd
 from evenserve.cli.app import app
 
 #: Every command, in the order ``evenserve --help`` lists them.
@@ -10,6 +10,7 @@ COMMANDS = (
     sim_cmd.simulate,
     sim_cmd.compare,
     sim_cmd.policies,
+    tune_cmd.tune,
     bench_cmd.bench,
     bench_cmd.report,
     gateway_cmd.gateway,

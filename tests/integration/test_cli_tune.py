@@ -1,0 +1,66 @@
+"""``evenserve tune`` end to end (in process, via typer's runner): a tiny search, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from evenserve.cli.main import app
+from evenserve.workload import Arrival, write_trace
+from tests.unit.sim.scenarios import toy_scenario, write_scenario
+
+runner = CliRunner()
+FW = {"policy": "fixed-window", "max_batch_size": 8, "max_batch_delay_ms": 5}
+
+
+def scenario(tmp_path: Path) -> Path:
+    sc = toy_scenario(
+        tmp_path,
+        duration_s=3,
+        warmup_s=0.5,
+        arms={"qa": {"routing": "queue-aware", "batching": FW}},
+    )
+    return write_scenario(tmp_path, sc)
+
+
+def test_tune_prints_the_table_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    res = runner.invoke(
+        app, ["tune", str(scenario(tmp_path)), "--budget", "3", "--no-sweep", "--json", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    assert "current" in res.output and "best params" in res.output
+    data = json.loads(out.read_text())
+    assert {"current", "best", "params", "evaluations", "regret"} <= set(data)
+    assert data["evaluations"] == 3
+    assert data["regret"] is None  # no sweep
+
+
+def test_tune_a_trace_on_a_scenario(tmp_path: Path) -> None:
+    trace = tmp_path / "rec.jsonl"
+    write_trace(trace, [Arrival(i * 0.02, "fast") for i in range(100)])
+    res = runner.invoke(
+        app,
+        ["tune", str(trace), "--scenario", str(scenario(tmp_path)), "--budget", "2", "--no-sweep"],
+    )
+    assert res.exit_code == 0, res.output
+
+
+def test_tune_errors_name_the_option(tmp_path: Path) -> None:
+    sc = str(scenario(tmp_path))
+    res = runner.invoke(app, ["tune", str(tmp_path / "missing.yaml")])
+    assert res.exit_code == 2 and "SCENARIO_OR_TRACE: file not found" in res.output
+    res = runner.invoke(app, ["tune", sc, "--budget", "0"])
+    assert res.exit_code == 2 and "--budget" in res.output
+    res = runner.invoke(app, ["tune", sc, "--arm", "nope", "--budget", "1"])
+    assert res.exit_code == 2 and "--arm: unknown arm" in res.output
+    res = runner.invoke(app, ["tune", sc, "--seeds", "-1"])
+    assert res.exit_code == 2 and "--seeds" in res.output
+    trace = tmp_path / "rec.jsonl"
+    write_trace(trace, [Arrival(0.1, "fast")])
+    res = runner.invoke(app, ["tune", str(trace)])
+    assert res.exit_code == 2 and "--scenario" in res.output
+    res = runner.invoke(app, ["tune", str(trace), "--cluster", str(tmp_path / "c.yaml")])
+    assert res.exit_code == 2 and "--cluster" in res.output
