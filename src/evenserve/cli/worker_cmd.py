@@ -18,6 +18,8 @@ from evenserve.core.errors import EvenserveError
 from evenserve.core.options import DeviceOptions, QueueOptions
 
 MIB = 1024 * 1024
+#: The variable a worker reads its admin token from (the launcher sets it; never a flag).
+ADMIN_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
 
 
 def _parse_batching(text: str | None) -> Any:
@@ -45,6 +47,20 @@ def _parse_shapes(items: list[str] | None) -> dict[str, list[int]]:
         except ValueError:
             fail(f"--input-shape {item!r}: expected NAME=D1,D2,... (e.g. input_ids=128)")
     return out
+
+
+def worker_admin_token(path: Path | None) -> str | None:
+    """The worker's admin token: the file's first line, else ``$EVENSERVE_ADMIN_TOKEN``,
+    else None (the admin API is off). Never printed."""
+    if path is not None:
+        try:
+            token = path.read_text().strip()
+        except OSError as exc:
+            fail(f"--admin-token-file: cannot read {path}: {exc.strerror}")
+        if not token:
+            fail(f"--admin-token-file: {path} is empty")
+        return token
+    return os.environ.get(ADMIN_TOKEN_ENV) or None
 
 
 def _help(model: type[BaseModel], name: str, more: str = "") -> str:
@@ -175,6 +191,13 @@ def worker(
         ),
     ] = 0,
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "warning",
+    admin_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="File holding the admin API's bearer token (/admin/params); default: the "
+            "variable EVENSERVE_ADMIN_TOKEN; neither: the admin API is off."
+        ),
+    ] = None,
 ) -> None:
     """Serve a model repository on one device over the KServe v2 protocol."""
     from evenserve.runtime.device import parse_device, select_visible_device
@@ -260,6 +283,7 @@ def worker(
             load_wait_s=load_wait_ms / 1000.0,
             host_pool=host_pool,
             host_pool_bytes=(host_pool_gb or 0.0) * 1024.0**3,
+            admin_token=worker_admin_token(admin_token_file),
         )
         service = WorkerService(entries, options)
         err_console.print(
