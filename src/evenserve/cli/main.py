@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evenserve.cli import bench_cmd, gateway_cmd, sim_cmd, worker_cmd
+from evenserve.cli import bench_cmd, gateway_cmd, params_cmd, sim_cmd, worker_cmd
 from evenserve.cli.app import app
 
 #: Every command, in the order ``evenserve --help`` lists them.
@@ -19,6 +19,7 @@ COMMANDS = (
 )
 for _command in COMMANDS:
     app.command()(_command)
+app.add_typer(params_cmd.params_app, name="params")
 
 
 def main() -> None:
