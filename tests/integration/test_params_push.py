@@ -172,6 +172,9 @@ async def test_a_put_changes_routing_on_the_gateway_and_batching_on_the_workers(
         for svc in c.services.values():
             assert svc.driver.sched.max_batch_size == {"em": 16}
             assert svc.batching_specs["em"]["max_batch_delay_ms"] == 2
+        got = (await c.client.get("/admin/params", headers=AUTH)).json()
+        assert got["params"] == got["history"][0]["params"]
+        assert got["backends"] == {"w1": 4, "w2": 4}
         r = await c.client.post("/admin/params/rollback", json={"to_version": 99}, headers=AUTH)
         assert r.status_code == 404
         # PUT /admin/routing is a version too.

@@ -278,7 +278,12 @@ class GatewayParams:
             self.admin.set_routing(routing)
         versions = dict(known)
         versions.update({n: r.version for n, r in results.items() if r.version is not None})
-        merged = current.params.merged(update)
+        # A rollback is exactly version K's set (the backends went back to their own K).
+        merged = (
+            current.params.merged(update)
+            if rollback_of is None
+            else self.store.get(rollback_of).params
+        )
         v = self.store.commit(merged, self.wall_clock(), note, source)
         self.backend_versions[v.version] = versions
         for old in [k for k in self.backend_versions if k < self.store.history[0].version]:

@@ -127,6 +127,11 @@ class WorkerAdmin:
         )
         previous = self.store.current.params
         merged = previous.merged({k: v for k, v in update.items() if k != "routing"})
+        if source == "rollback":  # exactly the version rolled back to
+            merged = Params(
+                batching_per_model=update["batching_per_model"],
+                class_headroom=update["class_headroom"],
+            )
         return self.store.commit(merged, self.wall_clock(), note, source)
 
     def _reply(self, previous: int, v: ParamVersion, **more: Any) -> Response:
