@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from evenserve.cli import bench_cmd, gateway_cmd, record_cmd, sim_cmd, tune_cmd, worker_cmd
+from evenserve.cli import (
+    bench_cmd,
+    gateway_cmd,
+    params_cmd,
+    record_cmd,
+    sim_cmd,
+    tune_cmd,
+    worker_cmd,
+)
 from evenserve.cli.app import app
 
 #: Every command, in the order ``evenserve --help`` lists them.
@@ -21,6 +29,7 @@ COMMANDS = (
 )
 for _command in COMMANDS:
     app.command()(_command)
+app.add_typer(params_cmd.params_app, name="params")
 
 
 def main() -> None:

@@ -20,6 +20,8 @@ from evenserve.core.slowdown import SlowdownSchedule, parse_slowdown_phases
 from evenserve.runtime.emulated import EmulatedRuntime
 
 MIB = 1024 * 1024
+#: The variable a worker reads its admin token from (the launcher sets it; never a flag).
+ADMIN_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
 
 
 def _parse_batching(text: str | None) -> Any:
@@ -47,6 +49,20 @@ def _parse_shapes(items: list[str] | None) -> dict[str, list[int]]:
         except ValueError:
             fail(f"--input-shape {item!r}: expected NAME=D1,D2,... (e.g. input_ids=128)")
     return out
+
+
+def worker_admin_token(path: Path | None) -> str | None:
+    """The worker's admin token: the file's first line, else ``$EVENSERVE_ADMIN_TOKEN``,
+    else None (the admin API is off). Never printed."""
+    if path is not None:
+        try:
+            token = path.read_text().strip()
+        except OSError as exc:
+            fail(f"--admin-token-file: cannot read {path}: {exc.strerror}")
+        if not token:
+            fail(f"--admin-token-file: {path} is empty")
+        return token
+    return os.environ.get(ADMIN_TOKEN_ENV) or None
 
 
 def _help(model: type[BaseModel], name: str, more: str = "") -> str:
@@ -216,6 +232,13 @@ def worker(
     ] = 64.0,
     record_keep: Annotated[int, typer.Option(help="Rotated request logs kept: PATH.1 ...")] = 4,
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "warning",
+    admin_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="File holding the admin API's bearer token (/admin/params); default: the "
+            "variable EVENSERVE_ADMIN_TOKEN; neither: the admin API is off."
+        ),
+    ] = None,
 ) -> None:
     """Serve a model repository on one device over the KServe v2 protocol."""
     from evenserve.runtime.device import parse_device, select_visible_device
@@ -314,6 +337,7 @@ def worker(
             learn_profiles=learn_profiles,
             slowdown=None if schedule.constant else schedule,
             slowdown_origin_unix_s=slowdown_origin_unix,
+            admin_token=worker_admin_token(admin_token_file),
         )
         service = WorkerService(entries, options)
         if not schedule.constant and not any(

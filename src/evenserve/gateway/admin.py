@@ -9,7 +9,8 @@
 - ``GET  /admin/routing``: the policy in force, as a spec (``{policy: name, ...params}``).
 - ``PUT  /admin/routing``: replace it with a spec; validated like the config file (400 naming
   the field on error); the very next routing decision uses it. This is how tuned parameters
-  are pushed to a running gateway.
+  are pushed to a running gateway. Each change is also a new version of ``/admin/params``
+  (``gateway.params_api``: versioned routing, batching and class headroom, with rollback).
 - ``GET  /admin/events``: recent ejections and readmissions, and changes of a backend's
   models (event ``models``, reason ``now [a, b] (+b)``), with gateway-clock times.
 A missing or wrong token is refused with 401 (``WWW-Authenticate: Bearer``).
@@ -60,6 +61,9 @@ class AdminAPI:
         self.seed = seed
         self.routing_spec = self.normalized_spec(routing_spec)
         self.policy_changes = 0
+        #: Set by the versioned params API: ``PUT /admin/routing`` becomes a params version
+        #: through it (None when it succeeded, else the error response).
+        self.versioned_routing: Callable[[Any], Awaitable[Response | None]] | None = None
 
     @staticmethod
     def normalized_spec(spec: Any) -> dict[str, Any]:
@@ -158,18 +162,28 @@ class AdminAPI:
     async def get_routing(self, request: Request) -> Response:
         return _json({**self.routing_spec, "changes": self.policy_changes})
 
+    def set_routing(self, spec: Any) -> None:
+        """Install a routing spec (PolicySpecError naming the field); the very next routing
+        decision uses it."""
+        split_spec(spec, "routing")
+        self.registry.replace_policy(spec, self.seed)
+        self.routing_spec = self.normalized_spec(spec)
+        self.policy_changes += 1
+
     async def put_routing(self, request: Request) -> Response:
         try:
             spec = parse_routing_body(request.body)
         except ValueError as exc:
             return _json({"error": str(exc)}, 400)
-        try:
-            split_spec(spec, "routing")
-            self.registry.replace_policy(spec, self.seed)
-            self.routing_spec = self.normalized_spec(spec)
-        except PolicySpecError as exc:
-            return _json({"error": str(exc)}, 400)
-        self.policy_changes += 1
+        if self.versioned_routing is not None:  # a new params version (gateway.params_api)
+            failed = await self.versioned_routing(spec)
+            if failed is not None:
+                return failed
+        else:
+            try:
+                self.set_routing(spec)
+            except PolicySpecError as exc:
+                return _json({"error": str(exc)}, 400)
         return _json({**self.routing_spec, "changes": self.policy_changes})
 
     async def get_events(self, request: Request) -> Response:

@@ -33,7 +33,9 @@ also gets SIGTERM if this process dies without cleaning up (PR_SET_PDEATHSIG).
   not restarted; one that dies on its own while on is.
 - The admin token is the configured one (``gateway.admin.token``, or the variable
   ``gateway.admin.token_env`` names), else a generated one, handed to the gateway in its
-  environment and written to ``admin-token`` in the log folder (mode 0600). It is never
+  environment (and to each worker, as ``EVENSERVE_ADMIN_TOKEN``: the gateway pushes
+  parameters to the workers' ``/admin/params`` with it) and written to ``admin-token`` in
+  the log folder (mode 0600). It is never
   printed: the summary says where it is. The ready file holds it too, so it is 0600 as well.
 """
 
@@ -254,6 +256,9 @@ class Launcher:
         for i, d in enumerate(w.devices):
             port = w.port_of(i)
             dev, env = worker_env(self._device_arg(d.device), base_env)
+            # The gateway's admin token (it pushes parameters to the workers with it): in the
+            # environment only, never on the command line or in a log.
+            env[DEFAULT_TOKEN_ENV] = self.admin_token
             if placement is None:
                 models = self._models_args(i, d)
             else:

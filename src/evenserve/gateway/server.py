@@ -39,6 +39,7 @@ from evenserve.gateway.admin import AdminAPI
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import BackendSpec, LoadedCluster
 from evenserve.gateway.dispatcher import Answer, Dispatcher
+from evenserve.gateway.params_api import GatewayParams
 from evenserve.gateway.placement import (
     DeviceSetup,
     PlacementDriver,
@@ -119,6 +120,9 @@ class Gateway:
         # that gives none gets the configured one or a random one it can read here.
         self.admin_token = admin_token or cluster.resolve_admin_token().value
         self.admin = AdminAPI(self.registry, self.clock, self.admin_token, cfg.seed, cfg.routing)
+        #: ``/admin/params``: versioned routing here, batching and class headroom pushed to
+        #: the backends (``gateway.params_api``).
+        self.params = GatewayParams(self.registry, self.admin, self.admin_token)
         self.dispatcher = Dispatcher(self.registry, cfg, self.clock, self.metrics)
         self.poller = Poller(self.registry, cfg, self.clock)
         #: The request log (``record``, else ``gateway.record``; None: off).
@@ -156,6 +160,7 @@ class Gateway:
             ("POST", wire.REPOSITORY_INDEX_PATH): self.repository_index,
             ("GET", wire.METRICS_PATH): self.prometheus,
             **self.admin.routes(),
+            **self.params.routes(),
             ("GET", "/admin/placement"): self.admin.guard(self.placement_view),
             ("GET", "/admin/scale"): self.admin.guard(self.scale_view),
             ("POST", "/admin/scale"): self.admin.guard(self.scale_report),

@@ -22,6 +22,7 @@ Theory of operation.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -130,6 +131,17 @@ class ModelQueue(Generic[R]):
         #: Observed seconds per batch by size (exponentially weighted), when no profile.
         self.observed_s: dict[int, float] = {}
 
+    def set_policy(self, policy: BatchingPolicy) -> None:
+        """Batch with ``policy`` from now on (the queue and its requests stay as they are);
+        the cap follows the policy unless the setup fixes it."""
+        self.setup = dataclasses.replace(self.setup, policy=policy)
+        self.policy = policy
+        kind = type(policy)
+        self.hears_arrivals = getattr(kind, "on_arrival", None) is not _NOOP_ARRIVAL
+        self.hears_dispatches = getattr(kind, "on_dispatch", None) is not _NOOP_DISPATCH
+        cap = self.setup.max_batch_size
+        self.cap = policy.max_batch_size if cap is None else cap
+
     def observed_batch_s(self, items: int) -> float:
         """Expected seconds for a batch alone without a profile: observed at this size, else
         scaled from the nearest observed size, else 0."""
@@ -172,6 +184,11 @@ class QueueSet(Generic[R]):
         self.depth_area = 0.0
         self.depth_max = 0
         self._depth_t = 0.0
+
+    def set_class_headroom(self, class_headroom: float | None) -> None:
+        """Use ``class_headroom`` from now on (arrival rates are tracked from now when on)."""
+        self.class_headroom = class_headroom
+        self._track_rates = class_headroom is not None
 
     def __contains__(self, model: str) -> bool:
         return model in self.queues

@@ -42,6 +42,7 @@ from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import Dispatch, LoadSample
 from evenserve.core.wire import LOAD_TIMEOUT
+from evenserve.policy.batching import BatchingPolicy
 from evenserve.policy.batching.device import next_batch
 from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S
 from evenserve.sched.actions import Batch, SchedulerActions
@@ -245,6 +246,28 @@ class DeviceScheduler(Generic[R]):
         model is being unloaded); KeyError: not hosted."""
         h = self._by_name[name]
         h.policy = flush(h.mq.policy)
+        self._plan(now)
+
+    # -- parameters change (a tuner's push) -----------------------------------------------
+    def set_policy(self, name: str, policy: BatchingPolicy, now: float) -> None:
+        """Batch ``name`` with ``policy`` from the next decision on. Queued requests stay
+        queued (in their order) and running batches run on; a draining or flushing model
+        keeps flushing, at the new policy's cap. KeyError: not hosted. The policy's own
+        state (rates, windows) starts afresh."""
+        h = self._by_name[name]
+        mq = h.mq
+        flushing = h.policy is not mq.policy
+        mq.set_policy(policy)
+        for x in self._hosted:  # a shared queue may be hosted here once only, but be exact
+            if x.mq is mq:
+                x.policy = flush(policy) if flushing else policy
+        self._derive()
+        self._plan(now)
+
+    def set_class_headroom(self, class_headroom: float | None, now: float) -> None:
+        """Use ``class_headroom`` (None: off) from the next decision on."""
+        self.queues.set_class_headroom(class_headroom)
+        self._derive()
         self._plan(now)
 
     # -- events ---------------------------------------------------------------------------

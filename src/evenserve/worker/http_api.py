@@ -36,6 +36,7 @@ from evenserve.core import wire
 from evenserve.core.requestlog import Recorder
 from evenserve.httpio.server import Limits, Request, Response
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
+from evenserve.worker.admin import WorkerAdmin
 from evenserve.worker.driver import (
     BatchFailedError,
     DrainingError,
@@ -172,6 +173,8 @@ class WorkerApp:
         self.grpc: GrpcServer | None = None
         self.metrics = service.metrics
         self.limits = Limits(max_body_bytes=service.options.max_body_bytes)
+        #: ``/admin/params`` (``worker.admin``; off without a token).
+        self.admin = WorkerAdmin(service, service.options.admin_token)
         self._exact: dict[tuple[str, str], Endpoint] = {
             ("GET", wire.HEALTH_LIVE_PATH): self.live,
             ("GET", wire.HEALTH_READY_PATH): self.ready,
@@ -181,6 +184,7 @@ class WorkerApp:
             ("GET", wire.MODEL_STATS_PATH): self.all_stats,
             ("GET", wire.LOAD_PATH): self.load,
             ("GET", wire.METRICS_PATH): self.prometheus,
+            **self.admin.routes(),
         }
         self._paths = {p for _, p in self._exact}
         svc = service

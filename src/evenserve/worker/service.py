@@ -34,6 +34,7 @@ from evenserve.core.slowdown import SlowdownSchedule
 from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.nvml import NvmlSampler
 from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
+from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
@@ -97,6 +98,9 @@ class WorkerOptions:
     #: phases in seconds from ``slowdown_origin_unix_s``, None: the first batch).
     slowdown: SlowdownSchedule | None = None
     slowdown_origin_unix_s: float | None = None
+    #: The admin API's bearer token (``--admin-token-file`` or ``$EVENSERVE_ADMIN_TOKEN``);
+    #: None: ``/admin/*`` is off (404). Never shown (not in the repr).
+    admin_token: str | None = field(default=None, repr=False)
 
 
 #: Model states (Triton's repository index).
@@ -433,6 +437,53 @@ class WorkerService:
             deadline_s=e.config.deadline_s,
             slo_s=e.config.slo_s,
         )
+
+    # -- parameters (``PUT /admin/params``) -----------------------------------------------
+    def batching_params(self) -> dict[str, Any]:
+        """The batching spec each served model runs with now."""
+        return {n: dict(s) if isinstance(s, Mapping) else s for n, s in self.batching_specs.items()}
+
+    def apply_params(
+        self,
+        batching_per_model: Mapping[str, Any] | None = None,
+        class_headroom: float | None = None,
+        *,
+        set_headroom: bool = False,
+        where: str = "params",
+    ) -> None:
+        """Batch each model named with its new spec and (``set_headroom``) use the class
+        headroom given, from the scheduler's next decision on: queued requests stay queued
+        and are each answered once; running batches run on. Every spec is checked before
+        anything changes (ConfigError naming the field: a model not served here, a policy's
+        batch size over the model's ``max_batch_size``). Call it on the worker's loop."""
+        built: dict[str, tuple[Any, Any]] = {}
+        for m, spec in (batching_per_model or {}).items():
+            e = self.entries.get(m)
+            at = f"{where}.batching_per_model.{m}"
+            if e is None:
+                served = ", ".join(sorted(self.entries)) or "none"
+                raise ConfigError(f"{at}: model {m!r} is not served here (models: {served})")
+            full = e.batching_spec(spec)
+            policy = BATCHING.build(full, where=at)
+            if policy.max_batch_size > e.config.max_batch_size:
+                raise ConfigError(
+                    f"{at}.max_batch_size: the policy's batch size ({policy.max_batch_size}) "
+                    f"exceeds the model's max_batch_size ({e.config.max_batch_size})"
+                )
+            built[m] = (full, policy)
+        driver = self._driver
+        now = self.clock.now()
+        for m, (full, policy) in built.items():
+            self.policies[m] = policy
+            self.batching_specs[m] = full
+            if driver is not None:
+                driver.sched.set_policy(m, policy, now)
+        if set_headroom:
+            self.options.queue = self.options.queue.model_copy(
+                update={"class_headroom": class_headroom}
+            )
+            if driver is not None:
+                driver.sched.set_class_headroom(class_headroom, now)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def load(self) -> None:

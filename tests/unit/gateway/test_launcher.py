@@ -59,6 +59,12 @@ def test_seed_plan_one_worker_per_device_with_placement(tmp_path: Path) -> None:
     assert la.workers[0].env["CUDA_VISIBLE_DEVICES"] == ""
     assert la.gateway is not None and la.gateway.cmd[3:5] == ["gateway", "--config"]
     assert la.gateway.env["EVENSERVE_ADMIN_TOKEN"] == la.admin_token
+    # The workers get the gateway's token (it pushes parameters with it): in the
+    # environment only, never on a command line.
+    for w in la.workers:
+        assert w.env["EVENSERVE_ADMIN_TOKEN"] == la.admin_token
+        assert not any(la.admin_token in arg for arg in w.cmd)
+    assert not any(la.admin_token in arg for arg in la.gateway.cmd)
 
 
 def test_model_not_in_repo_is_named(tmp_path: Path) -> None:

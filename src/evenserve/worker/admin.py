@@ -1,0 +1,182 @@
+"""The worker's admin API: its versioned parameters (batching per model, class headroom).
+
+Behind a bearer token (``--admin-token-file`` or ``$EVENSERVE_ADMIN_TOKEN``); without one
+every ``/admin/*`` path answers 404 saying the admin API is off; a missing or wrong token is
+401. The bodies and semantics are the gateway's (``policy.params``), without ``routing``:
+
+- ``GET  /admin/params``: ``{version, params, history: [{version, params, applied_unix_s,
+  note, source}]}`` (version 1: the startup config; the last 100 kept).
+- ``PUT  /admin/params`` ``{"expected_version": N?, "params": {...partial}, "note": "..."}``:
+  keys absent keep their value (``batching_per_model`` merges per model; ``routing`` is
+  ignored); 409 when ``expected_version`` is not the current one; 400 naming the field (a
+  model not served here too); else the next version, applied to the scheduler for its next
+  decision (queued requests are kept and answered once). The reply is ``{version,
+  previous_version, params}``.
+- ``POST /admin/params/rollback`` ``{"to_version": K, "expected_version": N?}``: version
+  K's params applied as a new version (404: K unknown).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from evenserve.core import wire
+from evenserve.core.errors import ConfigError
+from evenserve.httpio.bearer import BEARER_CHALLENGE, bearer_ok
+from evenserve.httpio.server import Request, Response
+from evenserve.policy.params import (
+    Params,
+    ParamStore,
+    ParamVersion,
+    UnknownVersionError,
+    VersionConflictError,
+    parse_expected_version,
+    parse_note,
+    parse_update,
+)
+from evenserve.worker.service import WorkerService
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+JSON = {"content-type": "application/json"}
+#: The admin paths (each answers 404 "off" without a token).
+PARAMS_PATH = "/admin/params"
+ROLLBACK_PATH = "/admin/params/rollback"
+
+
+def _json(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        status, json.dumps(obj, separators=(",", ":")).encode(), {**JSON, **(headers or {})}
+    )
+
+
+def _error(message: str, status: int, **more: Any) -> Response:
+    return _json({"error": message, **more}, status)
+
+
+def _body(request: Request) -> dict[str, Any]:
+    raw = wire.parse_json(request.body or b"{}", "body")
+    if not isinstance(raw, dict):
+        raise ConfigError("body: expected a JSON object")
+    return raw
+
+
+class WorkerAdmin:
+    """The worker's ``/admin/params`` endpoints over a :class:`WorkerService`."""
+
+    def __init__(
+        self,
+        service: WorkerService,
+        token: str | None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.service = service
+        self._token = None if token is None else token.encode()
+        self.wall_clock = wall_clock
+        self.store = ParamStore(self.live_params(), wall_clock())
+
+    def live_params(self) -> Params:
+        svc = self.service
+        return Params(
+            batching_per_model=svc.batching_params(),
+            class_headroom=svc.options.queue.class_headroom,
+        )
+
+    def guard(self, endpoint: Endpoint) -> Endpoint:
+        async def wrapped(request: Request) -> Response:
+            if self._token is None:
+                return _error(
+                    "the admin API is off (start the worker with --admin-token-file or "
+                    "EVENSERVE_ADMIN_TOKEN set)",
+                    404,
+                )
+            if not bearer_ok(request.headers.get("authorization"), self._token):
+                return _json(
+                    {"error": "admin API: missing or invalid bearer token"}, 401, BEARER_CHALLENGE
+                )
+            return await endpoint(request)
+
+        return wrapped
+
+    def routes(self) -> dict[tuple[str, str], Endpoint]:
+        return {
+            ("GET", PARAMS_PATH): self.guard(self.get_params),
+            ("PUT", PARAMS_PATH): self.guard(self.put_params),
+            ("POST", ROLLBACK_PATH): self.guard(self.rollback),
+        }
+
+    # -- endpoints ----------------------------------------------------------------------------
+    def view(self) -> dict[str, Any]:
+        out = self.store.to_json(include_routing=False)
+        # What runs now (a model loaded since the last change runs its model.yaml's spec).
+        out["live"] = self.live_params().to_json(include_routing=False)
+        return out
+
+    async def get_params(self, request: Request) -> Response:
+        return _json(self.view())
+
+    def _apply(self, update: Mapping[str, Any], note: str, source: str) -> ParamVersion:
+        """Apply a validated update on top of the current version and record it."""
+        svc = self.service
+        svc.apply_params(
+            update.get("batching_per_model"),
+            update.get("class_headroom"),
+            set_headroom="class_headroom" in update,
+        )
+        previous = self.store.current.params
+        merged = previous.merged({k: v for k, v in update.items() if k != "routing"})
+        if source == "rollback":  # exactly the version rolled back to
+            merged = Params(
+                batching_per_model=update["batching_per_model"],
+                class_headroom=update["class_headroom"],
+            )
+        return self.store.commit(merged, self.wall_clock(), note, source)
+
+    def _reply(self, previous: int, v: ParamVersion, **more: Any) -> Response:
+        return _json(
+            {
+                "version": v.version,
+                "previous_version": previous,
+                "params": v.params.to_json(include_routing=False),
+                **more,
+            }
+        )
+
+    async def put_params(self, request: Request) -> Response:
+        try:
+            body = _body(request)
+            expected = parse_expected_version(body.get("expected_version"))
+            note = parse_note(body.get("note"))
+            update = parse_update(body.get("params", {}), "params")
+            self.store.check(expected)
+            previous = self.store.version
+            v = self._apply(update, note, "put")
+        except VersionConflictError as exc:
+            return _error(str(exc), 409, version=exc.current)
+        except (ConfigError, ValueError) as exc:
+            return _error(str(exc), 400)
+        ignored = ["routing"] if "routing" in update else []
+        return self._reply(previous, v, **({"ignored": ignored} if ignored else {}))
+
+    async def rollback(self, request: Request) -> Response:
+        try:
+            body = _body(request)
+            to = parse_expected_version(body.get("to_version"), "to_version")
+            if to is None:
+                raise ConfigError("to_version: required (the version to go back to)")
+            expected = parse_expected_version(body.get("expected_version"))
+            note = parse_note(body.get("note")) or f"rollback to version {to}"
+            self.store.check(expected)
+            target = self.store.get(to)
+            previous = self.store.version
+            update = target.params.to_json(include_routing=False)
+            v = self._apply(update, note, "rollback")
+        except VersionConflictError as exc:
+            return _error(str(exc), 409, version=exc.current)
+        except UnknownVersionError as exc:
+            return _error(str(exc), 404)
+        except (ConfigError, ValueError) as exc:
+            return _error(str(exc), 400)
+        return self._reply(previous, v, rolled_back_to=to)
