@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,10 +13,20 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from evenserve.cli.app import console, err_console, fail
+from evenserve.cli.bench_cmd import parse_duration
+from evenserve.cli.params_cmd import TokenFile, read_token
 from evenserve.cli.sim_cmd import SetOpt
 from evenserve.core.errors import EvenserveError
 from evenserve.experiment import tune as tuning
 from evenserve.experiment.tune import DEFAULT_BUDGET, GOODPUT_TOLERANCE, GRID, TuneResult, figures
+from evenserve.experiment.watch import (
+    HttpWatchClient,
+    SimPredictor,
+    WatchEvent,
+    WatchPolicy,
+    run_watch,
+)
+from evenserve.httpio.params_client import ParamsAPIError, get_params, push_params
 from evenserve.sim.loader import load_scenario
 
 HELP = (
@@ -27,7 +38,14 @@ HELP = (
     "(tuned P99 - sweep best P99) / sweep best P99 over a 3 x 3 x 3 grid (utilization "
     "weight, memory weight, one window for every model).\n\n"
     "SCENARIO_OR_TRACE is a scenario YAML, or a JSONL trace (.jsonl) replayed on "
-    "--scenario's placement."
+    "--scenario's placement.\n\n"
+    "--push URL applies the best parameters to a running gateway (PUT /admin/params against "
+    "the version read just before). --watch URL --every 5m loops on a running gateway (with "
+    "recording on): every window it replays the window's recorded requests on the scenario's "
+    "placement, applies a candidate only when predicted at least --margin better in P99 "
+    "(goodput no lower), judges each change over the next window and rolls it back when live "
+    "P99 exceeds the calibrated prediction by more than 15 %; at most one change per window "
+    "(design note 0011)."
 )
 
 
@@ -70,7 +88,26 @@ def tune(
     ] = True,
     seeds: Annotated[int, typer.Option(help="Held-out seeds to evaluate current and best on.")] = 0,
     set_: SetOpt = None,
+    push: Annotated[
+        str | None, typer.Option(help="Apply the best parameters to this running gateway.")
+    ] = None,
+    watch: Annotated[
+        str | None,
+        typer.Option(help="Watch this running gateway: tune every --every, apply, roll back."),
+    ] = None,
+    every: Annotated[str, typer.Option(help="--watch: the window (60s, 5m, ...).")] = "5m",
+    windows: Annotated[
+        int | None, typer.Option(help="--watch: stop after this many windows (default: never).")
+    ] = None,
+    margin: Annotated[
+        float, typer.Option(help="--watch: apply only if predicted P99 is this much lower.")
+    ] = 0.10,
+    token_file: TokenFile = None,
 ) -> None:
+    if watch is not None:
+        args = (every, windows, margin, budget, arm, seed, set_, token_file, json_path)
+        _watch(source, watch, *args)
+        return
     if not source.exists():
         fail(f"SCENARIO_OR_TRACE: file not found: {source}")
     if budget < 1:
@@ -128,10 +165,103 @@ def tune(
     except EvenserveError as exc:
         fail(str(exc))
         return
+    out = result.to_json()
+    if push is not None:
+        out["push"] = _push(push, token_file, result)
     if json_path is not None:
-        _write_json(json_path, result.to_json())
+        _write_json(json_path, out)
     if json_path is None or str(json_path) != "-":
         print_result(result)
+        if push is not None:
+            console.print(f"pushed to {push}: {out['push']['status']}", highlight=False)
+
+
+def _push(url: str, token_file: Path | None, result: TuneResult) -> dict[str, Any]:
+    """PUT the best parameters on ``url`` against the version read just before."""
+    token = read_token(token_file)
+    if result.best.params is None:
+        fail("--push: the best is the current arm, which is not expressible as params")
+    assert result.best.params is not None
+    if result.best is result.current:
+        return {"status": "nothing to push: the current parameters are the best found"}
+    try:
+        cur = get_params(url, token)
+        reply = push_params(
+            url,
+            token,
+            result.best.params,
+            expected_version=int(cur["version"]),
+            note=f"evenserve tune {result.scenario}/{result.arm} seed {result.seed}",
+        )
+    except ParamsAPIError as exc:
+        fail(f"--push: {exc}")
+        raise
+    return {"status": f"version {reply['version']}", "reply": reply}
+
+
+def _watch(
+    source: Path,
+    url: str,
+    every: str,
+    windows: int | None,
+    margin: float,
+    budget: int,
+    arm: str | None,
+    seed: int | None,
+    set_: list[str] | None,
+    token_file: Path | None,
+    json_path: Path | None,
+) -> None:
+    if not source.exists() or _is_trace(source):
+        fail("SCENARIO_OR_TRACE: --watch needs a scenario (the cluster's placement, SLOs, arm)")
+    if budget < 2:
+        fail(f"--budget: --watch needs at least 2 evaluations per window (got {budget})")
+    if windows is not None and windows < 1:
+        fail(f"--windows: must be at least 1 (got {windows})")
+    if not 0.0 <= margin < 1.0:
+        fail(f"--margin: must be in [0, 1) (got {margin})")
+    try:
+        every_s = parse_duration(every, "--every")
+        if every_s <= 0:
+            fail("--every: must be positive")
+        loaded = load_scenario(source, set_ or [])
+    except EvenserveError as exc:
+        fail(str(exc))
+        return
+    sc = loaded.scenario
+    name = arm or next(iter(sc.arms))
+    if name not in sc.arms:
+        fail(f"--arm: unknown arm {name!r} (arms: {', '.join(sc.arms)})")
+    token = read_token(token_file)
+    client = HttpWatchClient(url, token)
+    predictor = SimPredictor(loaded, name, budget=budget, seed=sc.seed if seed is None else seed)
+    policy = WatchPolicy(
+        slo_ms={m: v.slo_ms for m, v in sc.models.items()}, window_s=every_s, margin=margin
+    )
+
+    def show(ev: WatchEvent) -> None:
+        console.print(f"window {ev.window}: {ev.action}: {ev.reason}", highlight=False)
+        if json_path is not None:
+            _write_json(json_path, {"events": [e.as_dict() for e in policy.events]})
+
+    console.print(
+        f"watching {url} every {every_s:g} s on {sc.name} / {name} (budget {budget} a window)",
+        highlight=False,
+    )
+    try:
+        run_watch(
+            client,
+            predictor,
+            policy,
+            now=time.time,
+            sleep=time.sleep,
+            windows=windows,
+            on_event=show,
+        )
+    except KeyboardInterrupt:
+        console.print("stopped")
+    except EvenserveError as exc:
+        fail(str(exc))
 
 
 tune.__doc__ = HELP

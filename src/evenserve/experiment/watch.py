@@ -6,11 +6,13 @@ Theory of operation. Every window (``--every``) the loop pulls the gateway's req
 the window just ended (``GET /admin/log``) and the parameters in force (``GET /admin/params``),
 and takes one of these steps; at most one change (an apply or a rollback) per window:
 
-1. **Evaluate a pending change** (one applied at the start of the window just ended, by the
-   loop or by anyone else: a version the loop did not know). The simulator replays the
-   window's own arrivals under the new parameters and under the previous ones; the live P99
-   is compared with both, each multiplied by the calibration (below). The change is rolled
-   back (``POST /admin/params/rollback`` to the previous version) when
+1. **Evaluate a pending change**: one the loop applied at the start of the window just
+   ended, or one anybody else applied (a version the loop did not know: judged on the
+   requests that arrived after its ``applied_unix_s`` when they span half a window or more,
+   else over the next window). The simulator replays those same arrivals under the new
+   parameters and under the previous ones; the live P99 is compared with both, each
+   multiplied by the calibration (below). The change is rolled back
+   (``POST /admin/params/rollback`` to the previous version) when
 
    - live P99 > (1 + ``rollback_over``) x calibrated prediction of the new parameters (the
      loop's own change: the issue's guardrail, 15 % by default), or
@@ -38,11 +40,19 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
 import numpy as np
+
+from evenserve.core.errors import EvenserveError
+from evenserve.experiment import tune as tuning
+from evenserve.httpio.params_client import get_params, push_params, rollback_params
+from evenserve.sim.loader import LoadedScenario
 
 Params = dict[str, Any]
 Record = dict[str, Any]
@@ -160,8 +170,22 @@ class WatchPolicy:
             return self._judge(client, predictor, records, pend, live, now)
         if version != self.known_version:
             prev = self._params_of(cur, self.known_version)
-            self.pending = Pending(version, self.known_version, prev, params, own=False)
+            pend = Pending(version, self.known_version, prev, params, own=False)
             self.known_version = version
+            # Judged at once on the requests that arrived after it, when they are enough
+            # (at least half a window of them); else over the next window.
+            applied = self._applied_unix_s(cur, version)
+            after = [r for r in records if float(r.get("unix_s", 0.0)) >= applied]
+            if len(after) >= self.min_requests and _span_s(after) >= self.window_s / 2:
+                return self._judge(
+                    client,
+                    predictor,
+                    after,
+                    pend,
+                    live_figures(after, self.slo_ms, _span_s(after)),
+                    now,
+                )
+            self.pending = pend
             return self._event(
                 now,
                 "noticed",
@@ -219,6 +243,13 @@ class WatchPolicy:
             predicted_p99_ms=best_fig.p99_ms * self.calibration,
             calibration=self.calibration,
         )
+
+    @staticmethod
+    def _applied_unix_s(cur: Mapping[str, Any], version: int) -> float:
+        for h in cur.get("history", []):
+            if int(h["version"]) == version:
+                return float(h.get("applied_unix_s", 0.0))
+        return 0.0
 
     @staticmethod
     def _params_of(cur: Mapping[str, Any], version: int) -> Params:
@@ -279,6 +310,11 @@ class WatchPolicy:
         )
 
 
+def _span_s(records: Sequence[Record]) -> float:
+    times = [float(r.get("unix_s", 0.0)) for r in records]
+    return max(times) - min(times) if times else 0.0
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
@@ -308,3 +344,105 @@ def run_watch(
             on_event(ev)
         done += 1
     return policy.events
+
+
+# -- the live gateway and the simulator behind the protocols ---------------------------------
+class HttpWatchClient:
+    """A gateway's ``/admin/params`` and ``/admin/log`` (the token in the header only)."""
+
+    def __init__(self, url: str, token: str, timeout_s: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self._token = token
+        self.timeout_s = timeout_s
+
+    def get_params(self) -> dict[str, Any]:
+        return get_params(self.url, self._token, timeout_s=self.timeout_s)
+
+    def put_params(self, params: Params, expected_version: int, note: str) -> dict[str, Any]:
+        return push_params(
+            self.url, self._token, params, expected_version, note, timeout_s=self.timeout_s
+        )
+
+    def rollback(self, to_version: int, expected_version: int, note: str) -> dict[str, Any]:
+        return rollback_params(
+            self.url, self._token, to_version, expected_version, note, timeout_s=self.timeout_s
+        )
+
+    def pull_log(self, since_unix_s: float) -> list[Record]:
+        try:
+            r = httpx.get(
+                f"{self.url}/admin/log",
+                params={"since_unix_s": repr(since_unix_s)},
+                headers={"authorization": f"Bearer {self._token}"},
+                timeout=self.timeout_s,
+                trust_env=False,
+            )
+        except httpx.HTTPError as exc:
+            raise EvenserveError(f"{self.url}/admin/log: {type(exc).__name__}: {exc}") from None
+        if r.status_code != 200:
+            raise EvenserveError(f"{self.url}/admin/log: HTTP {r.status_code}: {r.text[:200]}")
+        return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+
+def records_trace(records: Sequence[Record], path: Path) -> None:
+    """Write ``records`` as a trace: sorted by ``unix_s``, ``t_s`` from the first."""
+    rows = sorted(records, key=lambda r: float(r["unix_s"]))
+    t0 = float(rows[0]["unix_s"]) if rows else 0.0
+    with path.open("w") as f:
+        for r in rows:
+            f.write(json.dumps({**r, "t_s": round(float(r["unix_s"]) - t0, 6)}) + "\n")
+
+
+class SimPredictor:
+    """The simulator on a scenario's placement (``loaded``, arm ``arm``): a window's recorded
+    arrivals replayed as a trace under parameters (``tune.replay_trace``, ``tune.apply``);
+    ``tune`` searches ``budget`` evaluations from the parameters in force (no sweep)."""
+
+    def __init__(self, loaded: LoadedScenario, arm: str, *, budget: int, seed: int) -> None:
+        self.loaded = loaded
+        self.arm = arm
+        self.budget = budget
+        self.seed = seed
+        self._dir = Path(tempfile.mkdtemp(prefix="evenserve-watch-"))
+        self._cache: dict[tuple[tuple[int, float, float], str], Figures] = {}
+        self.evaluations = 0
+
+    def _replayed(self, records: Sequence[Record]) -> LoadedScenario:
+        path = self._dir / "window.jsonl"
+        records_trace(records, path)
+        loaded = tuning.replay_trace(self.loaded, path)
+        # The window is what was measured live: no warm-up of its own.
+        sc = loaded.scenario.model_copy(update={"warmup_s": 0.0})
+        return LoadedScenario(sc, loaded.base_dir, loaded.profile_sets)
+
+    @staticmethod
+    def _figures(summary: Mapping[str, Any]) -> Figures:
+        f = tuning.figures(summary)
+        return Figures(f["p99_ms"], float(f["goodput_rps"]), int(summary["requests"]["completed"]))
+
+    @staticmethod
+    def _window(records: Sequence[Record]) -> tuple[int, float, float]:
+        if not records:
+            return (0, 0.0, 0.0)
+        times = [float(r["unix_s"]) for r in records]
+        return (len(records), min(times), max(times))
+
+    def predict(self, records: Sequence[Record], params: Params) -> Figures:
+        """The window replayed under ``params`` (one simulation per window and set)."""
+        w = self._window(records)
+        key = (w, _key(params))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        self.evaluations += 1
+        fig = self._figures(tuning.evaluate(self._replayed(records), self.arm, self.seed, params))
+        self._cache = {k: v for k, v in self._cache.items() if k[0] == w}
+        self._cache[key] = fig
+        return fig
+
+    def tune(self, records: Sequence[Record], params: Params) -> tuple[Params, Figures]:
+        loaded = tuning.apply(self._replayed(records), self.arm, params)
+        res = tuning.tune(loaded, self.arm, seed=self.seed, budget=self.budget, sweep=False)
+        self.evaluations += res.evaluations
+        best = res.best.params if res.best.params is not None else params
+        return best, self._figures(res.best.summary)

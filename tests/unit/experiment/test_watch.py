@@ -33,8 +33,8 @@ class FakeGateway:
             "history": list(self.history),
         }
 
-    def _new(self, params: Params) -> dict[str, Any]:
-        self.history.append({"version": self.version + 1, "params": params})
+    def _new(self, params: Params, at: float = 0.0) -> dict[str, Any]:
+        self.history.append({"version": self.version + 1, "params": params, "applied_unix_s": at})
         return self.get_params()
 
     def put_params(self, params: Params, expected_version: int, note: str) -> dict[str, Any]:
@@ -65,9 +65,12 @@ class FakeSim:
         return self.best, self.predict(records, self.best)
 
 
-def window(p99_ms: float, n: int = 400) -> list[Record]:
-    """A window of n answers, all taking ``p99_ms`` (so that is its P99)."""
-    return [{"model": "m", "status": 200, "latency_ms": p99_ms, "unix_s": 0.0}] * n
+def window(p99_ms: float, n: int = 400, start: float = 0.0) -> list[Record]:
+    """A 10 s window of n answers from ``start``, all taking ``p99_ms`` (its P99)."""
+    return [
+        {"model": "m", "status": 200, "latency_ms": p99_ms, "unix_s": start + 10.0 * i / n}
+        for i in range(n)
+    ]
 
 
 def policy() -> WatchPolicy:
@@ -114,11 +117,27 @@ def test_own_change_contradicted_is_rolled_back_and_not_reapplied() -> None:
 def test_external_bad_change_rolled_back_within_one_window() -> None:
     gw, sim, pol = FakeGateway({"w": 100}), FakeSim({"w": 100}), policy()
     assert pol.step(gw, sim, window(100.0), 1.0).action == "hold"
-    gw.put_params({"w": 100, "bad": True}, gw.version, "someone")  # predicted like before
-    assert pol.step(gw, sim, window(100.0), 2.0).action == "noticed"
-    ev = pol.step(gw, sim, window(300.0), 3.0)  # live got 3x worse under it
+    gw._new({"w": 100, "bad": True}, at=10.0)  # pushed by someone else at the window's start
+    ev = pol.step(gw, sim, window(300.0, start=10.0), 2.0)  # live 3x worse under it
     assert ev.action == "rollback"
     assert gw.history[-1]["params"] == {"w": 100}
+
+
+def test_external_change_late_in_a_window_judged_over_the_next() -> None:
+    gw, sim, pol = FakeGateway({"w": 100}), FakeSim({"w": 100}), policy()
+    assert pol.step(gw, sim, window(100.0), 1.0).action == "hold"
+    gw._new({"w": 100, "bad": True}, at=18.0)  # 2 s before the window ends
+    assert pol.step(gw, sim, window(100.0, start=10.0), 2.0).action == "noticed"
+    assert pol.step(gw, sim, window(300.0, start=20.0), 3.0).action == "rollback"
+    assert gw.history[-1]["params"] == {"w": 100}
+
+
+def test_external_good_change_kept() -> None:
+    gw, sim, pol = FakeGateway({"w": 100}), FakeSim({"w": 100}), policy()
+    assert pol.step(gw, sim, window(100.0), 1.0).action == "hold"
+    gw._new({"w": 100, "other": 1}, at=10.0)
+    assert pol.step(gw, sim, window(90.0, start=10.0), 2.0).action == "keep"
+    assert gw.calls == []
 
 
 def test_calibration_scales_the_guardrail() -> None:
