@@ -4,17 +4,25 @@ no re-applying a rolled-back set."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from evenserve.experiment.tune import current_params
 from evenserve.experiment.watch import (
     Figures,
     Params,
     Record,
+    SimPredictor,
     WatchPolicy,
     live_figures,
     run_watch,
 )
+from evenserve.sim.loader import load_scenario
+from tests.unit.sim.scenarios import toy_scenario, write_scenario
+
+FW = {"policy": "fixed-window", "max_batch_size": 8, "max_batch_delay_ms": 5}
 
 
 class FakeGateway:
@@ -167,3 +175,39 @@ def test_run_watch_windows_with_a_fake_clock() -> None:
     )
     assert [e.action for e in events] == ["skip"] * 3  # the fake log is empty
     assert t[0] == 30.0
+
+
+# -- the simulator behind the protocol ---------------------------------------------------------
+def test_sim_predictor_replays_a_recorded_window(tmp_path: Path) -> None:
+    sc = toy_scenario(
+        tmp_path,
+        duration_s=3,
+        warmup_s=0.5,
+        arms={"qa": {"routing": "queue-aware", "batching": FW}},
+    )
+    loaded = load_scenario(write_scenario(tmp_path, sc))
+    rng = random.Random(5)
+    t, records = 1_700_000_000.0, []
+    while len(records) < 600:
+        t += rng.expovariate(300.0)
+        m = "fast" if rng.random() < 0.9 else "slow"
+        records.append({"model": m, "unix_s": t, "t_s": 99.0, "status": 200, "latency_ms": 5.0})
+    pred = SimPredictor(loaded, "qa", budget=3, seed=1)
+    cur = current_params(loaded.scenario, "qa")
+    assert cur is not None
+    f = pred.predict(records, cur)
+    assert f.answered == 600 and f.p99_ms is not None and f.p99_ms > 0
+    assert pred.predict(records, cur) is f  # one simulation per window and set
+    long_windows = {
+        **cur,
+        "batching_per_model": {
+            m: {"policy": "fixed-window", "max_batch_size": 8, "max_batch_delay_ms": 40.0}
+            for m in ("fast", "slow")
+        },
+    }
+    slow = pred.predict(records, long_windows)
+    assert slow.p99_ms is not None and slow.p99_ms > f.p99_ms  # 40 ms windows cost latency
+    best, best_fig = pred.tune(records, cur)
+    assert set(best) >= {"routing", "batching_per_model", "class_headroom"}
+    assert best_fig.p99_ms is not None and best_fig.p99_ms <= f.p99_ms
+    assert pred.evaluations == 2 + 3
