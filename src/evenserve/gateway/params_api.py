@@ -22,11 +22,12 @@ backend's own ``/admin/params`` (same token, all at once, each with a time limit
 with nothing to change is skipped. If any backend fails (an error status, no answer in
 time), the ones already changed are rolled back to their previous version (best effort:
 each result says whether its revert worked), the gateway's version stays as it was and the
-answer is 502 naming the failed backends. Only when every backend took it is routing installed (the very
-next decision uses it) and the version committed, with each backend's new version, so a
-rollback to K rolls each backend back to its own version at K (a backend restarted since,
-which no longer has it, is sent K's params instead). Changes are serialized (one lock), and
-``PUT /admin/routing`` is one more version (routing only) through the same path.
+answer is 502 naming the failed backends. Only when every backend took it is routing
+installed (the very next decision uses it) and the version committed, with each backend's
+new version, so a rollback to K rolls each backend back to its own version at K (a backend
+restarted since, which no longer has it, is sent K's params instead). Changes are
+serialized (one lock), and ``PUT /admin/routing`` is one more version (routing only)
+through the same path.
 """
 
 from __future__ import annotations
