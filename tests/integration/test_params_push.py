@@ -185,6 +185,48 @@ async def test_a_put_changes_routing_on_the_gateway_and_batching_on_the_workers(
         assert [h["version"] for h in got["history"]] == [1, 2, 3, 4, 5]
 
 
+async def test_learn_profiles_fans_out_to_every_worker_and_rolls_back(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        for svc in c.services.values():
+            assert svc.driver.sched.learn_profiles is False
+        r = await c.client.put(
+            "/admin/params", json={"params": {"learn_profiles": True}}, headers=AUTH
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["params"]["learn_profiles"] is True
+        assert {n: b["ok"] for n, b in r.json()["backends"].items()} == {"w1": True, "w2": True}
+        for svc in c.services.values():
+            assert svc.driver.sched.learn_profiles is True
+            assert svc.driver.sched.learned()[0] == {"em": 1.0}
+        async with httpx.AsyncClient(timeout=60) as direct:
+            w = (await direct.get(c.workers["w1"] + "/admin/params", headers=AUTH)).json()
+        assert w["params"]["learn_profiles"] is True and w["live"]["learn_profiles"] is True
+        answers = await asyncio.gather(
+            *(c.client.post("/v2/models/em/infer", json=BODY) for _ in range(6))
+        )
+        assert all(a.status_code == 200 for a in answers)
+        # Null: as the workers were started (off here).
+        r = await c.client.put(
+            "/admin/params", json={"params": {"learn_profiles": None}}, headers=AUTH
+        )
+        assert r.status_code == 200, r.text
+        for svc in c.services.values():
+            assert svc.driver.sched.learn_profiles is False
+            assert svc.driver.sched.learned() == ({}, {})
+        async with httpx.AsyncClient(timeout=60) as direct:
+            w = (await direct.get(c.workers["w2"] + "/admin/params", headers=AUTH)).json()
+        assert w["params"]["learn_profiles"] is None and w["live"]["learn_profiles"] is False
+        # Rollback to 2: on again on every worker.
+        r = await c.client.post("/admin/params/rollback", json={"to_version": 2}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        for svc in c.services.values():
+            assert svc.driver.sched.learn_profiles is True
+        r = await c.client.put(
+            "/admin/params", json={"params": {"learn_profiles": "on"}}, headers=AUTH
+        )
+        assert r.status_code == 400 and "params.learn_profiles" in r.json()["error"]
+
+
 async def test_a_failed_backend_is_a_502_and_the_others_are_reverted(tmp_path: Path) -> None:
     fake = FakeBackend("f", ["em"])  # answers 404 on /admin/params: it has no admin API
     async with cluster(tmp_path, fake=fake) as c:

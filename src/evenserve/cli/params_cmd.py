@@ -18,8 +18,8 @@ TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
 
 params_app = typer.Typer(
     no_args_is_help=True,
-    help="Versioned parameters (routing, batching per model, class headroom) of a running "
-    "gateway or worker: show, push, roll back.",
+    help="Versioned parameters (routing, batching per model, class headroom, learn_profiles) "
+    "of a running gateway or worker: show, push, roll back.",
 )
 
 TokenFile = Annotated[
@@ -56,7 +56,10 @@ def read_params_file(source: str) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         fail(f"FILE: {source}: not valid JSON or YAML: {exc}")
     if not isinstance(raw, dict):
-        fail(f"FILE: {source}: expected an object with routing, batching_per_model, class_headroom")
+        fail(
+            f"FILE: {source}: expected an object with routing, batching_per_model, "
+            "class_headroom, learn_profiles"
+        )
     return raw
 
 

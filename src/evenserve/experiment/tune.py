@@ -1,4 +1,5 @@
-"""``evenserve tune``: search an arm's routing, batching and class headroom in the simulator.
+"""``evenserve tune``: search an arm's routing, batching, class headroom and profiles that learn
+in the simulator.
 
 Theory of operation. A scenario (or a recorded trace replayed on a scenario's placement,
 ``replay_trace``) is simulated once with the arm as it is ("current"), then ``budget - 1``
@@ -15,7 +16,8 @@ Params (the shape the live parameter API takes)::
                  "memory_weight", "overload_utilization", "overload_free_gb"},
      "batching_per_model": {MODEL: {"policy": "fixed-window", "max_batch_size",
                                     "max_batch_delay_ms"}},
-     "class_headroom": null | float}
+     "class_headroom": null | float,
+     "learn_profiles": bool}
 
 Search space: the three queue-aware weights as shares of a sum of 1 (two dimensions: the
 queue's share in [0, 1], and how the rest splits between utilization and memory; a score
@@ -23,7 +25,8 @@ only ranks hosts, so only the weights' ratios matter); ``overload_utilization`` 
 [0.5, 1]; ``overload_free_gb`` in [0, the largest device's memory]; per model a cap in
 {1, 2, 4, 8, 16, 32} and a window in [0.1, min(50, SLO / 4)] ms, log-scaled;
 ``class_headroom`` (off, or in [0.3, 1]) only when the workload has more than one priority
-class. The routing policy stays queue-aware (the params shape is queue-aware's).
+class; ``learn_profiles`` in {false, true} (profiles that learn, ``core.profile_learning``).
+The routing policy stays queue-aware (the params shape is queue-aware's).
 
 Objective ("goodput within SLO first, then P99"): minimise the P99 latency over all
 requests subject to ``goodput >= current goodput x (1 - GOODPUT_TOLERANCE)`` (0.5 %: the
@@ -35,7 +38,8 @@ trial is feasible and better, the current parameters are returned.
 
 Regret: an exhaustive sweep over a small grid (``sweep_grid``: 3 x 3 x 3 over the
 utilization weight, the memory weight and one window for every model, the other
-parameters at the current arm's values) scored the same way;
+parameters at the current arm's values: the grid does not vary ``learn_profiles``, it keeps
+the arm's) scored the same way;
 ``regret = (tuned P99 - sweep best P99) / sweep best P99`` (negative: the search found
 better than any grid point), None when no grid point is feasible.
 """
@@ -53,6 +57,8 @@ from typing import TYPE_CHECKING, Any
 from evenserve.core.errors import ConfigError
 from evenserve.core.scenario import ArmSpec, ClosedLoop, OpenLoop, Scenario, TraceWorkload
 from evenserve.policy.batching import BATCHING
+from evenserve.policy.params import Params as LiveParams
+from evenserve.policy.params import apply_to_arm, parse_update
 from evenserve.policy.routing import ROUTING
 from evenserve.report.summary import run_summary, summarize
 from evenserve.sim.cluster import simulate
@@ -88,30 +94,21 @@ Progress = Callable[[str, int, int], None]
 
 # -- params -----------------------------------------------------------------------------------
 def apply(loaded: LoadedScenario, arm: str, params: Mapping[str, Any]) -> LoadedScenario:
-    """The loaded scenario with ``params`` copied onto arm ``arm`` (routing, batching per
-    model, class headroom); the policies are checked (ConfigError naming the field)."""
+    """The loaded scenario with ``params`` copied onto arm ``arm``: validated as a partial
+    parameter set (``policy.params.parse_update``: ConfigError naming the field, a model not
+    in the scenario too) and put on the arm by ``policy.params.apply_to_arm``, as a push
+    puts it live; keys absent keep the arm's values."""
     sc = loaded.scenario
     if arm not in sc.arms:
         raise ConfigError(f"--arm: unknown arm {arm!r} (arms: {', '.join(sc.arms)})")
-    unknown = set(params) - {"routing", "batching_per_model", "class_headroom"}
-    if unknown:
-        raise ConfigError(f"params: unknown keys {sorted(unknown)}")
+    update = parse_update(params, "params")
+    for m in update.get("batching_per_model", {}):
+        if m not in sc.models:
+            raise ConfigError(f"params.batching_per_model.{m}: unknown model")
     spec = sc.arms[arm]
-    update: dict[str, Any] = {}
-    if "routing" in params:
-        ROUTING.parse(params["routing"], "params.routing")
-        update["routing"] = dict(params["routing"])
-    if "batching_per_model" in params:
-        per_model = dict(params["batching_per_model"])
-        for m, b in per_model.items():
-            if m not in sc.models:
-                raise ConfigError(f"params.batching_per_model.{m}: unknown model")
-            BATCHING.parse(b, f"params.batching_per_model.{m}")
-        update["batching_per_model"] = {m: dict(b) for m, b in per_model.items()}
-    if "class_headroom" in params:
-        update["class_headroom"] = params["class_headroom"]
+    base = LiveParams(class_headroom=spec.class_headroom, learn_profiles=spec.learn_profiles)
     try:
-        new_arm = ArmSpec.model_validate({**spec.model_dump(), **update})
+        new_arm = ArmSpec.model_validate(apply_to_arm(spec, base.merged(update)).model_dump())
     except ValueError as exc:
         raise ConfigError(f"params: {exc}") from None
     new_sc = sc.model_copy(update={"arms": {**sc.arms, arm: new_arm}})
@@ -140,6 +137,7 @@ def current_params(sc: Scenario, arm: str) -> Params | None:
         "routing": {"policy": "queue-aware", **{k: rp[k] for k in ROUTING_KEYS}},
         "batching_per_model": per_model,
         "class_headroom": spec.class_headroom,
+        "learn_profiles": spec.learn_profiles,
     }
 
 
@@ -243,7 +241,13 @@ def _suggest(trial: optuna.Trial, sc: Scenario, classes: bool) -> Params:
     headroom: float | None = None
     if classes and trial.suggest_categorical("class_headroom.on", (False, True)):
         headroom = trial.suggest_float("class_headroom", 0.3, 1.0)
-    return {"routing": routing, "batching_per_model": per_model, "class_headroom": headroom}
+    learn = bool(trial.suggest_categorical("learn_profiles", (False, True)))
+    return {
+        "routing": routing,
+        "batching_per_model": per_model,
+        "class_headroom": headroom,
+        "learn_profiles": learn,
+    }
 
 
 def window_limit_ms(slo_ms: float) -> float:
@@ -275,11 +279,13 @@ def _as_trial(params: Params, sc: Scenario, classes: bool) -> dict[str, Any]:
         out["class_headroom.on"] = h is not None
         if h is not None:
             out["class_headroom"] = max(0.3, h)
+    out["learn_profiles"] = bool(params.get("learn_profiles"))
     return out
 
 
 def sweep_grid(sc: Scenario, base: Params) -> list[Params]:
-    """The grid's params (``GRID``), every other parameter as in ``base``."""
+    """The grid's params (``GRID``), every other parameter as in ``base`` (``learn_profiles``
+    included: the grid does not vary it)."""
     out = []
     for uw, mw, window in itertools.product(*GRID.values()):
         p = _copy_params(base)
@@ -293,15 +299,17 @@ def sweep_grid(sc: Scenario, base: Params) -> list[Params]:
     return out
 
 
-def default_params(sc: Scenario) -> Params:
+def default_params(sc: Scenario, learn_profiles: bool = False) -> Params:
     """queue-aware at its defaults (the articles') and fixed-window at its defaults for every
-    model: the sweep's base when the arm is not expressible as params."""
+    model (and ``learn_profiles``, the arm's): the sweep's base when the arm is not
+    expressible as params."""
     rp = ROUTING.parse("queue-aware", "routing")[1].model_dump()
     bp = BATCHING.parse("fixed-window", "batching")[1].model_dump()
     return {
         "routing": {"policy": "queue-aware", **{k: rp[k] for k in ROUTING_KEYS}},
         "batching_per_model": {m: {"policy": "fixed-window", **bp} for m in sc.models},
         "class_headroom": None,
+        "learn_profiles": learn_profiles,
     }
 
 
@@ -310,6 +318,7 @@ def _copy_params(p: Params) -> Params:
         "routing": dict(p["routing"]),
         "batching_per_model": {m: dict(b) for m, b in p["batching_per_model"].items()},
         "class_headroom": p["class_headroom"],
+        "learn_profiles": p.get("learn_profiles", False),
     }
 
 
@@ -366,6 +375,7 @@ class TuneResult:
             if sb is None
             else {
                 "grid": {k: list(v) for k, v in GRID.items()},
+                "not_varied": "learn_profiles: the grid keeps the current arm's value",
                 "evaluations": len(self.sweep),
                 "best_params": sb.params,
                 "best": _score_json(sb.score),
@@ -457,7 +467,7 @@ def tune(
 
     result = TuneResult(sc.name, arm, s, budget, current, best, runs)
     if sweep:
-        grid = sweep_grid(sc, cur_params or default_params(sc))
+        grid = sweep_grid(sc, cur_params or default_params(sc, sc.arms[arm].learn_profiles))
         for i, p in enumerate(grid):
             summ = evaluate(loaded, arm, s, p)
             result.sweep.append(Evaluation(p, summ, score(summ, floor)))

@@ -1,12 +1,14 @@
-"""The gateway's versioned parameters: routing here, batching and class headroom on the workers.
+"""The gateway's versioned parameters: routing here; batching, class headroom and profiles that
+learn on the workers.
 
 Behind the admin bearer token (401 otherwise). Bodies are ``policy.params``'s:
 
-- ``GET  /admin/params``: ``{version, params: {routing, batching_per_model, class_headroom},
-  history: [{version, params, applied_unix_s, note, source}], backends: {name: version}}``
-  (version 1: the startup config; its ``batching_per_model`` is empty and its
-  ``class_headroom`` null: the workers run their own configs until a change names them; the
-  last 100 versions kept; ``backends``: each backend's params version at this one).
+- ``GET  /admin/params``: ``{version, params: {routing, batching_per_model, class_headroom,
+  learn_profiles}, history: [{version, params, applied_unix_s, note, source}], backends:
+  {name: version}}`` (version 1: the startup config; its ``batching_per_model`` is empty and
+  its ``class_headroom`` and ``learn_profiles`` null: the workers run their own configs until
+  a change names them; the last 100 versions kept; ``backends``: each backend's params
+  version at this one).
 - ``PUT  /admin/params`` ``{"expected_version": N?, "params": {...partial}, "note": "..."}``:
   keys absent keep their value (``batching_per_model`` merges per model); 409 (with
   ``version``) when ``expected_version`` is not the current one; 400 naming the field;
@@ -15,16 +17,17 @@ Behind the admin bearer token (401 otherwise). Bodies are ``policy.params``'s:
   version K's params applied as a new version (404: K unknown).
 
 Theory of operation. A change is validated whole first. Its batching (only the models each
-backend hosts: its index, any state) and class headroom go to every backend's own
-``/admin/params`` (same token, all at once, each with a time limit); a backend with nothing
-to change is skipped. If any backend fails (an error status, no answer in time), the ones
-already changed are rolled back to their previous version (best effort: each result says
-whether its revert worked), the gateway's version stays as it was and the answer is 502
-naming the failed backends. Only when every backend took it is routing installed (the very
-next decision uses it) and the version committed, with each backend's new version, so a
-rollback to K rolls each backend back to its own version at K (a backend restarted since,
-which no longer has it, is sent K's params instead). Changes are serialized (one lock), and
-``PUT /admin/routing`` is one more version (routing only) through the same path.
+backend hosts: its index, any state), class headroom and ``learn_profiles`` go to every
+backend's own ``/admin/params`` (same token, all at once, each with a time limit); a backend
+with nothing to change is skipped. If any backend fails (an error status, no answer in
+time), the ones already changed are rolled back to their previous version (best effort:
+each result says whether its revert worked), the gateway's version stays as it was and the
+answer is 502 naming the failed backends. Only when every backend took it is routing
+installed (the very next decision uses it) and the version committed, with each backend's
+new version, so a rollback to K rolls each backend back to its own version at K (a backend
+restarted since, which no longer has it, is sent K's params instead). Changes are
+serialized (one lock), and ``PUT /admin/routing`` is one more version (routing only)
+through the same path.
 """
 
 from __future__ import annotations
@@ -157,8 +160,9 @@ class GatewayParams:
         per = {m: s for m, s in update.get("batching_per_model", {}).items() if m in hosted}
         if per:
             out["batching_per_model"] = per
-        if "class_headroom" in update:
-            out["class_headroom"] = update["class_headroom"]
+        for key in ("class_headroom", "learn_profiles"):
+            if key in update:
+                out[key] = update[key]
         return out
 
     def _client(self) -> httpx.AsyncClient:
@@ -342,6 +346,7 @@ class GatewayParams:
                 "routing": target.params.routing,
                 "batching_per_model": dict(target.params.batching_per_model),
                 "class_headroom": target.params.class_headroom,
+                "learn_profiles": target.params.learn_profiles,
             }
             return await self._apply(update, note, "rollback", rollback_of=to)
 

@@ -4,7 +4,11 @@ A parameter set ("params") is one JSON object::
 
     {"routing": {"policy": "queue-aware", ...} | null,      # a routing spec (gateway only)
      "batching_per_model": {"MODEL": {"policy": ..., ...}},  # one batching spec per model
-     "class_headroom": null | 0 < x <= 1}                    # QueueOptions.class_headroom
+     "class_headroom": null | 0 < x <= 1,                    # QueueOptions.class_headroom
+     "learn_profiles": null | true | false}                  # profiles that learn
+
+``learn_profiles`` null means "as the workers were started" (``--learn-profiles``); true or
+false turns learning on or off live on every worker (``DeviceScheduler.set_learn_profiles``).
 
 Specs are validated with the registries (``ROUTING.parse``, ``BATCHING.parse``), so an error
 names the field (``params.batching_per_model.resnet50.max_batch_size: ...``). A routing spec
@@ -39,7 +43,7 @@ from evenserve.policy.registry import split_spec
 from evenserve.policy.routing import ROUTING
 
 #: The keys of a parameter set.
-PARAM_KEYS = ("routing", "batching_per_model", "class_headroom")
+PARAM_KEYS = ("routing", "batching_per_model", "class_headroom", "learn_profiles")
 #: Versions kept in a store's history by default.
 HISTORY_LIMIT = 100
 
@@ -72,11 +76,14 @@ class Params(BaseModel):
     routing: Any = None
     batching_per_model: dict[str, Any] = Field(default_factory=dict)
     class_headroom: float | None = None
+    #: Profiles that learn, on or off (None: as the workers were started).
+    learn_profiles: bool | None = None
 
     def to_json(self, include_routing: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
             "batching_per_model": {m: dict(s) for m, s in sorted(self.batching_per_model.items())},
             "class_headroom": self.class_headroom,
+            "learn_profiles": self.learn_profiles,
         }
         return {"routing": self.routing, **out} if include_routing else out
 
@@ -86,6 +93,7 @@ class Params(BaseModel):
             "routing": self.routing,
             "batching_per_model": dict(self.batching_per_model),
             "class_headroom": self.class_headroom,
+            "learn_profiles": self.learn_profiles,
         }
         if "routing" in update:
             values["routing"] = update["routing"]
@@ -93,6 +101,8 @@ class Params(BaseModel):
             values["batching_per_model"].update(update["batching_per_model"])
         if "class_headroom" in update:
             values["class_headroom"] = update["class_headroom"]
+        if "learn_profiles" in update:
+            values["learn_profiles"] = update["learn_profiles"]
         return Params(**values)
 
 
@@ -115,6 +125,12 @@ def checked_headroom(value: Any, where: str = "class_headroom") -> float | None:
     except ValidationError as exc:
         msg = format_validation_error(exc)
         raise ParamsError(f"{where}{msg.removeprefix('class_headroom')}") from None
+
+
+def checked_learn_profiles(value: Any, where: str = "learn_profiles") -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ParamsError(f"{where}: expected true, false or null (got {value!r})")
+    return value
 
 
 def parse_update(raw: Any, where: str = "params") -> dict[str, Any]:
@@ -141,6 +157,10 @@ def parse_update(raw: Any, where: str = "params") -> dict[str, Any]:
         }
     if "class_headroom" in raw:
         out["class_headroom"] = checked_headroom(raw["class_headroom"], f"{where}.class_headroom")
+    if "learn_profiles" in raw:
+        out["learn_profiles"] = checked_learn_profiles(
+            raw["learn_profiles"], f"{where}.learn_profiles"
+        )
     return out
 
 
@@ -242,11 +262,14 @@ def parse_note(raw: Any, where: str = "note") -> str:
 
 def apply_to_arm(arm: ArmSpec, params: Params) -> ArmSpec:
     """``arm`` with ``params`` applied: its routing (unless ``params.routing`` is None), each
-    model's batching (merged into the arm's ``batching_per_model``) and class headroom."""
+    model's batching (merged into the arm's ``batching_per_model``), class headroom and
+    (unless ``params.learn_profiles`` is None) profiles that learn."""
     update: dict[str, Any] = {
         "batching_per_model": {**arm.batching_per_model, **params.batching_per_model},
         "class_headroom": params.class_headroom,
     }
     if params.routing is not None:
         update["routing"] = params.routing
+    if params.learn_profiles is not None:
+        update["learn_profiles"] = params.learn_profiles
     return arm.model_copy(update=update)

@@ -25,7 +25,7 @@ class Hosted(Generic[R]):
     """One hosted model as this device serves it: its queue (maybe shared), this device's
     profile and the view its policy reads."""
 
-    __slots__ = ("costs", "lead_s", "learner", "mq", "policy", "profile", "view")
+    __slots__ = ("base", "costs", "lead_s", "learner", "mq", "policy", "profile", "view")
 
     def __init__(
         self, mq: ModelQueue[R], profile: LatencyProfile | None, learn: bool = False
@@ -33,6 +33,9 @@ class Hosted(Generic[R]):
         self.mq = mq
         self.policy: BatchingPolicy = mq.policy
         self.profile = profile
+        #: The profile this device was given for the model (unlearned): learning starts
+        #: from it, and turning learning off goes back to it.
+        self.base = profile
         #: A request with a deadline is hopeless here once a batch of one can't make it.
         self.lead_s = profile.latency_s(1) if profile is not None else 0.0
         #: (seconds alone, working memory, occupancy) of a batch, by its items.
@@ -43,6 +46,16 @@ class Hosted(Generic[R]):
         #: With learning on (and a profile to start from): this model's learned batch times
         #: here (``core.profile_learning``), which ``use_profile`` makes the profile.
         self.learner = ProfileLearner(profile) if learn and profile is not None else None
+
+    def set_learning(self, on: bool, own_queue: bool) -> None:
+        """Learning on: a fresh learner from the base profile; off: back to the base profile,
+        the learner dropped. Either way the estimates start from the base profile again."""
+        base = self.base
+        if base is None:
+            return
+        self.learner = ProfileLearner(base) if on else None
+        if self.profile is not base:
+            self.use_profile(base, own_queue)
 
     def true_s(self, items: int, solo_s: float) -> float:
         """Seconds a batch really takes alone on a device that runs as its (unlearned)

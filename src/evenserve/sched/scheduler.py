@@ -270,6 +270,16 @@ class DeviceScheduler(Generic[R]):
         self._derive()
         self._plan(now)
 
+    def set_learn_profiles(self, on: bool, now: float) -> None:
+        """Profiles that learn, on or off, from the next decision on. On: each hosted model
+        with a profile gets a fresh learner from its base (unlearned) profile; off: each
+        model's profile goes back to its base profile and its learner is dropped. Queued
+        requests stay queued and running batches run on."""
+        self.learn_profiles = on
+        for h in self._hosted:
+            h.set_learning(on, self._owns_queues)
+        self._plan(now)
+
     # -- events ---------------------------------------------------------------------------
     def offer(self, r: R, now: float) -> str | None:
         """Queue ``r`` (None) or refuse it: the reason (``queue-full``,

@@ -1,11 +1,14 @@
-"""The worker's admin API: its versioned parameters (batching per model, class headroom).
+"""The worker's admin API: its versioned parameters (batching per model, class headroom,
+profiles that learn).
 
 Behind a bearer token (``--admin-token-file`` or ``$EVENSERVE_ADMIN_TOKEN``); without one
 every ``/admin/*`` path answers 404 saying the admin API is off; a missing or wrong token is
 401. The bodies and semantics are the gateway's (``policy.params``), without ``routing``:
 
 - ``GET  /admin/params``: ``{version, params, history: [{version, params, applied_unix_s,
-  note, source}]}`` (version 1: the startup config; the last 100 kept).
+  note, source}], live}`` (version 1: the startup config; the last 100 kept; ``live``: what
+  runs now, ``learn_profiles`` as a boolean: a version's null means as the worker was
+  started).
 - ``PUT  /admin/params`` ``{"expected_version": N?, "params": {...partial}, "note": "..."}``:
   keys absent keep their value (``batching_per_model`` merges per model; ``routing`` is
   ignored); 409 when ``expected_version`` is not the current one; 400 naming the field (a
@@ -82,6 +85,7 @@ class WorkerAdmin:
         return Params(
             batching_per_model=svc.batching_params(),
             class_headroom=svc.options.queue.class_headroom,
+            learn_profiles=svc.options.learn_profiles,
         )
 
     def guard(self, endpoint: Endpoint) -> Endpoint:
@@ -124,6 +128,8 @@ class WorkerAdmin:
             update.get("batching_per_model"),
             update.get("class_headroom"),
             set_headroom="class_headroom" in update,
+            learn_profiles=update.get("learn_profiles"),
+            set_learning="learn_profiles" in update,
         )
         previous = self.store.current.params
         merged = previous.merged({k: v for k, v in update.items() if k != "routing"})
@@ -131,6 +137,7 @@ class WorkerAdmin:
             merged = Params(
                 batching_per_model=update["batching_per_model"],
                 class_headroom=update["class_headroom"],
+                learn_profiles=update["learn_profiles"],
             )
         return self.store.commit(merged, self.wall_clock(), note, source)
 

@@ -314,6 +314,9 @@ class WorkerService:
         if options.model_control != "none" and options.repository is None:
             raise ConfigError(f"model control {options.model_control!r} needs the repository")
         self.options = options
+        #: ``--learn-profiles`` as started (a params set's ``learn_profiles`` null goes back
+        #: to it); ``options.learn_profiles`` is what runs now.
+        self.startup_learn_profiles = options.learn_profiles
         self.device = options.device
         self.clock: Clock = clock or RealClock()
         self.ready = False
@@ -449,10 +452,14 @@ class WorkerService:
         class_headroom: float | None = None,
         *,
         set_headroom: bool = False,
+        learn_profiles: bool | None = None,
+        set_learning: bool = False,
         where: str = "params",
     ) -> None:
-        """Batch each model named with its new spec and (``set_headroom``) use the class
-        headroom given, from the scheduler's next decision on: queued requests stay queued
+        """Batch each model named with its new spec, (``set_headroom``) use the class
+        headroom given and (``set_learning``) turn profiles that learn on or off
+        (``learn_profiles`` None: as the worker was started), from the scheduler's next
+        decision on: queued requests stay queued
         and are each answered once; running batches run on. Every spec is checked before
         anything changes (ConfigError naming the field: a model not served here, a policy's
         batch size over the model's ``max_batch_size``). Call it on the worker's loop."""
@@ -484,6 +491,11 @@ class WorkerService:
             )
             if driver is not None:
                 driver.sched.set_class_headroom(class_headroom, now)
+        if set_learning:
+            on = self.startup_learn_profiles if learn_profiles is None else learn_profiles
+            self.options.learn_profiles = on
+            if driver is not None:
+                driver.sched.set_learn_profiles(on, now)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def load(self) -> None:

@@ -50,7 +50,7 @@ def params_of(loaded: LoadedScenario) -> dict[str, Any]:
 
 def test_current_params_shape(tmp_path: Path) -> None:
     p = params_of(tiny(tmp_path))
-    assert set(p) == {"routing", "batching_per_model", "class_headroom"}
+    assert set(p) == {"routing", "batching_per_model", "class_headroom", "learn_profiles"}
     assert p["routing"] == {
         "policy": "queue-aware",
         "queue_weight": 0.5,
@@ -61,6 +61,7 @@ def test_current_params_shape(tmp_path: Path) -> None:
     }
     assert p["batching_per_model"]["fast"] == FW
     assert p["class_headroom"] is None
+    assert p["learn_profiles"] is False
 
 
 def test_current_params_none_when_not_queue_aware(tmp_path: Path) -> None:
@@ -78,6 +79,15 @@ def test_apply_copies_the_three_fields(tmp_path: Path) -> None:
     assert arm.batching_per_model["slow"]["max_batch_size"] == 4
     assert arm.class_headroom == 0.7
     assert loaded.scenario.arms["qa"].class_headroom is None  # the original is untouched
+    assert arm.learn_profiles is False
+    on = apply(loaded, "qa", {"learn_profiles": True}).scenario.arms["qa"]
+    assert on.learn_profiles is True
+    assert on.batching_per_model == loaded.scenario.arms["qa"].batching_per_model
+
+
+def test_apply_names_learn_profiles_when_it_is_not_a_bool(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"params.learn_profiles"):
+        apply(tiny(tmp_path), "qa", {"learn_profiles": "yes"})
 
 
 def test_apply_names_the_bad_field(tmp_path: Path) -> None:
@@ -137,7 +147,7 @@ def test_tiny_search_json_shape_and_best_not_worse(tmp_path: Path) -> None:
     for k in ("current", "best"):
         assert set(j[k]) == {"scenario", "seed", "arms"}
         assert "latency_ms" in j[k]["arms"]["qa"]
-    assert set(j["params"]) == {"routing", "batching_per_model", "class_headroom"}
+    assert set(j["params"]) == {"routing", "batching_per_model", "class_headroom", "learn_profiles"}
     assert j["params"]["routing"]["policy"] == "queue-aware"
     assert r.best.score.key <= r.current.score.key
     assert j["sweep"]["evaluations"] == len(r.sweep)

@@ -49,6 +49,8 @@ def test_update_keeps_only_the_keys_given_and_normalizes_routing() -> None:
         ({"routing": {"policy": "queue-aware", "queue_weight": -1}}, "params.routing.queue_weight"),
         ({"class_headroom": 2}, "params.class_headroom:"),
         ({"class_headroom": "x"}, "params.class_headroom:"),
+        ({"learn_profiles": 1}, "params.learn_profiles: expected true, false or null"),
+        ({"learn_profiles": "yes"}, "params.learn_profiles:"),
         ({"batching": {}}, "params.batching: unknown parameter"),
         ({"batching_per_model": [1]}, "params.batching_per_model: expected an object"),
         ([1], "params: expected a JSON object"),
@@ -126,3 +128,20 @@ def test_apply_to_arm_sets_routing_batching_and_headroom() -> None:
     assert out.class_headroom == 0.7 and out.batching == arm.batching
     # A worker's set (no routing) leaves the arm's routing as it is.
     assert apply_to_arm(arm, Params()).routing == "round-robin"
+
+
+def test_learn_profiles_is_validated_merged_serialized_and_put_on_an_arm() -> None:
+    assert parse_update({"learn_profiles": True}) == {"learn_profiles": True}
+    assert parse_update({"learn_profiles": None}) == {"learn_profiles": None}
+    base = Params(class_headroom=0.5)
+    assert base.learn_profiles is None and base.to_json()["learn_profiles"] is None
+    on = base.merged(parse_update({"learn_profiles": True}))
+    assert on.learn_profiles is True and on.class_headroom == 0.5
+    assert on.to_json(include_routing=False)["learn_profiles"] is True
+    assert on.merged(parse_update({"class_headroom": None})).learn_profiles is True
+    assert on.merged(parse_update({"learn_profiles": None})).learn_profiles is None
+    arm = ArmSpec(routing="round-robin", batching="none", learn_profiles=True)
+    assert apply_to_arm(arm, Params()).learn_profiles is True  # None: the arm's own
+    assert apply_to_arm(arm, Params(learn_profiles=False)).learn_profiles is False
+    off = arm.model_copy(update={"learn_profiles": False})
+    assert apply_to_arm(off, Params(learn_profiles=True)).learn_profiles is True

@@ -69,3 +69,49 @@ def test_a_batchs_real_time_stays_the_profiles_times_the_slowdown() -> None:
     s.offer(req(999, "a", 100.0), 100.0)
     ((end, _),) = act.ends
     assert end == pytest.approx(100.0 + 2 * PROF_A.latency_s(1))
+
+
+def test_learning_turned_off_live_goes_back_to_the_base_profile() -> None:
+    s, _ = _run(True, 2.0)
+    assert s.estimate_batch_s("a", 1) > 1.9 * PROF_A.latency_s(1)
+    s.set_learn_profiles(False, 10.0)
+    assert s.learn_profiles is False
+    assert s.estimate_batch_s("a", 1) == PROF_A.latency_s(1)
+    assert s.learned() == ({}, {})
+    snap = s.snapshot(10.0)
+    assert snap.profile_scale == {} and snap.observed_ms == {}
+
+
+def test_learning_turned_on_live_starts_a_fresh_learner_from_the_base() -> None:
+    s, act = _run(False, 2.0)
+    assert s.learned() == ({}, {})
+    s.set_learn_profiles(True, 10.0)
+    scale, _ = s.learned()
+    assert scale == {"a": 1.0}  # fresh: nothing learned yet
+    t = 10.0
+    for i in range(80):
+        assert s.offer(req(1000 + i, "a", t), t) is None
+        (b,) = act.started[-1:]
+        took = PROF_A.latency_s(1) * 2.0
+        t += took
+        s.finished(b, t, took)
+    assert s.estimate_batch_s("a", 1) == pytest.approx(2 * PROF_A.latency_s(1), rel=0.03)
+    # Off and on again: the learner starts afresh, from the base profile.
+    s.set_learn_profiles(False, t)
+    s.set_learn_profiles(True, t)
+    assert s.learned()[0] == {"a": 1.0}
+    assert s.estimate_batch_s("a", 1) == PROF_A.latency_s(1)
+
+
+def test_the_router_goes_back_to_the_base_profile_when_learning_stops() -> None:
+    s, _ = _run(True, 2.0)
+    router = Router(ROUTING.build("least-expected-work"))
+    router.add_backend("d", ["a"], profiles={"a": PROF_A})
+    router.observe("d", s.snapshot(10.0))
+    assert router.view("d").profiles["a"] is not PROF_A
+    s.set_learn_profiles(False, 10.0)
+    router.observe("d", s.snapshot(11.0))  # the report no longer carries learned figures
+    assert router.view("d").profiles["a"] is PROF_A
+    s.set_learn_profiles(True, 11.0)
+    router.observe("d", s.snapshot(12.0))  # learning again, from scale 1: the base again
+    assert router.view("d").profiles["a"].latency_ms == PROF_A.latency_ms

@@ -81,3 +81,23 @@ async def test_class_headroom_is_set_live() -> None:
     assert [r.future.result() for r in reqs] == [0, 1, 2, 3]  # type: ignore[union-attr]
     h.driver.sched.set_class_headroom(None, h.clock.now())
     assert h.driver.sched.queues.class_headroom is None
+
+
+async def test_toggling_learning_while_requests_queue_answers_each_once() -> None:
+    h = make_driver({"a": {"policy": "static", "batch_size": 4}}, {"a": FAST})
+    sched = h.driver.sched
+    reqs = [h.driver.submit("a", i) for i in range(3)]
+    h.timer.run_until_idle()
+    assert h.rec.started == []  # static waits for 4
+    sched.set_learn_profiles(True, h.clock.now())
+    assert sched.learned()[0] == {"a": 1.0} and sched.waiting == 3
+    reqs.append(h.driver.submit("a", 3))
+    h.timer.run_until_idle()
+    assert [s[2] for s in h.rec.started] == [4]
+    reqs += [h.driver.submit("a", i) for i in range(4, 7)]
+    sched.set_learn_profiles(False, h.clock.now())
+    assert sched.learned() == ({}, {}) and sched.waiting == 3
+    sched.set_policy("a", BATCHING.build("none"), h.clock.now())
+    h.timer.run_until_idle()
+    assert [r.future.result() for r in reqs] == list(range(7))  # type: ignore[union-attr]
+    assert sum(s[2] for s in h.rec.started) == 7 and h.rec.dropped == []

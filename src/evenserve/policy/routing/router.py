@@ -22,8 +22,9 @@ no profile, so a policy can tell a slow device from a fast one when the gateway 
 profile for it. A backend whose samples carry learned profile figures (profiles that learn:
 ``LoadSample.profile_scale``, ``observed_ms``) has its view's profiles rebuilt from the base
 profiles it was added with (``core.profile_learning.learned_profile``), so profile-reading
-policies see a device that slowed down as slow. ``refusal`` is the front door's overload
-rule (``routing.refusal``).
+policies see a device that slowed down as slow; once its samples stop carrying a model's
+figures (learning turned off there), that model's profile is the base one again.
+``refusal`` is the front door's overload rule (``routing.refusal``).
 """
 
 from __future__ import annotations
@@ -203,17 +204,25 @@ class Router:
         st.last_sample_s = sample.timestamp_s
         st.sent_since_sample = 0
         st.sent_by_model = {}
-        if sample.profile_scale:
+        if sample.profile_scale or st.learned_from:
             self._learn(st, sample)
         self._refresh(st)
 
     def _learn(self, st: _BackendState, sample: LoadSample) -> None:
         """Profiles that learn: the backend reports each model's learned scale and smoothed
         batch times; its view's profile becomes the base profile learned the same way
-        (``core.profile_learning.learned_profile``), rebuilt only when the figures moved."""
+        (``core.profile_learning.learned_profile``), rebuilt only when the figures moved. A
+        model learned before whose figures the report no longer carries (learning turned off
+        there) goes back to its base profile."""
         observed = sample.observed_ms
         changed = False
         profiles = dict(st.view.profiles)
+        for m in [m for m in st.learned_from if m not in sample.profile_scale]:
+            del st.learned_from[m]
+            base = st.base_profiles.get(m)
+            if base is not None and m in st.models:
+                profiles[m] = base
+                changed = True
         for m, scale in sample.profile_scale.items():
             base = st.base_profiles.get(m)
             if base is None or m not in st.models:
