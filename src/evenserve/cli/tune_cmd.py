@@ -31,12 +31,12 @@ from evenserve.sim.loader import load_scenario
 
 HELP = (
     "Search routing (queue-aware weights, overload thresholds), batching per model "
-    "(fixed-window window and cap) and class headroom in the simulator, with optuna's TPE "
-    "sampler (seeded).\n\n"
+    "(fixed-window window and cap), class headroom and learn_profiles in the simulator, "
+    "with optuna's TPE sampler (seeded).\n\n"
     "Objective: minimise P99 latency subject to goodput >= the current arm's goodput x "
     f"(1 - {GOODPUT_TOLERANCE}); the best is never worse than the current arm. Regret is "
-    "(tuned P99 - sweep best P99) / sweep best P99 over a 3 x 3 x 3 grid (utilization "
-    "weight, memory weight, one window for every model).\n\n"
+    "(tuned P99 - sweep best P99) / sweep best P99 over a 3 x 3 x 3 x 2 grid (utilization "
+    "weight, memory weight, one window for every model, learn_profiles off/on).\n\n"
     "SCENARIO_OR_TRACE is a scenario YAML, or a JSONL trace (.jsonl) replayed on "
     "--scenario's placement.\n\n"
     "--push URL applies the best parameters to a running gateway (PUT /admin/params against "
@@ -329,4 +329,6 @@ def print_params(params: dict[str, Any] | None) -> None:
         p.add_row(f"batching_per_model.{m}.max_batch_delay_ms", f"{b['max_batch_delay_ms']:.2f}")
     h = params["class_headroom"]
     p.add_row("class_headroom", "null" if h is None else f"{h:.3f}")
+    lp = params.get("learn_profiles")
+    p.add_row("learn_profiles", "null" if lp is None else str(lp).lower())
     console.print(p)

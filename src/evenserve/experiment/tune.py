@@ -36,10 +36,9 @@ evaluations the same way: every feasible one before every infeasible one, feasib
 P99, infeasible ones by goodput. The best is never worse than the current arm: when no
 trial is feasible and better, the current parameters are returned.
 
-Regret: an exhaustive sweep over a small grid (``sweep_grid``: 3 x 3 x 3 over the
-utilization weight, the memory weight and one window for every model, the other
-parameters at the current arm's values: the grid does not vary ``learn_profiles``, it keeps
-the arm's) scored the same way;
+Regret: an exhaustive sweep over a small grid (``sweep_grid``: 3 x 3 x 3 x 2 over the
+utilization weight, the memory weight, one window for every model and ``learn_profiles``,
+the other parameters at the current arm's values) scored the same way;
 ``regret = (tuned P99 - sweep best P99) / sweep best P99`` (negative: the search found
 better than any grid point), None when no grid point is feasible.
 """
@@ -78,6 +77,7 @@ GRID: dict[str, tuple[float, ...]] = {
     "routing.utilization_weight": (0.0, 0.3, 0.9),
     "routing.memory_weight": (0.0, 0.2, 0.6),
     "batching.max_batch_delay_ms": (1.0, 5.0, 10.0),
+    "learn_profiles": (False, True),
 }
 ROUTING_KEYS = (
     "queue_weight",
@@ -284,11 +284,11 @@ def _as_trial(params: Params, sc: Scenario, classes: bool) -> dict[str, Any]:
 
 
 def sweep_grid(sc: Scenario, base: Params) -> list[Params]:
-    """The grid's params (``GRID``), every other parameter as in ``base`` (``learn_profiles``
-    included: the grid does not vary it)."""
+    """The grid's params (``GRID``), every other parameter as in ``base``."""
     out = []
-    for uw, mw, window in itertools.product(*GRID.values()):
+    for uw, mw, window, learn in itertools.product(*GRID.values()):
         p = _copy_params(base)
+        p["learn_profiles"] = bool(learn)
         p["routing"]["utilization_weight"] = uw
         p["routing"]["memory_weight"] = mw
         for m in p["batching_per_model"]:
@@ -375,7 +375,6 @@ class TuneResult:
             if sb is None
             else {
                 "grid": {k: list(v) for k, v in GRID.items()},
-                "not_varied": "learn_profiles: the grid keeps the current arm's value",
                 "evaluations": len(self.sweep),
                 "best_params": sb.params,
                 "best": _score_json(sb.score),
