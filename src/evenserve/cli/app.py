@@ -6,6 +6,7 @@ command module imports ``cli.main``, and importing one registers nothing by side
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
@@ -49,3 +50,15 @@ def fail(msg: str) -> NoReturn:
     # The message is text, not markup: "pip install 'evenserve[torch]'" keeps its [torch].
     err_console.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def read_token_file(path: Path, option: str) -> str:
+    """An admin token from a file (its text, stripped); a clear error naming ``option`` when
+    it cannot be read or is empty. The token itself is never printed."""
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        fail(f"{option}: cannot read {path}: {exc.strerror}")
+    if not token:
+        fail(f"{option}: {path} is empty")
+    return token

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from evenserve.cli.app import console, err_console, fail
+from evenserve.cli.app import console, err_console, fail, read_token_file
 
 #: The variable the token is read from without ``--token-file``.
 TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
@@ -32,13 +32,7 @@ Url = Annotated[str, typer.Argument(help="The gateway's or worker's base URL.")]
 
 def read_token(path: Path | None) -> str:
     if path is not None:
-        try:
-            token = path.read_text().strip()
-        except OSError as exc:
-            fail(f"--token-file: cannot read {path}: {exc.strerror}")
-        if not token:
-            fail(f"--token-file: {path} is empty")
-        return token
+        return read_token_file(path, "--token-file")
     token = os.environ.get(TOKEN_ENV, "").strip()
     if not token:
         fail(f"no admin token: give --token-file FILE or set {TOKEN_ENV}")

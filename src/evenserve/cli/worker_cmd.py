@@ -12,7 +12,7 @@ import typer
 import yaml
 from pydantic import BaseModel
 
-from evenserve.cli.app import console, err_console, fail
+from evenserve.cli.app import console, err_console, fail, read_token_file
 from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.errors import EvenserveError
 from evenserve.core.options import DeviceOptions, QueueOptions
@@ -55,13 +55,7 @@ def worker_admin_token(path: Path | None) -> str | None:
     """The worker's admin token: the file's first line, else ``$EVENSERVE_ADMIN_TOKEN``,
     else None (the admin API is off). Never printed."""
     if path is not None:
-        try:
-            token = path.read_text().strip()
-        except OSError as exc:
-            fail(f"--admin-token-file: cannot read {path}: {exc.strerror}")
-        if not token:
-            fail(f"--admin-token-file: {path} is empty")
-        return token
+        return read_token_file(path, "--admin-token-file")
     return os.environ.get(ADMIN_TOKEN_ENV) or None
 
 

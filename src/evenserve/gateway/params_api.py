@@ -33,7 +33,6 @@ through the same path.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,11 +40,11 @@ from typing import Any
 
 import httpx
 
-from evenserve.core import wire
 from evenserve.core.errors import ConfigError
 from evenserve.gateway.admin import AdminAPI, Endpoint
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.httpio.server import Request, Response, json_response
+from evenserve.httpio.bearer import admin_error, admin_json, object_body
+from evenserve.httpio.server import Request, Response
 from evenserve.policy.params import (
     Params,
     ParamStore,
@@ -61,21 +60,6 @@ PARAMS_PATH = "/admin/params"
 ROLLBACK_PATH = "/admin/params/rollback"
 #: How long one backend may take to answer a change.
 BACKEND_TIMEOUT_S = 10.0
-
-
-def _json(obj: Any, status: int = 200) -> Response:
-    return json_response(json.dumps(obj).encode(), status)
-
-
-def _error(message: str, status: int, **more: Any) -> Response:
-    return _json({"error": message, **more}, status)
-
-
-def _body(request: Request) -> dict[str, Any]:
-    raw = wire.parse_json(request.body or b"{}", "body")
-    if not isinstance(raw, dict):
-        raise ConfigError("body: expected a JSON object")
-    return raw
 
 
 @dataclass
@@ -269,7 +253,7 @@ class GatewayParams:
         try:
             results = await self._fan_out(plan)
         except ChangeFailed as exc:
-            return _error(
+            return admin_error(
                 f"backend(s) {', '.join(exc.failed)} failed: {exc}; the backends changed were "
                 f"reverted and the gateway stays at version {current.version}",
                 502,
@@ -293,7 +277,7 @@ class GatewayParams:
         for old in [k for k in self.backend_versions if k < self.store.history[0].version]:
             del self.backend_versions[old]
         skipped = {n: {"ok": True, "skipped": "nothing to change"} for n in self.registry.states}
-        return _json(
+        return admin_json(
             {
                 "version": v.version,
                 "previous_version": current.version,
@@ -305,43 +289,43 @@ class GatewayParams:
 
     # -- endpoints ----------------------------------------------------------------------------
     async def get_params(self, request: Request) -> Response:
-        return _json(self.view())
+        return admin_json(self.view())
 
     async def put_params(self, request: Request) -> Response:
         try:
-            body = _body(request)
+            body = object_body(request)
             expected = parse_expected_version(body.get("expected_version"))
             note = parse_note(body.get("note"))
             update = parse_update(body.get("params", {}), "params")
             if "routing" in update and update["routing"] is None:
                 raise ConfigError("params.routing: the gateway needs a routing policy")
         except (ConfigError, ValueError) as exc:
-            return _error(str(exc), 400)
+            return admin_error(str(exc), 400)
         async with self.lock:
             try:
                 self.store.check(expected)
             except VersionConflictError as exc:
-                return _error(str(exc), 409, version=exc.current)
+                return admin_error(str(exc), 409, version=exc.current)
             return await self._apply(update, note, "put")
 
     async def rollback(self, request: Request) -> Response:
         try:
-            body = _body(request)
+            body = object_body(request)
             to = parse_expected_version(body.get("to_version"), "to_version")
             if to is None:
                 raise ConfigError("to_version: required (the version to go back to)")
             expected = parse_expected_version(body.get("expected_version"))
             note = parse_note(body.get("note")) or f"rollback to version {to}"
         except (ConfigError, ValueError) as exc:
-            return _error(str(exc), 400)
+            return admin_error(str(exc), 400)
         async with self.lock:
             try:
                 self.store.check(expected)
                 target = self.store.get(to)
             except VersionConflictError as exc:
-                return _error(str(exc), 409, version=exc.current)
+                return admin_error(str(exc), 409, version=exc.current)
             except UnknownVersionError as exc:
-                return _error(str(exc), 404)
+                return admin_error(str(exc), 404)
             update = {
                 "routing": target.params.routing,
                 "batching_per_model": dict(target.params.batching_per_model),
@@ -355,7 +339,7 @@ class GatewayParams:
         try:
             update = {"routing": normalized_routing(spec, "routing")}
         except ConfigError as exc:
-            return _error(str(exc), 400)
+            return admin_error(str(exc), 400)
         async with self.lock:
             reply = await self._apply(update, "PUT /admin/routing", "routing")
         return None if reply.status == 200 else reply

@@ -1,8 +1,18 @@
-"""The admin APIs' bearer-token check (the gateway's and the worker's)."""
+"""What the admin APIs (the gateway's and the worker's) share: the bearer-token check, the
+JSON object a request body must be, and the error reply."""
 
 from __future__ import annotations
 
+import json
 import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from evenserve.core import wire
+from evenserve.core.errors import ConfigError
+from evenserve.httpio.server import Request, Response
+
+JSON = {"content-type": "application/json"}
 
 #: The ``WWW-Authenticate`` header of a 401 from an admin API.
 BEARER_CHALLENGE = {"www-authenticate": 'Bearer realm="evenserve-admin"'}
@@ -14,3 +24,23 @@ def bearer_ok(authorization: str | None, token: bytes) -> bool:
     if scheme.lower() != "bearer" or not value.strip():
         return False
     return secrets.compare_digest(value.strip().encode(), token)
+
+
+def admin_json(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(
+        status, json.dumps(obj, separators=(",", ":")).encode(), {**JSON, **(headers or {})}
+    )
+
+
+def admin_error(message: str, status: int, **more: Any) -> Response:
+    """``{"error": message, ...more}`` with ``status``."""
+    return admin_json({"error": message, **more}, status)
+
+
+def object_body(request: Request) -> dict[str, Any]:
+    """The request's JSON object body (empty: ``{}``), read as untrusted input; ConfigError
+    naming ``body`` otherwise."""
+    raw = wire.parse_json(request.body or b"{}", "body")
+    if not isinstance(raw, dict):
+        raise ConfigError("body: expected a JSON object")
+    return raw

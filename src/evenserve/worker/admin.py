@@ -21,14 +21,18 @@ every ``/admin/*`` path answers 404 saying the admin API is off; a missing or wr
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from evenserve.core import wire
 from evenserve.core.errors import ConfigError
-from evenserve.httpio.bearer import BEARER_CHALLENGE, bearer_ok
+from evenserve.httpio.bearer import (
+    BEARER_CHALLENGE,
+    admin_error,
+    admin_json,
+    bearer_ok,
+    object_body,
+)
 from evenserve.httpio.server import Request, Response
 from evenserve.policy.params import (
     Params,
@@ -43,27 +47,9 @@ from evenserve.policy.params import (
 from evenserve.worker.service import WorkerService
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-JSON = {"content-type": "application/json"}
 #: The admin paths (each answers 404 "off" without a token).
 PARAMS_PATH = "/admin/params"
 ROLLBACK_PATH = "/admin/params/rollback"
-
-
-def _json(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(
-        status, json.dumps(obj, separators=(",", ":")).encode(), {**JSON, **(headers or {})}
-    )
-
-
-def _error(message: str, status: int, **more: Any) -> Response:
-    return _json({"error": message, **more}, status)
-
-
-def _body(request: Request) -> dict[str, Any]:
-    raw = wire.parse_json(request.body or b"{}", "body")
-    if not isinstance(raw, dict):
-        raise ConfigError("body: expected a JSON object")
-    return raw
 
 
 class WorkerAdmin:
@@ -91,13 +77,13 @@ class WorkerAdmin:
     def guard(self, endpoint: Endpoint) -> Endpoint:
         async def wrapped(request: Request) -> Response:
             if self._token is None:
-                return _error(
+                return admin_error(
                     "the admin API is off (start the worker with --admin-token-file or "
                     "EVENSERVE_ADMIN_TOKEN set)",
                     404,
                 )
             if not bearer_ok(request.headers.get("authorization"), self._token):
-                return _json(
+                return admin_json(
                     {"error": "admin API: missing or invalid bearer token"}, 401, BEARER_CHALLENGE
                 )
             return await endpoint(request)
@@ -119,7 +105,7 @@ class WorkerAdmin:
         return out
 
     async def get_params(self, request: Request) -> Response:
-        return _json(self.view())
+        return admin_json(self.view())
 
     def _apply(self, update: Mapping[str, Any], note: str, source: str) -> ParamVersion:
         """Apply a validated update on top of the current version and record it."""
@@ -142,7 +128,7 @@ class WorkerAdmin:
         return self.store.commit(merged, self.wall_clock(), note, source)
 
     def _reply(self, previous: int, v: ParamVersion, **more: Any) -> Response:
-        return _json(
+        return admin_json(
             {
                 "version": v.version,
                 "previous_version": previous,
@@ -153,7 +139,7 @@ class WorkerAdmin:
 
     async def put_params(self, request: Request) -> Response:
         try:
-            body = _body(request)
+            body = object_body(request)
             expected = parse_expected_version(body.get("expected_version"))
             note = parse_note(body.get("note"))
             update = parse_update(body.get("params", {}), "params")
@@ -161,15 +147,15 @@ class WorkerAdmin:
             previous = self.store.version
             v = self._apply(update, note, "put")
         except VersionConflictError as exc:
-            return _error(str(exc), 409, version=exc.current)
+            return admin_error(str(exc), 409, version=exc.current)
         except (ConfigError, ValueError) as exc:
-            return _error(str(exc), 400)
+            return admin_error(str(exc), 400)
         ignored = ["routing"] if "routing" in update else []
         return self._reply(previous, v, **({"ignored": ignored} if ignored else {}))
 
     async def rollback(self, request: Request) -> Response:
         try:
-            body = _body(request)
+            body = object_body(request)
             to = parse_expected_version(body.get("to_version"), "to_version")
             if to is None:
                 raise ConfigError("to_version: required (the version to go back to)")
@@ -181,9 +167,9 @@ class WorkerAdmin:
             update = target.params.to_json(include_routing=False)
             v = self._apply(update, note, "rollback")
         except VersionConflictError as exc:
-            return _error(str(exc), 409, version=exc.current)
+            return admin_error(str(exc), 409, version=exc.current)
         except UnknownVersionError as exc:
-            return _error(str(exc), 404)
+            return admin_error(str(exc), 404)
         except (ConfigError, ValueError) as exc:
-            return _error(str(exc), 400)
+            return admin_error(str(exc), 400)
         return self._reply(previous, v, rolled_back_to=to)
