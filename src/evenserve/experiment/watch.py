@@ -79,9 +79,16 @@ class WatchClient(Protocol):
 
     def pull_log(self, since_unix_s: float) -> list[Record]: ...
 
+    def learned_scales(self) -> dict[str, dict[str, float]]:
+        """Per backend, per model, the learned profile scale (profiles that learn)."""
+        ...
+
 
 class Predictor(Protocol):
-    """The simulator, as the loop sees it: replay recorded arrivals under parameters."""
+    """The simulator, as the loop sees it: replay recorded arrivals under parameters;
+    ``observe_devices`` hands it the backends' learned profile scales each window."""
+
+    def observe_devices(self, scales: Mapping[str, Mapping[str, float]]) -> None: ...
 
     def predict(self, records: Sequence[Record], params: Params) -> Figures: ...
 
@@ -159,6 +166,7 @@ class WatchPolicy:
         self, client: WatchClient, predictor: Predictor, records: Sequence[Record], now: float
     ) -> WatchEvent:
         self.windows += 1
+        predictor.observe_devices(client.learned_scales())
         cur = client.get_params()
         version, params = int(cur["version"]), dict(cur["params"])
         if self.known_version is None:
@@ -368,20 +376,30 @@ class HttpWatchClient:
             self.url, self._token, to_version, expected_version, note, timeout_s=self.timeout_s
         )
 
-    def pull_log(self, since_unix_s: float) -> list[Record]:
+    def _get(self, path: str, params: Mapping[str, str] | None = None) -> httpx.Response:
         try:
             r = httpx.get(
-                f"{self.url}/admin/log",
-                params={"since_unix_s": repr(since_unix_s)},
+                f"{self.url}{path}",
+                params=params,
                 headers={"authorization": f"Bearer {self._token}"},
                 timeout=self.timeout_s,
                 trust_env=False,
             )
         except httpx.HTTPError as exc:
-            raise EvenserveError(f"{self.url}/admin/log: {type(exc).__name__}: {exc}") from None
+            raise EvenserveError(f"{self.url}{path}: {type(exc).__name__}: {exc}") from None
         if r.status_code != 200:
-            raise EvenserveError(f"{self.url}/admin/log: HTTP {r.status_code}: {r.text[:200]}")
+            raise EvenserveError(f"{self.url}{path}: HTTP {r.status_code}: {r.text[:200]}")
+        return r
+
+    def pull_log(self, since_unix_s: float) -> list[Record]:
+        r = self._get("/admin/log", {"since_unix_s": repr(since_unix_s)})
         return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+    def learned_scales(self) -> dict[str, dict[str, float]]:
+        return {
+            b["name"]: {m: float(x) for m, x in b.get("profile_scale", {}).items() if x}
+            for b in self._get("/admin/backends").json()["backends"]
+        }
 
 
 def records_trace(records: Sequence[Record], path: Path) -> None:
@@ -396,7 +414,12 @@ def records_trace(records: Sequence[Record], path: Path) -> None:
 class SimPredictor:
     """The simulator on a scenario's placement (``loaded``, arm ``arm``): a window's recorded
     arrivals replayed as a trace under parameters (``tune.replay_trace``, ``tune.apply``);
-    ``tune`` searches ``budget`` evaluations from the parameters in force (no sweep)."""
+    ``tune`` searches ``budget`` evaluations from the parameters in force (no sweep).
+
+    Replaying with the learned profiles: a device whose backend (same name) reports learned
+    profile scales runs, in the simulator, at their mean as its ``slowdown`` (what the
+    device was measured to be, in place of what the scenario says); a device without them
+    keeps the scenario's."""
 
     def __init__(self, loaded: LoadedScenario, arm: str, *, budget: int, seed: int) -> None:
         self.loaded = loaded
@@ -406,6 +429,27 @@ class SimPredictor:
         self._dir = Path(tempfile.mkdtemp(prefix="evenserve-watch-"))
         self._cache: dict[tuple[tuple[int, float, float], str], Figures] = {}
         self.evaluations = 0
+        self._base = loaded
+        #: The slowdown each device was given from its learned scales (the last window's).
+        self.learned_slowdown: dict[str, float] = {}
+
+    def observe_devices(self, scales: Mapping[str, Mapping[str, float]]) -> None:
+        sc = self._base.scenario
+        slow: dict[str, float] = {}
+        for d in sc.devices:
+            s = scales.get(d.name)
+            if d.count == 1 and s:
+                slow[d.name] = round(float(np.mean(list(s.values()))), 3)
+        if slow == self.learned_slowdown:
+            return
+        self.learned_slowdown = slow
+        devices = [
+            d.model_copy(update={"slowdown": slow[d.name]}) if d.name in slow else d
+            for d in sc.devices
+        ]
+        new_sc = sc.model_copy(update={"devices": devices})
+        self.loaded = LoadedScenario(new_sc, self._base.base_dir, self._base.profile_sets)
+        self._cache = {}
 
     def _replayed(self, records: Sequence[Record]) -> LoadedScenario:
         path = self._dir / "window.jsonl"

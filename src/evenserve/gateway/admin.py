@@ -4,7 +4,8 @@
   there (``models``: READY in its index), its index (``index``: model -> state) and whether
   that came from the backend (``models_learned``; False: the configured models), its
   current signals as the router sees them, signal age, and per hosted model the policy's
-  score (queue-aware: the weighted score; least-expected-work: predicted finish seconds)
+  score (queue-aware: the weighted score; least-expected-work: predicted finish seconds),
+  per model the learned profile scale (``profile_scale``: profiles that learn; empty if not)
   and soft-overload flag (queue-aware: it steers away from that host; it never refuses).
 - ``GET  /admin/routing``: the policy in force, as a spec (``{policy: name, ...params}``).
 - ``PUT  /admin/routing``: replace it with a spec; validated like the config file (400 naming
@@ -134,6 +135,11 @@ class AdminAPI:
                     "models": sorted(router.models_of(name)),
                     "index": dict(sorted(st.index.items())),
                     "models_learned": st.learned,
+                    # Profiles that learn: per model, how much slower (> 1) or faster than
+                    # its profile the backend runs (empty: it does not learn).
+                    "profile_scale": {
+                        m: _num(x) for m, x in sorted(router.learned_scales(name).items())
+                    },
                     "signal_source": st.spec.signals.source,
                     "healthy": st.healthy,
                     "state": st.reason,

@@ -182,6 +182,11 @@ class Router:
     def view(self, name: str) -> BackendView:
         return self._backends[name].view
 
+    def learned_scales(self, name: str) -> dict[str, float]:
+        """Per model, the learned scale its profile follows on backend ``name`` (profiles
+        that learn; empty when the backend does not learn)."""
+        return {m: scale for m, (scale, _obs) in self._backends[name].learned_from.items()}
+
     def candidates(self, model: str) -> Sequence[BackendView]:
         """Healthy backends hosting ``model``, in a stable order."""
         return self._by_model.get(model, ())
