@@ -180,7 +180,7 @@ def cluster_scenario(cluster: LoadedCluster, source: str = "cluster") -> LoadedS
     if not wanted:
         raise ConfigError(f"{source}: no models placed on any device")
     entries = {m: _model_entry(cluster, m) for m in wanted}
-    models = {m: _model_spec(e) for m, e in entries.items()}
+    model_specs = {m: _model_spec(e) for m, e in entries.items()}
     arm: dict[str, Any] = {
         "routing": gw.routing,
         "batching": DEFAULT_BATCHING,
@@ -209,8 +209,8 @@ def cluster_scenario(cluster: LoadedCluster, source: str = "cluster") -> LoadedS
         "profile_sets": sets.sets,
         "signals": signals,
         "devices": devices,
-        "models": models,
-        "workload": {"type": "open-loop", "rates_rps": dict.fromkeys(models, 0.0)},
+        "models": model_specs,
+        "workload": {"type": "open-loop", "rates_rps": dict.fromkeys(model_specs, 0.0)},
         "arms": {arm_name: arm},
     }
     return parse_scenario(raw, cluster.base_dir, f"{source} (as a scenario)")
