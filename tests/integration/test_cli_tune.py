@@ -64,3 +64,27 @@ def test_tune_errors_name_the_option(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--scenario" in res.output
     res = runner.invoke(app, ["tune", str(trace), "--cluster", str(tmp_path / "c.yaml")])
     assert res.exit_code == 2 and "--cluster" in res.output
+
+
+def test_tune_a_trace_on_a_cluster(tmp_path: Path) -> None:
+    from evenserve.experiment.cluster import write_arm_cluster, write_profile_sets
+    from evenserve.sim.loader import load_scenario
+    from tests.unit.experiment.scenarios import REPO, write
+    from tests.unit.experiment.scenarios import scenario as small
+
+    loaded = load_scenario(write(tmp_path, small()))
+    dirs = write_profile_sets(loaded, tmp_path / "w")
+    cluster = write_arm_cluster(loaded, "classes", REPO, tmp_path / "w", dirs, seed=9)
+    trace = tmp_path / "rec.jsonl"
+    write_trace(trace, [Arrival(i * 0.01, "resnet50") for i in range(150)])
+    args = ["tune", str(trace), "--cluster", str(cluster), "--budget", "3", "--no-sweep"]
+    res = runner.invoke(app, [*args, "--json", "-"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["evaluations"] == 3 and data["arm"] == "bench-small-classes"
+    res = runner.invoke(app, [*args, "--scenario", str(tmp_path / "sc.yaml")])
+    assert res.exit_code == 2 and "--cluster, --scenario: give one" in res.output
+    res = runner.invoke(app, ["tune", str(trace), "--budget", "1"])
+    assert res.exit_code == 2 and "--cluster" in res.output
+    res = runner.invoke(app, ["tune", str(trace), "--cluster", str(tmp_path / "no.yaml")])
+    assert res.exit_code == 2 and "--cluster: file not found" in res.output

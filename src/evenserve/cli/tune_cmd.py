@@ -18,6 +18,7 @@ from evenserve.cli.params_cmd import TokenFile, read_token
 from evenserve.cli.sim_cmd import SetOpt
 from evenserve.core.errors import EvenserveError
 from evenserve.experiment import tune as tuning
+from evenserve.experiment.cluster_scenario import replay_on_cluster
 from evenserve.experiment.tune import DEFAULT_BUDGET, GOODPUT_TOLERANCE, GRID, TuneResult, figures
 from evenserve.experiment.watch import (
     HttpWatchClient,
@@ -38,7 +39,9 @@ HELP = (
     "(tuned P99 - sweep best P99) / sweep best P99 over a 3 x 3 x 3 x 2 grid (utilization "
     "weight, memory weight, one window for every model, learn_profiles off/on).\n\n"
     "SCENARIO_OR_TRACE is a scenario YAML, or a JSONL trace (.jsonl) replayed on "
-    "--scenario's placement.\n\n"
+    "--scenario's placement, or on --cluster's: a cluster file read back as a scenario of one "
+    "arm (its devices and profile sets, each model's SLO and batching from its model.yaml, the "
+    "gateway's routing and overload refusal, the workers' --learn-profiles).\n\n"
     "--push URL applies the best parameters to a running gateway (PUT /admin/params against "
     "the version read just before). --watch URL --every 5m loops on a running gateway (with "
     "recording on): every window it replays the window's recorded requests on the scenario's "
@@ -77,7 +80,10 @@ def tune(
     ] = None,
     cluster: Annotated[
         Path | None,
-        typer.Option(help="With a trace: a cluster file (not supported yet: use --scenario)."),
+        typer.Option(
+            help="With a trace: the cluster file whose devices, models and gateway to use "
+            "(instead of --scenario)."
+        ),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed (default: the scenario's).")] = None,
     budget: Annotated[
@@ -116,14 +122,21 @@ def tune(
         fail(f"--seeds: must be at least 0 (got {seeds})")
     try:
         if _is_trace(source):
+            if cluster is not None and scenario is not None:
+                fail("--cluster, --scenario: give one (the placement to replay the trace on)")
             if cluster is not None:
+                if set_:
+                    fail("--set: only with --scenario (edit the cluster file instead)")
+                if not cluster.exists():
+                    fail(f"--cluster: file not found: {cluster}")
+                loaded = replay_on_cluster(cluster, source)
+            elif scenario is None:
                 fail(
-                    "--cluster: building a scenario from a cluster file is not supported "
-                    "yet; pass --scenario S to replay the trace on S's placement"
+                    "--scenario: a trace needs a scenario (its placement, SLOs and arms) or "
+                    "--cluster (a cluster file)"
                 )
-            if scenario is None:
-                fail("--scenario: a trace needs a scenario (its placement, SLOs and arms)")
-            loaded = tuning.replay_trace(load_scenario(scenario, set_ or []), source)
+            else:
+                loaded = tuning.replay_trace(load_scenario(scenario, set_ or []), source)
         else:
             if cluster is not None or scenario is not None:
                 which = "--cluster" if cluster is not None else "--scenario"

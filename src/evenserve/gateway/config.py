@@ -387,6 +387,12 @@ class DeviceEntry(DeviceOptions, QueueOptions):
         default=None, ge=1, le=65535, description="also serve gRPC here (the gateway uses it)"
     )
     extra_args: list[str] = Field(default_factory=list, description="more worker CLI args")
+    profiles: str | None = Field(
+        default=None,
+        description="profile set dir of a real device (cpu, cuda:N): the gateway's "
+        "least-expected-work reads it, and `evenserve tune --cluster` simulates the device "
+        "with it (an emulated:PROFILE_SET device has its own)",
+    )
     active: bool = Field(
         default=True,
         description="false: a spare, not started by `evenserve up` until the autoscaler "
@@ -537,7 +543,7 @@ class LoadedCluster:
                 if not models:
                     raise ConfigError(f"workers.devices.{i}.models: the repository has no models")
                 target = parse_device(d.device)
-                profiles = target.profile_set  # None unless emulated
+                profiles = target.profile_set or d.profiles  # emulated: its own set
                 out.append(
                     BackendSpec(
                         name=d.name,
