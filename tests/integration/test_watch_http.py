@@ -42,6 +42,9 @@ class HalvingSim:
     """Predicts 10 ms for the startup routing and 1 ms for any other: a 10x promise that the
     live answers will not bear out (the guardrail: live > 1.15 x calibrated prediction)."""
 
+    def observe_devices(self, scales: Any) -> None:
+        self.scales = scales
+
     def predict(self, records: Sequence[Record], params: Params) -> Figures:
         qw = (params.get("routing") or {}).get("queue_weight", 0.5)
         return Figures(10.0 if qw == 0.5 else 1.0, 100.0, len(records))
@@ -91,3 +94,4 @@ async def test_apply_then_rollback_through_the_gateway(
         got = await asyncio.to_thread(client.get_params)
         assert got["version"] == 3 and got["params"]["routing"]["queue_weight"] == 0.5
         assert [h["source"] for h in got["history"]] == ["startup", "put", "rollback"]
+        assert sim.scales == {"w0": {}}  # the worker does not learn: no scales

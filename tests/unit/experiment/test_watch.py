@@ -59,12 +59,18 @@ class FakeGateway:
     def pull_log(self, since_unix_s: float) -> list[Record]:
         return []
 
+    def learned_scales(self) -> dict[str, dict[str, float]]:
+        return {}
+
 
 class FakeSim:
     """P99 = the params' ``w`` (ms); the tuner proposes ``best``."""
 
     def __init__(self, best: Params) -> None:
         self.best = best
+
+    def observe_devices(self, scales: Any) -> None:
+        pass
 
     def predict(self, records: Sequence[Record], params: Params) -> Figures:
         return Figures(float(params["w"]), 100.0, len(records))
@@ -211,3 +217,10 @@ def test_sim_predictor_replays_a_recorded_window(tmp_path: Path) -> None:
     assert set(best) >= {"routing", "batching_per_model", "class_headroom"}
     assert best_fig.p99_ms is not None and best_fig.p99_ms <= f.p99_ms
     assert pred.evaluations == 2 + 3
+    # Replaying with the learned profiles: d0 measured 3x slower than its profile.
+    pred.observe_devices({"d0": {"fast": 3.0, "slow": 3.0}, "d1": {}})
+    assert pred.learned_slowdown == {"d0": 3.0}
+    assert pred.loaded.scenario.devices[0].slowdown == 3.0
+    assert pred.loaded.scenario.devices[1].slowdown == 1.0
+    slower = pred.predict(records, cur)
+    assert slower.p99_ms is not None and slower.p99_ms > f.p99_ms
