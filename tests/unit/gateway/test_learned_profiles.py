@@ -56,6 +56,7 @@ async def test_the_routers_profile_follows_the_workers_report() -> None:
     prof = reg.router.view("a").profiles["m"]
     assert prof.latency_s(1) == pytest.approx(0.004)  # not observed: the base x 2
     assert prof.latency_s(8) == pytest.approx(0.015)  # observed: as reported
+    assert reg.router.learned_scales("a") == {"m": 2.0}  # what /admin/backends shows
     learned = {"profile_scale_by_model": {"m": 1.0}}  # back to speed
     await poller.probe_load(st)
     assert reg.router.view("a").profiles["m"].latency_s(8) == pytest.approx(0.006)
