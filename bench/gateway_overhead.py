@@ -17,6 +17,12 @@ signals, every routing policy, ``--decisions`` calls each; P50/P99/max of one
 ``Router.choose``. Then the live gateway's own decision histogram
 (``evenserve_gateway_routing_decision_seconds``) after a run in front of as many backends
 (fake servers in one process; the decision does not depend on what the backends are).
+``--learned``: the in-process routers' backends have a latency profile and their samples
+carry learned figures (profiles that learn: a scale and observed batch times, new every
+poll), so the policies that predict work read learned profiles; ``--decision-only`` runs
+just that in-process part (no servers).
+
+    .venv/bin/python bench/gateway_overhead.py --decision-only --learned --backends 16
 
 Numbers depend on the host: run on an idle machine; this one is shared (2 cores).
 """
@@ -300,24 +306,43 @@ def part1(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         stop(procs)
 
 
-def part2_inprocess(decisions: int, n_backends: int) -> dict[str, dict[str, float]]:
+def part2_inprocess(
+    decisions: int, n_backends: int, learned: bool = False
+) -> dict[str, dict[str, float]]:
+    """``learned``: every backend has a latency profile for the model and its samples carry
+    learned figures (profiles that learn: a scale and observed batch times, different per
+    backend and per poll), so the policies that predict work read learned profiles."""
+    from evenserve.core.profile import LatencyProfile
     from evenserve.core.types import LoadSample, RequestInfo
     from evenserve.policy.routing import ROUTING, Router
 
     rng = random.Random(1)
     out: dict[str, dict[str, float]] = {}
+    prof = LatencyProfile.from_points("m", {1: 0.004, 8: 0.010, 32: 0.030})
     for name in ROUTING.names():
         router = Router(ROUTING.build(name, random.Random(0)), window=3, stale_after_s=0.5)
         for i in range(n_backends):
-            router.add_backend(f"b{i}", ["m"])
+            if learned:
+                router.add_backend(f"b{i}", ["m"], profiles={"m": prof}, max_batch_size={"m": 8})
+            else:
+                router.add_backend(f"b{i}", ["m"])
         times = []
         for k in range(decisions):
             if k % 50 == 0:  # a poll tick: fresh samples for every backend
                 for i in range(n_backends):
+                    extra: dict[str, Any] = {}
+                    if learned:
+                        q = rng.randint(0, 8)
+                        extra = {
+                            "queued_by_model": {"m": float(q)},
+                            "busy_remaining_s": rng.random() * 0.01,
+                            "profile_scale": {"m": 1.0 + rng.random()},
+                            "observed_ms": {"m": {8: 10.0 + 10.0 * rng.random()}},
+                        }
                     router.observe(f"b{i}", LoadSample(
                         timestamp_s=k, queue_depth=rng.randint(0, 8),
                         utilization=rng.random(), memory_used_bytes=rng.random() * 24e9,
-                        memory_total_bytes=24e9,
+                        memory_total_bytes=24e9, **extra,
                     ))  # fmt: skip
             req = RequestInfo(request_id=k, model="m", arrival_s=float(k))
             t0 = time.perf_counter()
@@ -402,6 +427,14 @@ def main() -> None:
     ap.add_argument("--decisions", type=int, default=20000)
     ap.add_argument("--backends", type=int, default=64, help="backends for part 2")
     ap.add_argument("--skip-live", action="store_true", help="skip part 2's live gateway")
+    ap.add_argument(
+        "--decision-only", action="store_true", help="part 2 in process only (no servers)"
+    )
+    ap.add_argument(
+        "--learned",
+        action="store_true",
+        help="part 2 in process: backends with profiles whose samples carry learned figures",
+    )
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--serve-fake", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -411,20 +444,22 @@ def main() -> None:
     results: dict[str, Any] = {"host_cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="evenserve-bench-") as d:
         tmp = Path(d)
-        print(f"part 1: added latency, {args.backend} backend, {args.rate:g} req/s open loop")
-        results["added_latency"] = part1(args, tmp)
-        r = results["added_latency"]
-        print(f"  direct  P50 {r['direct_p50_ms']:.3f} ms  P99 {r['direct_p99_ms']:.3f} ms")
-        print(f"  gateway P50 {r['gateway_p50_ms']:.3f} ms  P99 {r['gateway_p99_ms']:.3f} ms")
-        print(f"  added   P50 {r['added_p50_ms']:.3f} ms  P99 {r['added_p99_ms']:.3f} ms"
-              f"  (target P50 <= 0.5 ms; errors {r['errors']})")  # fmt: skip
+        if not args.decision_only:
+            print(f"part 1: added latency, {args.backend} backend, {args.rate:g} req/s open loop")
+            results["added_latency"] = part1(args, tmp)
+            r = results["added_latency"]
+            print(f"  direct  P50 {r['direct_p50_ms']:.3f} ms  P99 {r['direct_p99_ms']:.3f} ms")
+            print(f"  gateway P50 {r['gateway_p50_ms']:.3f} ms  P99 {r['gateway_p99_ms']:.3f} ms")
+            print(f"  added   P50 {r['added_p50_ms']:.3f} ms  P99 {r['added_p99_ms']:.3f} ms"
+                  f"  (target P50 <= 0.5 ms; errors {r['errors']})")  # fmt: skip
         print(f"part 2: routing decision, {args.backends} backends, "
-              f"{args.decisions} decisions per policy")  # fmt: skip
-        results["decision_inprocess"] = part2_inprocess(args.decisions, args.backends)
+              f"{args.decisions} decisions per policy"
+              f"{', learned profiles' if args.learned else ''}")  # fmt: skip
+        results["decision_inprocess"] = part2_inprocess(args.decisions, args.backends, args.learned)
         for name, s in results["decision_inprocess"].items():
             print(f"  {name:22s} p50 {s['p50_us']:6.1f} us  p99 {s['p99_us']:6.1f} us  "
                   f"max {s['max_us']:7.1f} us")  # fmt: skip
-        if not args.skip_live:
+        if not args.skip_live and not args.decision_only:
             live = part2_live(args, tmp)
             results["decision_live"] = live
             print(f"  live gateway, {args.backends} backends, queue-aware: "
