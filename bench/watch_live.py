@@ -46,6 +46,7 @@ from evenserve.experiment.watch import (
     run_watch,
 )
 from evenserve.httpio.params_client import push_params
+from evenserve.loadgen.display import live_progress
 from evenserve.loadgen.runner import run_load
 from evenserve.sim.loader import load_scenario
 
@@ -150,7 +151,8 @@ def main() -> None:
 
         th = threading.Thread(target=watch, name="watch", daemon=True)
         th.start()
-        result = run_load(spec, None)
+        with live_progress(console, f"drift x{k:g} live") as show:
+            result = run_load(spec, show)
         th.join(timeout=args.window * 2 + 60)
         history = client.get_params()["history"]
         all_records = client.pull_log(0.0)
