@@ -48,7 +48,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -419,11 +419,14 @@ def tune(
     sweep: bool = True,
     held_out_seeds: int = 0,
     progress: Progress | None = None,
+    candidates: Sequence[Params] = (),
 ) -> TuneResult:
     """Search arm ``arm`` of ``loaded`` (module docstring): ``budget`` simulator evaluations
     in all, the current arm's first (also the search's first trial when it is expressible as
     params), then the sweep's grid when ``sweep``, and then the current and the
-    best parameters on ``held_out_seeds`` more seeds (seed + 1, seed + 2, ...)."""
+    best parameters on ``held_out_seeds`` more seeds (seed + 1, seed + 2, ...).
+    ``candidates``: parameter sets the search tries right after the current arm (within the
+    budget), e.g. the watch loop's best of earlier windows."""
     if budget < 1:
         raise ConfigError(f"--budget: must be at least 1 (got {budget})")
     if held_out_seeds < 0:
@@ -445,6 +448,8 @@ def tune(
     study = optuna.create_study(direction="minimize", sampler=sampler(optuna, s, budget))
     if cur_params is not None:
         study.enqueue_trial(_as_trial(cur_params, sc, classes))
+    for p in candidates:  # e.g. the watch loop's best of earlier windows: tried first
+        study.enqueue_trial(_as_trial(p, sc, classes))
     best = current
     runs = 1  # the current arm's
     while runs < budget:

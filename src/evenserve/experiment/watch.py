@@ -26,7 +26,9 @@ and takes one of these steps; at most one change (an apply or a rollback) per wi
    on the window's arrivals; the best candidate is pushed (``PUT /admin/params`` with the
    expected version) only if its predicted P99 is at least ``margin`` (10 %) below the
    current parameters' predicted P99 on the same arrivals, with predicted goodput no lower
-   than the current's x (1 - ``goodput_tolerance``).
+   than the current's x (1 - ``goodput_tolerance``). Each window's search first tries the
+   best sets of the last three windows (``SimPredictor.elite``): a small
+   budget a window adds up to a longer search across windows.
 
 No oscillation: a change needs a margin to be applied and is judged over a whole window
 after it; a rolled-back parameter set is not applied again for ``cooldown_windows`` windows;
@@ -56,6 +58,8 @@ from evenserve.sim.loader import LoadedScenario
 
 Params = dict[str, Any]
 Record = dict[str, Any]
+#: Earlier windows' best sets each window's search tries first.
+ELITE = 3
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,8 @@ class Pending:
 
 @dataclass
 class WatchEvent:
-    """One window's step: ``action`` is apply, keep, rollback, hold, noticed or skip."""
+    """One window's step: ``action`` is apply, keep, rollback, hold, noticed, skip or error
+    (the step failed: the gateway did not answer, or refused a change)."""
 
     window: int
     unix_s: float
@@ -346,8 +351,12 @@ def run_watch(
         if wait > 0:
             sleep(wait)
         since = start + done * policy.window_s
-        records = [r for r in client.pull_log(since) if float(r.get("unix_s", 0.0)) < target]
-        ev = policy.step(client, predictor, records, now())
+        try:
+            records = [r for r in client.pull_log(since) if float(r.get("unix_s", 0.0)) < target]
+            ev = policy.step(client, predictor, records, now())
+        except EvenserveError as exc:  # the gateway away, a 409, a worker's 502: next window
+            policy.windows = max(policy.windows, done + 1)
+            ev = policy._event(now(), "error", str(exc))
         if on_event is not None:
             on_event(ev)
         done += 1
@@ -432,6 +441,9 @@ class SimPredictor:
         self._base = loaded
         #: The slowdown each device was given from its learned scales (the last window's).
         self.learned_slowdown: dict[str, float] = {}
+        #: The best sets of earlier windows' searches (newest last): each window's search
+        #: tries them first, so the loop's search goes on across windows.
+        self.elite: list[Params] = []
 
     def observe_devices(self, scales: Mapping[str, Mapping[str, float]]) -> None:
         sc = self._base.scenario
@@ -486,7 +498,18 @@ class SimPredictor:
 
     def tune(self, records: Sequence[Record], params: Params) -> tuple[Params, Figures]:
         loaded = tuning.apply(self._replayed(records), self.arm, params)
-        res = tuning.tune(loaded, self.arm, seed=self.seed, budget=self.budget, sweep=False)
+        now = _key(params)
+        earlier = [p for p in self.elite if _key(p) != now][-ELITE:]
+        res = tuning.tune(
+            loaded,
+            self.arm,
+            seed=self.seed,
+            budget=self.budget,
+            sweep=False,
+            candidates=earlier[: max(0, self.budget - 2)],
+        )
         self.evaluations += res.evaluations
         best = res.best.params if res.best.params is not None else params
+        if _key(best) != now and all(_key(best) != _key(p) for p in self.elite):
+            self.elite = [*self.elite, best][-ELITE:]
         return best, self._figures(res.best.summary)

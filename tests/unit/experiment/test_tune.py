@@ -164,6 +164,32 @@ def test_same_seed_same_search(tmp_path: Path) -> None:
     assert a["params"] == b["params"] and a["best"] == b["best"]
 
 
+def test_candidates_are_tried_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import evenserve.experiment.tune as tuning
+
+    loaded = tiny(tmp_path)
+    cur = params_of(loaded)
+    slow = {
+        **cur,
+        "batching_per_model": {
+            m: {**b, "max_batch_delay_ms": 12.0} for m, b in cur["batching_per_model"].items()
+        },
+    }
+    seen: list[Any] = []
+    real = tuning.evaluate
+
+    def spy(ld: LoadedScenario, arm: str, seed: int, params: Any) -> dict[str, Any]:
+        seen.append(params)
+        return real(ld, arm, seed, params)
+
+    monkeypatch.setattr(tuning, "evaluate", spy)
+    r = tune(loaded, "qa", seed=5, budget=2, sweep=False, candidates=[slow])
+    # Budget 2: the current arm (None: as it is), then the candidate, nothing sampled.
+    assert r.evaluations == 2
+    assert seen[0] is None
+    assert seen[1]["batching_per_model"] == slow["batching_per_model"]
+
+
 def test_a_non_expressible_arm_is_the_baseline(tmp_path: Path) -> None:
     r = tune(tiny(tmp_path), "lew", budget=3, sweep=False)
     assert r.current.params is None

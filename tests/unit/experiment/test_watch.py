@@ -19,6 +19,7 @@ from evenserve.experiment.watch import (
     live_figures,
     run_watch,
 )
+from evenserve.httpio.params_client import ParamsAPIError
 from evenserve.sim.loader import load_scenario
 from tests.unit.sim.scenarios import toy_scenario, write_scenario
 
@@ -224,3 +225,20 @@ def test_sim_predictor_replays_a_recorded_window(tmp_path: Path) -> None:
     assert pred.loaded.scenario.devices[1].slowdown == 1.0
     slower = pred.predict(records, cur)
     assert slower.p99_ms is not None and slower.p99_ms > f.p99_ms
+
+
+def test_a_refused_push_is_an_error_event_and_the_loop_goes_on() -> None:
+    class Busy(FakeGateway):
+        def put_params(self, params: Params, expected_version: int, note: str) -> dict[str, Any]:
+            raise ParamsAPIError(409, "expected_version: 1 is not the current version")
+
+        def pull_log(self, since_unix_s: float) -> list[Record]:
+            return window(100.0, start=since_unix_s)
+
+    t = [0.0]
+    gw, sim, pol = Busy({"w": 100}), FakeSim({"w": 50}), policy()
+    events = run_watch(
+        gw, sim, pol, now=lambda: t[0], sleep=lambda s: t.__setitem__(0, t[0] + s), windows=2
+    )
+    assert [e.action for e in events] == ["error", "error"]
+    assert "409" in events[0].reason and pol.pending is None
