@@ -51,9 +51,8 @@ from evenserve.policy.params import (
     UnknownVersionError,
     VersionConflictError,
     normalized_routing,
-    parse_expected_version,
-    parse_note,
-    parse_update,
+    parse_put_body,
+    parse_rollback_body,
 )
 
 PARAMS_PATH = "/admin/params"
@@ -293,10 +292,7 @@ class GatewayParams:
 
     async def put_params(self, request: Request) -> Response:
         try:
-            body = object_body(request)
-            expected = parse_expected_version(body.get("expected_version"))
-            note = parse_note(body.get("note"))
-            update = parse_update(body.get("params", {}), "params")
+            update, expected, note = parse_put_body(object_body(request))
             if "routing" in update and update["routing"] is None:
                 raise ConfigError("params.routing: the gateway needs a routing policy")
         except (ConfigError, ValueError) as exc:
@@ -310,12 +306,7 @@ class GatewayParams:
 
     async def rollback(self, request: Request) -> Response:
         try:
-            body = object_body(request)
-            to = parse_expected_version(body.get("to_version"), "to_version")
-            if to is None:
-                raise ConfigError("to_version: required (the version to go back to)")
-            expected = parse_expected_version(body.get("expected_version"))
-            note = parse_note(body.get("note")) or f"rollback to version {to}"
+            to, expected, note = parse_rollback_body(object_body(request))
         except (ConfigError, ValueError) as exc:
             return admin_error(str(exc), 400)
         async with self.lock:

@@ -273,3 +273,20 @@ def apply_to_arm(arm: ArmSpec, params: Params) -> ArmSpec:
     if params.learn_profiles is not None:
         update["learn_profiles"] = params.learn_profiles
     return arm.model_copy(update=update)
+
+
+def parse_put_body(body: Mapping[str, Any]) -> tuple[dict[str, Any], int | None, str]:
+    """A ``PUT /admin/params`` body: (the update, the expected version, the note)."""
+    expected = parse_expected_version(body.get("expected_version"))
+    note = parse_note(body.get("note"))
+    return parse_update(body.get("params", {}), "params"), expected, note
+
+
+def parse_rollback_body(body: Mapping[str, Any]) -> tuple[int, int | None, str]:
+    """A ``POST /admin/params/rollback`` body: (the version to go back to, the expected
+    version, the note: given, else ``rollback to version K``)."""
+    to = parse_expected_version(body.get("to_version"), "to_version")
+    if to is None:
+        raise ConfigError("to_version: required (the version to go back to)")
+    expected = parse_expected_version(body.get("expected_version"))
+    return to, expected, parse_note(body.get("note")) or f"rollback to version {to}"

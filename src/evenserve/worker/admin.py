@@ -40,9 +40,8 @@ from evenserve.policy.params import (
     ParamVersion,
     UnknownVersionError,
     VersionConflictError,
-    parse_expected_version,
-    parse_note,
-    parse_update,
+    parse_put_body,
+    parse_rollback_body,
 )
 from evenserve.worker.service import WorkerService
 
@@ -139,10 +138,7 @@ class WorkerAdmin:
 
     async def put_params(self, request: Request) -> Response:
         try:
-            body = object_body(request)
-            expected = parse_expected_version(body.get("expected_version"))
-            note = parse_note(body.get("note"))
-            update = parse_update(body.get("params", {}), "params")
+            update, expected, note = parse_put_body(object_body(request))
             self.store.check(expected)
             previous = self.store.version
             v = self._apply(update, note, "put")
@@ -155,12 +151,7 @@ class WorkerAdmin:
 
     async def rollback(self, request: Request) -> Response:
         try:
-            body = object_body(request)
-            to = parse_expected_version(body.get("to_version"), "to_version")
-            if to is None:
-                raise ConfigError("to_version: required (the version to go back to)")
-            expected = parse_expected_version(body.get("expected_version"))
-            note = parse_note(body.get("note")) or f"rollback to version {to}"
+            to, expected, note = parse_rollback_body(object_body(request))
             self.store.check(expected)
             target = self.store.get(to)
             previous = self.store.version
