@@ -88,3 +88,22 @@ def test_tune_a_trace_on_a_cluster(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--cluster" in res.output
     res = runner.invoke(app, ["tune", str(trace), "--cluster", str(tmp_path / "no.yaml")])
     assert res.exit_code == 2 and "--cluster: file not found" in res.output
+
+
+def test_watch_and_push_errors_name_the_option(tmp_path: Path) -> None:
+    from evenserve.experiment.cluster import free_port
+
+    sc = str(scenario(tmp_path))
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    env = {"EVENSERVE_ADMIN_TOKEN": "t0k3n-not-shown"}
+    res = runner.invoke(app, ["tune", sc, "--watch", url, "--every", "1s"], env=env)
+    assert res.exit_code == 2 and "--watch:" in res.output and "no answer" in res.output
+    assert "t0k3n-not-shown" not in res.output
+    res = runner.invoke(app, ["tune", sc, "--watch", url, "--every", "soon"], env=env)
+    assert res.exit_code == 2 and "--every" in res.output
+    res = runner.invoke(app, ["tune", sc, "--watch", url, "--budget", "1"], env=env)
+    assert res.exit_code == 2 and "--budget" in res.output
+    res = runner.invoke(app, ["tune", sc, "--watch", url], env={"EVENSERVE_ADMIN_TOKEN": ""})
+    assert res.exit_code == 2 and "no admin token" in res.output
+    res = runner.invoke(app, ["tune", sc, "--budget", "2", "--no-sweep", "--push", url], env=env)
+    assert res.exit_code == 2 and "--push:" in res.output

@@ -116,6 +116,13 @@ def tune(
         return
     if not source.exists():
         fail(f"SCENARIO_OR_TRACE: file not found: {source}")
+    push_token = None
+    if push is not None:  # before a search that may take minutes: the gateway answers
+        push_token = read_token(token_file)
+        try:
+            get_params(push, push_token)
+        except ParamsAPIError as exc:
+            fail(f"--push: {exc}")
     if budget < 1:
         fail(f"--budget: must be at least 1 (got {budget})")
     if seeds < 0:
@@ -179,8 +186,8 @@ def tune(
         fail(str(exc))
         return
     out = result.to_json()
-    if push is not None:
-        out["push"] = _push(push, token_file, result)
+    if push is not None and push_token is not None:
+        out["push"] = _push(push, push_token, result)
     if json_path is not None:
         _write_json(json_path, out)
     if json_path is None or str(json_path) != "-":
@@ -189,9 +196,8 @@ def tune(
             console.print(f"pushed to {push}: {out['push']['status']}", highlight=False)
 
 
-def _push(url: str, token_file: Path | None, result: TuneResult) -> dict[str, Any]:
+def _push(url: str, token: str, result: TuneResult) -> dict[str, Any]:
     """PUT the best parameters on ``url`` against the version read just before."""
-    token = read_token(token_file)
     if result.best.params is None:
         fail("--push: the best is the current arm, which is not expressible as params")
     assert result.best.params is not None
@@ -247,6 +253,11 @@ def _watch(
         fail(f"--arm: unknown arm {name!r} (arms: {', '.join(sc.arms)})")
     token = read_token(token_file)
     client = HttpWatchClient(url, token)
+    try:  # the gateway answers, the token is right and it records: else say so now
+        client.get_params()
+        client.pull_log(time.time())
+    except EvenserveError as exc:
+        fail(f"--watch: {exc}")
     predictor = SimPredictor(loaded, name, budget=budget, seed=sc.seed if seed is None else seed)
     policy = WatchPolicy(
         slo_ms={m: v.slo_ms for m, v in sc.models.items()}, window_s=every_s, margin=margin
