@@ -37,7 +37,12 @@ DEVICE_BUSY_SECONDS = f"{PREFIX}_device_busy_seconds"  # counter (_total): busy 
 DEVICE_MEMORY_USED = f"{PREFIX}_device_memory_used_bytes"  # gauge
 DEVICE_MEMORY_TOTAL = f"{PREFIX}_device_memory_total_bytes"  # gauge
 DEVICE_INSTANCES = f"{PREFIX}_device_instances"  # gauge: batch slots on the device
-DEVICE_INFO = f"{PREFIX}_device_info"  # gauge, 1: labels device, kind, slice (mig-3g.20gb ...)
+#: Gauge, 1: labels device, kind, slice (mig-3g.20gb ...) and DCGM_LABELS.
+DEVICE_INFO = f"{PREFIX}_device_info"
+#: dcgm-exporter's device labels, also on DEVICE_INFO (``metrics.worker.DcgmLabels``), so a
+#: query joins the worker's series with DCGM's: ``... * on(instance) group_left(gpu, UUID,
+#: modelName) evenserve_worker_device_info``, then ``on(UUID)`` with ``DCGM_FI_DEV_*``.
+DCGM_LABELS = ("gpu", "UUID", "modelName")
 
 # NVML (only when a GPU and pynvml are present).
 GPU_SM_UTILIZATION = "evenserve_gpu_sm_utilization_ratio"  # gauge: NVML "gpu" utilization

@@ -9,6 +9,10 @@ A MIG slice (``NvmlSampler.open_mig``): the handle is the slice's own
 (``nvmlDeviceGetHandleByUUID`` on its ``MIG-...`` UUID), so memory used and total are the
 slice's, never the parent GPU's. NVML reports no utilization (nor PCIe throughput) per MIG
 instance, so neither is read: the worker's own busy time is the slice's utilization.
+
+``NvmlSampler.identity`` reads what dcgm-exporter labels its series with (``gpu``: the NVML
+index, ``UUID``: ``GPU-...``, ``modelName``: the product name); for a MIG slice, the parent
+GPU's, as dcgm-exporter does.
 """
 
 from __future__ import annotations
@@ -28,6 +32,20 @@ class NvmlSample:
     memory_total_bytes: float
     pcie_tx_bytes_per_second: float | None
     pcie_rx_bytes_per_second: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """A GPU as dcgm-exporter names it; a field NVML did not give is None."""
+
+    index: int | None
+    uuid: str | None
+    name: str | None
+
+
+def _text(value: Any) -> str:
+    """NVML strings: ``bytes`` in older pynvml, ``str`` in newer."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class NvmlSampler:
@@ -67,6 +85,25 @@ class NvmlSampler:
         except Exception:
             return None
         return cls(nvml, handle, 0, mig_uuid=uuid)
+
+    def identity(self) -> GpuIdentity:
+        """The GPU's NVML index, UUID and product name (a MIG slice's parent GPU's); each
+        field None where NVML does not answer."""
+        n, handle = self._nvml, self._handle
+        if self.mig_uuid is not None:
+            try:
+                handle = n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+            except Exception:
+                return GpuIdentity(None, None, None)
+        index: int | None = None if self.mig_uuid is not None else self.index
+        uuid = name = None
+        with contextlib.suppress(Exception):
+            index = int(n.nvmlDeviceGetIndex(handle))
+        with contextlib.suppress(Exception):
+            uuid = _text(n.nvmlDeviceGetUUID(handle))
+        with contextlib.suppress(Exception):
+            name = _text(n.nvmlDeviceGetName(handle))
+        return GpuIdentity(index, uuid, name)
 
     def memory(self) -> tuple[float, float] | None:
         """(used, total) bytes of the device or slice, or None when NVML fails."""

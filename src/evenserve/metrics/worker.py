@@ -30,6 +30,19 @@ class DeviceSnapshot:
     in_flight_by_model: Mapping[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class DcgmLabels:
+    """The device as dcgm-exporter labels its series, on ``DEVICE_INFO``: ``gpu`` (the NVML
+    index), ``UUID`` (``GPU-...``), ``modelName`` (the product name). A CUDA device NVML does
+    not answer for keeps its index and empty UUID and modelName; the CPU and emulated devices
+    have ``gpu=""`` and ``UUID=""`` (so they join no DCGM series) and ``modelName`` their
+    device string (``cpu``, ``emulated:a10-trt-fp16``)."""
+
+    gpu: str = ""
+    uuid: str = ""
+    model_name: str = ""
+
+
 Family = type[GaugeMetricFamily | CounterMetricFamily]
 
 
@@ -48,10 +61,12 @@ class _LiveCollector(Collector):
         nvml: NvmlSampler | None,
         kind: str = "",
         slice_label: str = "",
+        dcgm: DcgmLabels | None = None,
     ) -> None:
         self.device = device
         self.kind = kind
         self.slice_label = slice_label
+        self.dcgm = dcgm or DcgmLabels()
         self.snapshot = snapshot
         self.nvml = nvml
 
@@ -59,10 +74,14 @@ class _LiveCollector(Collector):
         s = self.snapshot()
         info = GaugeMetricFamily(
             names.DEVICE_INFO,
-            "The device: its string, kind (cpu, cuda, emulated) and slice (mig-..., share-KofM).",
-            labels=["device", "kind", "slice"],
+            "The device: its string, kind (cpu, cuda, emulated), slice (mig-..., share-KofM) "
+            "and dcgm-exporter's labels (gpu, UUID, modelName) to join its series on.",
+            labels=["device", "kind", "slice", *names.DCGM_LABELS],
         )
-        info.add_metric([self.device, self.kind, self.slice_label], 1.0)
+        d = self.dcgm
+        info.add_metric(
+            [self.device, self.kind, self.slice_label, d.gpu, d.uuid, d.model_name], 1.0
+        )
         yield info
         for name, doc, by_model in (
             (names.QUEUE_DEPTH, "Requests waiting, per model.", s.queued_by_model),
@@ -132,6 +151,7 @@ class WorkerMetrics:
         *,
         kind: str = "",
         slice_label: str = "",
+        dcgm: DcgmLabels | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
@@ -180,7 +200,7 @@ class WorkerMetrics:
             "Time an inference request waited for its model's load (requests that arrived "
             "while it was LOADING).",
         )
-        r.register(_LiveCollector(device, snapshot, nvml, kind, slice_label))
+        r.register(_LiveCollector(device, snapshot, nvml, kind, slice_label, dcgm))
         for m in models:
             self.add_model(m)
 

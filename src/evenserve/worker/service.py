@@ -33,7 +33,7 @@ from evenserve.core.profile import LatencyProfile
 from evenserve.core.slowdown import SlowdownSchedule
 from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.nvml import NvmlSampler
-from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
+from evenserve.metrics.worker import DcgmLabels, DeviceSnapshot, WorkerMetrics
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime
@@ -162,6 +162,22 @@ def _open_nvml(device: DeviceTarget) -> NvmlSampler | None:
     if device.mig_uuid is not None:
         return NvmlSampler.open_mig(device.mig_uuid)
     return NvmlSampler.open(device.cuda_index)
+
+
+def _dcgm_labels(device: DeviceTarget, nvml: NvmlSampler | None) -> DcgmLabels:
+    """dcgm-exporter's labels for the device (``metrics.worker.DcgmLabels``): NVML's index,
+    UUID and name where NVML answers; a whole GPU's index without it (a MIG slice's parent is
+    unknown then); none for the CPU or an emulated device, whose modelName is its string."""
+    if device.kind != "cuda":
+        return DcgmLabels(model_name=device.name)
+    if nvml is None:
+        return DcgmLabels(gpu="" if device.mig_uuid is not None else str(device.cuda_index))
+    ident = nvml.identity()
+    return DcgmLabels(
+        gpu="" if ident.index is None else str(ident.index),
+        uuid=ident.uuid or "",
+        model_name=ident.name or "",
+    )
 
 
 class LoadWaitError(EvenserveError):
@@ -369,6 +385,7 @@ class WorkerService:
             self.nvml,
             kind=options.device.kind,
             slice_label=options.device.slice_label or "",
+            dcgm=_dcgm_labels(options.device, self.nvml),
         )
         self._telemetry = _Telemetry(self.metrics, self.stats)
         self._driver: BatchDriver | None = None

@@ -6,8 +6,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from evenserve.metrics import names
-from evenserve.metrics.nvml import NvmlSampler
-from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
+from evenserve.metrics.nvml import GpuIdentity, NvmlSampler
+from evenserve.metrics.worker import DcgmLabels, DeviceSnapshot, WorkerMetrics
+from evenserve.runtime.device import parse_device
+from evenserve.worker.service import _dcgm_labels
 
 
 def test_names_carry_units_and_prefixes() -> None:
@@ -158,8 +160,8 @@ def test_a_mig_slice_is_sampled_by_uuid_with_its_own_memory() -> None:
     assert "evenserve_gpu_sm_utilization_ratio" not in page
     assert "evenserve_gpu_pcie" not in page
     assert (
-        f'evenserve_worker_device_info{{device="cuda:{MIG}",kind="cuda",slice="mig-4f2d8c1e"}} 1.0'
-        in page
+        f'evenserve_worker_device_info{{UUID="",device="cuda:{MIG}",gpu="",kind="cuda",'
+        'modelName="",slice="mig-4f2d8c1e"} 1.0' in page
     )
     assert not any(a.startswith(("utilization", "pcie", "index")) for a in fake.asked)
 
@@ -168,3 +170,63 @@ def test_an_unknown_mig_uuid_means_no_sampler() -> None:
     fake = _FakeMigNvml()
     other = "MIG-00000000-0000-0000-0000-000000000000"
     assert NvmlSampler.open_mig(other, module=fake) is None  # type: ignore[arg-type]
+
+
+GPU_UUID = "GPU-0c6a3f1e-1b2c-4d5e-8f90-0123456789ab"
+
+
+class _FakeNamedNvml(_FakeMigNvml):
+    """NVML that names its GPUs: GPU 3 (an A100, which holds the MIG slice), its name in
+    bytes as older pynvml returns it."""
+
+    def nvmlDeviceGetIndex(self, h: str) -> int:
+        return 3
+
+    def nvmlDeviceGetUUID(self, h: str) -> str:
+        assert h in ("gpu0", "gpu3"), h
+        return GPU_UUID
+
+    def nvmlDeviceGetName(self, h: str) -> bytes:
+        return b"NVIDIA A100-SXM4-80GB"
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, h: str) -> str:
+        assert h == "mig-handle"
+        return "gpu3"
+
+
+def test_identity_is_what_dcgm_exporter_labels_a_gpu_with() -> None:
+    fake = _FakeNamedNvml()
+    whole = NvmlSampler.open(0, module=fake)  # type: ignore[arg-type]
+    mig = NvmlSampler.open_mig(MIG, module=fake)  # type: ignore[arg-type]
+    assert whole is not None and mig is not None
+    # NVML's own index wins over the one asked for; a slice is named by its parent GPU
+    assert whole.identity() == GpuIdentity(3, GPU_UUID, "NVIDIA A100-SXM4-80GB")
+    assert mig.identity() == GpuIdentity(3, GPU_UUID, "NVIDIA A100-SXM4-80GB")
+    # an NVML that names nothing: the index asked for, nothing else; a slice gets nothing
+    plain = NvmlSampler.open(1, module=_FakeNvml())  # type: ignore[arg-type]
+    assert plain is not None and plain.identity() == GpuIdentity(1, None, None)
+    bare_mig = NvmlSampler.open_mig(MIG, module=_FakeMigNvml())  # type: ignore[arg-type]
+    assert bare_mig is not None and bare_mig.identity() == GpuIdentity(None, None, None)
+
+
+def test_the_device_info_carries_dcgm_labels() -> None:
+    fake = _FakeNamedNvml()
+    sampler = NvmlSampler.open(0, module=fake)  # type: ignore[arg-type]
+    cuda = parse_device("cuda:0")
+    m = WorkerMetrics(
+        "cuda:0", ["m"], _snapshot, sampler, kind="cuda", dcgm=_dcgm_labels(cuda, sampler)
+    )
+    page = m.render()[0].decode()
+    assert (
+        f'evenserve_worker_device_info{{UUID="{GPU_UUID}",device="cuda:0",gpu="3",kind="cuda",'
+        'modelName="NVIDIA A100-SXM4-80GB",slice=""} 1.0' in page
+    )
+    assert names.DCGM_LABELS == ("gpu", "UUID", "modelName")
+
+
+def test_dcgm_labels_without_nvml() -> None:
+    assert _dcgm_labels(parse_device("cuda:2"), None) == DcgmLabels(gpu="2")
+    assert _dcgm_labels(parse_device(f"cuda:{MIG}"), None) == DcgmLabels()
+    assert _dcgm_labels(parse_device("cpu"), None) == DcgmLabels(model_name="cpu")
+    em = parse_device("emulated:a10-trt-fp16#mig=3g.20gb")
+    assert _dcgm_labels(em, None) == DcgmLabels(model_name="emulated:a10-trt-fp16#mig=3g.20gb")
