@@ -78,6 +78,13 @@ def worker(
             "(memory x K/M)."
         ),
     ] = "cpu",
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="The device's name (e.g. gpu0): the device label of the metrics and the load "
+            "report (default: the --device string)."
+        ),
+    ] = None,
     port: Annotated[int, typer.Option(help="Port (0: any free port, see --port-file).")] = 8000,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     instances: Annotated[int, typer.Option(help=_help(DeviceOptions, "instances"))] = 1,
@@ -310,6 +317,7 @@ def worker(
             entries = load_repository(repo, only)
         options = WorkerOptions(
             device=dev,
+            name=name,
             run=run,
             queue=queue,
             max_body_bytes=max_body_bytes,

@@ -185,7 +185,7 @@ class Score:
 
 
 def goodput_rps(arm_summary: Mapping[str, Any]) -> float:
-    return float(sum(m["goodput_rps"] for m in arm_summary["models"].values()))
+    return float(sum(m["goodput_rps"] or 0.0 for m in arm_summary["models"].values()))
 
 
 def score(arm_summary: Mapping[str, Any], goodput_floor_rps: float) -> Score:

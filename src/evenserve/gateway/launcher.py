@@ -267,6 +267,7 @@ class Launcher:
                 self.python, "worker",
                 "--repo", str(self.cluster.resolve(w.repo)),
                 "--device", dev,
+                "--name", d.name,
                 "--port", str(port),
                 *([] if d.grpc_port is None else ["--grpc-port", str(d.grpc_port)]),
                 *models,

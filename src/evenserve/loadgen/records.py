@@ -11,7 +11,8 @@ run: target, mode, arm labels, window, SLOs, lag, errors, the send path's connec
   ``timeout`` ...); one never answered is unfinished;
 - a backend's queue-depth samples are the load endpoint's ``queue_depth`` (requests waiting,
   as the simulator samples them every signal interval); its busy time comes from the sampled
-  busy-seconds counter.
+  busy-seconds counter; a backend whose scrapes never answered is no device of the records
+  (its utilization was not measured: no figure, rather than 0 %).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def to_records(
         slo.setdefault(s.model, math.inf)
     devices = []
     for name, b in sorted(scrapes.items()):
+        if not b.queue_t_s and not b.busy_t_s:
+            continue  # never answered: not measured, rather than a device 0 % busy
         bt, bc = b.busy_series()
         devices.append(
             DeviceTrace(

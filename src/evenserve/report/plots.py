@@ -1,4 +1,9 @@
-"""PNG plots of run summaries: per-device utilization over time, latency CDFs, queue depth."""
+"""PNG plots of run summaries: per-device utilization over time, latency CDFs, queue depth.
+
+Titles say what is drawn (which figure, its unit, which percentile); legends sit outside the
+axes, right of the data, so they cover none of it. An arm whose devices were not measured
+(a live run that scraped no backend) gets a panel saying so, not a flat 0 % line.
+"""
 
 from __future__ import annotations
 
@@ -29,25 +34,44 @@ def _per_arm(
     for ax, a in zip(axes[:, 0], arms.values(), strict=True):
         ts = a.get("timeseries") or {}
         t = ts.get("t_s", [])
-        for dev, values in ts.get(series, {}).items():
+        lines = ts.get(series, {})
+        for dev, values in lines.items():
             ax.plot(t[: len(values)], [scale * x for x in values], label=dev, linewidth=1)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=4, loc=legend)
-    axes[-1, 0].set_xlabel("time (s)")
+        if lines:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title=legend)
+        else:
+            ax.text(
+                0.5,
+                0.5,
+                "not measured: no backend scraped",
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                color="gray",
+            )
+    axes[-1, 0].set_xlabel("time since the start of the run (s)")
     return fig, list(axes[:, 0])
 
 
 def plot_utilization(summary: dict[str, Any], out: Path) -> Path:
-    fig, axes = _per_arm(summary, "utilization", 2.6, 100.0, "busy %", "lower right")
+    fig, axes = _per_arm(summary, "utilization", 2.6, 100.0, "busy %", "device")
     for ax, (name, a) in zip(axes, summary["arms"].items(), strict=True):
         ax.set_ylim(0, 105)
+        spread = a.get("utilization_spread_pts")
         ax.set_title(
             f"{name}: {a['routing']} + {a['batching']}  "
-            f"(spread {a['utilization_spread_pts']:.1f} pts)",
+            + (
+                f"(busiest - idlest: {spread:.1f} pts)"
+                if spread is not None
+                else "(utilization not measured)"
+            ),
             fontsize=9,
         )
-    fig.suptitle(f"{summary['scenario']}: device utilization over time", fontsize=11)
+    fig.suptitle(
+        f"{summary['scenario']}: busy % per device over time (per-interval mean)", fontsize=11
+    )
     return _save(fig, out / "utilization.png")
 
 
@@ -61,17 +85,22 @@ def plot_latency_cdf(summary: dict[str, Any], out: Path) -> Path:
         ax.plot(q, frac, label=f"{name} (P99 {a['latency_ms']['p99']:.1f} ms)")
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms, log scale)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title(f"{summary['scenario']}: latency CDF per arm")
+    ax.set_ylabel("fraction of requests at or below")
+    ax.set_title(f"{summary['scenario']}: latency CDF per arm (completed, after warm-up)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    if ax.get_lines():
+        ax.legend(fontsize=8, loc="lower right")
     return _save(fig, out / "latency_cdf.png")
 
 
 def plot_queue_depth(summary: dict[str, Any], out: Path) -> Path:
-    fig, axes = _per_arm(summary, "queue_depth", 2.4, 1.0, "queued", "upper right")
+    fig, axes = _per_arm(summary, "queue_depth", 2.4, 1.0, "requests queued", "device")
     for ax, (name, a) in zip(axes, summary["arms"].items(), strict=True):
-        ax.set_title(f"{name}: queue depth per device (max {a['max_queue_depth']:.0f})", fontsize=9)
+        ax.set_title(
+            f"{name}: requests queued per device, per-interval mean of samples "
+            f"(max sample {a['max_queue_depth']:.0f})",
+            fontsize=9,
+        )
     return _save(fig, out / "queue_depth.png")
 
 

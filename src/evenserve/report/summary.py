@@ -6,9 +6,12 @@ Definitions (all over the measured window ``[warmup_s, end_s]``):
 - SLO attainment (per model, and ``slo_attainment`` over all requests): completed within
   the SLO / requests that arrived in the window and were
   decided (completed, dropped, or still unfinished at the end but already older than the SLO).
+- a model without an SLO (``slo_ms`` inf, None in the JSON) has no attainment and no
+  goodput (None), and its requests count in no attainment over several models: never 100 %.
 - goodput: completions in the window that met their SLO / window length.
 - device utilization: busy time inside the window / window length (busy-time, not "a kernel
-  was running"); the spread is busiest minus idlest, in percentage points. Busy time comes
+  was running"); the spread is busiest minus idlest, in percentage points; both None when
+  no device was measured (a live run that scraped no backend). Busy time comes
   from busy intervals (the simulator) or, when those are absent, from samples of a
   cumulative busy-seconds counter (a live scrape), linear between samples.
 - queue depth: mean and max of the queue-depth samples taken every signal interval
@@ -183,7 +186,8 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
     slo_ms = np.asarray([rec.slo_ms.get(m, math.inf) for m in log.model], dtype=float)
     in_slo = lat_ms <= slo_ms
     # Decided: completed, dropped, or unfinished at the end but already older than the SLO.
-    decided = measured & (done | dropped | ((t1 - arr) * 1000.0 > slo_ms))
+    # A request of a model without an SLO (inf) is never decided: it has no attainment.
+    decided = measured & np.isfinite(slo_ms) & (done | dropped | ((t1 - arr) * 1000.0 > slo_ms))
 
     def served(g: np.ndarray) -> tuple[float, dict[str, float | None], float | None]:
         """Throughput, latency figures and SLO attainment of the requests ``g`` selects."""
@@ -209,12 +213,15 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
     for m in sorted(rec.slo_ms):
         is_m = model == m
         throughput, latency, attainment = served(is_m)
+        has_slo = math.isfinite(rec.slo_ms[m])
         models_out[m] = {
             "throughput_rps": throughput,
             "latency_ms": latency,
             "slo_ms": rec.slo_ms[m],
             "slo_attainment": attainment,
-            "goodput_rps": _r(float((is_m & fin_in_window & in_slo).sum()) / window),
+            "goodput_rps": _r(float((is_m & fin_in_window & in_slo).sum()) / window)
+            if has_slo
+            else None,
             "completed": int((is_m & done).sum()),
             "dropped": int((is_m & dropped).sum()),
         }
@@ -256,8 +263,9 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
         "slo_attainment": overall_attainment,
         "models": models_out,
         "devices": devices_out,
-        "utilization_mean": _r(float(np.mean(utils))) if utils else 0.0,
-        "utilization_spread_pts": _r((max(utils) - min(utils)) * 100.0) if utils else 0.0,
+        # No device measured (a live run that scraped nothing): None, not 0 % busy.
+        "utilization_mean": _r(float(np.mean(utils))) if utils else None,
+        "utilization_spread_pts": _r((max(utils) - min(utils)) * 100.0) if utils else None,
         "max_queue_depth": _r(max_q_all),
         "requests": counts(everyone),
         "device_seconds": None if rec.device_seconds is None else _r(rec.device_seconds),

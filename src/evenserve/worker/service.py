@@ -64,6 +64,10 @@ EMULATED_SWITCH_INTERVAL_S = 0.0002
 @dataclass
 class WorkerOptions:
     device: DeviceTarget
+    #: The worker's device name (``--name``; a cluster's launcher gives the device's, e.g.
+    #: ``gpu0``): the ``device`` label of its metrics and its load report. None: the device
+    #: string (``cuda:0``, ``emulated:PROFILE_SET``, which workers on one profile set share).
+    name: str | None = None
     #: Instances, interference and (emulated) memory: the scenario's device options.
     run: DeviceOptions = field(default_factory=DeviceOptions)
     #: Queue bound, starvation bound, class headroom: the scenario's arm options; a model's
@@ -379,7 +383,7 @@ class WorkerService:
             self._mtimes[e.name] = _mtime(e.source)
         self.nvml = _open_nvml(options.device)
         self.metrics = WorkerMetrics(
-            options.device.name,
+            self.device_name,
             list(self.entries),
             self._snapshot,
             self.nvml,
@@ -1102,6 +1106,11 @@ class WorkerService:
             in_flight_by_model=d.sched.in_flight_by_model() if d else {m: 0 for m in self.entries},
         )
 
+    @property
+    def device_name(self) -> str:
+        """What the metrics and the load report call the device (``WorkerOptions.name``)."""
+        return self.options.name or self.device.name
+
     def load_report(self) -> LoadReport:
         """The load report; its per-model figures list only READY models (the ones a router
         may send work to: not those loading or unloading). The device's totals count all."""
@@ -1117,7 +1126,7 @@ class WorkerService:
 
         return LoadReport(
             timestamp_s=time.time(),
-            device=self.device.name,
+            device=self.device_name,
             device_kind=self.device.kind,
             device_slice=self.device.slice_label,
             queue_depth=d.sched.waiting,
