@@ -47,6 +47,18 @@ class DeviceTrace:
     queue_t_s: list[float] = field(default_factory=list)
     queue_depth: list[float] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
+    #: Per batch, in start order like ``batch_sizes`` (the simulator; empty live, where the
+    #: worker's counters carry the same figures): its model, the seconds its instance sat
+    #: idle while its oldest request waited (``sched.Batch.held_s``), its policy's cap, the
+    #: profile's expected seconds, the input staging seconds, and the device memory in use
+    #: (weights and running batches) as a fraction of the total once it started (NaN:
+    #: total unknown).
+    batch_models: list[str] = field(default_factory=list)
+    batch_held_s: list[float] = field(default_factory=list)
+    batch_cap: list[int] = field(default_factory=list)
+    batch_expected_s: list[float] = field(default_factory=list)
+    batch_staging_s: list[float] = field(default_factory=list)
+    batch_memory_fraction: list[float] = field(default_factory=list)
     #: Exact time-weighted mean and max queue depth over the measured window, when the source
     #: saw every change (the simulator does; a live scrape only sees samples).
     exact_mean_queue_depth: float | None = None
@@ -59,6 +71,9 @@ class DeviceTrace:
     #: Batches the device runs at once; busy intervals overlap up to this many deep and
     #: utilization is their total over ``instances`` x time.
     instances: int = 1
+    #: The models it hosted, and each one's profile here as (batch sizes, ms per batch).
+    models: list[str] = field(default_factory=list)
+    profiles: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
     #: Seconds the device was on (turned on to turned off; the cost a user pays), over the
     #: whole run; None when not known (a live run).
     active_s: float | None = None
@@ -91,6 +106,10 @@ class RunRecords:
     #: Per model, the bound a cold request's latency is held to: its cold load time plus
     #: two of its batch times (seconds; placement arms only, {} otherwise).
     load_bound_s: dict[str, float] = field(default_factory=dict)
+    #: The policies in force, every parameter spelled out (``Registry.resolved``): routing,
+    #: and batching per model ({} when not known).
+    routing_spec: dict[str, object] = field(default_factory=dict)
+    batching_spec: dict[str, dict[str, object]] = field(default_factory=dict)
     #: Times of the autoscaler's ScaleUp decisions (simulator; empty live or without one).
     scale_ups_s: list[float] = field(default_factory=list)
     #: Per ScaleUp decided in a burst: seconds from the burst's first request to it (the

@@ -66,6 +66,12 @@ class DeviceSpec(DeviceOptions):
         description="stretches of the run where the slowdown is multiplied (a card that "
         "throttles mid-run); phases must not overlap",
     )
+    staging_ms_per_item: float = Field(
+        default=0.0,
+        ge=0,
+        description="host-to-device input staging per item, before each batch computes "
+        "(a transfer stall: pageable memory, large inputs); the profile does not include it",
+    )
 
     @field_validator("slice")
     @classmethod

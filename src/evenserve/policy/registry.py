@@ -81,6 +81,11 @@ class Registry(Generic[P]):
             raise PolicySpecError(format_validation_error(exc, where)) from exc
         return name, params
 
+    def resolved(self, spec: Any, where: str = "policy") -> dict[str, Any]:
+        """A spec with every parameter spelled out: ``{"policy": name, **params}``."""
+        name, params = self.parse(spec, where)
+        return {"policy": name, **params.model_dump()}
+
     def build(self, spec: Any, rng: random.Random | None = None, where: str = "policy") -> P:
         name, params = self.parse(spec, where)
         entry = self._entries[name]

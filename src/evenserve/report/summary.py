@@ -171,6 +171,100 @@ def queue_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list[float
     return [_r(float(sel.mean())) if sel.size else 0.0 for sel in in_bins]
 
 
+#: Bins of the fine utilization reading (``burst``): short enough to see single batches.
+BURST_BIN_S = 0.05
+
+
+def _interval_busy_at(tr: DeviceTrace, t: np.ndarray) -> np.ndarray:
+    """Cumulative busy seconds (summed over instances) at times ``t``, from busy intervals:
+    piecewise linear, its slope the number of batches running."""
+    s = np.asarray(tr.busy_start_s, dtype=float)
+    e = np.asarray(tr.busy_end_s, dtype=float)
+    times = np.concatenate([s, e])
+    steps = np.concatenate([np.ones(s.size), -np.ones(e.size)])
+    order = np.argsort(times, kind="stable")
+    times, steps = times[order], steps[order]
+    running = np.cumsum(steps)
+    cum = np.concatenate([[0.0], np.cumsum(running[:-1] * np.diff(times))])
+    out: np.ndarray = np.interp(t, times, cum, left=0.0, right=float(cum[-1]))
+    return out
+
+
+def burst_figures(tr: DeviceTrace, t0: float, t1: float) -> dict[str, float] | None:
+    """The device's busy fraction in 50 ms bins: how many bins were idle (≤ 10 % busy) and
+    how many full (≥ 90 %). Peaks and valleys both common is the saw-tooth a batching
+    problem draws. None without busy intervals (a live scrape samples too coarsely)."""
+    if not tr.busy_start_s or t1 - t0 < 2 * BURST_BIN_S:
+        return None
+    edges = np.arange(t0, t1 + 1e-9, BURST_BIN_S)
+    u = np.diff(_interval_busy_at(tr, edges)) / (BURST_BIN_S * max(1, tr.instances))
+    return {
+        "bin_ms": BURST_BIN_S * 1000.0,
+        "idle_bins": _r(float((u <= 0.1).mean())),
+        "full_bins": _r(float((u >= 0.9).mean())),
+    }
+
+
+def device_diagnostics(tr: DeviceTrace, t0: float, t1: float) -> dict[str, Any]:
+    """What diagnosis reads of one device beyond its utilization and queue (the batches that
+    started in the window; ``DeviceTrace``'s per-batch records):
+    - held_idle_fraction: seconds an instance sat idle while a request waited for a batch to
+      form (``sched.Batch.held_s``, summed) / (window x instances);
+    - observed_vs_profile: the batches' measured seconds / their profile's expected seconds
+      (> 1: slower than its profile; input staging excluded);
+    - staging_fraction: input staging seconds / busy seconds;
+    - memory_peak_fraction: the most device memory in use when a batch started / the total;
+    - per_model: batches, mean size, the policy's cap, fill (mean of size / cap), mean held
+      ms per batch, and the model's profile here;
+    - burst: ``burst_figures``.
+    Figures a run did not record are None."""
+    window = max(t1 - t0, 1e-9)
+    n = len(tr.batch_models)
+    sel = [i for i in range(n) if t0 <= tr.busy_start_s[i] < t1]
+    inst = max(1, tr.instances)
+    per_model: dict[str, Any] = {}
+    for m in sorted(set(tr.models) | {tr.batch_models[i] for i in sel}):
+        mine = [i for i in sel if tr.batch_models[i] == m]
+        sizes = [tr.batch_sizes[i] for i in mine]
+        caps = [max(1, tr.batch_cap[i]) for i in mine]
+        held = [tr.batch_held_s[i] for i in mine]
+        prof = tr.profiles.get(m)
+        per_model[m] = {
+            "batches": len(mine),
+            "mean_batch_size": _r(sum(sizes) / len(sizes)) if sizes else None,
+            "cap": max(caps) if caps else None,
+            "fill": _r(sum(b / c for b, c in zip(sizes, caps, strict=True)) / len(sizes))
+            if sizes
+            else None,
+            "held_ms_mean": _r(1000.0 * sum(held) / len(held)) if held else None,
+            "held_fraction": _r(sum(held) / (window * inst)),
+            "profile": None if prof is None else {"batches": prof[0], "latency_ms": prof[1]},
+        }
+    if not sel:
+        return {
+            "models": list(tr.models),
+            "held_idle_fraction": None,
+            "observed_vs_profile": None,
+            "staging_fraction": None,
+            "memory_peak_fraction": None,
+            "per_model": per_model,
+            "burst": burst_figures(tr, t0, t1),
+        }
+    took = sum(tr.busy_end_s[i] - tr.busy_start_s[i] for i in sel)
+    staging = sum(tr.batch_staging_s[i] for i in sel)
+    expected = sum(tr.batch_expected_s[i] for i in sel)
+    mem = [tr.batch_memory_fraction[i] for i in sel if not math.isnan(tr.batch_memory_fraction[i])]
+    return {
+        "models": list(tr.models),
+        "held_idle_fraction": _r(sum(tr.batch_held_s[i] for i in sel) / (window * inst)),
+        "observed_vs_profile": _r((took - staging) / expected) if expected > 0 else None,
+        "staging_fraction": _r(staging / took) if took > 0 else None,
+        "memory_peak_fraction": _r(max(mem)) if mem else None,
+        "per_model": per_model,
+        "burst": burst_figures(tr, t0, t1),
+    }
+
+
 def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
     t0, t1 = rec.warmup_s, rec.end_s
     window = t1 - t0
@@ -247,6 +341,7 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
             "exact_max_queue_depth": tr.exact_max_queue_depth,
             "mean_batch_size": _r(sum(bs) / len(bs)) if bs else None,
             "batches": len(bs),
+            **device_diagnostics(tr, t0, t1),
         }
     max_q_all = max((d["max_queue_depth"] for d in devices_out.values()), default=0.0)
     if rec.central_max_queue_depth is not None:
@@ -258,6 +353,8 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {
         "routing": rec.routing,
         "batching": rec.batching,
+        "routing_spec": rec.routing_spec,
+        "batching_spec": rec.batching_spec,
         "throughput_rps": throughput,
         "latency_ms": latency,
         "slo_attainment": overall_attainment,

@@ -29,6 +29,12 @@ class Batch(Generic[R]):
     #: Expected end while it runs (start + solo time; shared devices move it), actual end once
     #: finished.
     end_s: float = math.nan
+    #: Seconds its instance sat idle while the batch's oldest request waited (the batching
+    #: policy held it: a window, a static size to fill, memory): from the later of that
+    #: request's arrival and the instance's last batch end, to this start.
+    held_s: float = 0.0
+    #: The most requests the model's policy put in one batch when this one started.
+    cap: int = 0
 
 
 class SchedulerActions(Protocol[R]):

@@ -472,6 +472,11 @@ class DeviceScheduler(Generic[R]):
         solo, mem, occ = h.cost(items)
         inst = self._free.pop(0)
         batch = Batch(h.mq.name, taken, items, inst, now, solo, mem, self.batches_started)
+        if taken:
+            oldest = min(r.arrival_s for r in taken)
+            since = self.slots.free_since[inst]
+            batch.held_s = max(0.0, now - (oldest if oldest > since else since))
+        batch.cap = h.mq.policy.max_batch_size
         self.batches_started += 1
         self.memory.batches_bytes += mem
         self.slots.start(batch, occ, now, h.true_s(items, solo))

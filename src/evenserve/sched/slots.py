@@ -37,9 +37,11 @@ class Slots(Generic[R]):
         "_token",
         "busy",
         "free",
+        "free_since",
         "instances",
         "running",
         "slowdown",
+        "staging_s_per_item",
     )
 
     def __init__(
@@ -52,12 +54,18 @@ class Slots(Generic[R]):
         self.instances = device.instances
         self._actions = actions
         self.free = list(range(device.instances))
+        #: When each instance last became free (its last batch's end; the origin at first).
+        self.free_since = [origin_s] * device.instances
         self.running: dict[int, Batch[R]] = {}
         self._shared = SharedDevice(device.interference) if device.instances > 1 else None
         self._token = 0
         self._moved = False
         self.busy = BusyClock(device.instances, utilization_window_s, origin_s)
         self.slowdown = 1.0
+        #: Input staging per item (host to device) a batch spends before it computes; the
+        #: profile does not include it (a simulated transfer stall; 0 live, where the worker
+        #: times its staging itself).
+        self.staging_s_per_item = 0.0
 
     def start(
         self, batch: Batch[R], occupancy: float, now: float, true_s: float | None = None
@@ -68,6 +76,8 @@ class Slots(Generic[R]):
         self.running[batch.instance] = batch
         self.busy.start(now)
         real_s = (batch.solo_s if true_s is None else true_s) * self.slowdown
+        if self.staging_s_per_item:
+            real_s += self.staging_s_per_item * batch.items
         if self._shared is None:
             batch.end_s = now + batch.solo_s
             self._token += 1
@@ -83,6 +93,7 @@ class Slots(Generic[R]):
         if self.running.pop(inst, None) is not batch:
             raise ValueError(f"batch {batch.index} is not running")
         self.busy.stop(now)
+        self.free_since[inst] = now
         if self._shared is None:
             self.free.append(inst)
         else:

@@ -138,6 +138,7 @@ class Simulation:
             learn_profiles=self.arm.learn_profiles,
         )
         sched.slots.slowdown = spec.slowdown_at(self.loop.now)
+        sched.slots.staging_s_per_item = spec.staging_ms_per_item / 1000.0
         return sched
 
     def _slowdown_edge(self, arg: tuple[SimDevice, DeviceSpec]) -> None:
@@ -334,6 +335,10 @@ class Simulation:
         pl = self.placement
         for d in self.devices:
             d.trace.active_s = end if pl is None else pl.active_s(d.name, end)
+            d.trace.models = list(d.models)
+            d.trace.profiles = {
+                m: (list(p.batches), list(p.latency_ms)) for m, p in sorted(d.profiles.items())
+            }
         counts = None if pl is None else pl.controller.counts
         arm = self.arm
         return RunRecords(
@@ -359,6 +364,13 @@ class Simulation:
             else {
                 m: i.cold_load_s + 2 * i.batch_s
                 for m, i in self.placement.controller.models.items()
+            },
+            routing_spec=dict(ROUTING.resolved(arm.routing, "routing"))
+            if arm.routing != CENTRAL_QUEUE
+            else {"policy": CENTRAL_QUEUE},
+            batching_spec={
+                m: BATCHING.resolved(arm.batching_per_model.get(m, arm.batching), "batching")
+                for m in sorted(self.sc.models)
             },
             scale_ups_s=[] if pl is None else list(pl.scale_ups_s),
             scale_up_decisions_s=[] if pl is None else list(pl.scale_up_decisions_s),

@@ -4,6 +4,7 @@ event, a dropped request is logged) and hands the events back (``wake``, ``finis
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Protocol
@@ -14,6 +15,8 @@ from evenserve.core.scenario import ArmSpec, Scenario
 from evenserve.sched import Batch, DeviceScheduler, ModelSetup, QueuedRequest
 from evenserve.sim.engine import EventLoop
 from evenserve.sim.loader import LoadedScenario
+
+NAN = math.nan
 
 
 class SimHost(Protocol):
@@ -77,6 +80,14 @@ class SimDevice:
         tr.busy_start_s.append(batch.started_s)
         tr.busy_end_s.append(batch.started_s + batch.solo_s)  # set again when it ends
         tr.batch_sizes.append(batch.items)
+        tr.batch_models.append(batch.model)
+        tr.batch_held_s.append(batch.held_s)
+        tr.batch_cap.append(batch.cap)
+        tr.batch_expected_s.append(batch.solo_s)
+        slots = self.sched.slots
+        tr.batch_staging_s.append(slots.staging_s_per_item * batch.items)
+        used, total = self.sched.memory.used_total()
+        tr.batch_memory_fraction.append(used / total if used is not None and total else NAN)
 
     def drop(self, request: SimRequest, reason: str) -> None:
         self.sim.drop(request, reason, self.name)
