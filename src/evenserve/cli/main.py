@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from evenserve.cli import (
     bench_cmd,
+    diagnose_cmd,
     gateway_cmd,
     params_cmd,
     record_cmd,
@@ -19,6 +20,7 @@ COMMANDS = (
     sim_cmd.compare,
     sim_cmd.policies,
     tune_cmd.tune,
+    diagnose_cmd.diagnose,
     bench_cmd.bench,
     bench_cmd.report,
     gateway_cmd.gateway,

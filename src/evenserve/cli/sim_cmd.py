@@ -29,6 +29,21 @@ def _write_json(path: Path, obj: Any) -> None:
         path.write_text(text)
 
 
+def _source(
+    scenario: Path, arm: str | None, seed: int, set_: list[str] | None, level: str | None
+) -> dict[str, Any]:
+    """What a summary came from, so ``diagnose`` can replay its arrivals."""
+    return {
+        "scenario": str(scenario.resolve()),
+        "arm": arm,
+        "seed": seed,
+        "set": list(set_ or []),
+        "level": level,
+        "trace": None,
+        "duration_s": None,
+    }
+
+
 LevelOpt = Annotated[
     str | None, typer.Option("--level", help="Run at a named load level of the scenario.")
 ]
@@ -65,6 +80,7 @@ def simulate(
         fail(str(exc))
         return
     summary = run_summary(sc.name, s, {name: summary_arm})
+    summary["source"] = _source(scenario, name, s, set_, level)
     if json_path is not None:
         _write_json(json_path, summary)
     if json_path is None or str(json_path) != "-":
@@ -112,6 +128,7 @@ def compare(
         fail(str(exc))
         return
     summary = run_summary(sc.name, s, arms)
+    summary["source"] = _source(scenario, None, s, set_, level)
     summary["comparison"] = compare_rows(summary)
     if json_path is not None:
         _write_json(json_path, summary)
