@@ -98,6 +98,11 @@ def hot_node(raw: Raw) -> None:
     _rates(raw, text=500)
 
 
+def hot_node_400(raw: Raw) -> None:
+    hot_node(raw)
+    _rates(raw, text=400)
+
+
 def hot_node_weighted(raw: Raw) -> None:
     """Static weights that send most work to gpu0."""
     _arm(raw)["routing"] = {"policy": "weighted-random", "weights": {"gpu0": 4.0}}
@@ -114,6 +119,10 @@ def imbalance(raw: Raw) -> None:
 def imbalance_weighted(raw: Raw) -> None:
     """Static weights that favour two devices a little: their queues build (not 3x)."""
     _arm(raw)["routing"] = {"policy": "weighted-random", "weights": {"gpu0": 1.6, "gpu1": 1.6}}
+
+
+def imbalance_gpu2(raw: Raw) -> None:
+    _arm(raw)["routing"] = {"policy": "weighted-random", "weights": {"gpu2": 1.8}}
 
 
 def overload(share: float, refusals: bool) -> Callable[[Raw], None]:
@@ -279,6 +288,59 @@ CASES: list[tuple[str, Callable[[Raw], None], list[Label]]] = [
     ("healthy-medium", healthy(5, 0.7), []),
     ("healthy-seed6", healthy(6, 1.1), []),
 ]
+#: Held out: written after the detectors' thresholds were set and run once as they are (other
+#: strengths, devices and seeds), plus every case above on seed 2; a mild slowdown (1.1x) is
+#: labelled healthy: below what a detector should call a fault.
+HELD_OUT: list[tuple[str, Callable[[Raw], None], list[Label]]] = [
+    ("ho-slow-device-1.4x", slow_device(1.4, 0), [("slow-device", "gpu0", None)]),
+    ("ho-hot-node-text-rate", hot_node_400, [("hot-node", "gpu0", None)]),
+    (
+        "ho-static-8",
+        static(8),
+        [("static-batch-wait", d, m) for d in ALL for m in ("vision", "text")],
+    ),
+    ("ho-window-text-10ms", window(10.0, "text"), [("window-too-long", d, "text") for d in ALL]),
+    ("ho-staging-gpu0", staging(0.5, (0,)), [("transfer-stall", "gpu0", None)]),
+    ("ho-memory-gpu3", memory(2.8, 3), [("memory-pressure", "gpu3", None)]),
+    ("ho-overload-2x", overload(2.0, True), [("overload-shedding", None, None)]),
+    (
+        "ho-sawtooth-0.6",
+        sawtooth(0.6),
+        [("batching-sawtooth", d, m) for d in ALL for m in ("vision", "text")],
+    ),
+    (
+        "ho-small-cap-3",
+        small_cap(3, 1.4),
+        [("memory-bound-small-batches", d, m) for d in ALL for m in ("vision", "text")],
+    ),
+    (
+        "ho-compute-bound-15ms",
+        compute_waiting(15.0),
+        [("compute-bound-waiting", d, "dense") for d in ALL],
+    ),
+    (
+        "ho-imbalance-gpu2",
+        imbalance_gpu2,
+        [("scheduling-imbalance", "gpu2", None)],
+    ),
+    ("ho-tight-slo-text", tight_slo(25.0, 14.0), [(OUTCOME, None, "text")]),
+    ("ho-healthy-seed7", healthy(7, 0.9), []),
+    ("ho-healthy-seed8", healthy(8, 1.2), []),
+    ("ho-healthy-seed9", healthy(9, 0.5), []),
+    ("ho-mild-slowdown", slow_device(1.1, 1), []),
+]
+
+
+def on_seed(seed: int, inject: Callable[[Raw], None]) -> Callable[[Raw], None]:
+    def f(raw: Raw) -> None:
+        inject(raw)
+        raw["seed"] = seed
+
+    return f
+
+
+HELD_OUT += [(f"ho-seed2-{n}", on_seed(2, f), lab) for n, f, lab in CASES if "healthy" not in n]
+
 #: Cases on the seed scenario (its arms as they are): the articles' baseline and fix.
 SEED_CASES: list[tuple[str, str, list[Label]]] = [
     (
@@ -308,7 +370,7 @@ def run_case(name: str) -> dict[str, Any]:
         raw = yaml.safe_load(SEED.read_text())
         base_dir = SEED.parent
     else:
-        inject = next(f for n, f, _ in CASES if n == name)
+        inject = next(f for n, f, _ in CASES + HELD_OUT if n == name)
         raw = copy.deepcopy(_base())
         slow_profiles(raw)
         inject(raw)
@@ -370,10 +432,18 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write every case's findings and the scores here")
     ap.add_argument("--live", type=Path, help="a folder of live summaries with labels.json")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument(
+        "--no-held-out",
+        dest="held_out",
+        action="store_false",
+        help="only the design set (the held-out cases take as long again)",
+    )
     args = ap.parse_args()
     console = Console(width=140)
-    names = [n for n, _, _ in CASES] + [n for n, _, _ in SEED_CASES]
-    labels = {n: lab for n, _, lab in CASES} | {n: lab for n, _, lab in SEED_CASES}
+    design = [n for n, _, _ in CASES] + [n for n, _, _ in SEED_CASES]
+    held = [n for n, _, _ in HELD_OUT] if args.held_out else []
+    names = design + held
+    labels = {n: lab for n, _, lab in CASES + HELD_OUT} | {n: lab for n, _, lab in SEED_CASES}
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         runs = dict(zip(names, pool.map(run_case, names), strict=True))
@@ -384,7 +454,7 @@ def main() -> int:
         t = time.perf_counter()
         found = [f.to_json((0.0, 0.0)) for f in diagnose_arm(arm)]
         cases[n] = {
-            "source": "sim",
+            "source": "sim" if n in design else "sim, held out",
             "labels": labels[n],
             "findings": found,
             "diagnose_s": time.perf_counter() - t,
@@ -401,18 +471,12 @@ def main() -> int:
                 "findings": found,
                 "diagnose_s": 0.0,
             }
-    tp: Counter[str] = Counter()
-    fp: Counter[str] = Counter()
-    fn: Counter[str] = Counter()
     per_case = Table(title="cases", title_justify="left")
     for col in ("case", "source", "expected", "found", "result"):
         per_case.add_column(col, overflow="fold")
     for n, c in cases.items():
-        a, b, m, notes = score(c["findings"], c["labels"], not c["labels"])
-        tp.update(a)
-        fp.update(b)
-        fn.update(m)
-        c["notes"] = notes
+        c["scores"] = score(c["findings"], c["labels"], not c["labels"])
+        notes = c["scores"][3]
         exp = Counter(k for k, _, _ in c["labels"])
         got = Counter(f["kind"] for f in c["findings"])
         per_case.add_row(
@@ -423,49 +487,42 @@ def main() -> int:
             "ok" if not notes else "; ".join(notes[:4]) + (" ..." if len(notes) > 4 else ""),
         )
     console.print(per_case)
-    table = Table(title="confusion per kind (labels vs findings)", title_justify="left")
-    for col in ("kind", "TP", "FP", "FN", "precision", "recall"):
-        table.add_column(col, justify="right" if col != "kind" else "left")
-    rows = {}
-    for k in KINDS:
-        p = tp[k] / (tp[k] + fp[k]) if tp[k] + fp[k] else None
-        r = tp[k] / (tp[k] + fn[k]) if tp[k] + fn[k] else None
-        rows[k] = {"tp": tp[k], "fp": fp[k], "fn": fn[k], "precision": p, "recall": r}
-        table.add_row(
-            k,
-            str(tp[k]),
-            str(fp[k]),
-            str(fn[k]),
-            "-" if p is None else f"{p:.1%}",
-            "-" if r is None else f"{r:.1%}",
-        )
-    TP, FP, FN = sum(tp.values()), sum(fp.values()), sum(fn.values())
-    precision = TP / (TP + FP) if TP + FP else 1.0
-    recall = TP / (TP + FN) if TP + FN else 1.0
-    table.add_row("all", str(TP), str(FP), str(FN), f"{precision:.1%}", f"{recall:.1%}")
-    console.print(table)
+    groups = {
+        "design set": [c for c in cases.values() if c["source"] == "sim"],
+        "held out": [c for c in cases.values() if c["source"] == "sim, held out"],
+        "live": [c for c in cases.values() if c["source"] == "live"],
+    }
+    groups = {k: v for k, v in groups.items() if v}
+    groups["all"] = list(cases.values())
+    results = {name: confusion(console, name, group) for name, group in groups.items()}
+    total = results["all"]
     faults = sum(1 for c in cases.values() if c["labels"])
     healthy_n = len(cases) - faults
     clean = sum(1 for c in cases.values() if not c["labels"] and not c["findings"])
     diag_max = max(c["diagnose_s"] for c in cases.values())
     console.print(
         f"{len(cases)} runs: {faults} with faults, {healthy_n} healthy ({clean} gave no "
-        f"finding); precision {precision:.1%}, recall {recall:.1%}; simulation {sim_s:.0f} s, "
-        f"diagnosis at most {diag_max * 1000:.1f} ms per run"
+        f"finding); simulation {sim_s:.0f} s, diagnosis at most {diag_max * 1000:.1f} ms per run"
     )
-    ok = precision >= 0.95 and recall >= 0.95 and clean == healthy_n and faults >= 24
+    ok = (
+        total["precision"] >= 0.95
+        and total["recall"] >= 0.95
+        and clean == healthy_n
+        and faults >= 24
+    )
     console.print(
-        f"target (>= 95 % both, >= 24 fault runs, healthy runs clean): {'PASS' if ok else 'FAIL'}"
+        "target (>= 95 % precision and recall over all runs, >= 24 fault runs, healthy runs "
+        f"clean): {'PASS' if ok else 'FAIL'}"
     )
     if args.json is not None:
+        for c in cases.values():
+            c["notes"] = c.pop("scores")[3]
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
             json.dumps(
                 {
                     "cases": cases,
-                    "per_kind": rows,
-                    "precision": precision,
-                    "recall": recall,
+                    "scores": results,
                     "fault_runs": faults,
                     "healthy_runs": healthy_n,
                     "pass": ok,
@@ -475,6 +532,45 @@ def main() -> int:
             + "\n"
         )
     return 0 if ok else 1
+
+
+def confusion(console: Console, name: str, group: list[dict[str, Any]]) -> dict[str, Any]:
+    """Print one group's confusion table per kind; its figures."""
+    tp: Counter[str] = Counter()
+    fp: Counter[str] = Counter()
+    fn: Counter[str] = Counter()
+    for c in group:
+        a, b, m, _ = c["scores"]
+        tp.update(a)
+        fp.update(b)
+        fn.update(m)
+    faults = sum(1 for c in group if c["labels"])
+    table = Table(
+        title=f"{name}: {len(group)} runs ({faults} with faults), labels vs findings",
+        title_justify="left",
+    )
+    for col in ("kind", "TP", "FP", "FN", "precision", "recall"):
+        table.add_column(col, justify="right" if col != "kind" else "left")
+    rows = {}
+    for k in KINDS:
+        p = tp[k] / (tp[k] + fp[k]) if tp[k] + fp[k] else None
+        r = tp[k] / (tp[k] + fn[k]) if tp[k] + fn[k] else None
+        rows[k] = {"tp": tp[k], "fp": fp[k], "fn": fn[k], "precision": p, "recall": r}
+        if tp[k] + fp[k] + fn[k]:
+            table.add_row(
+                k,
+                str(tp[k]),
+                str(fp[k]),
+                str(fn[k]),
+                "-" if p is None else f"{p:.1%}",
+                "-" if r is None else f"{r:.1%}",
+            )
+    t, f, n = sum(tp.values()), sum(fp.values()), sum(fn.values())
+    precision = t / (t + f) if t + f else 1.0
+    recall = t / (t + n) if t + n else 1.0
+    table.add_row("all", str(t), str(f), str(n), f"{precision:.1%}", f"{recall:.1%}")
+    console.print(table)
+    return {"per_kind": rows, "precision": precision, "recall": recall, "runs": len(group)}
 
 
 if __name__ == "__main__":
