@@ -55,7 +55,8 @@ def main() -> None:
             raise SystemExit(out.stderr)
         report = json.loads(out.stdout)
         kinds = [f["kind"] for f in report["runs"][0]["arms"]["baseline"]["findings"]]
-        print(f"run: seed baseline, {duration:.0f} s simulated in {sim_s:.1f} s; JSON {size_kb:.0f} kB")
+        print(f"run: seed baseline, {duration:.0f} s simulated in {sim_s:.1f} s", end="")
+        print(f"; JSON {size_kb:.0f} kB")
         print(f"findings: {len(found['baseline'])} ({', '.join(sorted(set(kinds)))})")
         print(f"read + detect in process: {inproc_s * 1000:.0f} ms")
         print(f"evenserve diagnose --no-verify, whole process: {whole_s:.2f} s")

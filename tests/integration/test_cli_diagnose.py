@@ -63,11 +63,15 @@ def test_static_batches_found_and_a_verified_fix(tmp_path: Path) -> None:
 
 def test_no_verify_and_stdout_json(tmp_path: Path) -> None:
     run = _simulate(tmp_path)
-    r = runner.invoke(app, ["diagnose", str(run), "--no-verify", "--json", "-"])
+    plots = tmp_path / "plots"
+    r = runner.invoke(
+        app, ["diagnose", str(run), "--no-verify", "--json", "-", "--plots", str(plots)]
+    )
     assert r.exit_code == 0, r.output
     report = json.loads(r.output)
     arm = report["runs"][0]["arms"]["healthy"]
     assert not arm["verified"] and arm["findings"]
+    assert Path(arm["plot"]).read_bytes()[:4] == b"\x89PNG"
     assert all("recommendation" not in f for f in arm["findings"])
 
 

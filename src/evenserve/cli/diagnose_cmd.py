@@ -154,6 +154,10 @@ def diagnose(
     jobs: Annotated[
         int | None, typer.Option(help="Simulator runs at once (default: cores).")
     ] = None,
+    plots: Annotated[
+        Path | None,
+        typer.Option(help="Write a diagnosis PNG per arm into this folder."),
+    ] = None,
     apply: Annotated[
         str | None,
         typer.Option(help="Push the best parameter-change recommendation to this gateway."),
@@ -214,6 +218,12 @@ def diagnose(
                 else:
                     item.update(_verify(findings, replay, replay.arm or name, jobs, quiet))
             entry["arms"][name] = item
+            if plots is not None:
+                from evenserve.report.plots import plot_diagnosis  # matplotlib: only here
+
+                plots.mkdir(parents=True, exist_ok=True)
+                label = f"{path.stem}-{name}" if len(runs) > 1 else name
+                item["plot"] = str(plot_diagnosis(label, summary["arms"][name], findings, plots))
             every += findings
             if item.get("combined"):
                 combined.append(item["combined"])

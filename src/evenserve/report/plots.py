@@ -111,3 +111,60 @@ def write_plots(summary: dict[str, Any], out: Path) -> list[Path]:
         plot_latency_cdf(summary, out),
         plot_queue_depth(summary, out),
     ]
+
+
+def plot_diagnosis(
+    name: str, arm: dict[str, Any], findings: list[dict[str, Any]], out: Path
+) -> Path:
+    """One arm's diagnosis: queue depth and busy % per device over time (a device named by a
+    finding drawn thick), and per device the share of the window it sat idle while requests
+    waited for a batch (held) next to its busy share; the findings listed under the plot."""
+    ts = arm.get("timeseries") or {}
+    t = ts.get("t_s", [])
+    named = {f["device"] for f in findings if f.get("device")}
+    fig, (q_ax, u_ax, h_ax) = plt.subplots(
+        3, 1, figsize=(10, 8.5), gridspec_kw={"height_ratios": [2, 2, 1.6]}
+    )
+    for ax, series, scale, label in (
+        (q_ax, "queue_depth", 1.0, "requests queued"),
+        (u_ax, "utilization", 100.0, "busy %"),
+    ):
+        lines = ts.get(series) or {}
+        for dev, values in lines.items():
+            ax.plot(
+                t[: len(values)],
+                [scale * x for x in values],
+                label=dev + (" (finding)" if dev in named else ""),
+                linewidth=2.2 if dev in named else 0.9,
+            )
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if lines:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="device")
+        else:
+            ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center", color="gray")
+    q_ax.set_title(f"{name}: requests queued per device (per-interval mean)", fontsize=9)
+    u_ax.set_title(f"{name}: busy % per device (per-interval mean)", fontsize=9)
+    u_ax.set_xlabel("time since the start of the run (s)")
+    devices = arm.get("devices") or {}
+    names = list(devices)
+    held = [100.0 * (devices[d].get("held_idle_fraction") or 0.0) for d in names]
+    busy = [100.0 * (devices[d].get("utilization") or 0.0) for d in names]
+    x = range(len(names))
+    h_ax.bar([i - 0.2 for i in x], busy, width=0.4, label="busy")
+    h_ax.bar([i + 0.2 for i in x], held, width=0.4, label="idle while a batch was held")
+    h_ax.set_xticks(list(x), names, fontsize=8)
+    h_ax.set_ylabel("% of the window")
+    h_ax.set_ylim(0, 105)
+    h_ax.set_title(f"{name}: busy vs held idle per device (over the window)", fontsize=9)
+    h_ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    lines = [f"{f['severity']}: {f['kind']} - {f['summary']}" for f in findings[:8]]
+    if len(findings) > 8:
+        lines.append(f"... and {len(findings) - 8} more (see the JSON)")
+    fig.text(0.01, 0.005, "\n".join(lines) or "no findings", fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.03 + 0.018 * len(lines), 1, 1))
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    path = out / f"diagnosis-{safe}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
