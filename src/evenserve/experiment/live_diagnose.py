@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from evenserve.core.errors import EvenserveError
 from evenserve.core.wire import LOAD_PATH, METRICS_PATH
 from evenserve.httpio.params_client import ParamsAPIError, get_params, push_params
-from evenserve.loadgen.records import RunLabels, to_records
+from evenserve.loadgen.records import RunLabels, measured_batch_figures, to_records
 from evenserve.loadgen.scrape import Scraper
 from evenserve.policy.batching import BATCHING
 from evenserve.report.summary import run_summary, summarize
@@ -280,13 +280,7 @@ async def _collect(
         routing_spec=routing_spec,
         batching_spec={m: _resolved(spec) for m, spec in sorted(batching.items())},
     )
-    arm = summarize(to_records([], scraper.data, labels, 0.0, end_s))
-    for d in arm["devices"].values():
-        pm = d["per_model"].values()
-        n = sum(p["batches"] for p in pm)
-        items = sum(p["batches"] * (p["mean_batch_size"] or 0.0) for p in pm)
-        d["batches"] = n
-        d["mean_batch_size"] = _r(items / n) if n else None
+    arm = measured_batch_figures(summarize(to_records([], scraper.data, labels, 0.0, end_s)))
     arm["models"] = per_model
     arm["requests"] = counts
     arm["latency_ms"] = latency

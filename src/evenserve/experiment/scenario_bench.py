@@ -49,7 +49,12 @@ from evenserve.experiment.scaling import DEFAULT_TIME_SCALE, scale_scenario
 from evenserve.experiment.stats import FigureStats, headline, repeat_stats
 from evenserve.experiment.tables import fmt
 from evenserve.loadgen.display import live_progress
-from evenserve.loadgen.records import RunLabels, result_records, write_run
+from evenserve.loadgen.records import (
+    RunLabels,
+    measured_batch_figures,
+    result_records,
+    write_run,
+)
 from evenserve.loadgen.runner import run_load
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import batching_label, spec_label
@@ -240,7 +245,7 @@ def run_repeat(
     extra = {"time_scale": bench.time_scale, "cpu": cpu}
     write_run(plan.folder / "runs" / arm / f"rep{rep + 1}", result, labels, extra)
     print_errors(result, err_console)
-    s = summarize(result_records(result, labels))
+    s = measured_batch_figures(summarize(result_records(result, labels)))
     if placed:
         # The gateway's counts over the load (device-seconds, loads, evictions, scale-ups).
         s.update(run_placement_figures(pl_before, pl_after))

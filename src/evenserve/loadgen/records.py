@@ -101,14 +101,20 @@ def measured_diagnostics(
     inside = [r for t, r in zip(readings_t_s, readings, strict=True) if t0 <= t <= t1]
     per_model: dict[str, Any] = {}
     held = expected = computed = staged = 0.0
+    # Observed vs profile over the models with a profile only (the others expect nothing).
+    profiled_compute = profiled_staged = 0.0
     for m in models:
         n = delta(m, "batches")
         items = delta(m, "items")
         h = delta(m, "held_s")
         held += h
-        expected += delta(m, "expected_s")
-        computed += delta(m, "compute_s")
-        staged += delta(m, "input_s")
+        e, c, i = delta(m, "expected_s"), delta(m, "compute_s"), delta(m, "input_s")
+        expected += e
+        computed += c
+        staged += i
+        if e > 0:
+            profiled_compute += c
+            profiled_staged += i
         caps = [r["models"][m]["cap"] for r in inside if "cap" in r["models"].get(m, {})]
         cap = int(caps[-1]) if caps else None
         mean = items / n if n > 0 else None
@@ -131,7 +137,9 @@ def measured_diagnostics(
     return {
         "models": models,
         "held_idle_fraction": _r(held / (window * inst)) if batched else None,
-        "observed_vs_profile": _r((computed - staged) / expected) if expected > 0 else None,
+        "observed_vs_profile": _r((profiled_compute - profiled_staged) / expected)
+        if expected > 0
+        else None,
         "staging_fraction": _r(staged / computed) if computed > 0 else None,
         "memory_peak_fraction": _r(max(mem)) if mem else None,
         "per_model": per_model,
@@ -176,6 +184,21 @@ def to_records(
     # The run's labels name the records; the SLOs cover every model that was sent.
     named = {**dataclasses.asdict(labels), "slo_ms": slo}
     return RunRecords(**named, warmup_s=warmup_s, end_s=end_s, requests=log, devices=devices)
+
+
+def measured_batch_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """A live summary's per-device ``batches`` and ``mean_batch_size`` from its measured
+    per-model figures (``summarize`` counts them from per-batch records, which a live run
+    has not: 0 and None there would say nothing ran). Changes ``summary`` in place."""
+    for d in summary.get("devices", {}).values():
+        per_model = d.get("per_model") or {}
+        if not per_model or d.get("batches"):
+            continue  # counted from per-batch records (the simulator's) already
+        n = sum(p["batches"] for p in per_model.values())
+        items = sum(p["batches"] * (p["mean_batch_size"] or 0.0) for p in per_model.values())
+        d["batches"] = n
+        d["mean_batch_size"] = _r(items / n) if n else None
+    return summary
 
 
 def result_records(result: LoadResult, labels: RunLabels) -> RunRecords:

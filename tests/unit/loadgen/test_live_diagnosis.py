@@ -187,3 +187,20 @@ def test_the_scrapers_names_are_the_workers() -> None:
         names.DEVICE_INSTANCES,
     }
     assert f"{names.DEVICE_BUSY_SECONDS}_total" == scrape.BUSY_COUNTER
+
+
+def test_a_live_devices_batches_come_from_its_measured_figures() -> None:
+    from evenserve.loadgen.records import measured_batch_figures
+
+    s = summarize(to_records([], {"gpu0": _scrape()}, LABELS, warmup_s=1.0, end_s=3.0))
+    assert s["devices"]["gpu0"]["batches"] == 0  # no per-batch records live
+    d = measured_batch_figures(s)["devices"]["gpu0"]
+    assert d["batches"] == 10 and d["mean_batch_size"] == pytest.approx(2.0)
+
+
+def test_observed_vs_profile_counts_only_the_models_with_a_profile() -> None:
+    b = _scrape()
+    for r in b.metrics:  # a second model without a profile, computing for a long time
+        r["models"]["b"] = {"compute_s": 100.0 * r["models"]["a"]["batches"], "batches": 1.0}
+    d = summarize(to_records([], {"gpu0": b}, LABELS, 1.0, 3.0))["devices"]["gpu0"]
+    assert d["observed_vs_profile"] == pytest.approx((3.0 - 0.6) / 2.0)
