@@ -212,6 +212,13 @@ def worker(
         float | None,
         typer.Option(help="Origin of --slowdown-phases, wall-clock Unix seconds."),
     ] = None,
+    staging_ms_per_item: Annotated[
+        float,
+        typer.Option(
+            help="Emulated devices: every batch first stages its inputs for this many ms per "
+            "item (counted as its compute_input phase), on top of its profile's time."
+        ),
+    ] = 0.0,
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
@@ -284,6 +291,8 @@ def worker(
             fail("--host-pool-gb: must be > 0")
     if not (slowdown > 0 and slowdown < float("inf")):
         fail("--slowdown: must be a number > 0")
+    if not (staging_ms_per_item >= 0 and staging_ms_per_item < float("inf")):
+        fail("--staging-ms-per-item: must be a number >= 0")
     if slowdown_origin_unix is not None and slowdown_phases is None:
         fail("--slowdown-origin-unix: needs --slowdown-phases")
     try:
@@ -339,6 +348,7 @@ def worker(
             learn_profiles=learn_profiles,
             slowdown=None if schedule.constant else schedule,
             slowdown_origin_unix_s=slowdown_origin_unix,
+            staging_s_per_item=staging_ms_per_item / 1000.0,
             admin_token=worker_admin_token(admin_token_file),
         )
         service = WorkerService(entries, options)
@@ -347,6 +357,10 @@ def worker(
         ):
             flag = "--slowdown" if slowdown != 1.0 else "--slowdown-phases"
             fail(f"{flag}: only emulated models can be slowed, and none is served here")
+        if staging_ms_per_item > 0 and not any(
+            isinstance(rt, EmulatedRuntime) for rt in service.runtimes.values()
+        ):
+            fail("--staging-ms-per-item: only emulated models stage slowly, and none is served")
         err_console.print(
             f"evenserve worker: loading {', '.join(service.entries) or 'no models'} on "
             f"{dev.name} (model control: {model_control}) ...",

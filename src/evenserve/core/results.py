@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -77,6 +78,10 @@ class DeviceTrace:
     #: Seconds the device was on (turned on to turned off; the cost a user pays), over the
     #: whole run; None when not known (a live run).
     active_s: float | None = None
+    #: The diagnosis figures (``report.summary.device_diagnostics``'s keys) measured some
+    #: other way than per batch: a live run computes them from the worker's counters over
+    #: the window (``loadgen.records``). None: computed from the per-batch records.
+    measured_diagnostics: dict[str, Any] | None = None
 
 
 @dataclass

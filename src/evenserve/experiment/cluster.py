@@ -8,7 +8,8 @@ policy. :func:`arm_cluster` starts it with the ``evenserve up`` Launcher, on loo
 scenario device's ``slowdown`` and ``slowdown_phases`` become its worker's ``--slowdown`` and
 ``--slowdown-phases`` (phases from the worker's first batch, which is the load's start: an
 emulated batch then really takes its profile's time times the slowdown, as in the
-simulator); an arm's ``learn_profiles``, every worker's ``--learn-profiles``.
+simulator); its ``staging_ms_per_item``, the worker's ``--staging-ms-per-item``; an arm's
+``learn_profiles``, every worker's ``--learn-profiles``.
 
 Placement arms: only the devices the arm lists; the gateway's ``placement`` (the arm's
 policy with its ``placement_interval_ms``, ``load_wait_ms`` and ``host_memory_gb``) and
@@ -86,9 +87,12 @@ def live_batching(spec: Any, where: str) -> tuple[dict[str, Any], int]:
 
 
 def slowdown_args(d: DeviceSpec) -> list[str]:
-    """The worker flags of a scenario device's slowdown (none for one as fast as its
-    profiles): its phases count from the worker's first batch, the load's start."""
+    """The worker flags of a scenario device's slowdown and input staging (none for one as
+    fast as its profiles): its phases count from the worker's first batch, the load's
+    start."""
     out: list[str] = []
+    if d.staging_ms_per_item:
+        out += ["--staging-ms-per-item", repr(d.staging_ms_per_item)]
     if d.slowdown != 1.0:
         out += ["--slowdown", repr(d.slowdown)]
     if d.slowdown_phases:

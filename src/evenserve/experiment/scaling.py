@@ -2,7 +2,8 @@
 
 Every emulated batch takes K times its profile's time (the scaled profile set is written next
 to the cluster), every think time and inter-arrival time is K times longer (rates K times
-lower), trace times and rate phases K times later, SLOs and deadlines K times longer.
+lower), trace times and rate phases K times later, SLOs, deadlines and each device's input
+staging (``staging_ms_per_item``) K times longer.
 Placement (an arm with ``placement``): every model's cold and warm load time (its own
 ``load_ms`` / ``warm_load_ms``, else the default from its profile's weights, made explicit)
 is K times longer, and so are every device's ``start_ms``, each arm's
@@ -100,6 +101,8 @@ def scale_scenario(
             update={
                 "start_ms": d.start_ms * k,
                 "slowdown_phases": scaled_phases(d.slowdown_phases, k),
+                # Staging is part of a batch's time: it scales with the batches.
+                "staging_ms_per_item": d.staging_ms_per_item * k,
             }
         )
         for d in sc.devices

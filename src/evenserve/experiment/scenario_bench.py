@@ -49,9 +49,16 @@ from evenserve.experiment.scaling import DEFAULT_TIME_SCALE, scale_scenario
 from evenserve.experiment.stats import FigureStats, headline, repeat_stats
 from evenserve.experiment.tables import fmt
 from evenserve.loadgen.display import live_progress
-from evenserve.loadgen.records import RunLabels, result_records, write_run
+from evenserve.loadgen.records import (
+    RunLabels,
+    measured_batch_figures,
+    result_records,
+    write_run,
+)
 from evenserve.loadgen.runner import run_load
+from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import batching_label, spec_label
+from evenserve.policy.routing import ROUTING
 from evenserve.report.summary import run_summary, summarize
 from evenserve.report.table import compare_rows
 from evenserve.sim.cluster import simulate
@@ -227,11 +234,18 @@ def run_repeat(
         seed=rseed,
         slo_ms={m: v.slo_ms for m, v in sc.models.items()},
         timeseries_interval_s=plan.loaded.scenario.timeseries_interval_s,
+        routing_spec=dict(ROUTING.resolved(spec_arm.routing, "routing")),
+        batching_spec={
+            m: dict(
+                BATCHING.resolved(spec_arm.batching_per_model.get(m, spec_arm.batching), "batching")
+            )
+            for m in sorted(sc.models)
+        },
     )
     extra = {"time_scale": bench.time_scale, "cpu": cpu}
     write_run(plan.folder / "runs" / arm / f"rep{rep + 1}", result, labels, extra)
     print_errors(result, err_console)
-    s = summarize(result_records(result, labels))
+    s = measured_batch_figures(summarize(result_records(result, labels)))
     if placed:
         # The gateway's counts over the load (device-seconds, loads, evictions, scale-ups).
         s.update(run_placement_figures(pl_before, pl_after))

@@ -12,11 +12,19 @@ run: target, mode, arm labels, window, SLOs, lag, errors, the send path's connec
 - a backend's queue-depth samples are the load endpoint's ``queue_depth`` (requests waiting,
   as the simulator samples them every signal interval); its busy time comes from the sampled
   busy-seconds counter; a backend whose scrapes never answered is no device of the records
-  (its utilization was not measured: no figure, rather than 0 %).
+  (its utilization was not measured: no figure, rather than 0 %);
+- a backend's diagnosis figures (``report.summary.device_diagnostics``'s keys) come from
+  its counters' deltas over the window, each counter interpolated linearly at the window's
+  edges (``measured_diagnostics``): held seconds / (window x instances), (compute seconds -
+  input staging) / the profile's expected seconds, staging / compute seconds, the peak of
+  memory used / total among the readings in the window; per model the batches, mean size,
+  cap (the gauge's last reading in the window), fill (mean size / cap) and held ms per
+  batch. The simulator's per-batch ``burst`` and the models' ``profile`` are None live.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import math
@@ -48,6 +56,95 @@ class RunLabels:
     seed: int
     slo_ms: dict[str, float]
     timeseries_interval_s: float = 1.0
+    #: The policies in force with every parameter (``Registry.resolved``), when known:
+    #: routing, and batching per model.
+    routing_spec: dict[str, object] = dataclasses.field(default_factory=dict)
+    batching_spec: dict[str, dict[str, object]] = dataclasses.field(default_factory=dict)
+
+
+def _r(x: float) -> float:
+    return round(x, 6)
+
+
+def _at(ts: list[float], vs: list[float], t: float) -> float:
+    """A counter's value at ``t``: linear between readings, the nearest one outside them."""
+    if t <= ts[0]:
+        return vs[0]
+    if t >= ts[-1]:
+        return vs[-1]
+    i = bisect.bisect_right(ts, t)
+    t_a, t_b = ts[i - 1], ts[i]
+    f = (t - t_a) / (t_b - t_a) if t_b > t_a else 1.0
+    return vs[i - 1] + f * (vs[i] - vs[i - 1])
+
+
+def measured_diagnostics(
+    readings_t_s: list[float], readings: list[dict[str, Any]], t0: float, t1: float
+) -> dict[str, Any] | None:
+    """``report.summary.device_diagnostics``'s figures from a worker's diagnosis readings
+    (``loadgen.scrape.parse_diagnosis``) over ``[t0, t1]``; None with fewer than two."""
+    if len(readings) < 2 or len(readings_t_s) != len(readings):
+        return None
+    window = max(t1 - t0, 1e-9)
+    inst = max(1.0, max(float(r.get("instances", 1.0)) for r in readings))
+    models = sorted({m for r in readings for m in r["models"]})
+
+    def delta(m: str, key: str) -> float:
+        ts = [
+            t for t, r in zip(readings_t_s, readings, strict=True) if key in r["models"].get(m, {})
+        ]
+        vs = [r["models"][m][key] for r in readings if key in r["models"].get(m, {})]
+        if not ts:
+            return 0.0
+        return max(0.0, _at(ts, vs, t1) - _at(ts, vs, t0))
+
+    inside = [r for t, r in zip(readings_t_s, readings, strict=True) if t0 <= t <= t1]
+    per_model: dict[str, Any] = {}
+    held = expected = computed = staged = 0.0
+    # Observed vs profile over the models with a profile only (the others expect nothing).
+    profiled_compute = profiled_staged = 0.0
+    for m in models:
+        n = delta(m, "batches")
+        items = delta(m, "items")
+        h = delta(m, "held_s")
+        held += h
+        e, c, i = delta(m, "expected_s"), delta(m, "compute_s"), delta(m, "input_s")
+        expected += e
+        computed += c
+        staged += i
+        if e > 0:
+            profiled_compute += c
+            profiled_staged += i
+        caps = [r["models"][m]["cap"] for r in inside if "cap" in r["models"].get(m, {})]
+        cap = int(caps[-1]) if caps else None
+        mean = items / n if n > 0 else None
+        per_model[m] = {
+            # Counter deltas at interpolated edges: whole batches, rounded.
+            "batches": round(n),
+            "mean_batch_size": None if mean is None else _r(mean),
+            "cap": cap,
+            "fill": _r(mean / cap) if mean is not None and cap else None,
+            "held_ms_mean": _r(1000.0 * h / n) if n > 0 else None,
+            "held_fraction": _r(h / (window * inst)),
+            "profile": None,
+        }
+    mem = [
+        r["memory_used_bytes"] / r["memory_total_bytes"]
+        for r in inside
+        if r.get("memory_total_bytes") and "memory_used_bytes" in r
+    ]
+    batched = any(p["batches"] for p in per_model.values())
+    return {
+        "models": models,
+        "held_idle_fraction": _r(held / (window * inst)) if batched else None,
+        "observed_vs_profile": _r((profiled_compute - profiled_staged) / expected)
+        if expected > 0
+        else None,
+        "staging_fraction": _r(staged / computed) if computed > 0 else None,
+        "memory_peak_fraction": _r(max(mem)) if mem else None,
+        "per_model": per_model,
+        "burst": None,
+    }
 
 
 def to_records(
@@ -72,6 +169,7 @@ def to_records(
         if not b.queue_t_s and not b.busy_t_s:
             continue  # never answered: not measured, rather than a device 0 % busy
         bt, bc = b.busy_series()
+        diag = measured_diagnostics(b.metrics_t_s, b.metrics, warmup_s, end_s)
         devices.append(
             DeviceTrace(
                 name,
@@ -79,11 +177,28 @@ def to_records(
                 queue_depth=list(b.queue_depth),
                 busy_t_s=list(bt),
                 busy_total_s=list(bc),
+                models=[] if diag is None else list(diag["models"]),
+                measured_diagnostics=diag,
             )
         )
     # The run's labels name the records; the SLOs cover every model that was sent.
     named = {**dataclasses.asdict(labels), "slo_ms": slo}
     return RunRecords(**named, warmup_s=warmup_s, end_s=end_s, requests=log, devices=devices)
+
+
+def measured_batch_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """A live summary's per-device ``batches`` and ``mean_batch_size`` from its measured
+    per-model figures (``summarize`` counts them from per-batch records, which a live run
+    has not: 0 and None there would say nothing ran). Changes ``summary`` in place."""
+    for d in summary.get("devices", {}).values():
+        per_model = d.get("per_model") or {}
+        if not per_model or d.get("batches"):
+            continue  # counted from per-batch records (the simulator's) already
+        n = sum(p["batches"] for p in per_model.values())
+        items = sum(p["batches"] * (p["mean_batch_size"] or 0.0) for p in per_model.values())
+        d["batches"] = n
+        d["mean_batch_size"] = _r(items / n) if n else None
+    return summary
 
 
 def result_records(result: LoadResult, labels: RunLabels) -> RunRecords:
@@ -148,6 +263,8 @@ def _scrape(o: dict[str, Any]) -> BackendScrape:
     b.utilization = [float(x) for x in o.get("utilization", [])]
     b.busy_t_s = [float(x) for x in o.get("busy_t_s", [])]
     b.busy_total_s = [float(x) for x in o.get("busy_total_s", [])]
+    b.metrics_t_s = [float(x) for x in o.get("metrics_t_s", [])]
+    b.metrics = [dict(x) for x in o.get("metrics", [])]
     return b
 
 
@@ -183,6 +300,8 @@ def read_run(folder: Path) -> tuple[RunRecords, dict[str, Any]]:
             seed=int(lab["seed"]),
             slo_ms={str(k): float(v) for k, v in lab["slo_ms"].items()},
             timeseries_interval_s=float(lab.get("timeseries_interval_s", 1.0)),
+            routing_spec=dict(lab.get("routing_spec") or {}),
+            batching_spec={str(k): dict(v) for k, v in (lab.get("batching_spec") or {}).items()},
         )
         warmup_s, end_s = float(meta["warmup_s"]), float(meta["end_s"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

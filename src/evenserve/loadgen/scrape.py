@@ -7,6 +7,12 @@ Two sources per backend, both timestamped on the generator's clock when the answ
   ``evenserve_worker_device_busy_seconds_total``, from which utilization over any window is
   exact (busy seconds between two scrapes / seconds between them).
 
+Each ``/metrics`` reading also keeps the diagnosis figures (design 0012) as a time series
+(``metrics_t_s``, ``metrics``): per model the worker's cumulative held, expected and input
+staging seconds, its compute-time and batch-size histograms' sums and counts, its batch cap;
+per device the memory in use and its total and the instances. ``loadgen.records`` turns
+their deltas over the measured window into the summary's per-device diagnosis fields.
+
 A backend without our load endpoint (Triton, MLServer) still gets its ``/metrics`` scraped;
 one without the busy counter gets its utilization from the load endpoint's busy fraction,
 integrated over time (an approximation, flagged in the records).
@@ -16,15 +22,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
 from evenserve.core.wire import LOAD_PATH, METRICS_PATH
 
+# The worker's series (``metrics.names``, spelled out: the load generator is read by the
+# experiments, which do not import the metrics layer).
 BUSY_COUNTER = "evenserve_worker_device_busy_seconds_total"
 INSTANCES_GAUGE = "evenserve_worker_device_instances"
+#: Per-model series of a diagnosis reading: the key each is kept under.
+PER_MODEL_SERIES = {
+    "evenserve_worker_batch_held_seconds_total": "held_s",
+    "evenserve_worker_batch_expected_seconds_total": "expected_s",
+    "evenserve_worker_compute_input_seconds_total": "input_s",
+    "evenserve_worker_compute_time_seconds_sum": "compute_s",
+    "evenserve_worker_compute_time_seconds_count": "computed",
+    "evenserve_worker_batch_size_sum": "items",
+    "evenserve_worker_batch_size_count": "batches",
+    "evenserve_worker_batch_cap": "cap",
+}
+#: Per-device series of a diagnosis reading.
+DEVICE_SERIES = {
+    "evenserve_worker_device_memory_used_bytes": "memory_used_bytes",
+    "evenserve_worker_device_memory_total_bytes": "memory_total_bytes",
+    INSTANCES_GAUGE: "instances",
+}
+_MODEL_LABEL = re.compile(r'(?:^|[{,])model="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass
@@ -39,6 +68,9 @@ class BackendScrape:
     utilization: list[float] = field(default_factory=list)
     busy_t_s: list[float] = field(default_factory=list)
     busy_total_s: list[float] = field(default_factory=list)
+    #: Diagnosis readings of ``/metrics`` (``parse_diagnosis``) and when each arrived.
+    metrics_t_s: list[float] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
     errors: int = 0
     last_error: str = ""
 
@@ -82,6 +114,46 @@ def parse_busy_counter(text: str) -> float | None:
     return total / instances if instances and instances > 1 else total
 
 
+def parse_diagnosis(text: str) -> dict[str, Any] | None:
+    """The diagnosis figures of one worker's ``/metrics`` page: ``{"models": {M: {held_s,
+    expected_s, input_s, compute_s, computed, items, batches, cap}}, "memory_used_bytes",
+    "memory_total_bytes", "instances"}`` (a series the page lacks is absent), or None when
+    the page has none of the per-model series (not our worker). Reads only the lines it
+    wants: cheap enough to run every scrape."""
+    models: dict[str, dict[str, float]] = {}
+    device: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        cut = brace if 0 <= brace < space or (brace >= 0 and space < 0) else space
+        if cut <= 0:
+            continue
+        name = line[:cut]
+        key = PER_MODEL_SERIES.get(name)
+        dkey = DEVICE_SERIES.get(name) if key is None else None
+        if key is None and dkey is None:
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[-1])
+        except ValueError:
+            continue
+        if not math.isfinite(value):
+            continue
+        if dkey is not None:
+            device[dkey] = device.get(dkey, 0.0) + value
+            continue
+        m = _MODEL_LABEL.search(line, cut)
+        if m is None:
+            continue
+        assert key is not None
+        models.setdefault(m.group(1), {})[key] = value
+    if not models:
+        return None
+    return {"models": models, **device}
+
+
 class Scraper:
     """Polls each backend until stopped."""
 
@@ -123,10 +195,15 @@ class Scraper:
     async def _read_busy(self, session: aiohttp.ClientSession, b: BackendScrape) -> None:
         async with session.get(b.url + METRICS_PATH) as resp:
             text = await resp.text() if resp.status == 200 else ""
+        t = self.now()
         value = parse_busy_counter(text)
         if value is not None:
-            b.busy_t_s.append(self.now())
+            b.busy_t_s.append(t)
             b.busy_total_s.append(value)
+        diag = parse_diagnosis(text)
+        if diag is not None:
+            b.metrics_t_s.append(t)
+            b.metrics.append(diag)
 
     async def _metrics_loop(self, session: aiohttp.ClientSession, b: BackendScrape) -> None:
         nxt = time.perf_counter()

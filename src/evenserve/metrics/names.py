@@ -20,6 +20,14 @@ REQUEST_LATENCY = f"{PREFIX}_request_latency_seconds"  # histogram: received -> 
 REQUESTS = f"{PREFIX}_requests"  # counter (exported as _total), by model and outcome
 BATCHES = f"{PREFIX}_batches"  # counter (exported as _total), by model
 REFUSALS = f"{PREFIX}_refusals"  # counter (_total): requests refused, by model and reason
+# Diagnosis (design 0012), per model: counters (_total) of the seconds batches' instances sat
+# idle while their oldest request waited (``sched.Batch.held_s``), of the profile's expected
+# seconds (``Batch.solo_s``, batches with a profile only), of input staging (the executor's
+# compute_input phase); a gauge of the policy's batch cap now.
+BATCH_HELD = f"{PREFIX}_batch_held_seconds"
+BATCH_EXPECTED = f"{PREFIX}_batch_expected_seconds"
+COMPUTE_INPUT = f"{PREFIX}_compute_input_seconds"
+BATCH_CAP = f"{PREFIX}_batch_cap"
 
 # Model control (the repository extension), per model.
 MODEL_LOADS = "evenserve_model_loads"  # counter (_total): load attempts, by model and outcome

@@ -28,6 +28,8 @@ class DeviceSnapshot:
     instances: int
     queued_by_model: Mapping[str, int] = field(default_factory=dict)
     in_flight_by_model: Mapping[str, int] = field(default_factory=dict)
+    #: Each model's batch cap now (its policy's ``max_batch_size``).
+    cap_by_model: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class _LiveCollector(Collector):
         for name, doc, by_model in (
             (names.QUEUE_DEPTH, "Requests waiting, per model.", s.queued_by_model),
             (names.IN_FLIGHT, "Requests inside running batches, per model.", s.in_flight_by_model),
+            (names.BATCH_CAP, "The batching policy's batch cap now, per model.", s.cap_by_model),
         ):
             per_model = GaugeMetricFamily(name, doc, labels=["model"])
             for m, v in by_model.items():
@@ -175,6 +178,26 @@ class WorkerMetrics:
             names.REQUESTS, "Requests answered, by outcome.", ["model", "outcome"], registry=r
         )
         self.batches = Counter(names.BATCHES, "Batches run.", ["model"], registry=r)
+        self.held = Counter(
+            names.BATCH_HELD,
+            "Seconds a batch's instance sat idle while its oldest request waited (the batching "
+            "policy held it), summed over batches.",
+            ["model"],
+            registry=r,
+        )
+        self.expected = Counter(
+            names.BATCH_EXPECTED,
+            "Seconds the latency profile expected the batches to take, summed (batches with "
+            "a profile only).",
+            ["model"],
+            registry=r,
+        )
+        self.compute_input = Counter(
+            names.COMPUTE_INPUT,
+            "Seconds batches spent staging their inputs (the compute_input phase), summed.",
+            ["model"],
+            registry=r,
+        )
         self.refusals = Counter(
             names.REFUSALS,
             "Requests refused (not run), by reason: queue-full, shed, deadline-infeasible, "
@@ -212,6 +235,9 @@ class WorkerMetrics:
             self.compute_time,
             self.latency,
             self.batches,
+            self.held,
+            self.expected,
+            self.compute_input,
         ):
             series.labels(m)
         for o in names.OUTCOMES:
@@ -231,9 +257,22 @@ class WorkerMetrics:
     def observe_unload(self, model: str) -> None:
         self.unloads.labels(model).inc()
 
-    def observe_batch(self, model: str, items: int, queue_times_s: Sequence[float]) -> None:
+    def observe_batch(
+        self,
+        model: str,
+        items: int,
+        queue_times_s: Sequence[float],
+        held_s: float = 0.0,
+        expected_s: float | None = None,
+    ) -> None:
+        """A batch started: its size, its requests' queue times, the seconds its instance
+        was held idle, and the profile's expected seconds (None: no profile)."""
         self.batch_size.labels(model).observe(items)
         self.batches.labels(model).inc()
+        if held_s > 0:
+            self.held.labels(model).inc(held_s)
+        if expected_s is not None and expected_s > 0:
+            self.expected.labels(model).inc(expected_s)
         h = self.queue_time.labels(model)
         for q in queue_times_s:
             h.observe(q)
@@ -241,8 +280,11 @@ class WorkerMetrics:
     def observe_refusal(self, model: str, reason: str) -> None:
         self.refusals.labels(model, reason).inc()
 
-    def observe_compute(self, model: str, compute_s: float) -> None:
+    def observe_compute(self, model: str, compute_s: float, input_s: float = 0.0) -> None:
+        """A batch ended: its compute time, ``input_s`` of it staging its inputs."""
         self.compute_time.labels(model).observe(compute_s)
+        if input_s > 0:
+            self.compute_input.labels(model).inc(input_s)
 
     def observe_request(self, model: str, outcome: str, latency_s: float | None) -> None:
         """Count one answered request; ``model`` may be a name not served (for 404s)."""

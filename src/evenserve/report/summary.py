@@ -217,7 +217,10 @@ def device_diagnostics(tr: DeviceTrace, t0: float, t1: float) -> dict[str, Any]:
     - per_model: batches, mean size, the policy's cap, fill (mean of size / cap), mean held
       ms per batch, and the model's profile here;
     - burst: ``burst_figures``.
-    Figures a run did not record are None."""
+    Figures a run did not record are None. A live device's figures come measured (from the
+    worker's counters: ``DeviceTrace.measured_diagnostics``), with the same keys."""
+    if tr.measured_diagnostics is not None:
+        return dict(tr.measured_diagnostics)
     window = max(t1 - t0, 1e-9)
     n = len(tr.batch_models)
     sel = [i for i in range(n) if t0 <= tr.busy_start_s[i] < t1]

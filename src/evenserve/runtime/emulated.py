@@ -40,6 +40,11 @@ time times the slowdown when it starts (``EmulatedSlowdown``: a ``core.slowdown`
 seconds from an origin, by default the worker's first batch, so phases line up with a load
 that starts then), while the worker's profile still says the profile's time.
 
+Slow input staging (the worker's ``--staging-ms-per-item``, which mirrors a scenario's
+``devices[].staging_ms_per_item``): before it computes, a batch spends that many ms per item
+staging its inputs (``stage``, which the executor times as the batch's compute_input phase),
+on top of its profile's time, as a host-to-device copy that stalls would.
+
 Failures on purpose: with ``fail_value`` set, a batch whose first input holds that value
 raises instead of running (EmulatedFailure), as a real runtime failing would, so the worker
 answers 500 ``inference failed`` to every request of that batch (tests of what a client, a
@@ -221,6 +226,9 @@ class EmulatedRuntime:
         self._loaded = False
         #: A device slower than the profile (the worker's --slowdown); None: as the profile.
         self.slowdown: EmulatedSlowdown | None = None
+        #: Input staging per item before a batch computes (the worker's
+        #: --staging-ms-per-item, in seconds); 0: none.
+        self.staging_s_per_item = 0.0
 
     def load(self) -> None:
         """Sleep the load time (blocking: call it from a thread); resident afterwards."""
@@ -248,6 +256,14 @@ class EmulatedRuntime:
     def write_pool_entry(self, path: Path) -> None:
         """The host-pool entry: a file of the weights' bytes, reserved (``posix_fallocate``)."""
         allocate_file(path, int(self.profile.weights_bytes))
+
+    def stage(self, inputs: Mapping[str, Array]) -> None:
+        """Stage one batch's inputs: ``staging_s_per_item`` per item (the executor calls it
+        while it assembles the batch, so the time counts as compute_input)."""
+        if self.staging_s_per_item <= 0:
+            return
+        items = int(inputs[self.ctx.inputs[0].name].shape[0])
+        self._sleeper.sleep_until(time.perf_counter() + self.staging_s_per_item * items)
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         start = time.perf_counter()

@@ -102,6 +102,9 @@ class WorkerOptions:
     #: phases in seconds from ``slowdown_origin_unix_s``, None: the first batch).
     slowdown: SlowdownSchedule | None = None
     slowdown_origin_unix_s: float | None = None
+    #: An emulated device that stages each batch's inputs for this long per item before it
+    #: computes (``--staging-ms-per-item``, in seconds; the executor's compute_input).
+    staging_s_per_item: float = 0.0
     #: The admin API's bearer token (``--admin-token-file`` or ``$EVENSERVE_ADMIN_TOKEN``);
     #: None: ``/admin/*`` is off (404). Never shown (not in the repr).
     admin_token: str | None = field(default=None, repr=False)
@@ -291,14 +294,26 @@ class _Built:
 class _Telemetry(DriverObserver):
     """Feeds metrics and statistics, then any extra observers (tests, tracing)."""
 
-    def __init__(self, metrics: WorkerMetrics, stats: dict[str, ModelStats]) -> None:
+    def __init__(
+        self,
+        metrics: WorkerMetrics,
+        stats: dict[str, ModelStats],
+        profiles: Mapping[str, LatencyProfile | None] | None = None,
+    ) -> None:
         self.metrics = metrics
         self.stats = stats
+        #: The models' profiles (the service's own dict, which follows loads): a batch's
+        #: expected seconds count only for a model with one.
+        self.profiles: Mapping[str, LatencyProfile | None] = profiles or {}
         self.extra: list[DriverObserver] = []
 
     def batch_started(self, batch: RunningBatch, now_s: float) -> None:
         self.metrics.observe_batch(
-            batch.model, batch.items, [now_s - r.arrival_s for r in batch.requests]
+            batch.model,
+            batch.items,
+            [now_s - r.arrival_s for r in batch.requests],
+            held_s=batch.held_s,
+            expected_s=batch.solo_s if self.profiles.get(batch.model) is not None else None,
         )
         for o in self.extra:
             o.batch_started(batch, now_s)
@@ -314,7 +329,7 @@ class _Telemetry(DriverObserver):
             o.batch_finished(batch, result, now_s)
         stats = self.stats.get(batch.model)
         if result.error is None and stats is not None:
-            self.metrics.observe_compute(batch.model, result.compute_s)
+            self.metrics.observe_compute(batch.model, result.compute_s, result.compute_input_s)
             stats.record_batch(
                 batch.items,
                 len(batch.requests),
@@ -391,7 +406,7 @@ class WorkerService:
             slice_label=options.device.slice_label or "",
             dcgm=_dcgm_labels(options.device, self.nvml),
         )
-        self._telemetry = _Telemetry(self.metrics, self.stats)
+        self._telemetry = _Telemetry(self.metrics, self.stats, self.profiles)
         self._driver: BatchDriver | None = None
         self._executor: ThreadedExecutor | None = None
         self._memory_cache: tuple[float, float | None, float | None] = (-math.inf, None, None)
@@ -413,6 +428,8 @@ class WorkerService:
             raise ConfigError(f"{e.source}: {exc}") from exc
         if self._slowdown is not None and isinstance(rt, EmulatedRuntime):
             rt.slowdown = self._slowdown  # one schedule, one origin, for every model here
+        if self.options.staging_s_per_item > 0 and isinstance(rt, EmulatedRuntime):
+            rt.staging_s_per_item = self.options.staging_s_per_item
         override = self.options.batching_override
         # A model without a profile file of its own has its emulated runtime's, if any.
         # On an emulated MIG slice the model's own profile runs at the slice's speed too.
@@ -1104,6 +1121,9 @@ class WorkerService:
             instances=self.options.run.instances,
             queued_by_model=d.sched.queued_by_model() if d else {m: 0 for m in self.entries},
             in_flight_by_model=d.sched.in_flight_by_model() if d else {m: 0 for m in self.entries},
+            cap_by_model=dict(d.sched.max_batch_size)
+            if d
+            else {m: p.max_batch_size for m, p in self.policies.items()},
         )
 
     @property

@@ -53,9 +53,19 @@ def test_an_emulated_batch_takes_its_profile_times_the_slowdown(tmp_path: Path) 
     assert time.perf_counter() - t0 >= 0.020
 
 
+def test_staging_reaches_every_emulated_model(tmp_path: Path, served: list[WorkerService]) -> None:  # noqa: F811
+    repo = _repo(tmp_path)
+    worker(repo=repo, port=0, staging_ms_per_item=2.5)
+    (w,) = served
+    assert w.options.staging_s_per_item == 0.0025
+    for rt in w.runtimes.values():
+        assert isinstance(rt, EmulatedRuntime) and rt.staging_s_per_item == 0.0025
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
+        ({"staging_ms_per_item": -1}, "--staging-ms-per-item: must be a number >= 0"),
         ({"slowdown": 0}, "--slowdown: must be a number > 0"),
         ({"slowdown_phases": "1:2"}, "--slowdown-phases: phase 1"),
         ({"slowdown_phases": "3:1:2"}, "--slowdown-phases: phase 1 ('3:1:2'): END_S"),
