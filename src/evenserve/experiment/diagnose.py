@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from typing import Any
 
 from evenserve.core.errors import ConfigError
 from evenserve.experiment import tune
+from evenserve.experiment.scaling import scale_scenario
 from evenserve.report.diagnose import DEFAULT, Candidate, Thresholds, diagnose_arm, window_of
 from evenserve.report.summary import summarize
 from evenserve.sim.cluster import simulate
@@ -43,6 +45,11 @@ class Replay:
     trace: Path | None = None
     #: Replay only the first this many seconds (None: the whole run).
     duration_s: float | None = None
+    #: A live bench's time scale K, and its run's duration and warm-up (live seconds): the
+    #: replay is the scenario K times slower, as the bench ran it (``scale_scenario``).
+    time_scale: float = 1.0
+    run_duration_s: float | None = None
+    run_warmup_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,6 +60,9 @@ class Replay:
             "level": self.level,
             "trace": None if self.trace is None else str(self.trace),
             "duration_s": self.duration_s,
+            "time_scale": self.time_scale,
+            "run_duration_s": self.run_duration_s,
+            "run_warmup_s": self.run_warmup_s,
         }
 
     @classmethod
@@ -65,12 +75,22 @@ class Replay:
             level=raw.get("level"),
             trace=None if raw.get("trace") is None else Path(raw["trace"]),
             duration_s=raw.get("duration_s"),
+            time_scale=float(raw.get("time_scale") or 1.0),
+            run_duration_s=raw.get("run_duration_s"),
+            run_warmup_s=raw.get("run_warmup_s"),
         )
 
     def load(self) -> LoadedScenario:
         loaded = with_level(load_scenario(self.scenario, list(self.overrides)), self.level)
         if self.trace is not None:
             loaded = tune.replay_trace(loaded, self.trace)
+        if self.time_scale != 1.0:
+            sc = loaded.scenario
+            k = self.time_scale
+            dur = sc.duration_s * k if self.run_duration_s is None else self.run_duration_s
+            wu = sc.warmup_s * k if self.run_warmup_s is None else self.run_warmup_s
+            work = Path(tempfile.mkdtemp(prefix="evenserve-diagnose-"))
+            loaded = scale_scenario(loaded, k, dur, wu, work)
         if self.duration_s is not None and self.duration_s < loaded.scenario.duration_s:
             sc = loaded.scenario
             d = float(self.duration_s)
