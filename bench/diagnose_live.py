@@ -14,8 +14,9 @@ own machinery: ``experiment.scenario_bench.plan_bench`` and ``run_repeat``, the 
   ``--staging-ms`` (0.5) scenario ms per item before it computes
   (``devices.1.staging_ms_per_item``: the worker's ``--staging-ms-per-item``, times K).
 
-``labels.json`` maps each run file to the faults injected (kind -> device, or null where no
-single device carries it; ``[]``: healthy); ``key-figures.json`` has each run's per-device
+``labels.json`` maps each run file to the findings its faults should give (kind, device,
+model; null where any; ``[]``: healthy), as bench/diagnose_set.py scores them (``--live``);
+``key-figures.json`` has each run's per-device
 figures a detector reads. Time scale K = ``--time-scale`` (the bench's default, 40: every
 batch, think time and staging K times longer, so the devices' figures are the policies', not
 the 2-core host's); ``--duration-s`` (45) live seconds per run, the first ``--warmup-s`` (8)
@@ -50,7 +51,12 @@ from typing import Any
 from rich.console import Console
 
 from evenserve.experiment.scaling import DEFAULT_TIME_SCALE
-from evenserve.experiment.scenario_bench import ScenarioBench, plan_bench, run_repeat
+from evenserve.experiment.scenario_bench import (
+    ScenarioBench,
+    bench_source,
+    plan_bench,
+    run_repeat,
+)
 from evenserve.report.summary import run_summary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,16 +64,31 @@ SCENARIO = ROOT / "scenarios" / "seed.yaml"
 FAULTY = "gpu1"
 
 
-def runs(staging_ms: float) -> dict[str, tuple[str, list[str], Any]]:
-    """Run name -> (arm, scenario overrides, the faults it carries)."""
+def _label(kind: str, device: str | None = None, model: str | None = None) -> dict[str, Any]:
+    return {"kind": kind, "device": device, "model": model}
+
+
+#: The seed baseline's faults, as bench/diagnose_set.py labels its simulated run: the hot
+#: BERT host, static batches of 4 waiting to fill on gpu1-3, and on gpu0 (saturated) those
+#: batches of 4 of two memory-bound models, where a larger cap pays.
+BASELINE = (
+    [_label("hot-node", "gpu0")]
+    + [_label("static-batch-wait", d, "resnet50") for d in ("gpu1", "gpu2", "gpu3")]
+    + [_label("memory-bound-small-batches", "gpu0", m) for m in ("resnet50", "bert-base")]
+)
+
+
+def runs(staging_ms: float) -> dict[str, tuple[str, list[str], list[dict[str, Any]]]]:
+    """Run name -> (arm, scenario overrides, the findings it should give: kind, device and
+    model, None where any)."""
     return {
-        "baseline": ("baseline", [], {"hot-node": "gpu0", "static-batch-wait": None}),
+        "baseline": ("baseline", [], BASELINE),
         "optimized": ("optimized", [], []),
-        "slow-device": ("optimized", ["devices.1.slowdown=2"], {"slow-device": FAULTY}),
+        "slow-device": ("optimized", ["devices.1.slowdown=2"], [_label("slow-device", FAULTY)]),
         "transfer-stall": (
             "optimized",
             [f"devices.1.staging_ms_per_item={staging_ms!r}"],
-            {"transfer-stall": FAULTY},
+            [_label("transfer-stall", FAULTY)],
         ),
     }
 
@@ -137,6 +158,7 @@ def main() -> int:
         run = run_repeat(plan, arm, 0, console, err)
         shutil.rmtree(plan.workroot, ignore_errors=True)
         summary = run_summary(plan.loaded.scenario.name, plan.seed, {arm: run.summary})
+        summary["source"] = bench_source(plan) | {"arm": arm}
         summary["fault"] = {
             "run": name,
             "overrides": [*args.extra, *overrides],

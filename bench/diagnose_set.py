@@ -421,10 +421,7 @@ def score(
 
 
 def _labels_json(raw: Any) -> list[Label]:
-    out: list[Label] = []
-    for item in raw:
-        out.append((item["kind"], item.get("device"), item.get("model")))
-    return out
+    return [(item["kind"], item.get("device"), item.get("model")) for item in raw]
 
 
 def main() -> int:

@@ -154,3 +154,54 @@ def test_push_recommendation_makes_a_new_version(cluster: tuple[str, str]) -> No
     assert v2 == v1 + 1
     with pytest.raises(LiveCollectError, match="401"):
         push_recommendation(url, update, "not-the-token")
+
+
+def test_the_cli_measures_live_and_applies_a_verified_change(
+    cluster: tuple[str, str], tmp_path: Path
+) -> None:
+    """``diagnose --live`` reads the cluster; ``diagnose RUN --apply`` pushes the best verified
+    parameter change (a short simulated seed baseline: its recommendation is routing and
+    batching for the cluster's own models) as a new version."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from evenserve.cli.main import app
+    from evenserve.httpio.params_client import get_params
+
+    url, token = cluster
+    runner = CliRunner()
+    env = {"EVENSERVE_ADMIN_TOKEN": token}
+    saved = tmp_path / "live.json"
+    r = runner.invoke(
+        app,
+        ["diagnose", "--live", url, "--window", "1s", "--save", str(saved), "--json", "-"],
+        env=env,
+    )
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output)
+    assert report["runs"][0]["run"] == url and "live" in report["runs"][0]["arms"]
+    assert set(json.loads(saved.read_text())["arms"]["live"]["devices"]) == {"gpu0", "gpu1"}
+    assert token not in r.output
+    run = tmp_path / "seed.json"
+    seed = ROOT / "scenarios" / "seed.yaml"
+    r = runner.invoke(
+        app,
+        ["simulate", str(seed), "--arm", "baseline", "--set", "duration_s=15", "--json", str(run)],
+    )
+    assert r.exit_code == 0, r.output
+    before = get_params(url, token)["version"]
+    r = runner.invoke(
+        app, ["diagnose", str(run), "--apply", url, "--jobs", "1", "--json", "-"], env=env
+    )
+    assert r.exit_code == 0, r.output
+    applied = json.loads(r.output)["applied"]
+    assert applied["pushed"] and applied["version"] == before + 1
+    now = get_params(url, token)
+    assert now["version"] == before + 1
+    if "routing" in applied["params"]:
+        assert now["params"]["routing"]["policy"] == applied["params"]["routing"]["policy"]
+    r = runner.invoke(app, ["diagnose", "--live", url, str(run)], env=env)
+    assert r.exit_code == 2 and "give one" in r.output
+    r = runner.invoke(app, ["diagnose", "--live", url, "--window", "soon"], env=env)
+    assert r.exit_code == 2 and "--window" in r.output

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,10 +15,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from evenserve.cli.app import console, err_console, fail
+from evenserve.cli.bench_cmd import parse_duration
 from evenserve.cli.params_cmd import TokenFile, read_token
 from evenserve.core.errors import EvenserveError
 from evenserve.experiment import diagnose as dx
-from evenserve.httpio.params_client import ParamsAPIError, get_params, push_params
+from evenserve.experiment.live_diagnose import collect_live, push_recommendation
+from evenserve.httpio.params_client import ParamsAPIError, get_params
 
 HELP = (
     "Name what holds a run back, with the evidence: slow-device (batches slower than the "
@@ -25,7 +29,9 @@ HELP = (
     "staging), memory-pressure (batches near the 85 % cap), compute-bound-waiting, "
     "window-too-long, static-batch-wait, batching-sawtooth (one request at a time while "
     "batching would pay), memory-bound-small-batches, slo-at-risk.\n\n"
-    "RUN is a summary JSON that simulate, compare or bench wrote. Each finding's candidate "
+    "RUN is a summary JSON that simulate, compare or bench wrote; --live URL --window 60s "
+    "measures a running gateway's cluster instead (its workers' counters and the gateway's "
+    "histograms; latency percentiles are histogram estimates). Each finding's candidate "
     "changes are replayed in the simulator on the run's arrivals (the scenario a simulate/"
     "compare summary names, or --scenario [--trace] for a live run), and the best one "
     "(lowest P99 at goodput no lower) is the recommendation, with its predicted change in "
@@ -54,6 +60,11 @@ def _read(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         fail(f"RUN: {path}: expected a summary object")
     return data
+
+
+@contextlib.contextmanager
+def _null() -> Iterator[None]:
+    yield
 
 
 def _pct(ch: dict[str, Any]) -> str:
@@ -121,7 +132,22 @@ def best_pushable(
 
 
 def diagnose(
-    runs: Annotated[list[Path], typer.Argument(metavar="RUN...", help="Summary JSON files.")],
+    runs: Annotated[
+        list[Path] | None,
+        typer.Argument(metavar="[RUN...]", help="Summary JSON files (or --live URL)."),
+    ] = None,
+    live: Annotated[
+        str | None,
+        typer.Option(
+            help="Measure this running gateway's cluster for --window instead of reading RUN."
+        ),
+    ] = None,
+    window: Annotated[
+        str, typer.Option(help="--live: how long to measure (30s, 2m, ...).")
+    ] = "60s",
+    save: Annotated[
+        Path | None, typer.Option(help="--live: also write the measured summary JSON here.")
+    ] = None,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the findings here ('-': stdout).")
     ] = None,
@@ -166,6 +192,31 @@ def diagnose(
 ) -> None:
     t_start = time.perf_counter()
     quiet = json_path is not None and str(json_path) == "-"
+    sources: list[tuple[str, dict[str, Any]]] = []
+    if live is not None:
+        if runs:
+            fail("RUN, --live: give one (files to read, or a gateway to measure)")
+        try:
+            window_s = parse_duration(window, "--window")
+        except EvenserveError as exc:
+            fail(str(exc))
+        live_token = read_token(token_file)
+        try:
+            with (
+                console.status(f"measuring {live} for {window_s:g} s ...") if not quiet else _null()
+            ):
+                measured = collect_live(live, window_s, live_token)
+        except EvenserveError as exc:
+            fail(f"--live: {exc}")
+        if save is not None:
+            _write_json(save, measured)
+        sources.append((live, measured))
+    elif not runs:
+        fail("RUN: give one or more summary JSON files, or --live URL")
+    else:
+        if save is not None:
+            fail("--save: only with --live")
+        sources = [(str(p), _read(p)) for p in runs]
     token = None
     if apply is not None:
         if not verify:
@@ -182,15 +233,15 @@ def diagnose(
     report: dict[str, Any] = {"runs": []}
     every: list[dict[str, Any]] = []
     combined: list[dict[str, Any]] = []
-    for path in runs:
-        summary = _read(path)
+    for path, summary in sources:
+        t_read = time.perf_counter()
         try:
             per_arm = dx.diagnose_summary(summary)
             names = dx.arms_to_verify(summary, arm)
         except EvenserveError as exc:
             fail(f"{path}: {exc}")
-        read_s = time.perf_counter() - t_start
-        entry: dict[str, Any] = {"run": str(path), "read_s": round(read_s, 3), "arms": {}}
+        read_s = time.perf_counter() - t_read
+        entry: dict[str, Any] = {"run": path, "read_s": round(read_s, 3), "arms": {}}
         own = dx.replay_of(summary)
         for name in names:
             findings = per_arm[name]
@@ -222,13 +273,13 @@ def diagnose(
                 from evenserve.report.plots import plot_diagnosis  # matplotlib: only here
 
                 plots.mkdir(parents=True, exist_ok=True)
-                label = f"{path.stem}-{name}" if len(runs) > 1 else name
+                label = f"{Path(path).stem}-{name}" if len(sources) > 1 else name
                 item["plot"] = str(plot_diagnosis(label, summary["arms"][name], findings, plots))
             every += findings
             if item.get("combined"):
                 combined.append(item["combined"])
             if not quiet:
-                _print(str(path), name, findings, item["verified"])
+                _print(path, name, findings, item["verified"])
                 _print_combined(item.get("combined"))
                 if "not_verified" in item:
                     console.print(f"  [dim]not verified: {item['not_verified']}[/]")
@@ -285,15 +336,12 @@ def _apply(
             console.print("--apply: no verified parameter change to push")
         return {"pushed": False, "reason": "no verified parameter change"}
     try:
-        current = get_params(url, token)
-        reply = push_params(
-            url, token, rec["params"], current.get("version"), f"diagnose: {rec['change']}"
-        )
-    except ParamsAPIError as exc:
+        version = push_recommendation(url, rec["params"], token)
+    except EvenserveError as exc:
         fail(f"--apply: {exc}")
     if not quiet:
-        console.print(f"--apply: pushed {rec['change']!r} as version {reply.get('version')}")
-    return {"pushed": True, "change": rec["change"], "params": rec["params"], **reply}
+        console.print(f"--apply: pushed {rec['change']!r} as version {version}")
+    return {"pushed": True, "change": rec["change"], "params": rec["params"], "version": version}
 
 
 diagnose.__doc__ = HELP

@@ -241,6 +241,14 @@ def run_repeat(
             )
             for m in sorted(sc.models)
         },
+        profiles={
+            d.name: {
+                m: (list(p.batches), list(p.latency_ms))
+                for m, p in sorted(plan.scaled.profiles_for(d).items())
+            }
+            for d in sc.arm_devices(arm)
+            if d.active
+        },
     )
     extra = {"time_scale": bench.time_scale, "cpu": cpu}
     write_run(plan.folder / "runs" / arm / f"rep{rep + 1}", result, labels, extra)
@@ -313,6 +321,7 @@ def bench_summary(
     repeat_block = {a: repeat_stats(v) for a, v in live.items()}
     summary = run_summary(name, plan.seed, {a: headline(v) for a, v in live.items()})
     summary["comparison"] = compare_rows(summary)
+    summary["source"] = bench_source(plan)
     summary["time_scale"] = plan.bench.time_scale
     if plan.bench.level is not None:
         summary["level"] = plan.bench.level
@@ -326,6 +335,25 @@ def bench_summary(
         summary["fidelity"] = fidelity(repeat_block, sim_stats, placed)
         summary["simulated"] = {"arms": sim_summaries, "repeats": sim_stats}
     return summary
+
+
+def bench_source(plan: BenchPlan, seed: int | None = None) -> dict[str, Any]:
+    """What a live bench summary came from, so ``diagnose`` can replay its arrivals in the
+    simulator: the scenario K times slower, as the bench ran it (``experiment.diagnose.
+    Replay``). ``seed``: a repeat's (default the first's)."""
+    b = plan.bench
+    return {
+        "scenario": str(b.scenario.resolve()),
+        "arm": None,
+        "seed": plan.seed if seed is None else seed,
+        "set": list(b.overrides),
+        "level": b.level,
+        "trace": None,
+        "duration_s": None,
+        "time_scale": b.time_scale,
+        "run_duration_s": plan.duration_s,
+        "run_warmup_s": plan.warmup_s,
+    }
 
 
 def bench_meta(plan: BenchPlan) -> dict[str, Any]:

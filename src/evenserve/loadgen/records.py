@@ -60,6 +60,11 @@ class RunLabels:
     #: routing, and batching per model.
     routing_spec: dict[str, object] = dataclasses.field(default_factory=dict)
     batching_spec: dict[str, dict[str, object]] = dataclasses.field(default_factory=dict)
+    #: Per device and model, the profile the run gave it: (batch sizes, ms per batch); the
+    #: summary's ``per_model.profile`` (what diagnosis reads memory- vs compute-bound from).
+    profiles: dict[str, dict[str, tuple[list[int], list[float]]]] = dataclasses.field(
+        default_factory=dict
+    )
 
 
 def _r(x: float) -> float:
@@ -170,6 +175,9 @@ def to_records(
             continue  # never answered: not measured, rather than a device 0 % busy
         bt, bc = b.busy_series()
         diag = measured_diagnostics(b.metrics_t_s, b.metrics, warmup_s, end_s)
+        for m, (batches, ms) in labels.profiles.get(name, {}).items():
+            if diag is not None and m in diag["per_model"]:
+                diag["per_model"][m]["profile"] = {"batches": batches, "latency_ms": ms}
         devices.append(
             DeviceTrace(
                 name,
@@ -183,6 +191,7 @@ def to_records(
         )
     # The run's labels name the records; the SLOs cover every model that was sent.
     named = {**dataclasses.asdict(labels), "slo_ms": slo}
+    named.pop("profiles")
     return RunRecords(**named, warmup_s=warmup_s, end_s=end_s, requests=log, devices=devices)
 
 
@@ -302,6 +311,10 @@ def read_run(folder: Path) -> tuple[RunRecords, dict[str, Any]]:
             timeseries_interval_s=float(lab.get("timeseries_interval_s", 1.0)),
             routing_spec=dict(lab.get("routing_spec") or {}),
             batching_spec={str(k): dict(v) for k, v in (lab.get("batching_spec") or {}).items()},
+            profiles={
+                str(d): {str(m): (list(p[0]), list(p[1])) for m, p in v.items()}
+                for d, v in (lab.get("profiles") or {}).items()
+            },
         )
         warmup_s, end_s = float(meta["warmup_s"]), float(meta["end_s"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

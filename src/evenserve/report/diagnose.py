@@ -4,8 +4,9 @@ live collection of the same shape; docs/design/0012-diagnose.md).
 
 Each detector reads figures the run measured and stays quiet when a figure is missing (None):
 a live run without a figure cannot show the cause, and a finding is never made of a 0 that
-was not measured. One cause is reported once: a device slower than its profile is not also
-reported hot, a compute-bound model that waits is not also "window too long".
+was not measured. One cause is reported once: a device slower than its profile (or stalled
+on input staging) is not also reported hot or imbalanced, a compute-bound model that waits
+is not also "window too long".
 
 A finding's ``candidates`` are concrete changes (a partial parameter set, a placement change,
 or a device change) that ``experiment.diagnose`` tries in the simulator on the same
@@ -18,6 +19,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from evenserve.policy.batching import BATCHING
 
 #: Severities, most severe first.
 SEVERITIES = ("critical", "warning", "info")
@@ -163,6 +166,9 @@ def per_item_ratio(profile: Mapping[str, Any] | None, batch: int = 8) -> float |
 QUEUE_AWARE = frozenset({"queue-aware", "least-expected-work", "power-of-two", "least-connections"})
 BETTER_ROUTING: dict[str, Any] = {"policy": "least-expected-work"}
 GREEDY = {"policy": "fixed-window", "max_batch_size": 8, "max_batch_delay_ms": 0.0}
+#: Every parameter spelled out: a worker fills a missing ``max_batch_size`` from the model's
+#: config (which may exceed the cap), so what is pushed is exactly what was simulated.
+ADAPTIVE = BATCHING.resolved({"policy": "adaptive"})
 
 
 class _Run:
@@ -176,6 +182,8 @@ class _Run:
         self.batching: Mapping[str, Mapping[str, Any]] = arm.get("batching_spec") or {}
         ts = arm.get("timeseries") or {}
         self.queue_ts: dict[str, list[float]] = dict(ts.get("queue_depth") or {})
+        #: Devices slower than their profile for a reason already named (slower batches,
+        #: input staging): not also reported hot or imbalanced.
         self.slow: set[str] = set()
 
     def util(self, d: str) -> float | None:
@@ -250,6 +258,15 @@ def detect_slow_device(run: _Run, th: Thresholds) -> list[Finding]:
             )
         )
     return out
+
+
+def staging_devices(run: _Run, th: Thresholds) -> set[str]:
+    """Devices whose input staging is a transfer stall (``detect_transfer_stall``'s rule)."""
+    return {
+        d
+        for d, v in run.devices.items()
+        if (s := _num(v.get("staging_fraction"))) is not None and s >= th.staging_share
+    }
 
 
 def detect_hot_node(run: _Run, th: Thresholds) -> list[Finding]:
@@ -535,7 +552,7 @@ def detect_batching(run: _Run, th: Thresholds) -> list[Finding]:
                             ),
                             Candidate(
                                 f"{m}: adaptive batching",
-                                params={"batching_per_model": {m: {"policy": "adaptive"}}},
+                                params={"batching_per_model": {m: ADAPTIVE}},
                             ),
                         ],
                     )
@@ -559,7 +576,7 @@ def detect_batching(run: _Run, th: Thresholds) -> list[Finding]:
                             ),
                             Candidate(
                                 f"{m}: adaptive batching",
-                                params={"batching_per_model": {m: {"policy": "adaptive"}}},
+                                params={"batching_per_model": {m: ADAPTIVE}},
                             ),
                         ],
                     )
@@ -589,7 +606,7 @@ def detect_batching(run: _Run, th: Thresholds) -> list[Finding]:
                             ),
                             Candidate(
                                 f"{m}: adaptive batching",
-                                params={"batching_per_model": {m: {"policy": "adaptive"}}},
+                                params={"batching_per_model": {m: ADAPTIVE}},
                             ),
                         ],
                     )
@@ -661,6 +678,7 @@ def diagnose_arm(arm: Mapping[str, Any], th: Thresholds = DEFAULT) -> list[Findi
     """Every finding of one arm's summary, most severe first (then in ``KINDS`` order)."""
     run = _Run(arm)
     found = detect_slow_device(run, th)
+    run.slow |= staging_devices(run, th)
     hot = detect_hot_node(run, th)
     found += hot
     found += detect_imbalance(run, th, {f.device for f in hot if f.device})
