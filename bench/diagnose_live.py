@@ -36,6 +36,8 @@ healthy devices; the faults still show (2.09x, staging 53 %).
 
     python bench/diagnose_live.py [--out out/diagnose-live] [--duration-s 45] [--runs a,b]
         [--set workload.users=40]
+    evenserve diagnose out/diagnose-live/run-baseline.json --json out/dx-baseline.json
+    python bench/diagnose_live.py --check out/dx-baseline.json   # the fix, live
 """
 
 from __future__ import annotations
@@ -113,6 +115,77 @@ def key_figures(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def overrides_for(arm: str, params: dict[str, Any]) -> list[str]:
+    """A parameter set as scenario overrides on ``arm`` (JSON is YAML)."""
+    out = []
+    if params.get("routing") is not None:
+        out.append(f"arms.{arm}.routing={json.dumps(params['routing'])}")
+    for m, spec in (params.get("batching_per_model") or {}).items():
+        out.append(f"arms.{arm}.batching_per_model.{m}={json.dumps(spec)}")
+    if params.get("learn_profiles") is not None:
+        out.append(f"arms.{arm}.learn_profiles={json.dumps(params['learn_profiles'])}")
+    return out
+
+
+def check(args: argparse.Namespace, console: Console, err: Console) -> int:
+    """The baseline live again with the recommendation of ``args.check`` applied."""
+    report = json.loads(args.check.read_text())
+    arm_report = report["runs"][0]["arms"]["baseline"]
+    recs = [f["recommendation"] for f in arm_report["findings"] if f.get("recommendation")]
+    recs = [r for r in recs if r["pushable"]]
+    together = arm_report.get("combined")
+    if together and together.get("better"):
+        recs.append(together)
+    if not recs:
+        print("--check: the report has no verified parameter change", file=sys.stderr)
+        return 2
+    best = min(recs, key=lambda r: r["predicted"]["p99_ms"]["after"])
+    work = args.out / "bench" / "baseline-fixed"
+    shutil.rmtree(work, ignore_errors=True)
+    bench = ScenarioBench(
+        scenario=SCENARIO,
+        overrides=[*args.extra, *overrides_for("baseline", best["params"])],
+        arms=["baseline"],
+        time_scale=args.time_scale,
+        duration_s=args.duration_s,
+        warmup_s=args.warmup_s,
+        repo=ROOT / "examples" / "models" / "emulated",
+        out=work,
+        plots=False,
+        progress=False,
+        fidelity=False,
+    )
+    plan = plan_bench(bench)
+    run = run_repeat(plan, "baseline", 0, console, err)
+    shutil.rmtree(plan.workroot, ignore_errors=True)
+    before = json.loads((args.out / "run-baseline.json").read_text())["arms"]["baseline"]
+    after = run.summary
+    summary = run_summary(plan.loaded.scenario.name, plan.seed, {"baseline": after})
+    (args.out / "run-baseline-fixed.json").write_text(json.dumps(summary, indent=2) + "\n")
+    goodput = sum(m["goodput_rps"] or 0.0 for m in after["models"].values())
+    goodput0 = sum(m["goodput_rps"] or 0.0 for m in before["models"].values())
+    p = best["predicted"]
+    console.print(f"applied: {best['change']}", highlight=False)
+    console.print(
+        f"P99 ms: live before {before['latency_ms']['p99']:.1f}, live after "
+        f"{after['latency_ms']['p99']:.1f}; simulated before {p['p99_ms']['before']:.1f}, "
+        f"predicted {p['p99_ms']['after']:.1f}",
+        highlight=False,
+    )
+    console.print(
+        f"goodput rps: live before {goodput0:.1f}, live after {goodput:.1f}; simulated before "
+        f"{p['goodput_rps']['before']:.1f}, predicted {p['goodput_rps']['after']:.1f}",
+        highlight=False,
+    )
+    console.print(
+        f"SLO attainment: live {before['slo_attainment']:.4f} -> {after['slo_attainment']:.4f}; "
+        f"spread pts live {before['utilization_spread_pts']:.1f} -> "
+        f"{after['utilization_spread_pts']:.1f}",
+        highlight=False,
+    )
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "diagnose-live")
@@ -121,6 +194,13 @@ def main() -> int:
     ap.add_argument("--warmup-s", type=float, default=8.0)
     ap.add_argument("--staging-ms", type=float, default=0.5)
     ap.add_argument("--runs", default=None, help="comma-separated subset of the runs")
+    ap.add_argument(
+        "--check",
+        type=Path,
+        default=None,
+        help="a diagnose --json report of run-baseline.json: run baseline live again with its "
+        "best verified parameter change applied, and print live vs predicted",
+    )
     ap.add_argument(
         "--set", dest="extra", action="append", default=[], help="scenario override, every run"
     )
@@ -133,6 +213,8 @@ def main() -> int:
         print(f"--runs: unknown {unknown} (runs: {', '.join(plan_runs)})", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.check is not None:
+        return check(args, console, err)
     labels_path = args.out / "labels.json"
     labels: dict[str, Any] = json.loads(labels_path.read_text()) if labels_path.is_file() else {}
     figures: dict[str, Any] = {}

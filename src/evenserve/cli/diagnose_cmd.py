@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 import time
@@ -253,14 +254,11 @@ def diagnose(
                         scenario, replay_arm or name, seed, (), None, trace, verify_s
                     )
                 elif own is not None:
-                    replay = dx.Replay(
-                        own.scenario,
-                        own.arm or name,
-                        own.seed if seed is None else seed,
-                        own.overrides,
-                        own.level,
-                        None,
-                        verify_s,
+                    replay = dataclasses.replace(
+                        own,
+                        arm=own.arm or name,
+                        seed=own.seed if seed is None else seed,
+                        duration_s=verify_s,
                     )
                 if replay is None:
                     item["not_verified"] = (

@@ -10,6 +10,7 @@ torch only inside functions, so the core install never needs torch.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -85,7 +86,19 @@ class TorchModuleRuntime:
         tensors = [*module.parameters(), *module.buffers()]
         self._resident = float(sum(t.numel() * t.element_size() for t in tensors))
 
-    def _tensor(self, arr: Array) -> Any:
+    def stage(self, inputs: Mapping[str, Array]) -> dict[str, Any]:
+        """One batch's inputs as tensors on the device, the copy finished: the executor calls
+        it before ``run`` and times it as the batch's compute_input (input staging, the
+        host-to-device transfer), apart from the compute. ``run`` takes them as they are."""
+        staged = {n: self._tensor(a) for n, a in inputs.items()}
+        device = self.ctx.device
+        if device.kind == "cuda":
+            self._torch.cuda.synchronize(device.cuda_index)
+        return staged
+
+    def _tensor(self, arr: Any) -> Any:
+        if isinstance(arr, self._torch.Tensor):
+            return arr  # staged already
         arr = np.ascontiguousarray(arr)
         if not arr.flags.writeable:
             # Binary request tensors are read-only views of the body; torch wants writable memory.

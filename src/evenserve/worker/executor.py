@@ -32,8 +32,9 @@ def run_batch(
     runtime: Runtime, input_names: Sequence[str], payloads: Sequence[Inputs]
 ) -> BatchResult:
     """Assemble, run and split one batch (runs in the device thread). A runtime with a
-    ``stage(inputs)`` method (the emulated one's input staging) has it called on each
-    assembled group before it runs: its time is the batch's compute_input."""
+    ``stage(inputs)`` method (the torch runtimes' host-to-device copy, the emulated one's
+    staging delay) has it called on each assembled group before it runs: its time is the
+    batch's compute_input, and what it returns (if anything) is what ``run`` gets."""
     t0 = time.perf_counter()
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, p in enumerate(payloads):
@@ -46,10 +47,12 @@ def run_batch(
         else:
             batch = {n: np.concatenate([payloads[i][n] for i in idx]) for n in input_names}
         assembled.append((idx, batch))
-    stage: Callable[[Inputs], None] | None = getattr(runtime, "stage", None)
+    stage: Callable[[Inputs], Mapping[str, Any] | None] | None = getattr(runtime, "stage", None)
     if stage is not None:
-        for _, batch in assembled:
-            stage(batch)
+        for k, (idx, batch) in enumerate(assembled):
+            staged = stage(batch)  # the torch runtimes: tensors on the device, for run
+            if staged is not None:
+                assembled[k] = (idx, dict(staged))
     t1 = time.perf_counter()
     results: list[tuple[list[int], dict[str, Array]]] = []
     for idx, batch in assembled:

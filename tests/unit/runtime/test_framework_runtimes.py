@@ -16,6 +16,7 @@ from evenserve.runtime.device import parse_device
 from evenserve.runtime.onnx_runtime import OnnxParams, OnnxRuntime
 from evenserve.runtime.torch_runtime import TorchParams, TorchRuntime
 from evenserve.runtime.transformers_runtime import TransformersParams, TransformersRuntime
+from evenserve.worker.executor import run_batch
 
 torch = pytest.importorskip("torch")
 
@@ -148,6 +149,14 @@ def test_torchscript_and_export(tmp_path: Path) -> None:
     assert out["s"].shape == (5,)
     assert rt.describe()["format"] == "torchscript"
     assert "deprecated" in rt.describe().get("notes", "deprecated")
+    # Staged (the executor's compute_input): tensors on the device, which run takes as they
+    # are; the executor times the two apart and gives the same answer.
+    staged = rt.stage({"x": x})
+    assert isinstance(staged["x"], torch.Tensor) and staged["x"].device.type == "cpu"
+    np.testing.assert_allclose(rt.run(staged)["y"], want, rtol=1e-5)
+    result = run_batch(rt, ["x"], [{"x": x[:2]}, {"x": x[2:]}])
+    np.testing.assert_allclose(np.concatenate([o["y"] for o in result.outputs]), want, rtol=1e-5)
+    assert result.compute_input_s > 0 and result.compute_infer_s > 0
     ep = torch.export.export(
         mod, (torch.zeros(2, 4),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},)
     )
