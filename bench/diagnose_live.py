@@ -54,6 +54,8 @@ from rich.console import Console
 
 from evenserve.experiment.scaling import DEFAULT_TIME_SCALE
 from evenserve.experiment.scenario_bench import (
+    BenchPlan,
+    RepeatRun,
     ScenarioBench,
     bench_source,
     plan_bench,
@@ -115,6 +117,37 @@ def key_figures(s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def live_run(
+    args: argparse.Namespace,
+    name: str,
+    arm: str,
+    overrides: list[str],
+    console: Console,
+    err: Console,
+) -> tuple[BenchPlan, RepeatRun]:
+    """One live run of ``arm`` of the seed scenario with ``overrides`` (the scenario bench's
+    own machinery), its work folder ``OUT/bench/NAME``."""
+    work = args.out / "bench" / name
+    shutil.rmtree(work, ignore_errors=True)
+    bench = ScenarioBench(
+        scenario=SCENARIO,
+        overrides=[*args.extra, *overrides],
+        arms=[arm],
+        time_scale=args.time_scale,
+        duration_s=args.duration_s,
+        warmup_s=args.warmup_s,
+        repo=ROOT / "examples" / "models" / "emulated",
+        out=work,
+        plots=False,
+        progress=False,
+        fidelity=False,
+    )
+    plan = plan_bench(bench)
+    run = run_repeat(plan, arm, 0, console, err)
+    shutil.rmtree(plan.workroot, ignore_errors=True)
+    return plan, run
+
+
 def overrides_for(arm: str, params: dict[str, Any]) -> list[str]:
     """A parameter set as scenario overrides on ``arm`` (JSON is YAML)."""
     out = []
@@ -140,24 +173,9 @@ def check(args: argparse.Namespace, console: Console, err: Console) -> int:
         print("--check: the report has no verified parameter change", file=sys.stderr)
         return 2
     best = min(recs, key=lambda r: r["predicted"]["p99_ms"]["after"])
-    work = args.out / "bench" / "baseline-fixed"
-    shutil.rmtree(work, ignore_errors=True)
-    bench = ScenarioBench(
-        scenario=SCENARIO,
-        overrides=[*args.extra, *overrides_for("baseline", best["params"])],
-        arms=["baseline"],
-        time_scale=args.time_scale,
-        duration_s=args.duration_s,
-        warmup_s=args.warmup_s,
-        repo=ROOT / "examples" / "models" / "emulated",
-        out=work,
-        plots=False,
-        progress=False,
-        fidelity=False,
+    plan, run = live_run(
+        args, "baseline-fixed", "baseline", overrides_for("baseline", best["params"]), console, err
     )
-    plan = plan_bench(bench)
-    run = run_repeat(plan, "baseline", 0, console, err)
-    shutil.rmtree(plan.workroot, ignore_errors=True)
     before = json.loads((args.out / "run-baseline.json").read_text())["arms"]["baseline"]
     after = run.summary
     summary = run_summary(plan.loaded.scenario.name, plan.seed, {"baseline": after})
@@ -220,25 +238,8 @@ def main() -> int:
     figures: dict[str, Any] = {}
     for name in chosen:
         arm, overrides, faults = plan_runs[name]
-        work = args.out / "bench" / name
-        shutil.rmtree(work, ignore_errors=True)
-        bench = ScenarioBench(
-            scenario=SCENARIO,
-            overrides=[*args.extra, *overrides],
-            arms=[arm],
-            time_scale=args.time_scale,
-            duration_s=args.duration_s,
-            warmup_s=args.warmup_s,
-            repo=ROOT / "examples" / "models" / "emulated",
-            out=work,
-            plots=False,
-            progress=False,
-            fidelity=False,
-        )
-        plan = plan_bench(bench)
         t0 = time.perf_counter()
-        run = run_repeat(plan, arm, 0, console, err)
-        shutil.rmtree(plan.workroot, ignore_errors=True)
+        plan, run = live_run(args, name, arm, overrides, console, err)
         summary = run_summary(plan.loaded.scenario.name, plan.seed, {arm: run.summary})
         summary["source"] = bench_source(plan) | {"arm": arm}
         summary["fault"] = {

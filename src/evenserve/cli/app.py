@@ -6,8 +6,10 @@ command module imports ``cli.main``, and importing one registers nothing by side
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -43,6 +45,17 @@ def _options(
     ] = False,
 ) -> None:
     """evenserve: serve many models on a shared GPU pool, and simulate it."""
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """``--json PATH``: the object as indented JSON in the file (its folder made), or on
+    stdout when PATH is ``-``."""
+    text = json.dumps(obj, indent=2) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 def fail(msg: str) -> NoReturn:

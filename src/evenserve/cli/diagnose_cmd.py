@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evenserve.cli.app import console, err_console, fail
+from evenserve.cli.app import console, err_console, fail, write_json
 from evenserve.cli.bench_cmd import parse_duration
 from evenserve.cli.params_cmd import TokenFile, read_token
 from evenserve.core.errors import EvenserveError
@@ -40,15 +39,6 @@ HELP = (
     "recommendation that is a parameter change through the gateway's /admin/params "
     "(design note 0012)."
 )
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    text = json.dumps(obj, indent=2) + "\n"
-    if str(path) == "-":
-        sys.stdout.write(text)
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -210,7 +200,7 @@ def diagnose(
         except EvenserveError as exc:
             fail(f"--live: {exc}")
         if save is not None:
-            _write_json(save, measured)
+            write_json(save, measured)
         sources.append((live, measured))
     elif not runs:
         fail("RUN: give one or more summary JSON files, or --live URL")
@@ -286,7 +276,7 @@ def diagnose(
         report["applied"] = _apply(apply, token or "", every, combined, quiet)
     report["elapsed_s"] = round(time.perf_counter() - t_start, 3)
     if json_path is not None:
-        _write_json(json_path, report)
+        write_json(json_path, report)
 
 
 def _verify(

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from evenserve.cli.app import console, err_console, fail
+from evenserve.cli.app import console, err_console, fail, write_json
 from evenserve.core.errors import EvenserveError
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.routing import ROUTING
@@ -18,15 +16,6 @@ from evenserve.report.summary import run_summary, summarize
 from evenserve.report.table import arm_table, compare_rows, compare_table, device_table
 from evenserve.sim.cluster import simulate as run_arm
 from evenserve.sim.loader import load_scenario, with_level
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    text = json.dumps(obj, indent=2, sort_keys=False) + "\n"
-    if str(path) == "-":
-        sys.stdout.write(text)
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
 
 
 def _source(
@@ -82,7 +71,7 @@ def simulate(
     summary = run_summary(sc.name, s, {name: summary_arm})
     summary["source"] = _source(scenario, name, s, set_, level)
     if json_path is not None:
-        _write_json(json_path, summary)
+        write_json(json_path, summary)
     if json_path is None or str(json_path) != "-":
         console.print(arm_table(name, summary["arms"][name]))
         console.print(device_table(summary["arms"][name]))
@@ -131,7 +120,7 @@ def compare(
     summary["source"] = _source(scenario, None, s, set_, level)
     summary["comparison"] = compare_rows(summary)
     if json_path is not None:
-        _write_json(json_path, summary)
+        write_json(json_path, summary)
     if json_path is None or str(json_path) != "-":
         console.print(compare_table(summary))
     if plots is not None:
@@ -163,7 +152,7 @@ def policies(
         "params": {},
     }
     if json_out:
-        _write_json(Path("-"), data)
+        write_json(Path("-"), data)
         return
     for kind in ("routing", "batching"):
         console.print(f"[bold]{kind}[/]")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,7 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evenserve.cli.app import console, err_console, fail
+from evenserve.cli.app import console, err_console, fail, write_json
 from evenserve.cli.bench_cmd import parse_duration
 from evenserve.cli.params_cmd import TokenFile, read_token
 from evenserve.cli.sim_cmd import SetOpt
@@ -50,15 +48,6 @@ HELP = (
     "P99 exceeds the calibrated prediction by more than 15 %; at most one change per window "
     "(design note 0011)."
 )
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    text = json.dumps(obj, indent=2) + "\n"
-    if str(path) == "-":
-        sys.stdout.write(text)
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
 
 
 def _is_trace(path: Path) -> bool:
@@ -189,7 +178,7 @@ def tune(
     if push is not None and push_token is not None:
         out["push"] = _push(push, push_token, result)
     if json_path is not None:
-        _write_json(json_path, out)
+        write_json(json_path, out)
     if json_path is None or str(json_path) != "-":
         print_result(result)
         if push is not None:
@@ -266,7 +255,7 @@ def _watch(
     def show(ev: WatchEvent) -> None:
         console.print(f"window {ev.window}: {ev.action}: {ev.reason}", highlight=False)
         if json_path is not None:
-            _write_json(json_path, {"events": [e.as_dict() for e in policy.events]})
+            write_json(json_path, {"events": [e.as_dict() for e in policy.events]})
 
     console.print(
         f"watching {url} every {every_s:g} s on {sc.name} / {name} (budget {budget} a window)",
