@@ -268,10 +268,44 @@ class ArmSpec(QueueOptions):
         "workers' --learn-profiles)",
     )
 
+    gateways: int = Field(
+        default=1,
+        ge=1,
+        description="gateways in front of the devices, each its own router with its own sends "
+        "and reports; arrivals split across them as an L4 balancer does (a closed-loop user "
+        "keeps its gateway, other arrivals go round robin)",
+    )
+    gateway_replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="the gateway count each router assumes (live: gateway.replicas); default "
+        "`gateways`; 1 with several gateways is the naive router that counts only its own sends",
+    )
+    gateway_offsets_ms: list[float] | None = Field(
+        default=None,
+        description="per gateway, when its first load report arrives (ms; then one every "
+        "signals.interval_ms); default evenly staggered: g * interval / gateways",
+    )
+
     @model_validator(mode="after")
     def _placement_options(self) -> ArmSpec:
         if self.autoscaling is not None and self.placement is None:
             raise ValueError("autoscaling: needs placement")
+        return self
+
+    @model_validator(mode="after")
+    def _gateway_options(self) -> ArmSpec:
+        if self.gateways > 1:
+            if self.placement is not None:
+                raise ValueError("gateways: several gateways do not run placement")
+            if self.routing == CENTRAL_QUEUE:
+                raise ValueError("gateways: the central queue has no router")
+        offs = self.gateway_offsets_ms
+        if offs is not None:
+            if len(offs) != self.gateways:
+                raise ValueError("gateway_offsets_ms: one offset per gateway")
+            if any(o < 0 for o in offs):
+                raise ValueError("gateway_offsets_ms: offsets must be >= 0")
         return self
 
 

@@ -124,8 +124,9 @@ class BackendRegistry:
         window: int,
         stale_after_s: float,
         profiles: Callable[[BackendSpec], dict[str, LatencyProfile]] | None = None,
+        replicas: int = 1,
     ) -> BackendRegistry:
-        router = Router(policy, window=window, stale_after_s=stale_after_s)
+        router = Router(policy, window=window, stale_after_s=stale_after_s, replicas=replicas)
         reg = cls(router=router, clock=clock)
         now = clock.now()
         for spec in specs:

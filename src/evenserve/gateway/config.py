@@ -9,6 +9,8 @@ gateway:                      # the front door
   # placement: {policy: cost-aware, interval_ms: 1000, load_wait_ms: 10000, host_memory_gb: 0}
   # autoscaling: {policy: demand, target_utilization: 0.7}   # needs placement
   # record: {path: requests.jsonl, max_mb: 64, keep: 4, window: 200000}   # the request log
+  # replicas: 2                # gateways in front of the same workers (design 0013)
+  # reuse_port: true           # SO_REUSEPORT: those gateways share one port
 workers:                      # devices ``evenserve up`` starts one worker on each
   repo: models                # model repository (relative to this file)
   base_port: 8101             # device i listens on base_port + i unless it names a port
@@ -190,6 +192,19 @@ class GatewaySection(Strict):
     )
     routing: Any = "queue-aware"
     seed: int = 0
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        description="gateways (this one included) routing to the same workers behind one "
+        "balancer: each of this gateway's sends since a load report counts this many times "
+        "in its queue estimates, so several gateways do not all pick the backend that looked "
+        "idlest at the last report (design 0013)",
+    )
+    reuse_port: bool = Field(
+        default=False,
+        description="listen with SO_REUSEPORT: several gateway processes share the port and "
+        "the kernel splits the connections among them",
+    )
     signals: SignalsConfig = Field(default_factory=SignalsConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     forward: ForwardConfig = Field(default_factory=ForwardConfig)

@@ -113,6 +113,7 @@ class Gateway:
             window=cfg.signals.window,
             stale_after_s=cfg.signals.stale_after_ms / 1000.0,
             profiles=self._profiles,
+            replicas=cfg.replicas,
         )
         self.metrics = GatewayMetrics(self._figures, self.registry.hosted)
         self.registry.on_eject = self._count_ejection
@@ -439,5 +440,10 @@ def serve(gateway: Gateway, host: str | None = None, port: int | None = None) ->
     """Run the gateway until SIGINT/SIGTERM (open requests are answered first), on uvloop."""
     cfg = gateway.cfg
     Serving(
-        gateway, host or gateway.host, port or cfg.port, limits=gateway.limits, drain_timeout_s=10
+        gateway,
+        host or gateway.host,
+        port or cfg.port,
+        limits=gateway.limits,
+        drain_timeout_s=10,
+        reuse_port=cfg.reuse_port,
     ).run()

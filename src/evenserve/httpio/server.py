@@ -474,8 +474,16 @@ class HttpServer:
         return self._loop
 
     async def start(
-        self, host: str = "127.0.0.1", port: int = 0, sock: socket.socket | None = None
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        sock: socket.socket | None = None,
+        *,
+        reuse_port: bool = False,
     ) -> None:
+        """Listen on ``sock``, else on ``host:port``; with ``reuse_port`` (SO_REUSEPORT)
+        several processes listen on the same port and the kernel splits the connections
+        among them (several gateways behind one address)."""
         self._loop = asyncio.get_running_loop()
         if sock is not None:
             self._server = await self._loop.create_server(
@@ -483,7 +491,12 @@ class HttpServer:
             )
         else:
             self._server = await self._loop.create_server(
-                lambda: _Connection(self), host, port, backlog=4096, reuse_address=True
+                lambda: _Connection(self),
+                host,
+                port,
+                backlog=4096,
+                reuse_address=True,
+                reuse_port=reuse_port or None,
             )
 
         self._sweeper = self._loop.create_task(self._sweep())

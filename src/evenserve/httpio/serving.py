@@ -64,8 +64,11 @@ class Serving:
         sock: socket.socket | None = None,
         limits: Limits | None = None,
         drain_timeout_s: float = 10.0,
+        reuse_port: bool = False,
     ) -> None:
         self.app = app
+        #: Listen with SO_REUSEPORT (``HttpServer.start``).
+        self.reuse_port = reuse_port
         self.host = host
         self.port = port
         self.sock = sock
@@ -90,7 +93,9 @@ class Serving:
             self.server = HttpServer(
                 app, self.limits, getattr(app, "refused", None), getattr(app, "fast", None)
             )
-            await self.server.start(self.host, self.port, sock=self.sock)
+            await self.server.start(
+                self.host, self.port, sock=self.sock, reuse_port=self.reuse_port
+            )
             self.port = self.server.port
             if handle_signals:
                 for sig in (signal.SIGINT, signal.SIGTERM):

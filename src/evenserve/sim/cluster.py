@@ -15,6 +15,11 @@ Theory of operation. Everything happens on one EventLoop with a virtual clock.
 - An arm with ``placement`` loads and unloads models and turns devices on and off
   (sim.placement; the controller is policy.placement.controller). Without it every device
   of the arm hosts its models the whole run, on from start to end.
+- An arm with ``gateways: N`` > 1 runs N Routers (design 0013), each with its own sends and
+  its own reports (gateway g hears the devices at its own phase, ``gateway_offsets_ms``,
+  default g * interval / N); arrivals split across them as an L4 balancer does: a
+  closed-loop user keeps its gateway (its connection), other arrivals go round robin. Each
+  router assumes ``gateway_replicas`` gateways (default N; 1: the naive router).
 - An arm with ``overload_refusals`` drops a request as ``overloaded`` when the Router's
   refusal rule holds (every host full or predicted late past the SLO), as the gateway with
   ``overload.enabled`` answers 429; off by default, as the live bench's gateway is.
@@ -87,6 +92,11 @@ class Simulation:
         self.devices: list[SimDevice] = []
         self.hosts: dict[str, list[SimDevice]] = {m: [] for m in sc.models}
         self.router: Router | None = None
+        #: Every gateway's router (``router`` is the first); with several, which gateway
+        #: routed each request in flight (by log index).
+        self.routers: list[Router] = []
+        self._gateway_of: dict[int, int] = {}
+        self._next_gateway = 0
         self._slo = {m: spec.slo_ms for m, spec in sc.models.items()}
         self._users: ClosedLoopUsers | None = None
         self._open_arrival_cb = self._open_arrival  # one bound method for every event
@@ -97,7 +107,12 @@ class Simulation:
             self._arrive = self.central.arrive
         else:
             self._build_devices()
-            self._arrive = self._routed_arrival if self.placement is None else self.placement.arrive
+            if self.placement is not None:
+                self._arrive = self.placement.arrive
+            elif len(self.routers) > 1:
+                self._arrive = self._gateway_arrival
+            else:
+                self._arrive = self._routed_arrival
 
     def model_setup(self, model: str, profile: LatencyProfile | None) -> ModelSetup:
         """How ``model`` is queued on a device with ``profile`` (its own policy object)."""
@@ -170,14 +185,21 @@ class Simulation:
                     self.loop.at(t, self._slowdown_edge, (d, spec))
             built.append((d, spec))
         self.by_name = {d.name: d for d in self.devices}
-        self.router = Router(ROUTING.build(arm.routing, self.policy_rng), window=sc.signals.window)
-        for d in self.devices:
-            self.router.add_backend(
-                d.name,
-                d.models,
-                profiles=d.profiles if not placed else {m: d.profiles[m] for m in d.models},
-                max_batch_size=d.sched.max_batch_size,
+        replicas = arm.gateway_replicas or arm.gateways
+        for g in range(arm.gateways):
+            rng = self.policy_rng if g == 0 else random.Random(f"{self.seed}:policy:{g}")
+            router = Router(
+                ROUTING.build(arm.routing, rng), window=sc.signals.window, replicas=replicas
             )
+            for d in self.devices:
+                router.add_backend(
+                    d.name,
+                    d.models,
+                    profiles=d.profiles if not placed else {m: d.profiles[m] for m in d.models},
+                    max_batch_size=d.sched.max_batch_size,
+                )
+            self.routers.append(router)
+        self.router = self.routers[0]
         if placed:
             self.placement = SimPlacement(self, built)
 
@@ -257,7 +279,11 @@ class Simulation:
         """``r`` will not run (refused, shed, expired): log it, and a closed-loop user
         thinks again; the router hears that a request sent to ``device`` is done."""
         self.log.drop_reason[r.idx] = reason
-        if device is not None and self.router is not None:
+        if len(self.routers) > 1:
+            g = self._gateway_of.pop(r.idx, None)
+            if device is not None and g is not None:
+                self.routers[g].done(device, r.model)
+        elif device is not None and self.router is not None:
             self.router.done(device, r.model)
             if self.placement is not None:
                 if reason == LOAD_TIMEOUT:
@@ -275,13 +301,34 @@ class Simulation:
             log_dev[r.idx] = device
             if r.user >= 0:
                 self._schedule_user(r.user, self.overhead_s)
-        if self.router is not None:
+        if len(self.routers) > 1:
+            per: dict[int, int] = {}
+            gw = self._gateway_of
+            for r in batch.requests:
+                g = gw.pop(r.idx)
+                per[g] = per.get(g, 0) + 1
+            for g, k in sorted(per.items()):
+                self.routers[g].done(device, batch.model, k, now)
+        elif self.router is not None:
             self.router.done(device, batch.model, len(batch.requests), now)
             if self.placement is not None:
                 self.placement.done(batch.model, device, len(batch.requests))
 
-    def _routed_arrival(self, r: SimRequest) -> None:
-        router = self.router
+    def _gateway_arrival(self, r: SimRequest) -> None:
+        """Several gateways: the balancer's pick (a closed-loop user's connection stays on
+        one gateway; other arrivals go round robin), then that gateway's router."""
+        n = len(self.routers)
+        if r.user >= 0:
+            g = r.user % n
+        else:
+            g = self._next_gateway
+            self._next_gateway = (g + 1) % n
+        self._gateway_of[r.idx] = g
+        self._routed_arrival(r, self.routers[g])
+
+    def _routed_arrival(self, r: SimRequest, router: Router | None = None) -> None:
+        if router is None:
+            router = self.router
         assert router is not None
         now = self.loop.now
         if self.refusals and router.refusal(r.model, now) is not None:
@@ -298,9 +345,26 @@ class Simulation:
             self.drop(r, reason, name)
 
     # -- signals ----------------------------------------------------------------------------
+    def gateway_offsets_s(self) -> list[float]:
+        """When each gateway hears its first load report (then one every interval)."""
+        arm, n = self.arm, self.arm.gateways
+        if arm.gateway_offsets_ms is not None:
+            return [o / 1000.0 for o in arm.gateway_offsets_ms]
+        return [g * self.signal_interval_s / n for g in range(n)]
+
+    def _gateway_sample(self, g: int) -> None:
+        """Gateway ``g``'s load reports (several gateways, at its own phase)."""
+        now = self.loop.now
+        router = self.routers[g]
+        for d in self.devices:
+            router.observe(d.name, d.sched.snapshot(now))
+        nxt = now + self.signal_interval_s
+        if nxt <= self.end_s:
+            self.loop.at(nxt, self._gateway_sample, g)
+
     def _sample(self, _: object) -> None:
         now = self.loop.now
-        router = self.router
+        router = self.router if len(self.routers) <= 1 else None  # several: _gateway_sample
         for d in self.devices:
             s = d.sched.snapshot(now)
             d.trace.queue_t_s.append(now)
@@ -314,6 +378,11 @@ class Simulation:
     # -- run --------------------------------------------------------------------------------
     def run(self) -> RunRecords:
         self.loop.at(0.0, self._sample, None)
+        if len(self.routers) > 1:
+            # The devices' own sampling (their traces) stays at 0; each gateway hears them
+            # at its own phase.
+            for g, off in enumerate(self.gateway_offsets_s()):
+                self.loop.at(off, self._gateway_sample, g)
         if self.placement is not None:
             self.loop.at(self.placement.controller.interval_s, self.placement.tick, None)
         wl = self.sc.workload

@@ -12,6 +12,8 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable
 
+import pytest
+
 from evenserve.httpio.client import LATE_S, HttpClient, ResponseTimeout, _Conn
 from evenserve.httpio.server import HttpServer, Limits, Request, Response, json_response
 
@@ -226,3 +228,19 @@ async def test_every_answer_carries_a_date_header_in_http_date_form() -> None:
         assert when.tzinfo is not None and found.group(1).endswith(b" GMT")
         bad = await raw(srv.port, b"NOT HTTP\r\n\r\n")  # refusals written by the parser too
         assert re.search(rb"\r\ndate: [^\r]+ GMT\r\n", bad), bad
+
+
+async def test_reuse_port_lets_two_servers_listen_on_one_port() -> None:
+    first, second = HttpServer(echo), HttpServer(echo)
+    await first.start(reuse_port=True)
+    try:
+        await second.start(port=first.port, reuse_port=True)
+        assert second.port == first.port
+        get = b"GET /x HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n"
+        for _ in range(4):  # the kernel hands each connection to one of them
+            assert b" 200 " in await raw(first.port, get)
+        with pytest.raises(OSError):
+            await HttpServer(echo).start(port=first.port)  # without the flag: taken
+    finally:
+        await second.stop(1.0)
+        await first.stop(1.0)

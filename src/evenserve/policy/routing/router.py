@@ -25,6 +25,16 @@ profiles it was added with (``core.profile_learning.learned_profile``), so profi
 policies see a device that slowed down as slow; once its samples stop carrying a model's
 figures (learning turned off there), that model's profile is the base one again.
 ``refusal`` is the front door's overload rule (``routing.refusal``).
+
+Several gateways in front of the same workers (``replicas``, the gateway's
+``gateway.replicas``, the simulator arm's ``gateways``; design 0013). Each router hears every
+backend's load report but only its own sends. With ``replicas = N`` > 1 a router counts each
+of its sends since the newest sample N times in the queue estimate (``queue_depth``,
+``queued_by_model``; its answers settle N each): behind a balancer that splits arrivals evenly
+the other N - 1 gateways are sending about as much, from reports like its own. Without it, N
+routers each add only their own sends to the same report, so a backend that looked idle at
+the last report takes N times what any of them meant to send it before the next one (herding).
+The router's in-flight counts stay its own (exact); the refusal rule reads only the reports.
 """
 
 from __future__ import annotations
@@ -82,11 +92,17 @@ class Router:
         window: int = 3,
         stale_after_s: float | None = None,
         learn_alpha: float = LEARN_ALPHA,
+        replicas: int = 1,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
         if not 0.0 < learn_alpha <= 1.0:
             raise ValueError("learn_alpha must be in (0, 1]")
+        if replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        #: Gateways routing to these backends, this one included (module docstring): each
+        #: own send since the newest sample counts this many times in the queue estimate.
+        self.replicas = replicas
         self.set_policy(policy)
         self.window = window
         self.stale_after_s = stale_after_s
@@ -247,7 +263,8 @@ class Router:
         n = len(samples)
         newest = samples[-1]
         v.signals_fresh = True
-        v.queue_depth = sum(s.queue_depth for s in samples) / n + st.sent_since_sample
+        r = self.replicas
+        v.queue_depth = sum(s.queue_depth for s in samples) / n + st.sent_since_sample * r
         utils = [s.utilization for s in samples if s.utilization is not None]
         v.utilization = sum(utils) / len(utils) if utils else None
         v.memory_total_bytes = newest.memory_total_bytes
@@ -268,7 +285,7 @@ class Router:
                 qbm[m] = qbm.get(m, 0.0) + q / n
         st.sampled_queued = dict(qbm)
         for m, k in st.sent_by_model.items():
-            qbm[m] = qbm.get(m, 0.0) + k
+            qbm[m] = qbm.get(m, 0.0) + k * r
         v.queued_by_model = qbm
 
     def expire(self, now_s: float) -> list[str]:
@@ -331,12 +348,13 @@ class Router:
         ifm = st.in_flight_by_model
         ifm[model] = ifm.get(model, 0) + 1
         v.in_flight += 1
-        v.queue_depth += 1.0
+        r = float(self.replicas)
+        v.queue_depth += r if v.signals_fresh else 1.0
         st.sent_since_sample += 1
         st.sent_by_model[model] = st.sent_by_model.get(model, 0) + 1
         qbm = v.queued_by_model
         if isinstance(qbm, dict):
-            qbm[model] = qbm.get(model, 0.0) + 1.0
+            qbm[model] = qbm.get(model, 0.0) + r
 
     def done(self, name: str, model: str, n: int = 1, now_s: float | None = None) -> None:
         """``n`` requests of ``model`` sent to ``name`` finished (answered or failed); with
@@ -379,13 +397,14 @@ class Router:
             if not v.signals_fresh:
                 v.queue_depth = max(0.0, v.queue_depth - k)
         if v.signals_fresh and st.sent_since_sample > 0:
+            r = self.replicas
             k = n if n < st.sent_since_sample else st.sent_since_sample
             st.sent_since_sample -= k
-            v.queue_depth = max(0.0, v.queue_depth - k)
+            v.queue_depth = max(0.0, v.queue_depth - k * r)
             mine = st.sent_by_model.get(model, 0)
             if mine > 0:
                 k = k if k < mine else mine
                 st.sent_by_model[model] = mine - k
                 qbm = v.queued_by_model
                 if isinstance(qbm, dict) and model in qbm:
-                    qbm[model] = max(0.0, qbm[model] - k)
+                    qbm[model] = max(0.0, qbm[model] - k * r)
