@@ -281,6 +281,13 @@ class ArmSpec(QueueOptions):
         description="the gateway count each router assumes (live: gateway.replicas); default "
         "`gateways`; 1 with several gateways is the naive router that counts only its own sends",
     )
+    gateway_peer_weight: float = Field(
+        default=0.75,
+        ge=0.0,
+        le=1.0,
+        description="with several gateways: how much of the others' sends each router counts, "
+        "as a share of its own (live: gateway.peer_weight)",
+    )
     gateway_offsets_ms: list[float] | None = Field(
         default=None,
         description="per gateway, when its first load report arrives (ms; then one every "

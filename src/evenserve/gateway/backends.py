@@ -29,6 +29,7 @@ from evenserve.core.clock import Clock
 from evenserve.core.profile import LatencyProfile
 from evenserve.gateway.config import BackendSpec
 from evenserve.policy.routing import ROUTING, Router, RoutingPolicy
+from evenserve.policy.routing.router import PEER_WEIGHT
 
 log = logging.getLogger("evenserve.gateway")
 
@@ -125,8 +126,15 @@ class BackendRegistry:
         stale_after_s: float,
         profiles: Callable[[BackendSpec], dict[str, LatencyProfile]] | None = None,
         replicas: int = 1,
+        peer_weight: float = PEER_WEIGHT,
     ) -> BackendRegistry:
-        router = Router(policy, window=window, stale_after_s=stale_after_s, replicas=replicas)
+        router = Router(
+            policy,
+            window=window,
+            stale_after_s=stale_after_s,
+            replicas=replicas,
+            peer_weight=peer_weight,
+        )
         reg = cls(router=router, clock=clock)
         now = clock.now()
         for spec in specs:

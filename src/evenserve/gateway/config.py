@@ -196,9 +196,16 @@ class GatewaySection(Strict):
         default=1,
         ge=1,
         description="gateways (this one included) routing to the same workers behind one "
-        "balancer: each of this gateway's sends since a load report counts this many times "
-        "in its queue estimates, so several gateways do not all pick the backend that looked "
-        "idlest at the last report (design 0013)",
+        "balancer: each of this gateway's sends since a load report counts 1 + (replicas - 1) "
+        "x peer_weight times in its queue estimates, so several gateways do not all pick the "
+        "backend that looked idlest at the last report (design 0013)",
+    )
+    peer_weight: float = Field(
+        default=0.75,
+        ge=0.0,
+        le=1.0,
+        description="with replicas > 1: how much of the other gateways' sends to count, as a "
+        "share of this one's (0: only its own, the naive router; 1: as many as its own)",
     )
     reuse_port: bool = Field(
         default=False,

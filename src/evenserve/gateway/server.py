@@ -114,6 +114,7 @@ class Gateway:
             stale_after_s=cfg.signals.stale_after_ms / 1000.0,
             profiles=self._profiles,
             replicas=cfg.replicas,
+            peer_weight=cfg.peer_weight,
         )
         self.metrics = GatewayMetrics(self._figures, self.registry.hosted)
         self.registry.on_eject = self._count_ejection

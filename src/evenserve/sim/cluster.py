@@ -189,7 +189,10 @@ class Simulation:
         for g in range(arm.gateways):
             rng = self.policy_rng if g == 0 else random.Random(f"{self.seed}:policy:{g}")
             router = Router(
-                ROUTING.build(arm.routing, rng), window=sc.signals.window, replicas=replicas
+                ROUTING.build(arm.routing, rng),
+                window=sc.signals.window,
+                replicas=replicas,
+                peer_weight=arm.gateway_peer_weight,
             )
             for d in self.devices:
                 router.add_backend(

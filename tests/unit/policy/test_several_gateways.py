@@ -8,6 +8,7 @@ import pytest
 
 from evenserve.core.types import LoadSample
 from evenserve.policy.routing import ROUTING, Router
+from evenserve.policy.routing.router import PEER_WEIGHT
 from tests.unit.policy.helpers import req
 
 NAMES = ["a", "b", "c", "d"]
@@ -15,8 +16,8 @@ NAMES = ["a", "b", "c", "d"]
 REPORTED = {"a": 0.0, "b": 6.0, "c": 6.0, "d": 6.0}
 
 
-def router(replicas: int, policy: str = "least-expected-work") -> Router:
-    r = Router(ROUTING.build(policy), replicas=replicas)
+def router(replicas: int, policy: str = "least-expected-work", peer_weight: float = 1.0) -> Router:
+    r = Router(ROUTING.build(policy), replicas=replicas, peer_weight=peer_weight)
     for n in NAMES:
         r.add_backend(n, ["m"])
         q = REPORTED[n]
@@ -25,11 +26,15 @@ def router(replicas: int, policy: str = "least-expected-work") -> Router:
 
 
 def burst(
-    replicas: int, gateways: int = 2, each: int = 6, policy: str = "least-expected-work"
+    replicas: int,
+    gateways: int = 2,
+    each: int = 6,
+    policy: str = "least-expected-work",
+    peer_weight: float = 1.0,
 ) -> dict[str, float]:
     """Each of ``gateways`` routers routes ``each`` requests before the next report; the
     backends' true queues after (reported + every gateway's sends)."""
-    routers = [router(replicas, policy) for _ in range(gateways)]
+    routers = [router(replicas, policy, peer_weight) for _ in range(gateways)]
     truth = dict(REPORTED)
     for _ in range(each):
         for r in routers:
@@ -53,6 +58,23 @@ def test_routers_that_count_their_peers_spread(policy: str) -> None:
     assert sum(truth.values()) == 18 + 12
     assert max(truth.values()) - min(truth.values()) <= 2
     assert truth["a"] <= 8
+
+
+@pytest.mark.parametrize("policy", ["least-expected-work", "queue-aware"])
+def test_the_default_peer_weight_herds_less_than_naive(policy: str) -> None:
+    """Three quarters of the peers' share (the default): the idle backend takes less than
+    the naive 12."""
+    truth = burst(replicas=2, policy=policy, peer_weight=PEER_WEIGHT)
+    assert sum(truth.values()) == 18 + 12
+    assert truth["a"] < 12
+    assert truth["a"] <= 10
+
+
+def test_send_weight() -> None:
+    assert Router(ROUTING.build("round-robin"), replicas=3).send_weight == 2.5  # 1 + 2 x 0.75
+    assert Router(ROUTING.build("round-robin"), replicas=3, peer_weight=0.0).send_weight == 1.0
+    with pytest.raises(ValueError, match="peer_weight"):
+        Router(ROUTING.build("round-robin"), replicas=2, peer_weight=1.5)
 
 
 def test_one_replica_is_the_plain_router() -> None:

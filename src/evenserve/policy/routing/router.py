@@ -29,12 +29,15 @@ figures (learning turned off there), that model's profile is the base one again.
 Several gateways in front of the same workers (``replicas``, the gateway's
 ``gateway.replicas``, the simulator arm's ``gateways``; design 0013). Each router hears every
 backend's load report but only its own sends. With ``replicas = N`` > 1 a router counts each
-of its sends since the newest sample N times in the queue estimate (``queue_depth``,
-``queued_by_model``; its answers settle N each): behind a balancer that splits arrivals evenly
-the other N - 1 gateways are sending about as much, from reports like its own. Without it, N
-routers each add only their own sends to the same report, so a backend that looked idle at
-the last report takes N times what any of them meant to send it before the next one (herding).
-The router's in-flight counts stay its own (exact); the refusal rule reads only the reports.
+of its sends since the newest sample ``1 + (N - 1) * peer_weight`` times in the queue
+estimate (``queue_depth``, ``queued_by_model``; its answers settle as much): behind a
+balancer that splits arrivals evenly the other N - 1 gateways send about as much, from
+reports like its own, but not to the same backends send for send, so their share is shrunk
+by ``peer_weight`` (0.75 by default; 1 counts them in full, which over-counts and costs P99 at
+light load; 0 is the naive router). Without it, N routers each add only their own sends to
+the same report, so a backend that looked idle at the last report takes N times what any of
+them meant to send it before the next one (herding). The router's in-flight counts stay its
+own (exact); the refusal rule reads only the reports.
 """
 
 from __future__ import annotations
@@ -84,6 +87,10 @@ class _BackendState:
     learned_from: dict[str, tuple[float, Mapping[int, float]]] = field(default_factory=dict)
 
 
+#: How much of the other gateways' sends a router adds to its own (``peer_weight``).
+PEER_WEIGHT = 0.75
+
+
 class Router:
     def __init__(
         self,
@@ -93,6 +100,7 @@ class Router:
         stale_after_s: float | None = None,
         learn_alpha: float = LEARN_ALPHA,
         replicas: int = 1,
+        peer_weight: float = PEER_WEIGHT,
     ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
@@ -100,9 +108,13 @@ class Router:
             raise ValueError("learn_alpha must be in (0, 1]")
         if replicas < 1:
             raise ValueError("replicas must be >= 1")
+        if not 0.0 <= peer_weight <= 1.0:
+            raise ValueError("peer_weight must be in [0, 1]")
         #: Gateways routing to these backends, this one included (module docstring): each
         #: own send since the newest sample counts this many times in the queue estimate.
         self.replicas = replicas
+        #: What one own send since the newest sample counts in the queue estimate.
+        self.send_weight = 1.0 + (replicas - 1) * peer_weight
         self.set_policy(policy)
         self.window = window
         self.stale_after_s = stale_after_s
@@ -263,7 +275,7 @@ class Router:
         n = len(samples)
         newest = samples[-1]
         v.signals_fresh = True
-        r = self.replicas
+        r = self.send_weight
         v.queue_depth = sum(s.queue_depth for s in samples) / n + st.sent_since_sample * r
         utils = [s.utilization for s in samples if s.utilization is not None]
         v.utilization = sum(utils) / len(utils) if utils else None
@@ -348,7 +360,7 @@ class Router:
         ifm = st.in_flight_by_model
         ifm[model] = ifm.get(model, 0) + 1
         v.in_flight += 1
-        r = float(self.replicas)
+        r = self.send_weight
         v.queue_depth += r if v.signals_fresh else 1.0
         st.sent_since_sample += 1
         st.sent_by_model[model] = st.sent_by_model.get(model, 0) + 1
@@ -397,7 +409,7 @@ class Router:
             if not v.signals_fresh:
                 v.queue_depth = max(0.0, v.queue_depth - k)
         if v.signals_fresh and st.sent_since_sample > 0:
-            r = self.replicas
+            r = self.send_weight
             k = n if n < st.sent_since_sample else st.sent_since_sample
             st.sent_since_sample -= k
             v.queue_depth = max(0.0, v.queue_depth - k * r)
