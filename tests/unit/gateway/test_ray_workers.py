@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,65 @@ def test_up_without_ray_never_imports_ray(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class FakeRay(types.ModuleType):
+    """Just enough of ``ray`` for ActorWorker's liveness rules: ``get`` answers from a script."""
+
+    def __init__(self) -> None:
+        super().__init__("ray")
+        ex = types.SimpleNamespace()
+        ex.RayError = type("RayError", (Exception,), {})
+        ex.RayActorError = type("RayActorError", (ex.RayError,), {})
+        ex.ActorDiedError = type("ActorDiedError", (ex.RayActorError,), {})
+        ex.ActorUnavailableError = type("ActorUnavailableError", (ex.RayActorError,), {})
+        ex.GetTimeoutError = type("GetTimeoutError", (ex.RayError, TimeoutError), {})
+        self.exceptions = ex
+        self.answers: list[object] = []
+        self.killed: list[object] = []
+
+    def get(self, ref: object, timeout: float | None = None) -> object:
+        a = self.answers.pop(0)
+        if isinstance(a, BaseException):
+            raise a
+        return a
+
+    def kill(self, handle: object, no_restart: bool = False) -> None:
+        self.killed.append((handle, no_restart))
+
+
+class Handle:
+    def __getattr__(self, name: str) -> object:
+        return types.SimpleNamespace(remote=lambda *a: name)
+
+
+def _actor(tmp_path: Path) -> ActorWorker:
+    a = ActorWorker("w", ["worker"], {}, "http://127.0.0.1:1", tmp_path / "w.log", {},
+                    "127.0.0.1", RayPlacement())  # fmt: skip
+    a.handle = Handle()
+    return a
+
+
+def test_an_actor_ray_is_restarting_counts_as_alive_one_gone_for_good_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ray = FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    a = _actor(tmp_path)
+    ex = ray.exceptions
+    for answer, alive in [
+        (None, True),  # the worker runs
+        (ex.GetTimeoutError(), True),  # Ray is restarting the actor: not ours to restart
+        (ex.ActorUnavailableError(), True),
+        (ex.ActorDiedError(), False),  # gone for good: `up` makes a new one
+    ]:
+        ray.answers.append(answer)
+        a._checked = 0.0
+        assert a.alive() is alive, answer
+    assert a.handle is None and a.exit_code() is None
+    b = _actor(tmp_path)
+    ray.answers.append(-9)  # the worker exited, the actor lives
+    assert not b.alive() and b.exit_code() == -9
+    handle = b.handle
+    b.close_log()  # after a stop: the actor ends too, for good
+    assert ray.killed == [(handle, True)] and b.handle is None
