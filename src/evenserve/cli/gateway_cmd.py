@@ -6,6 +6,7 @@ generated one by the file it was written to (mode 0600, in a folder of its own).
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Annotated
 import typer
 
 from evenserve.cli.app import err_console, fail
-from evenserve.core.errors import EvenserveError
+from evenserve.core.errors import ConfigError, EvenserveError
 
 
 def gateway(
@@ -47,6 +48,13 @@ def gateway(
         int | None,
         typer.Option(help="Records kept in memory for GET /admin/log (default 200000)."),
     ] = None,
+    worker_addresses: Annotated[
+        Path | None,
+        typer.Option(
+            help='JSON {"worker": "host:port"}: where workers listen, over the cluster file '
+            "(`evenserve up --ray` writes it once its actors report)."
+        ),
+    ] = None,
 ) -> None:
     """Run the gateway: KServe v2 HTTP API routing to the cluster's backends."""
     from evenserve.gateway.config import load_cluster, write_private
@@ -55,6 +63,8 @@ def gateway(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         cluster = load_cluster(config)
+        if worker_addresses is not None:
+            cluster = cluster.with_worker_addresses(read_addresses(worker_addresses))
         token = cluster.resolve_admin_token()
         rec = cluster.record_settings(record, record_max_mb, record_keep, record_window)
         gw = Gateway(cluster, admin_token=token.value, host=host, record=rec)
@@ -100,6 +110,17 @@ def gateway(
     serve(gw, host, port)
 
 
+def read_addresses(path: Path) -> dict[str, str]:
+    """``--worker-addresses``: a JSON object of worker name to ``host:port``."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--worker-addresses: cannot read {path}: {exc}") from None
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise ConfigError(f'--worker-addresses: {path}: expected {{"worker": "host:port"}}')
+    return {str(k): v for k, v in raw.items()}
+
+
 def up(
     config: Annotated[Path, typer.Argument(help="Cluster YAML file.")],
     log_dir: Annotated[
@@ -109,19 +130,29 @@ def up(
         Path | None,
         typer.Option(help="Write URLs, pids and the admin token here when ready (mode 0600)."),
     ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Run each worker as a Ray actor: `auto` (the running Ray cluster, else a new "
+            "local one) or a Ray address. Needs pip install 'evenserve[ray]'.",
+        ),
+    ] = None,
 ) -> None:
     """Start one worker per device and the gateway; Ctrl-C drains and stops them all.
 
     With gateway.placement, workers run --model-control explicit (their models
     loaded at startup) and the gateway loads and unloads models on them.
     A device with active: false is a spare: started only when gateway.autoscaling
-    turns it on (via the gateway's /admin/scale), stopped again after draining."""
+    turns it on (via the gateway's /admin/scale), stopped again after draining.
+    With --ray, each worker runs as a Ray actor (GPU workers ask Ray for their GPU;
+    a device's ray_node pins it), restarted by Ray if it dies."""
     from evenserve.gateway.config import load_cluster
     from evenserve.gateway.launcher import run_up
 
     try:
         cluster = load_cluster(config)
-        code = run_up(cluster, config, log_dir=log_dir, ready_file=ready_file)
+        code = run_up(cluster, config, log_dir=log_dir, ready_file=ready_file, ray_address=ray)
     except EvenserveError as exc:
         fail(str(exc))
         return

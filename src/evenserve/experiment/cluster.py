@@ -242,14 +242,24 @@ def placement_section(spec: ArmSpec) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def arm_cluster(
-    cluster_path: Path, log_dir: Path, say: Callable[[str], None] = print
+    cluster_path: Path,
+    log_dir: Path,
+    say: Callable[[str], None] = print,
+    ray_address: str | None = None,
 ) -> Iterator[Launcher]:
-    """The cluster of ``cluster_path`` running (process logs in ``log_dir``); stopped after."""
+    """The cluster of ``cluster_path`` running (process logs in ``log_dir``); stopped after.
+    ``ray_address`` (``auto`` or a Ray address): its workers as Ray actors (``up --ray``)."""
     with cluster_path.open() as f:
         raw = yaml.safe_load(f)
     cluster = parse_cluster(raw, cluster_path.parent, str(cluster_path))
     log_dir.mkdir(parents=True, exist_ok=True)
-    la = Launcher(cluster, cluster_path, log_dir, say=say)
+    placement = None
+    if ray_address is not None:
+        from evenserve.gateway.ray_workers import RayPlacement, import_ray
+
+        import_ray()
+        placement = RayPlacement(ray_address)
+    la = Launcher(cluster, cluster_path, log_dir, say=say, ray=placement)
     la.plan()
     channel: threading.Thread | None = None
     try:

@@ -186,10 +186,16 @@ def process_cpu_s(pid: int | None) -> float | None:
 
 
 def run_repeat(
-    plan: BenchPlan, arm: str, rep: int, console: Console, err_console: Console
+    plan: BenchPlan,
+    arm: str,
+    rep: int,
+    console: Console,
+    err_console: Console,
+    ray_address: str | None = None,
 ) -> RepeatRun:
     """Repeat ``rep`` (from 0) of ``arm``: its cluster up, the load, the cluster down; the raw
-    samples under ``runs/ARM/repN``, process logs under ``logs/ARM-N``."""
+    samples under ``runs/ARM/repN``, process logs under ``logs/ARM-N``. ``ray_address``: the
+    workers as Ray actors (``evenserve up --ray``)."""
     bench, scaled = plan.bench, plan.scaled
     sc = scaled.scenario
     rseed = plan.seed + rep
@@ -201,7 +207,7 @@ def run_repeat(
         spec.payload_files = write_payloads(scaled, bench.repo, work)
     title = f"{arm} #{rep + 1}"
     log_dir = plan.folder / "logs" / f"{arm}-{rep + 1}"
-    with arm_cluster(cluster_path, log_dir, say=lambda s: err_console.print(s)) as la:
+    with arm_cluster(cluster_path, log_dir, say=err_console.print, ray_address=ray_address) as la:
         spec.target = la.gateway.url if la.gateway else ""
         spec.scrape = {p.name: p.url for p in la.workers}
         pids = {p.name: p.pid for p in la.workers}

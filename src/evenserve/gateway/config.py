@@ -408,6 +408,17 @@ class DeviceEntry(DeviceOptions, QueueOptions):
     grpc_port: int | None = Field(
         default=None, ge=1, le=65535, description="also serve gRPC here (the gateway uses it)"
     )
+    host: str | None = Field(
+        default=None,
+        min_length=1,
+        description="where the gateway reaches this worker (default: workers.host); "
+        "`evenserve up --ray` sets it to the node its actor runs on",
+    )
+    ray_node: str | None = Field(
+        default=None,
+        min_length=1,
+        description="`evenserve up --ray`: the IP of the Ray node this worker must run on",
+    )
     extra_args: list[str] = Field(default_factory=list, description="more worker CLI args")
     profiles: str | None = Field(
         default=None,
@@ -451,6 +462,10 @@ class WorkersSection(Strict):
     def port_of(self, i: int) -> int:
         d = self.devices[i]
         return d.port if d.port is not None else self.base_port + i
+
+    def host_of(self, i: int) -> str:
+        """Where the gateway reaches worker ``i``: its own ``host``, else ``workers.host``."""
+        return self.devices[i].host or self.host
 
 
 class ClusterConfig(Strict):
@@ -509,6 +524,26 @@ class LoadedCluster:
         p = Path(relative)
         return p if p.is_absolute() else (self.base_dir / p).resolve()
 
+    def with_worker_addresses(self, addresses: dict[str, str]) -> LoadedCluster:
+        """This cluster with some workers at other addresses (``{name: "host:port"}``, what
+        ``evenserve up --ray`` writes once each actor reports where its worker listens).
+        ConfigError for a name that is not a worker or an address that is not host:port."""
+        w = self.config.workers
+        names = [] if w is None else [d.name for d in w.devices]
+        devices = [] if w is None else list(w.devices)
+        for name, addr in addresses.items():
+            if name not in names:
+                raise ConfigError(f"worker addresses: {name!r} is not a worker of the cluster")
+            host, sep, port = str(addr).rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"worker addresses: {name}: expected host:port, got {addr!r}")
+            i = names.index(name)
+            devices[i] = devices[i].model_copy(update={"host": host, "port": int(port)})
+        if w is None:
+            return self
+        workers = w.model_copy(update={"devices": devices})
+        return LoadedCluster(self.config.model_copy(update={"workers": workers}), self.base_dir)
+
     def record_settings(
         self,
         path: Path | None = None,
@@ -566,11 +601,12 @@ class LoadedCluster:
                     raise ConfigError(f"workers.devices.{i}.models: the repository has no models")
                 target = parse_device(d.device)
                 profiles = target.profile_set or d.profiles  # emulated: its own set
+                host = w.host_of(i)
                 out.append(
                     BackendSpec(
                         name=d.name,
-                        url=f"http://{w.host}:{w.port_of(i)}",
-                        grpc_url=None if d.grpc_port is None else f"{w.host}:{d.grpc_port}",
+                        url=f"http://{host}:{w.port_of(i)}",
+                        grpc_url=None if d.grpc_port is None else f"{host}:{d.grpc_port}",
                         # A spare starts with nothing (it is off until scaled up).
                         models=list(models) if d.active else None,
                         profiles=profiles,

@@ -37,6 +37,10 @@ also gets SIGTERM if this process dies without cleaning up (PR_SET_PDEATHSIG).
   parameters to the workers' ``/admin/params`` with it) and written to ``admin-token`` in
   the log folder (mode 0600). It is never
   printed: the summary says where it is. The ready file holds it too, so it is 0600 as well.
+- ``--ray ADDRESS|auto`` (``ray_workers``): the same worker command lines, each run by a Ray
+  actor on the node Ray places it on instead of as a child of this process; the gateway stays
+  a local child and learns the workers' addresses from ``worker-addresses.json``. Without
+  ``--ray`` nothing here imports Ray.
 """
 
 from __future__ import annotations
@@ -52,11 +56,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import httpx
 
@@ -73,6 +77,9 @@ from evenserve.gateway.config import (
 )
 from evenserve.runtime.device import parse_device
 from evenserve.runtime.host_pool import default_pool_parent
+
+if TYPE_CHECKING:
+    from evenserve.gateway.ray_workers import RayPlacement
 
 #: How a child runs the CLI. Not ``-m evenserve.cli.main``: run as ``__main__`` that module
 #: would be loaded twice and commands registered by other modules would miss the running app.
@@ -135,6 +142,44 @@ class Proc:
             self.log_file.close()
             self.log_file = None
 
+    def exit_code(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until it exits; True when it did within ``timeout``."""
+        if self.popen is None:
+            return True
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+
+class WorkerProc(Protocol):
+    """A worker as the launcher runs it: a local ``Proc`` or, with ``--ray``, an actor's
+    (``ray_workers.ActorWorker``)."""
+
+    name: str
+    url: str
+    log_path: Path
+    restarts: int
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def start(self) -> None: ...
+
+    def alive(self) -> bool: ...
+
+    def signal(self, sig: int) -> None: ...
+
+    def exit_code(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+    def close_log(self) -> None: ...
+
 
 def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -170,7 +215,9 @@ class Launcher:
     say: Callable[[str], None] = print
     #: Default: the cluster's configured token, else a generated one (``resolve_admin_token``).
     token: AdminToken | None = None
-    workers: list[Proc] = field(default_factory=list)
+    #: ``--ray``: workers run as Ray actors (None: local child processes).
+    ray: RayPlacement | None = None
+    workers: list[WorkerProc] = field(default_factory=list)
     gateway: Proc | None = None
     #: Where a generated token was written (mode 0600); None for a configured one.
     token_file: Path | None = None
@@ -277,9 +324,11 @@ class Launcher:
             )  # fmt: skip
             if d.active:
                 self.on.add(d.name)
-            self.workers.append(
-                Proc(d.name, cmd, env, f"http://{w.host}:{port}", self.log_dir / f"{d.name}.log")
-            )
+            url, log = f"http://{w.host}:{port}", self.log_dir / f"{d.name}.log"
+            if self.ray is None:
+                self.workers.append(Proc(d.name, cmd, env, url, log))
+            else:
+                self.workers.append(self._actor_worker(d, cmd, env, base_env, url, log, w.host))
         g = self.cluster.config.gateway
         genv = {
             **base_env,
@@ -287,18 +336,53 @@ class Launcher:
             g.admin.token_env: self.admin_token,
         }
         gcmd = cli_cmd(self.python, "gateway", "--config", str(self.config_path.resolve()))
+        if self.ray is not None:
+            gcmd += ["--worker-addresses", str(self.addresses_file)]
         self.gateway = Proc(
             "gateway", gcmd, genv, f"http://{g.host}:{g.port}", self.log_dir / "gateway.log"
         )
+
+    def _actor_worker(
+        self,
+        d: DeviceEntry,
+        cmd: list[str],
+        env: dict[str, str],
+        base_env: dict[str, str],
+        url: str,
+        log: Path,
+        bind_host: str,
+    ) -> WorkerProc:
+        """Device ``d``'s worker as a Ray actor: the local command's arguments (less the
+        interpreter: the actor's node runs its own), the environment it adds, the options."""
+        from evenserve.gateway.ray_workers import ActorWorker, actor_env, actor_options
+
+        assert self.ray is not None and cmd[:3] == cli_cmd(self.python)
+        dev = cmd[cmd.index("--device") + 1]
+        return ActorWorker(
+            d.name, cmd[3:], actor_env(dev, env, base_env), url, log,
+            actor_options(d), bind_host, self.ray,
+        )  # fmt: skip
+
+    @property
+    def addresses_file(self) -> Path:
+        """With ``--ray``: where each worker listens (``{name: "host:port"}``), for the
+        gateway (``--worker-addresses``)."""
+        return self.log_dir / "worker-addresses.json"
+
+    def write_addresses(self) -> None:
+        addresses = {p.name: p.url.removeprefix("http://") for p in self.workers}
+        self.addresses_file.write_text(json.dumps(addresses, indent=2) + "\n")
 
     # -- lifecycle --------------------------------------------------------------------------
     def _check_ports(self) -> None:
         w = self.cluster.config.workers
         assert w is not None
+        # With Ray a worker binds on the node its actor runs on: its port is checked there
+        # (a worker that cannot bind exits while starting, named with its log).
         busy = [
             f"{d.name} ({w.host}:{w.port_of(i)})"
             for i, d in enumerate(w.devices)
-            if not port_free(w.host, w.port_of(i))
+            if self.ray is None and not port_free(w.host, w.port_of(i))
         ]
         g = self.cluster.config.gateway
         if not port_free(g.host, g.port):
@@ -308,14 +392,14 @@ class Launcher:
         if busy:
             raise LaunchError("ports already in use: " + ", ".join(busy))
 
-    def _tail(self, p: Proc, n: int = 15) -> str:
+    def _tail(self, p: WorkerProc, n: int = 15) -> str:
         try:
             lines = p.log_path.read_text(errors="replace").splitlines()[-n:]
         except OSError:
             return ""
         return "\n".join("    " + ln for ln in lines)
 
-    def _wait_ready(self, procs: list[Proc], timeout_s: float) -> None:
+    def _wait_ready(self, procs: Sequence[WorkerProc], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         pending = list(procs)
         with httpx.Client(timeout=1.0, trust_env=False) as client:
@@ -324,7 +408,7 @@ class Launcher:
                     raise LaunchError("interrupted while starting")
                 for p in list(pending):
                     if not p.alive():
-                        code = None if p.popen is None else p.popen.returncode
+                        code = p.exit_code()
                         raise LaunchError(
                             f"{p.name} exited with code {code} while starting "
                             f"(log {p.log_path}):\n{self._tail(p)}"
@@ -344,10 +428,16 @@ class Launcher:
         assert w is not None and self.gateway is not None and self.token is not None
         self._check_ports()
         self.write_token_file()
+        if self.ray is not None:
+            from evenserve.gateway.ray_workers import connect
+
+            self.ray.started = connect(self.ray.address, self.say)
         active = [p for p in self.workers if p.name in self.on]
         for p in active:
             p.start()
         self._wait_ready(active, w.ready_timeout_s)
+        if self.ray is not None:
+            self.write_addresses()
         self.gateway.start()
         self._wait_ready([self.gateway], 30.0)
 
@@ -372,11 +462,23 @@ class Launcher:
                     "pid": p.pid,
                     "active": p.name in self.on,
                     "models": backends[p.name].models or [],
+                    **self._ray_summary(p),
                 }
                 for p, d in zip(self.workers, w.devices, strict=True)
             ],
             "logs": str(self.log_dir),
         }
+
+    def _ray_summary(self, p: WorkerProc) -> dict[str, Any]:
+        """With ``--ray``: the worker's actor (its pid on its node, its node, its starts)."""
+        if self.ray is None:
+            return {}
+        from evenserve.gateway.ray_workers import ActorWorker
+
+        if not isinstance(p, ActorWorker):
+            return {}
+        i = p.last_info
+        return {"ray": {k: i.get(k) for k in ("actor_pid", "node_id", "starts")}}
 
     def print_summary(self) -> None:
         s = self.summary()
@@ -445,8 +547,7 @@ class Launcher:
                 p.signal(signal.SIGKILL)
             if not p.alive():
                 del self.stopping[name]
-                if p.popen is not None:
-                    p.popen.wait()
+                p.wait()
                 p.close_log()
                 reports.append({"device": name, "event": "stopped"})
                 self.say(f"scale down: worker {name} stopped")
@@ -493,7 +594,7 @@ class Launcher:
         for p in self.workers:
             if p.name not in self.on or p.name in self.stopping or p.alive() or self._stop:
                 continue
-            code = p.popen.returncode if p.popen is not None else None
+            code = p.exit_code()
             if not restart:
                 self.say(f"worker {p.name} exited (code {code}); not restarting")
                 continue
@@ -514,7 +615,21 @@ class Launcher:
         if self.gateway is not None:
             self._terminate([self.gateway], drain_s)
         self._terminate(self.workers, drain_s)
+        if self.ray is not None:
+            self._stop_ray()
         self.remove_host_pool()
+
+    def _stop_ray(self) -> None:
+        """Every actor ended for good (their workers stopped above); Ray stopped when this
+        run started it."""
+        from evenserve.gateway.ray_workers import ActorWorker, disconnect
+
+        assert self.ray is not None
+        for p in self.workers:
+            if isinstance(p, ActorWorker):
+                p.kill_actor()
+        if self.ray.started:
+            disconnect()
 
     def remove_host_pool(self) -> None:
         """Remove this run's host pool (its entries' memory goes back to the host)."""
@@ -522,19 +637,15 @@ class Launcher:
             shutil.rmtree(self.host_pool, ignore_errors=True)
             self.host_pool = None
 
-    def _terminate(self, procs: list[Proc], timeout_s: float) -> None:
+    def _terminate(self, procs: Sequence[WorkerProc], timeout_s: float) -> None:
         for p in procs:
             p.signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for p in procs:
-            if p.popen is None:
-                continue
-            try:
-                p.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            if not p.wait(timeout=max(0.0, deadline - time.monotonic())):
                 self.say(f"{p.name} did not stop in {timeout_s:g} s; killing it")
                 p.signal(signal.SIGKILL)
-                p.popen.wait()
+                p.wait()
             p.close_log()
 
 
@@ -555,11 +666,19 @@ def run_up(
     log_dir: Path | None = None,
     ready_file: Path | None = None,
     say: Callable[[str], None] = print,
+    ray_address: str | None = None,
 ) -> int:
-    """The whole ``evenserve up``: plan, start, print, supervise, drain. Returns exit code."""
+    """The whole ``evenserve up``: plan, start, print, supervise, drain. Returns exit code.
+    ``ray_address`` (``auto`` or a Ray address): the workers as Ray actors."""
+    placement = None
+    if ray_address is not None:
+        from evenserve.gateway.ray_workers import RayPlacement, import_ray
+
+        import_ray()  # ConfigError with the install hint before anything starts
+        placement = RayPlacement(ray_address)
     logs = log_dir or Path(tempfile.mkdtemp(prefix="evenserve-up-"))
     logs.mkdir(parents=True, exist_ok=True)
-    la = Launcher(cluster, config_path, logs, say=say)
+    la = Launcher(cluster, config_path, logs, say=say, ray=placement)
     la.plan()
     with stop_signals(la.request_stop):
         try:
