@@ -13,11 +13,12 @@ ratio to 1 gateway, and the herding share (experiment.herding: per 100 ms window
 backend took over its fair part; ``p99`` over windows with >= 2 sends per host).
 
 Live. The seed scenario K times slower (``--time-scale``, 40), arm ``--arm``
-(least-expected-work): its workers and a gateway started as ``evenserve bench`` starts them
-(experiment.cluster), with ``gateway.reuse_port: true``; for the 2-gateway run
-``gateway.replicas: 2`` and a second ``evenserve gateway`` process on the same port, the
-kernel splitting the load generator's connections between them. The same load each time
-(same seed). Figures: P99 and the herding share from the load generator's samples (each
+(least-expected-work), then gateways-burst K = ``--burst-time-scale`` (4) times slower for
+50 s (two of its 2x bursts): the workers and a gateway started as ``evenserve bench`` starts
+them (experiment.cluster), with ``gateway.reuse_port: true``; for the 2-gateway runs a
+second ``evenserve gateway`` process on the same port, the kernel splitting the load
+generator's connections between them, with ``gateway.replicas: 1`` (naive) or ``2``
+(aware). The same load each time (same seed). Figures: P99 and the herding share from the load generator's samples (each
 records the backend that answered it, from the gateway's response header).
 """
 
@@ -113,7 +114,12 @@ def listeners(port: int) -> int:
 
 
 def live_run(
-    scaled: LoadedScenario, arm: str, gateways: int, profile_dirs: dict[str, Path], work: Path
+    scaled: LoadedScenario,
+    arm: str,
+    gateways: int,
+    profile_dirs: dict[str, Path],
+    work: Path,
+    replicas: int | None = None,
 ) -> dict[str, Any]:
     sc = scaled.scenario
     seed = sc.seed
@@ -122,7 +128,7 @@ def live_run(
     )
     raw = yaml.safe_load(cluster_path.read_text())
     raw["gateway"]["reuse_port"] = True
-    raw["gateway"]["replicas"] = gateways
+    raw["gateway"]["replicas"] = gateways if replicas is None else replicas
     cluster_path.write_text(yaml.safe_dump(raw, sort_keys=False))
     port = int(raw["gateway"]["port"])
     spec = scenario_load_spec(scaled, seed, 1_000_000, 30.0)
@@ -163,6 +169,7 @@ def live_run(
     h = run_herding(rec, model_hosts(scaled, arm))
     return {
         "gateways": gateways,
+        "replicas": gateways if replicas is None else replicas,
         "p99_ms": s["latency_ms"]["p99"],
         "p50_ms": s["latency_ms"]["p50"],
         "throughput_rps": s["throughput_rps"],
@@ -173,22 +180,26 @@ def live_run(
     }
 
 
-def live_part(arm: str, k: float, duration_s: float, warmup_s: float) -> list[dict[str, Any]]:
-    loaded = load_scenario(ROOT / "scenarios" / "seed.yaml")
+def live_part(
+    scenario: str, arm: str, k: float, duration_s: float, warmup_s: float
+) -> list[dict[str, Any]]:
+    """1 gateway, 2 naive and 2 aware gateways live on ``scenario`` K times slower."""
+    loaded = load_scenario(ROOT / "scenarios" / f"{scenario}.yaml")
     work = Path(tempfile.mkdtemp(prefix="evenserve-gateways-"))
     scaled = scale_scenario(loaded, k, duration_s, warmup_s, work)
     dirs = write_profile_sets(scaled, work)
     rows = []
     base = None
-    for n in (1, 2):
-        w = work / f"gw{n}"
+    for label, n, replicas in VARIANTS:
+        w = work / f"{label.replace(' ', '-')}"
         w.mkdir()
-        r = live_run(scaled, arm, n, dirs, w)
+        r = live_run(scaled, arm, n, dirs, w, replicas)
+        r["scenario"], r["variant"] = scenario, label
         base = r["p99_ms"] if base is None else base
         r["p99_vs_1"] = round(r["p99_ms"] / base, 3)
         rows.append(r)
         print(
-            f"  live seed K={k:g} {arm} {n} gateway(s): P99 {r['p99_ms']:.1f} ms "
+            f"  live {scenario} K={k:g} {arm} {label}: P99 {r['p99_ms']:.1f} ms "
             f"({r['p99_vs_1']:.2f}x), P50 {r['p50_ms']:.1f} ms, {r['throughput_rps']:.1f} "
             f"req/s, share p99 {r['share_p99']:.2f} peak {r['share_peak']:.2f} "
             f"({r['windows']} windows)",
@@ -203,9 +214,15 @@ def main() -> None:
     ap.add_argument("--live-only", action="store_true")
     ap.add_argument("--seed-duration", type=float, default=40.0, help="simulated seed seconds")
     ap.add_argument("--arm", default="least-expected-work")
-    ap.add_argument("--time-scale", type=float, default=40.0)
-    ap.add_argument("--duration", type=float, default=45.0, help="live seconds per run")
+    ap.add_argument("--time-scale", type=float, default=40.0, help="the seed's K")
+    ap.add_argument("--duration", type=float, default=45.0, help="live seconds per seed run")
     ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument(
+        "--burst-time-scale",
+        type=float,
+        default=4.0,
+        help="gateways-burst's K (0: skip it live); its runs last 50 s: two 2x bursts",
+    )
     ap.add_argument("--json", type=Path, help="write the figures here")
     a = ap.parse_args()
     out: dict[str, Any] = {}
@@ -214,7 +231,10 @@ def main() -> None:
         out["sim"] = sim_part(a.seed_duration)
     if not a.sim_only:
         print("live:", flush=True)
-        out["live"] = live_part(a.arm, a.time_scale, a.duration, a.warmup)
+        out["live"] = live_part("seed", a.arm, a.time_scale, a.duration, a.warmup)
+        if a.burst_time_scale > 0:
+            k = a.burst_time_scale
+            out["live"] += live_part("gateways-burst", "least-expected-work", k, 50.0, 4.0 * k)
     if a.json:
         a.json.write_text(json.dumps(out, indent=2))
 
