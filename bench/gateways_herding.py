@@ -18,8 +18,9 @@ Live. The seed scenario K times slower (``--time-scale``, 40), arm ``--arm``
 them (experiment.cluster), with ``gateway.reuse_port: true``; for the 2-gateway runs a
 second ``evenserve gateway`` process on the same port, the kernel splitting the load
 generator's connections between them, with ``gateway.replicas: 1`` (naive) or ``2``
-(aware). The same load each time (same seed). Figures: P99 and the herding share from the load generator's samples (each
-records the backend that answered it, from the gateway's response header).
+(aware). The same load each time (same seed). Figures: P99 and the herding share from the
+load generator's samples (each records the backend that answered it, from the gateway's
+response header).
 """
 
 from __future__ import annotations
