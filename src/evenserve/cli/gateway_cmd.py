@@ -135,7 +135,7 @@ def up(
         typer.Option(
             "--ray",
             help="Run each worker as a Ray actor: `auto` (the running Ray cluster, else a new "
-            "local one) or a Ray address. Needs pip install 'evenserve[ray]'.",
+            "local one) or a Ray address. Needs the ray extra (pip install 'evenserve\\[ray]').",
         ),
     ] = None,
 ) -> None:
