@@ -80,7 +80,9 @@ class Replay:
             run_warmup_s=raw.get("run_warmup_s"),
         )
 
-    def load(self) -> LoadedScenario:
+    def load(self, workdir: Path | None = None) -> LoadedScenario:
+        """The scenario to replay. ``workdir``: where a time-scaled trace is rewritten (the
+        caller owns and removes it; default a new temporary folder)."""
         loaded = with_level(load_scenario(self.scenario, list(self.overrides)), self.level)
         if self.trace is not None:
             loaded = tune.replay_trace(loaded, self.trace)
@@ -89,7 +91,7 @@ class Replay:
             k = self.time_scale
             dur = sc.duration_s * k if self.run_duration_s is None else self.run_duration_s
             wu = sc.warmup_s * k if self.run_warmup_s is None else self.run_warmup_s
-            work = Path(tempfile.mkdtemp(prefix="evenserve-diagnose-"))
+            work = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="evenserve-"))
             loaded = scale_scenario(loaded, k, dur, wu, work)
         if self.duration_s is not None and self.duration_s < loaded.scenario.duration_s:
             sc = loaded.scenario
@@ -139,10 +141,12 @@ def _run(job: tuple[dict[str, Any], str, int, dict[str, Any] | None]) -> dict[st
     """One simulator run (a process pool's task): the figures, or the error."""
     replay_json, arm, seed, cand = job
     try:
-        loaded = Replay.from_json(replay_json).load()
-        if cand is not None:
-            loaded = with_candidate(loaded, arm, cand)
-        return {"figures": figures(summarize(simulate(loaded, arm, seed), timeseries=False))}
+        with tempfile.TemporaryDirectory(prefix="evenserve-diagnose-") as work:
+            loaded = Replay.from_json(replay_json).load(Path(work))
+            if cand is not None:
+                loaded = with_candidate(loaded, arm, cand)
+            run = summarize(simulate(loaded, arm, seed), timeseries=False)
+        return {"figures": figures(run)}
     except (ConfigError, ValueError) as exc:
         return {"error": str(exc)}
 
@@ -228,7 +232,8 @@ def verify(
     ``jobs`` at a time); set each finding's ``recommendation`` (None when no candidate was
     better in the simulator) and ``tried``."""
     rj = replay.to_json()
-    loaded = replay.load()  # errors in the replay surface here, before any run
+    with tempfile.TemporaryDirectory(prefix="evenserve-diagnose-") as work:
+        loaded = replay.load(Path(work))  # errors in the replay surface here, before any run
     sc = loaded.scenario
     if arm not in sc.arms:
         raise ConfigError(f"--arm: unknown arm {arm!r} (arms: {', '.join(sc.arms)})")

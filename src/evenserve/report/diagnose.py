@@ -478,11 +478,12 @@ def detect_memory_pressure(run: _Run, th: Thresholds) -> list[Finding]:
     return out
 
 
-def _window_ms(spec: Mapping[str, Any]) -> float | None:
+def _window(spec: Mapping[str, Any]) -> tuple[str, float] | None:
+    """A batching spec's window: its parameter's name and ms (None: the policy has none)."""
     for k in ("max_batch_delay_ms", "max_delay_ms", "max_wait_ms"):
         x = _num(spec.get(k))
         if x is not None:
-            return x
+            return k, x
     return None
 
 
@@ -558,8 +559,9 @@ def detect_batching(run: _Run, th: Thresholds) -> list[Finding]:
                     )
                 )
                 continue
-            window = _window_ms(spec)
-            if holds and window:
+            found = _window(spec)
+            if holds and found is not None and found[1]:
+                key, window = found
                 out.append(
                     Finding(
                         "window-too-long",
@@ -572,7 +574,7 @@ def detect_batching(run: _Run, th: Thresholds) -> list[Finding]:
                         candidates=[
                             Candidate(
                                 f"{m}: no batching window",
-                                params={"batching_per_model": {m: {**dict(spec), _key(spec): 0.0}}},
+                                params={"batching_per_model": {m: {**dict(spec), key: 0.0}}},
                             ),
                             Candidate(
                                 f"{m}: adaptive batching",
@@ -639,13 +641,6 @@ def detect_batching(run: _Run, th: Thresholds) -> list[Finding]:
                     )
                 )
     return out
-
-
-def _key(spec: Mapping[str, Any]) -> str:
-    for k in ("max_batch_delay_ms", "max_delay_ms", "max_wait_ms"):
-        if k in spec:
-            return k
-    return "max_batch_delay_ms"
 
 
 def detect_slo(run: _Run, th: Thresholds) -> list[Finding]:
