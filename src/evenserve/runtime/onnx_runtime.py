@@ -1,13 +1,18 @@
 """onnx: ONNX Runtime, with the CUDA execution provider when the device is a GPU and it exists.
 
 Declared input and output names are the graph's names unless ``input_map`` / ``output_map``
-say otherwise. fp16 models are served as they are (no conversion here): declare FP16 inputs.
+say otherwise (``evenserve.runtime.onnx_export`` writes graphs with the declared names). fp16
+and INT8 models are served as they are (no conversion here; declare FP16 inputs for an fp16
+graph). ``graph_optimization`` sets ONNX Runtime's graph optimization level (disabled, basic,
+extended or all, the default). ``describe()`` reports it and the graph's precision as read
+from the file at load time (``onnx_export.graph_precision``: int8 when it holds quantized
+weights and operators, fp16, or fp32).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -15,6 +20,16 @@ from pydantic import Field
 from evenserve.core.errors import ConfigError
 from evenserve.core.validation import Strict
 from evenserve.runtime.base import Array, RuntimeContext, output_array, require, warm_up
+from evenserve.runtime.onnx_export import graph_precision
+
+GraphOptimization = Literal["disabled", "basic", "extended", "all"]
+#: Each graph_optimization value's onnxruntime.GraphOptimizationLevel member.
+GRAPH_OPTIMIZATION_LEVELS = {
+    "disabled": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
 
 
 class OnnxParams(Strict):
@@ -24,6 +39,9 @@ class OnnxParams(Strict):
     intra_op_threads: int | None = Field(default=None, ge=1)
     input_map: dict[str, str] = Field(default_factory=dict)
     output_map: dict[str, str] = Field(default_factory=dict)
+    graph_optimization: GraphOptimization = Field(
+        default="all", description="ONNX Runtime graph optimization level"
+    )
 
 
 class OnnxRuntime:
@@ -36,6 +54,7 @@ class OnnxRuntime:
         self._ort: Any = None
         self._providers: list[str] = []
         self._resident = 0.0
+        self._precision: dict[str, Any] = {}
 
     def load(self) -> None:
         ort = require("onnxruntime", "onnx")
@@ -57,6 +76,9 @@ class OnnxRuntime:
         else:
             providers = ["CPUExecutionProvider"]
         opts = ort.SessionOptions()
+        opts.graph_optimization_level = getattr(
+            ort.GraphOptimizationLevel, GRAPH_OPTIMIZATION_LEVELS[self.params.graph_optimization]
+        )
         threads = self.params.intra_op_threads or ctx.cpu_threads
         if threads:
             opts.intra_op_num_threads = threads
@@ -81,6 +103,10 @@ class OnnxRuntime:
         self._providers = list(session.get_providers())
         # Weights are the bulk of an ONNX file; the file size is an honest upper bound.
         self._resident = float(path.stat().st_size)
+        try:
+            self._precision = graph_precision(path)
+        except Exception as exc:  # the graph loaded in ORT; its evidence is best effort
+            self._precision = {"precision": "unknown", "error": f"{type(exc).__name__}: {exc}"}
         warm_up(self, ctx)
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
@@ -108,6 +134,9 @@ class OnnxRuntime:
             "providers": self._providers,
             "intra_op_threads": self.params.intra_op_threads or self.ctx.cpu_threads,
             "weights_bytes_estimate": self._resident,
+            "graph_optimization": self.params.graph_optimization,
+            "precision": self._precision.get("precision", "unknown"),
+            "graph_precision": self._precision,
         }
 
     def close(self) -> None:

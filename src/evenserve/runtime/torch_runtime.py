@@ -142,3 +142,37 @@ class TorchRuntime(TorchModuleRuntime):
         if self._notes:
             described["notes"] = "; ".join(self._notes)
         return described
+
+    def export_module(self) -> Any:
+        """The loaded program as a ``torch.nn.Module`` for export: it takes the declared inputs
+        positionally (as ``run`` passes them) and returns a tuple of the declared outputs in
+        model.yaml's order (from a tensor, a tuple/list or a dict, as ``run`` matches them)."""
+        if self._module is None:
+            raise ConfigError(f"model {self.ctx.model!r}: export_module needs a loaded model")
+        torch = self._torch
+        program = self._module
+        fmt = self._format
+        names = [s.name for s in self.ctx.outputs]
+
+        class Positional(torch.nn.Module):  # type: ignore[misc,name-defined]
+            def __init__(self) -> None:
+                super().__init__()
+                if fmt == "torchscript":
+                    self.program = program
+                else:
+                    # A torch.export module refuses train(), which exporters call on every
+                    # submodule: it is held outside the module tree, its weights (served
+                    # without gradients anyway) traced as constants.
+                    for weight in program.parameters():
+                        weight.requires_grad_(False)
+                    self.__dict__["program"] = program
+
+            def forward(self, *args: Any) -> tuple[Any, ...]:
+                result = self.program(*args)
+                if isinstance(result, Mapping):
+                    return tuple(result[n] for n in names)
+                if isinstance(result, list | tuple):
+                    return tuple(result[: len(names)])
+                return (result,)
+
+        return Positional().eval()

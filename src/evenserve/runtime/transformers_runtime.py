@@ -126,3 +126,33 @@ class TransformersRuntime(TorchModuleRuntime):
         }
         transformers = require("transformers", "transformers")
         return self._describe(own, {"transformers_version": str(transformers.__version__)})
+
+    def export_module(self) -> Any:
+        """The loaded model as a ``torch.nn.Module`` for export: it takes the declared inputs
+        positionally (model.yaml's order, mapped to ``forward`` arguments by ``input_map``)
+        and returns a tuple of the declared outputs (model.yaml's order, by ``output_map``)."""
+        if self._module is None:
+            raise ConfigError(f"model {self.ctx.model!r}: export_module needs a loaded model")
+        torch = self._torch
+        model = self._module
+        names = [self.params.input_map.get(s.name, s.name) for s in self.ctx.inputs]
+        attrs = [self.params.output_map.get(s.name, s.name) for s in self.ctx.outputs]
+
+        class Positional(torch.nn.Module):  # type: ignore[misc,name-defined]
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, *args: Any) -> tuple[Any, ...]:
+                result = self.model(**dict(zip(names, args, strict=True)))
+                out = []
+                for attr in attrs:
+                    value = getattr(result, attr, None)
+                    if value is None and isinstance(result, Mapping):
+                        value = result.get(attr)
+                    if value is None:
+                        raise RuntimeError(f"model output has no {attr!r}")
+                    out.append(value)
+                return tuple(out)
+
+        return Positional().eval()
