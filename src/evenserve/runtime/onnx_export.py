@@ -10,7 +10,8 @@ deprecation and tracer warnings are logged once per message and recorded, not ra
 ``quantize_dynamic`` (weights INT8, activations quantized at run time) and ``quantize_static``
 (QDQ, weights and activations INT8, activation ranges calibrated on given batches) wrap ONNX
 Runtime's quantization tools, after its pre-processing (shape inference, graph optimization;
-without symbolic shape inference when that fails, as it does on BERT's position slicing).
+symbolic shape inference merges conflicting symbolic dimensions, and is left out when it
+still fails; it runs in a temporary folder, where a failure leaves its partial model).
 Dynamic quantization covers the node types ONNX Runtime's dynamic quantizer supports (Conv,
 MatMul, Gather, attention...) unless ``op_types`` narrows them; the tools' own log warnings
 are kept in the provenance's ``notes`` instead of being logged.
@@ -241,11 +242,14 @@ def _pre_process(src: Path, workdir: Path, notes: list[str]) -> tuple[Path, str]
     both fail. Returns the model to quantize and what was done."""
     shape_inference = require("onnxruntime.quantization.shape_inference", "onnx")
     out = workdir / "preprocessed.onnx"
+    source = src.resolve()
     for skip_symbolic, label in ((False, "full"), (True, "without symbolic shape inference")):
         try:
-            with _quiet_quantization(notes):
+            # In workdir: a failed symbolic shape inference leaves its partial model in the
+            # current folder.
+            with _quiet_quantization(notes), contextlib.chdir(workdir):
                 shape_inference.quant_pre_process(
-                    str(src), str(out), skip_symbolic_shape=skip_symbolic
+                    str(source), str(out), skip_symbolic_shape=skip_symbolic, auto_merge=True
                 )
         except Exception as exc:
             notes.append(f"pre-processing ({label}) failed: {type(exc).__name__}: {exc}"[:300])
@@ -269,7 +273,7 @@ def quantize_dynamic(
     start = time.perf_counter()
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
-        model_in, preprocessed = _pre_process(src, Path(tmp), notes)
+        model_in, preprocessed = _pre_process(src, Path(tmp).resolve(), notes)
         with _quiet_quantization(notes):
             quantization.quantize_dynamic(
                 str(model_in),
@@ -326,7 +330,7 @@ def quantize_static(
     start = time.perf_counter()
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
-        model_in, preprocessed = _pre_process(src, Path(tmp), notes)
+        model_in, preprocessed = _pre_process(src, Path(tmp).resolve(), notes)
         with _quiet_quantization(notes):
             quantization.quantize_static(
                 str(model_in),

@@ -104,7 +104,10 @@ def test_graph_precision_of_the_fp32_export(exported: Exported) -> None:
     assert found["quantized_weight_fraction"] == 0.0
 
 
-def test_dynamic_and_static_int8_are_int8_and_close_to_fp32(exported: Exported) -> None:
+def test_dynamic_and_static_int8_are_int8_and_close_to_fp32(
+    exported: Exported, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the quantization tools leave nothing in the current folder
     folder = exported.path.parent
     runtime = exported.runtime
     dynamic = quantize_dynamic(exported.path, folder / "dynamic.onnx")
@@ -126,6 +129,8 @@ def test_dynamic_and_static_int8_are_int8_and_close_to_fp32(exported: Exported) 
         fp32 = _ort(exported.path, feed)
         for name in ("dynamic.onnx", "static.onnx"):
             assert _cosine(_ort(folder / name, feed), fp32) > 0.9, (name, seed)
+    assert dynamic["preprocessed"] == static["preprocessed"] == "full"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_static_quantization_needs_calibration_batches(exported: Exported, tmp_path: Path) -> None:
