@@ -71,7 +71,12 @@ def test_concurrent_mixed_lengths_match_direct_runtime(worker: BackgroundWorker)
         want = direct.run({"input_ids": ids, "attention_mask": np.ones_like(ids)})["logits"]
         np.testing.assert_allclose(np.array(out["data"]).reshape(1, 2), want, rtol=1e-4, atol=1e-5)
     stats = httpx.get(worker.url + "/v2/models/tiny-bert/stats").json()["model_stats"][0]
-    assert stats["inference_count"] == len(requests)
+    assert stats["inference_count"] == len(requests)  # the warm-up batches are not counted
+    # every batch size was warmed up (twice) before the worker was ready
+    load = stats["evenserve_load"]
+    assert load["warmup_batch_sizes"] == list(range(1, 9))
+    assert sorted(int(b) for b in load["warmup_first_ms"]) == list(range(1, 9))
+    assert sorted(int(b) for b in load["warmup_second_ms"]) == list(range(1, 9))
 
 
 def test_resnet_binary_roundtrip(worker: BackgroundWorker) -> None:

@@ -219,6 +219,17 @@ def worker(
             "item (counted as its compute_input phase), on top of its profile's time."
         ),
     ] = 0.0,
+    warmup: Annotated[
+        str,
+        typer.Option(
+            help="Batch sizes each model runs (twice: cold, then warm) after it loads and "
+            "before it is ready (startup, model-control and warm-pool loads alike), so no "
+            "first request of a batch size pays its first-call cost: all (1..max_batch_size), "
+            "first (batch 1), none, or a list like 1,2,4,8 (sizes above a model's "
+            "max_batch_size are left out). Emulated models are never warmed up. The times "
+            "are in the model's load info (model config and statistics)."
+        ),
+    ] = "all",
     port_file: Annotated[
         Path | None, typer.Option(help="Write the bound port here once listening.")
     ] = None,
@@ -253,6 +264,7 @@ def worker(
     from evenserve.worker.repository import load_repository, model_folders
     from evenserve.worker.server import make_server
     from evenserve.worker.service import WorkerOptions, WorkerService
+    from evenserve.worker.warmup import WarmupSpec, parse_warmup
 
     if max_body_bytes < 1:
         fail("--max-body-bytes: must be >= 1")
@@ -295,6 +307,11 @@ def worker(
         fail("--staging-ms-per-item: must be a number >= 0")
     if slowdown_origin_unix is not None and slowdown_phases is None:
         fail("--slowdown-origin-unix: needs --slowdown-phases")
+    warmup_spec: WarmupSpec = "all"
+    try:
+        warmup_spec = parse_warmup(warmup)
+    except ValueError as exc:
+        fail(f"--warmup: {exc}")
     try:
         phases = parse_slowdown_phases(slowdown_phases) if slowdown_phases else ()
         schedule = SlowdownSchedule(slowdown, phases)
@@ -349,6 +366,7 @@ def worker(
             slowdown=None if schedule.constant else schedule,
             slowdown_origin_unix_s=slowdown_origin_unix,
             staging_s_per_item=staging_ms_per_item / 1000.0,
+            warmup=warmup_spec,
             admin_token=worker_admin_token(admin_token_file),
         )
         service = WorkerService(entries, options)

@@ -53,6 +53,7 @@ from evenserve.worker.repository import MODEL_FILE, ModelEntry, load_model, mode
 from evenserve.worker.stats import ModelStats
 from evenserve.worker.timer import RealTimer
 from evenserve.worker.triton_config import TRITON_FILE
+from evenserve.worker.warmup import WarmupSpec, warm_up_model
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +106,25 @@ class WorkerOptions:
     #: An emulated device that stages each batch's inputs for this long per item before it
     #: computes (``--staging-ms-per-item``, in seconds; the executor's compute_input).
     staging_s_per_item: float = 0.0
+    #: The batch sizes each model runs after it loads, before it is ready (``--warmup``):
+    #: ``all`` (1..max_batch_size), ``first`` (batch 1), ``none``, or the sizes themselves
+    #: (those above a model's max_batch_size are left out); emulated models never do.
+    warmup: WarmupSpec = "all"
     #: The admin API's bearer token (``--admin-token-file`` or ``$EVENSERVE_ADMIN_TOKEN``);
     #: None: ``/admin/*`` is off (404). Never shown (not in the repr).
     admin_token: str | None = field(default=None, repr=False)
 
+
+#: What ``_load_runtime`` reports of a load: where it came from, how long it took, and the
+#: warm-up's batch sizes and times.
+LOAD_INFO_KEYS = (
+    "load_source",
+    "load_seconds",
+    "warmup_batch_sizes",
+    "warmup_seconds",
+    "warmup_first_ms",
+    "warmup_second_ms",
+)
 
 #: Model states (Triton's repository index).
 READY, LOADING, UNLOADING, UNAVAILABLE = "READY", "LOADING", "UNLOADING", "UNAVAILABLE"
@@ -387,7 +403,7 @@ class WorkerService:
             else HostPool(options.host_pool, options.host_pool_bytes)
         )
         #: Each loaded model's host-pool digest, and where its load came from and how long
-        #: it took (``load_source``, ``load_seconds``).
+        #: it took and its warm-up (``LOAD_INFO_KEYS``).
         self._pool_digests: dict[str, str] = {}
         self.load_info: dict[str, dict[str, Any]] = {}
         for e in entries:
@@ -566,8 +582,11 @@ class WorkerService:
     def _load_runtime(self, entry: ModelEntry, runtime: Runtime) -> dict[str, Any]:
         """Load a runtime (blocking): from the host pool when it holds the model (warm), else
         from the repository, and then into the pool (a cold load passes through host
-        memory). Where it came from and how long it took (the entry's write included):
-        ``load_source`` (host | disk), ``load_seconds``."""
+        memory), then warm it up (``worker.warmup``: each batch size of ``--warmup``, twice).
+        Where it came from and how long it took (the entry's write included, the warm-up
+        not): ``load_source`` (host | disk), ``load_seconds``; the warm-up's
+        ``warmup_batch_sizes``, ``warmup_seconds``, ``warmup_first_ms`` and
+        ``warmup_second_ms`` (batch size: ms). ConfigError when a warm-up batch fails."""
         pool = self.host_pool if _pooled(runtime) else None
         rt: Any = runtime
         key = self._pool_digest(entry, runtime) if pool is not None else None
@@ -609,7 +628,10 @@ class WorkerService:
         took = time.perf_counter() - t0
         self.metrics.observe_load_source(entry.name, source)
         log.info("model %s loaded from %s in %.3f s", entry.name, source, took)
-        return {"load_source": source, "load_seconds": round(took, 6)}
+        # Every batch size it will serve, run before the model (and a starting worker) is
+        # ready: the first request of a size does not pay its first-call cost.
+        warm = warm_up_model(entry, runtime, self.options.warmup)
+        return {"load_source": source, "load_seconds": round(took, 6), **warm.info()}
 
     def _keeper(self, name: str) -> Callable[[Runtime], None] | None:
         """What puts an unloaded model back in the host pool (None: no pool for it)."""
@@ -815,8 +837,8 @@ class WorkerService:
         then the old one is unloaded (drained: no request lost) and the new one loaded. On an
         emulated device a load whose weights do not fit in the memory not yet held (the
         resident models' weights and those being loaded) is refused (400). ModelControlError
-        with the status otherwise. Returns where the load came from and how long it took
-        (``load_source``, ``load_seconds``)."""
+        with the status otherwise. Returns where the load came from, how long it took and
+        its warm-up (``LOAD_INFO_KEYS``); the model is READY only once warmed up."""
         self._check_running()
         directory = self._folder(name)
         async with self._lock(name):
@@ -977,7 +999,7 @@ class WorkerService:
         n = entry.name
         self._register(entry, built)
         self.descriptions[n] = description
-        self.load_info[n] = {k: description[k] for k in ("load_source", "load_seconds")}
+        self.load_info[n] = {k: description[k] for k in LOAD_INFO_KEYS}
         self.stats[n].load = self.load_info[n]
         self._executor.add(n, built.runtime, [s.name for s in entry.inputs])
         self._driver.add_model(self._setup(n))

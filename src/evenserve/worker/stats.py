@@ -7,7 +7,8 @@ nanoseconds, as Triton does: ``success``/``fail`` time a request from receipt to
 ``batch_stats`` count executions per batch size. Tools that read Triton's statistics
 (perf_analyzer, dashboards) read these unchanged. One key of evenserve's own:
 ``evenserve_load``, where the model's last load came from (``load_source``: ``host``, the
-warm pool, or ``disk``) and how long it took (``load_seconds``).
+warm pool, or ``disk``), how long it took (``load_seconds``) and its warm-up
+(``warmup_batch_sizes``, ``warmup_seconds``, ``warmup_first_ms``, ``warmup_second_ms``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,67 @@
+"""The pure parts of bench/first_request.py: the ratio of a batch size's first request to its
+steady ones, ``--check``'s rule, ``--batch-sizes`` and the request body. Nothing here starts
+a process."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from evenserve.worker.repository import load_repository
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _load() -> ModuleType:
+    name = "bench_first_request"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "first_request.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fr = _load()
+
+
+def test_ratio_is_first_over_steady_median() -> None:
+    row = fr.Row(4, 30.0, [10.0, 12.0, 9.0, 50.0, 11.0])
+    assert row.steady_median_ms == 11.0
+    assert row.ratio == pytest.approx(30.0 / 11.0)
+    figures = row.figures()
+    assert figures["batch"] == 4 and figures["ratio"] == pytest.approx(30.0 / 11.0)
+
+
+def test_check_exits_1_only_above_the_bound() -> None:
+    at = fr.Row(1, 20.0, [10.0])  # exactly 2x: not over
+    above = fr.Row(2, 20.1, [10.0])
+    assert fr.over([at]) == [] and fr.check_status([at]) == 0
+    assert fr.over([at, above]) == [above] and fr.check_status([at, above]) == 1
+    assert fr.check_status([above], max_ratio=3.0) == 0
+    nothing = fr.Row(3, 5.0, [])  # nothing steady to compare with: counted as over
+    assert math.isnan(nothing.ratio) and fr.check_status([nothing]) == 1
+
+
+def test_batch_sizes() -> None:
+    assert fr.parse_sizes(None, 4) == [1, 2, 3, 4]
+    assert fr.parse_sizes("4,1,2", 8) == [1, 2, 4]
+    for bad in ("x", "0,1", "9", ""):
+        with pytest.raises(SystemExit, match="--batch-sizes"):
+            fr.parse_sizes(bad, 8)
+
+
+def test_request_body_carries_b_items() -> None:
+    (entry,) = load_repository(ROOT / "examples" / "models" / "tiny", ["tiny-bert"])
+    body = fr.request_body(entry, 3)
+    ids, mask = body["inputs"]
+    assert ids["name"] == "input_ids" and ids["datatype"] == "INT64"
+    assert ids["shape"] == [3, 16] and len(ids["data"]) == 48
+    assert set(mask["data"]) == {1}  # the synthetic range of attention_mask
