@@ -6,6 +6,7 @@ from evenserve.cli import (
     bench_cmd,
     diagnose_cmd,
     gateway_cmd,
+    optimize_cmd,
     params_cmd,
     record_cmd,
     sim_cmd,
@@ -28,6 +29,7 @@ COMMANDS = (
     record_cmd.record,
     worker_cmd.worker,
     worker_cmd.profile,
+    optimize_cmd.optimize,
 )
 for _command in COMMANDS:
     app.command()(_command)

@@ -168,3 +168,34 @@ def plot_diagnosis(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_variants(report: dict[str, Any], out: Path) -> Path:
+    """``evenserve optimize --plot``: per-item latency by batch size of each profiled variant
+    (the chosen one drawn thick, rejected ones dashed)."""
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for name, v in report["variants"].items():
+        prof = v.get("profile")
+        if not prof:
+            continue
+        points = sorted((int(b), ms) for b, ms in prof["latency_ms"].items())
+        xs = [b for b, _ in points]
+        ys = [ms / b for b, ms in points]
+        chosen = name == report.get("chosen")
+        usable = v["status"] in ("passed", "chosen")
+        ax.plot(
+            xs,
+            ys,
+            marker="o",
+            linewidth=3 if chosen else 1.2,
+            linestyle="-" if usable else "--",
+            label=f"{name} ({v['status']})",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("ms per item")
+    ax.set_title(f"{report['model']} on {report['device']}: variants")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, out)

@@ -26,7 +26,7 @@ from pydantic import Field
 from evenserve.core.errors import ConfigError
 from evenserve.core.validation import Strict
 from evenserve.runtime.base import Array, RuntimeContext, warm_up
-from evenserve.runtime.torch_common import Precision, TorchModuleRuntime
+from evenserve.runtime.torch_common import CompileParams, Precision, TorchModuleRuntime
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class TorchParams(Strict):
     file: str = Field(min_length=1, description="model file, relative to the model folder")
     format: Literal["auto", "torchscript", "export"] = "auto"
     precision: Precision = "fp32"
+    compile: CompileParams | None = Field(default=None, description="torch.compile settings")
 
 
 class TorchRuntime(TorchModuleRuntime):
@@ -106,9 +107,14 @@ class TorchRuntime(TorchModuleRuntime):
             module = module.to(dtype)
         if fmt == "torchscript":
             module = module.eval()
+            if self.params.precision == "int8" or self.params.compile is not None:
+                raise ConfigError(
+                    f"model {ctx.model!r}: torch.precision int8 and torch.compile need a "
+                    "torch.export program (.pt2), not TorchScript"
+                )
         self._format = fmt
-        self._loaded(module)
-        warm_up(self, ctx)
+        self._loaded(self._variant_module(module, self.params.precision, self.params.compile))
+        self._first_batch(lambda: warm_up(self, ctx))
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         args = [self._tensor(inputs[s.name]) for s in self.ctx.inputs]
@@ -137,6 +143,7 @@ class TorchRuntime(TorchModuleRuntime):
             "format": self._format or self.params.format,
             "file": self.params.file,
             "precision": self.params.precision,
+            "engine": "compile" if self.params.compile is not None else "eager",
         }
         described = self._describe(own, {})
         if self._notes:

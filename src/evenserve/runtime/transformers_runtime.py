@@ -7,7 +7,8 @@ initialised at random (seeded) from ``config_class`` with ``config`` overrides: 
 ``BertConfig()`` is BERT-base and the default ``ResNetConfig()`` ResNet-50, so benchmarks
 measure the real architectures without fetching weights. Request inputs map to ``forward``
 keyword arguments and declared outputs to attributes of the model's output (by default the
-same names). Precision: fp32, fp16 or bf16; the model is warmed up at load time, so a
+same names). Precision: fp32, fp16, bf16 or int8 (dynamic quantization, CPU), and ``compile``
+for ``torch.compile`` (see ``torch_common``); the model is warmed up at load time, so a
 precision the device cannot run fails at startup with a clear error, not on the first request.
 """
 
@@ -21,7 +22,7 @@ from pydantic import Field
 from evenserve.core.errors import ConfigError
 from evenserve.core.validation import Strict
 from evenserve.runtime.base import Array, RuntimeContext, require, warm_up
-from evenserve.runtime.torch_common import Precision, TorchModuleRuntime
+from evenserve.runtime.torch_common import CompileParams, Precision, TorchModuleRuntime
 
 
 class TransformersParams(Strict):
@@ -36,6 +37,7 @@ class TransformersParams(Strict):
         default=None, description="local from_pretrained folder, relative to the model folder"
     )
     precision: Precision = "fp32"
+    compile: CompileParams | None = Field(default=None, description="torch.compile settings")
     seed: int = 0
     input_map: dict[str, str] = Field(
         default_factory=dict, description="request input name -> forward() argument"
@@ -96,8 +98,10 @@ class TransformersRuntime(TorchModuleRuntime):
                     f"{p.architecture} from this config: {exc}"
                 ) from None
         model = model.to(device=ctx.device.torch_device, dtype=dtype).eval()
-        self._loaded(model)
-        warm_up(self, ctx, f" on {ctx.device.name} at precision {p.precision}")
+        self._loaded(self._variant_module(model, p.precision, p.compile))
+        self._first_batch(
+            lambda: warm_up(self, ctx, f" on {ctx.device.name} at precision {p.precision}")
+        )
 
     def run(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         kwargs = {self.params.input_map.get(n, n): self._tensor(a) for n, a in inputs.items()}
@@ -123,6 +127,7 @@ class TransformersRuntime(TorchModuleRuntime):
             if p.pretrained_dir
             else f"random (seed {p.seed}) from {p.config_class}",
             "precision": p.precision,
+            "engine": "compile" if p.compile is not None else "eager",
         }
         transformers = require("transformers", "transformers")
         return self._describe(own, {"transformers_version": str(transformers.__version__)})

@@ -204,13 +204,16 @@ def device_label(device: DeviceTarget, described: Mapping[str, Any]) -> str:
 
 def runtime_label(described: Mapping[str, Any]) -> str:
     kind = described.get("runtime", "?")
+    engine = str(described.get("engine", "eager"))
+    if described.get("quantization"):
+        engine += ", int8 dynamic quantization"
     if kind == "transformers":
         return (
             f"transformers {described.get('transformers_version')} "
-            f"{described.get('architecture')} on torch {described.get('torch_version')} (eager)"
+            f"{described.get('architecture')} on torch {described.get('torch_version')} ({engine})"
         )
     if kind == "torch":
-        return f"torch {described.get('torch_version')} ({described.get('format')})"
+        return f"torch {described.get('torch_version')} ({described.get('format')}, {engine})"
     if kind == "onnx":
         return (
             f"onnxruntime {described.get('onnxruntime_version')} "

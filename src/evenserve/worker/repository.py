@@ -24,6 +24,15 @@ Triton model folder (``config.pbtxt`` and version folders: see ``triton_config``
   sheds the lowest-class one)
 - ``profile``: a latency profile YAML for this model on this device (used by profile-aware
   batching policies and the load report's estimates), relative to the model folder
+- ``optimize``: what ``evenserve optimize`` checks a cheaper variant against
+  (``min_top1_agreement``, ``min_cosine``, ``gate_output``, ``calibration``,
+  ``calibration_items``, ``variants``, ``batch_sizes``: see ``OptimizeConfig``)
+- ``use_variant`` (default true): serve the variant ``evenserve optimize`` chose
+
+``variant.yaml`` beside ``model.yaml`` (written by ``evenserve optimize``) names the variant
+the model is served as: its ``runtime`` and that runtime's section replace model.yaml's, its
+``profile`` replaces model.yaml's, and ``provenance`` says how it was chosen. ``use_variant:
+false`` in model.yaml serves model.yaml as written.
 """
 
 from __future__ import annotations
@@ -52,6 +61,8 @@ from evenserve.worker import triton_config
 RuntimeName = Literal["emulated", "transformers", "torch", "onnx"]
 
 MODEL_FILE = "model.yaml"
+#: The variant ``evenserve optimize`` chose, beside model.yaml.
+VARIANT_FILE = "variant.yaml"
 
 
 class SyntheticRange(Strict):
@@ -104,6 +115,30 @@ class TensorConfig(Strict):
         return TensorSpec(self.name, self.datatype, tuple(self.shape))
 
 
+class OptimizeConfig(Strict):
+    """``optimize:`` of model.yaml: the correctness gate a cheaper variant must pass."""
+
+    min_top1_agreement: float = Field(
+        default=0.99, ge=0.0, le=1.0, description="top-1 agreement with fp32 on the gate set"
+    )
+    min_cosine: float = Field(
+        default=0.99, ge=-1.0, le=1.0, description="mean per-item cosine of outputs vs fp32"
+    )
+    gate_output: str | None = Field(
+        default=None, description="the output compared (default: the first declared)"
+    )
+    calibration: str | None = Field(
+        default=None,
+        description="a .npz of input arrays (named like the inputs, leading dim = items), "
+        "relative to the model folder; default: synthetic from the input spec",
+    )
+    calibration_items: int = Field(
+        default=512, ge=1, le=1_000_000, description="synthetic gate items (no calibration)"
+    )
+    variants: list[str] | None = Field(default=None, description="variants to build")
+    batch_sizes: list[int] | None = Field(default=None, description="batch sizes profiled")
+
+
 class ModelConfig(ModelOptions):
     """``model.yaml``; the class, deadline and SLO fields are the scenario's (ModelOptions)."""
 
@@ -118,6 +153,8 @@ class ModelConfig(ModelOptions):
     queue_timeout_ms: float | None = Field(default=None, gt=0, description="deadline_ms's old name")
     max_queue_size: int | None = Field(default=None, ge=1)
     profile: str | None = None
+    optimize: OptimizeConfig = Field(default_factory=OptimizeConfig)
+    use_variant: bool = True
     emulated: dict[str, Any] | None = None
     transformers: dict[str, Any] | None = None
     torch: dict[str, Any] | None = None
@@ -140,6 +177,9 @@ class ModelConfig(ModelOptions):
             dup = {n for n in names if names.count(n) > 1}
             if dup:
                 raise ValueError(f"{kind}: name {sorted(dup)[0]!r} used twice")
+        gate = self.optimize.gate_output
+        if gate is not None and gate not in {t.name for t in self.outputs}:
+            raise ValueError(f"optimize.gate_output: {gate!r} is not a declared output")
         if self.deadline_ms is not None and self.queue_timeout_ms is not None:
             raise ValueError("deadline_ms, queue_timeout_ms: give one (both are the deadline)")
         for other in RUNTIME_PARAMS:
@@ -166,6 +206,8 @@ class ModelEntry:
     notes: list[str] = field(default_factory=list)
     #: A Triton-repository model's original config (Triton's JSON), served as its config.
     triton_config: dict[str, Any] | None = None
+    #: The variant served (variant.yaml): ``{"name", "file", "provenance"}``; None: as written.
+    variant: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -262,8 +304,11 @@ def load_model(
     if override is not None and isinstance(raw, dict):
         raw = {**raw, **override}
         where = f"{source} with the load's config override"
+    variant = None
     if isinstance(raw, dict):
         raw.setdefault("name", directory.name)
+        if raw.get("use_variant", True) is not False:
+            raw, variant, where = _with_variant(directory, raw, where)
     cfg = validate_document(ModelConfig, raw, where)
     if cfg.name != directory.name:
         raise ConfigError(
@@ -272,11 +317,43 @@ def load_model(
     runtime_params = _validate_section(source, cfg.runtime, getattr(cfg, cfg.runtime))
     emulated = _validate_section(source, "emulated", cfg.emulated)
     assert emulated is None or isinstance(emulated, EmulatedParams)
-    entry = ModelEntry(cfg, directory, source, runtime_params, emulated)
+    entry = ModelEntry(cfg, directory, source, runtime_params, emulated, variant=variant)
     entry.build_policy()  # fail at load time on a bad batching spec
     if check_profile:
         entry.latency_profile()
     return entry
+
+
+class VariantFile(Strict):
+    """``variant.yaml``: the runtime, its section and the profile of the chosen variant."""
+
+    variant: str = Field(min_length=1)
+    runtime: RuntimeName
+    profile: str | None = None
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    transformers: dict[str, Any] | None = None
+    torch: dict[str, Any] | None = None
+    onnx: dict[str, Any] | None = None
+
+
+def _with_variant(
+    directory: Path, raw: dict[str, Any], where: str
+) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
+    """model.yaml's fields with the folder's variant.yaml applied (when there is one): the
+    fields, the variant's description, and where the merged document comes from."""
+    path = directory / VARIANT_FILE
+    if not path.is_file():
+        return raw, None, where
+    doc = validate_document(VariantFile, read_yaml(path, f"{path}: cannot read"), str(path))
+    section = getattr(doc, doc.runtime)
+    if section is None:
+        raise ConfigError(f"{path}: {doc.runtime}: section required for runtime {doc.runtime}")
+    merged = {k: v for k, v in raw.items() if k not in RUNTIME_PARAMS or k == "emulated"}
+    merged.update(runtime=doc.runtime, **{doc.runtime: section})
+    if doc.profile is not None:
+        merged["profile"] = doc.profile
+    described = {"name": doc.variant, "file": str(path), "provenance": doc.provenance}
+    return merged, described, f"{where} with {path}"
 
 
 def model_folders(repo: Path) -> list[Path]:

@@ -1,0 +1,234 @@
+"""``evenserve optimize`` on the tiny example models: variants built, gated, profiled, one
+chosen and written into the model folder, where the repository (and so the worker) serves it.
+
+Variants are chosen by measured throughput, which depends on the machine: the tests assert
+on what does not (the report's shape, the gate's verdicts, the precision checks, that the
+chosen one is the usable one of the highest measured throughput, the files written)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from evenserve.cli.main import app
+from evenserve.core.errors import ConfigError
+from evenserve.runtime.device import parse_device
+from evenserve.worker.optimize import OptimizeOptions, optimize
+from evenserve.worker.repository import VARIANT_FILE, load_model
+
+pytest.importorskip("transformers")
+
+TINY = Path(__file__).resolve().parents[2] / "examples" / "models" / "tiny"
+CPU = parse_device("cpu")
+
+
+@pytest.fixture
+def tiny_bert(tmp_path: Path) -> Path:
+    return Path(shutil.copytree(TINY / "tiny-bert", tmp_path / "tiny-bert"))
+
+
+@pytest.fixture
+def overflow(tmp_path: Path) -> Path:
+    """tiny-resnet fed unnormalised pixels (0..60000): fine in fp32, inf in fp16."""
+    folder = Path(shutil.copytree(TINY / "tiny-resnet", tmp_path / "tiny-overflow"))
+    doc = yaml.safe_load((folder / "model.yaml").read_text())
+    doc["inputs"][0]["synthetic"] = {"low": 0, "high": 60000}
+    (folder / "model.yaml").write_text(yaml.safe_dump(doc))
+    return folder
+
+
+def _options(**kw: object) -> OptimizeOptions:
+    base: dict[str, object] = dict(
+        calibration_items=32, batch_sizes=[1, 4], warmup=1, iters=2, cpu_threads=1
+    )
+    base.update(kw)
+    return OptimizeOptions(**base)  # type: ignore[arg-type]
+
+
+def test_tiny_bert_variants_report_and_write(tiny_bert: Path) -> None:
+    entry = load_model(tiny_bert)
+    report = optimize(entry, CPU, _options(variants=["int8-dynamic", "bf16"]))
+    data = report.to_dict()
+    assert list(data["variants"]) == ["fp32", "int8-dynamic", "bf16"]
+    for name, v in data["variants"].items():
+        assert v["status"] in ("chosen", "passed"), (name, v["reasons"])
+        assert v["gate"]["passed"] and v["gate"]["top1_agreement"] >= 0.99
+        assert v["gate"]["cosine"] >= 0.99
+        assert v["precision_check"]["passed"]
+        assert set(v["profile"]["latency_ms"]) == {"1", "4"}
+        assert v["throughput_rps"] > 0
+        assert (tiny_bert / v["profile"]["path"]).is_file()
+    assert data["variants"]["fp32"]["gate"]["top1_agreement"] == 1.0
+    int8 = data["variants"]["int8-dynamic"]["precision_check"]["evidence"]
+    assert int8["quantized_weight_fraction"] == 1.0 and "qint8" in int8["weights_bytes"]
+    bf16 = data["variants"]["bf16"]["precision_check"]["evidence"]
+    assert set(bf16["activation_dtypes"]) == {"bfloat16"}
+    # The chosen one is the usable variant of the highest measured throughput.
+    best = max(data["variants"].items(), key=lambda kv: kv[1]["throughput_rps"])[0]
+    assert data["chosen"] == best and data["variants"][best]["status"] == "chosen"
+    # variant.yaml: the repository serves the chosen variant with its profile.
+    assert report.written == str(tiny_bert / VARIANT_FILE)
+    served = load_model(tiny_bert)
+    assert served.variant is not None and served.variant["name"] == best
+    assert served.config.profile == data["variants"][best]["profile"]["path"]
+    assert served.latency_profile() is not None
+    precision = {"fp32": "fp32", "int8-dynamic": "int8", "bf16": "bf16"}[best]
+    assert served.runtime_params.precision == precision  # type: ignore[union-attr]
+    saved = json.loads((tiny_bert / "variants" / "optimize.json").read_text())
+    assert saved["chosen"] == best
+    # use_variant: false serves model.yaml as written.
+    plain = load_model(tiny_bert, override={"use_variant": False})
+    assert plain.variant is None and plain.config.profile is None
+
+
+def test_fp16_overflow_is_rejected_with_its_figures(overflow: Path) -> None:
+    report = optimize(load_model(overflow), CPU, _options(variants=["fp16"], write=False))
+    fp16 = report.to_dict()["variants"]["fp16"]
+    assert fp16["status"] == "rejected"
+    assert not fp16["gate"]["passed"]
+    assert fp16["gate"]["nonfinite_items"] > 0
+    assert fp16["gate"]["top1_agreement"] < 0.99
+    assert any("non-finite" in r for r in fp16["reasons"])
+    assert report.chosen == "fp32"
+    assert not (overflow / VARIANT_FILE).exists() and not (overflow / "variants").exists()
+
+
+def test_int8_dynamic_on_a_cnn_fails_the_precision_check(overflow: Path) -> None:
+    report = optimize(load_model(overflow), CPU, _options(variants=["int8-dynamic"], write=False))
+    v = report.to_dict()["variants"]["int8-dynamic"]
+    assert v["status"] == "rejected"
+    assert not v["precision_check"]["passed"]
+    assert any("of the Linear/Conv weights" in r for r in v["reasons"])
+
+
+def test_slo_no_batch_fits_rejects_everything_and_exits_1(tiny_bert: Path) -> None:
+    doc = yaml.safe_load((tiny_bert / "model.yaml").read_text())
+    doc["slo_ms"] = 0.001
+    (tiny_bert / "model.yaml").write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(
+        app,
+        [
+            "optimize",
+            str(tiny_bert),
+            "--variants",
+            "fp32",
+            "--calibration-items",
+            "8",
+            "--batch-sizes",
+            "1",
+            "--iters",
+            "1",
+            "--json",
+            str(tiny_bert / "r.json"),
+            "--quiet",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    data = json.loads((tiny_bert / "r.json").read_text())
+    assert data["chosen"] is None
+    assert "slo_ms" in data["variants"]["fp32"]["reasons"][0]
+    assert not (tiny_bert / VARIANT_FILE).exists()
+
+
+def test_cli_json_shape(tiny_bert: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "optimize",
+            str(tiny_bert),
+            "--variants",
+            "int8-dynamic,onnxruntime-int8-static",
+            "--calibration-items",
+            "16",
+            "--batch-sizes",
+            "1,2",
+            "--iters",
+            "1",
+            "--cpu-threads",
+            "1",
+            "--no-write",
+            "--json",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert set(data) >= {"variants", "chosen", "gate_set", "thresholds", "device"}
+    for v in data["variants"].values():
+        assert {"precision", "gate", "profile", "throughput_rps"} <= set(v)
+        assert {"passed", "top1_agreement", "cosine"} <= set(v["gate"])
+    static = data["variants"]["onnxruntime-int8-static"]
+    assert static["status"] == "unsupported" and "calibration" in static["reasons"][0]
+    assert data["gate_set"] == {"source": "synthetic", "items": 16, "batch": 8, "output": "logits"}
+    assert not (tiny_bert / VARIANT_FILE).exists()
+
+
+def test_calibration_file_is_the_gate_set(tiny_bert: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    npz = tmp_path / "cal.npz"
+    np.savez(
+        npz,
+        input_ids=rng.integers(0, 100, size=(12, 10)),
+        attention_mask=np.ones((12, 10), dtype=np.int64),
+    )
+    report = optimize(
+        load_model(tiny_bert), CPU, _options(variants=["fp32"], calibration=npz, write=False)
+    )
+    assert report.gate_set["source"] == str(npz) and report.gate_set["items"] == 12
+    assert report.variants["fp32"].gate is not None
+    assert report.variants["fp32"].gate.items == 12
+
+
+def test_bad_input_is_named(tiny_bert: Path, tmp_path: Path) -> None:
+    entry = load_model(tiny_bert)
+    with pytest.raises(ConfigError, match="unknown variant"):
+        optimize(entry, CPU, _options(variants=["int3"]))
+    with pytest.raises(ConfigError, match="--batch-sizes"):
+        optimize(entry, CPU, _options(batch_sizes=[64]))
+    npz = tmp_path / "cal.npz"
+    np.savez(npz, input_ids=np.zeros((4, 8), dtype=np.int64))
+    with pytest.raises(ConfigError, match="no array 'attention_mask'"):
+        optimize(entry, CPU, _options(calibration=npz))
+    emulated = load_model(TINY / "tiny-emulated")
+    with pytest.raises(ConfigError, match="torch-based"):
+        optimize(emulated, CPU, _options())
+    runner = CliRunner()
+    result = runner.invoke(app, ["optimize", str(tiny_bert), "--variants", "int3"])
+    assert result.exit_code == 2 and "unknown variant" in result.output
+    result = runner.invoke(app, ["optimize", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and "model.yaml" in result.output
+
+
+def test_model_yaml_thresholds_and_bad_values(tiny_bert: Path) -> None:
+    doc = yaml.safe_load((tiny_bert / "model.yaml").read_text())
+    doc["optimize"] = {"min_top1_agreement": 1.5}
+    (tiny_bert / "model.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"optimize\.min_top1_agreement"):
+        load_model(tiny_bert)
+    doc["optimize"] = {"gate_output": "nope"}
+    (tiny_bert / "model.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="gate_output"):
+        load_model(tiny_bert)
+    # A threshold no variant can meet: even int8's tiny drift is rejected.
+    doc["optimize"] = {"min_cosine": 1.0, "variants": ["int8-dynamic"], "calibration_items": 8}
+    (tiny_bert / "model.yaml").write_text(yaml.safe_dump(doc))
+    report = optimize(load_model(tiny_bert), CPU, _options(calibration_items=None, write=False))
+    assert report.thresholds["min_cosine"] == 1.0
+    v = report.variants["int8-dynamic"]
+    assert v.status == "rejected" and any("min_cosine" in r for r in v.reasons)
+
+
+def test_broken_variant_file_is_a_clear_error(tiny_bert: Path) -> None:
+    (tiny_bert / VARIANT_FILE).write_text("variant: x\nruntime: onnx\n")
+    with pytest.raises(ConfigError, match="onnx: section required"):
+        load_model(tiny_bert)
+    (tiny_bert / VARIANT_FILE).write_text("variant: x\nruntime: transformers\nbogus: 1\n")
+    with pytest.raises(ConfigError, match="bogus"):
+        load_model(tiny_bert)
