@@ -232,3 +232,38 @@ def test_broken_variant_file_is_a_clear_error(tiny_bert: Path) -> None:
     (tiny_bert / VARIANT_FILE).write_text("variant: x\nruntime: transformers\nbogus: 1\n")
     with pytest.raises(ConfigError, match="bogus"):
         load_model(tiny_bert)
+
+
+def test_worker_serves_the_chosen_variant(tiny_bert: Path) -> None:
+    import httpx
+
+    from evenserve.worker.repository import load_repository
+    from evenserve.worker.server import BackgroundWorker
+    from evenserve.worker.service import WorkerOptions, WorkerService
+
+    report = optimize(load_model(tiny_bert), CPU, _options(variants=["onnxruntime"]))
+    assert report.chosen is not None
+    entries = load_repository(tiny_bert.parent, [tiny_bert.name])
+    service = WorkerService(entries, WorkerOptions(device=CPU, cpu_threads=1))
+    ids = np.arange(10, dtype=np.int64).reshape(1, 10) % 100
+    body = {
+        "inputs": [
+            {"name": n, "datatype": "INT64", "shape": [1, 10], "data": d}
+            for n, d in (("input_ids", ids.ravel().tolist()), ("attention_mask", [1] * 10))
+        ]
+    }
+    with BackgroundWorker(service) as w:
+        info = service.load_info[tiny_bert.name]
+        assert info["variant"] == report.chosen
+        assert info["warmup_batch_sizes"] == list(range(1, 9))
+        r = httpx.post(f"{w.url}/v2/models/{tiny_bert.name}/infer", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        got = np.array(r.json()["outputs"][0]["data"])
+    fp32 = load_model(tiny_bert, override={"use_variant": False})
+    from evenserve.worker.profiler import build_runtime
+
+    rt = build_runtime(fp32, CPU, cpu_threads=1)
+    rt.load()
+    want = rt.run({"input_ids": ids, "attention_mask": np.ones_like(ids)})["logits"].ravel()
+    rt.close()
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)

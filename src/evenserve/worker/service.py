@@ -49,7 +49,13 @@ from evenserve.sched import ModelSetup
 from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.executor import ThreadedExecutor
 from evenserve.worker.kserve import ModelSignature
-from evenserve.worker.repository import MODEL_FILE, ModelEntry, load_model, model_folders
+from evenserve.worker.repository import (
+    MODEL_FILE,
+    VARIANT_FILE,
+    ModelEntry,
+    load_model,
+    model_folders,
+)
 from evenserve.worker.stats import ModelStats
 from evenserve.worker.timer import RealTimer
 from evenserve.worker.triton_config import TRITON_FILE
@@ -124,6 +130,7 @@ LOAD_INFO_KEYS = (
     "warmup_seconds",
     "warmup_first_ms",
     "warmup_second_ms",
+    "variant",
 )
 
 #: Model states (Triton's repository index).
@@ -297,6 +304,12 @@ def _mtime(path: Path) -> int | None:
         return None
 
 
+def _stamp(directory: Path) -> tuple[int | None, int | None]:
+    """What poll mode compares: the folder's config and its variant.yaml (``evenserve
+    optimize`` writing a new variant reloads the model, as a changed model.yaml does)."""
+    return _mtime(_config_file(directory)), _mtime(directory / VARIANT_FILE)
+
+
 @dataclass
 class _Built:
     """A model's runtime (loaded or not) with its policy, spec and profile."""
@@ -383,8 +396,9 @@ class WorkerService:
         self.descriptions: dict[str, dict[str, Any]] = {}
         #: Every model's state (the index); folders never loaded are absent.
         self.states = ModelStates()
-        #: model.yaml's mtime when each model was last (tried to be) loaded (poll mode).
-        self._mtimes: dict[str, int | None] = {}
+        #: model.yaml's and variant.yaml's mtimes when each model was last (tried to be)
+        #: loaded (poll mode).
+        self._mtimes: dict[str, tuple[int | None, int | None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         #: The loads in progress (model control), which inference requests may wait for.
         self._loads: dict[str, _LoadWatch] = {}
@@ -411,7 +425,7 @@ class WorkerService:
                 raise ConfigError(f"model {e.name!r} is given twice")
             self._register(e, self._build(e))
             self.states[e.name] = ModelState(LOADING, version=e.config.version)
-            self._mtimes[e.name] = _mtime(e.source)
+            self._mtimes[e.name] = _stamp(e.directory)
         self.nvml = _open_nvml(options.device)
         self.metrics = WorkerMetrics(
             self.device_name,
@@ -584,7 +598,8 @@ class WorkerService:
         from the repository, and then into the pool (a cold load passes through host
         memory), then warm it up (``worker.warmup``: each batch size of ``--warmup``, twice).
         Where it came from and how long it took (the entry's write included, the warm-up
-        not): ``load_source`` (host | disk), ``load_seconds``; the warm-up's
+        not): ``load_source`` (host | disk), ``load_seconds``; ``variant``, the one
+        ``evenserve optimize`` chose (variant.yaml; None: model.yaml as written); the warm-up's
         ``warmup_batch_sizes``, ``warmup_seconds``, ``warmup_first_ms`` and
         ``warmup_second_ms`` (batch size: ms). ConfigError when a warm-up batch fails."""
         pool = self.host_pool if _pooled(runtime) else None
@@ -631,7 +646,15 @@ class WorkerService:
         # Every batch size it will serve, run before the model (and a starting worker) is
         # ready: the first request of a size does not pay its first-call cost.
         warm = warm_up_model(entry, runtime, self.options.warmup)
-        return {"load_source": source, "load_seconds": round(took, 6), **warm.info()}
+        variant = None if entry.variant is None else entry.variant["name"]
+        if variant is not None:
+            log.info("model %s: serving the %s variant (%s)", entry.name, variant, VARIANT_FILE)
+        return {
+            "load_source": source,
+            "load_seconds": round(took, 6),
+            **warm.info(),
+            "variant": variant,
+        }
 
     def _keeper(self, name: str) -> Callable[[Runtime], None] | None:
         """What puts an unloaded model back in the host pool (None: no pool for it)."""
@@ -920,7 +943,7 @@ class WorkerService:
         """The model is LOADING: requests for it wait on the watch returned."""
         name = entry.name
         self.states[name] = ModelState(LOADING, version=entry.config.version)
-        self._mtimes[name] = _mtime(entry.source)
+        self._mtimes[name] = _stamp(entry.directory)
         watch = _LoadWatch(None if built is None else getattr(built.runtime, "load_s", None))
         self._loads[name] = watch
         return watch
@@ -1058,7 +1081,7 @@ class WorkerService:
             log.warning("repository poll: %s", exc)
             return done
         for name, d in folders.items():
-            mtime = _mtime(_config_file(d))
+            mtime = _stamp(d)
             loaded = name in self.entries
             if name in self._mtimes and self._mtimes[name] == mtime:
                 continue
