@@ -119,7 +119,8 @@ def show(console: Console, title: str, table_rows: list[dict[str, Any]]) -> None
         "items/s b8",
         "vs fp32 b8",
     ):
-        t.add_column(col, justify="left" if col in ("variant", "status") else "right")
+        left = col in ("variant", "status")
+        t.add_column(col, justify="left" if left else "right", no_wrap=left)
     for r in table_rows:
         t.add_row(
             r["variant"],

@@ -136,6 +136,21 @@ def test_slo_no_batch_fits_rejects_everything_and_exits_1(tiny_bert: Path) -> No
     assert not (tiny_bert / VARIANT_FILE).exists()
 
 
+def test_cli_writes_and_copies_the_chosen_profile(tiny_bert: Path, tmp_path: Path) -> None:
+    from evenserve.core.profile import load_profile_set
+
+    args = ["optimize", str(tiny_bert), "--variants", "fp32", "--calibration-items", "8"]
+    args += ["--batch-sizes", "1,2", "--iters", "1", "--profile-set", str(tmp_path / "set")]
+    args += ["--plot", str(tmp_path / "v.png")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "chosen: fp32" in result.output
+    profiles = load_profile_set(tmp_path / "set")
+    assert set(profiles) == {"tiny-bert"} and profiles["tiny-bert"].batches == (1, 2)
+    assert (tmp_path / "v.png").stat().st_size > 0
+    assert (tiny_bert / VARIANT_FILE).is_file()
+
+
 def test_cli_json_shape(tiny_bert: Path, tmp_path: Path) -> None:
     out = tmp_path / "o.json"
     result = CliRunner().invoke(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -72,6 +73,13 @@ def optimize(
     plot: Annotated[
         Path | None, typer.Option(help="Write a PNG of latency per batch size per variant.")
     ] = None,
+    profile_set: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also copy the chosen variant's profile into this profile set folder as "
+            "MODEL.yaml (what a gateway's or cluster file's profile set reads)."
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="No progress or table.")] = False,
 ) -> None:
     """Build a model's variants (precision, INT8, compilation, ONNX Runtime), check that each
@@ -125,6 +133,15 @@ def optimize(
         from evenserve.report.plots import plot_variants
 
         plot_variants(data, plot)
+    if profile_set is not None and report.chosen is not None:
+        chosen = report.variants[report.chosen].profile_path
+        if chosen is None:
+            fail("--profile-set: needs the profiles written (drop --no-write)")
+        target = profile_set / f"{report.model}.yaml"
+        profile_set.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(model_dir / chosen, target)
+        if not quiet:
+            console.print(f"copied the {report.chosen} profile to {target}", highlight=False)
     if report.chosen is None:
         err_console.print("no variant passed the gate and the SLO", style="bold red")
         raise typer.Exit(1)

@@ -448,7 +448,12 @@ def profile(
         int | None, typer.Option(help="Sequence length to record in the profile.")
     ] = None,
     precision: Annotated[
-        str | None, typer.Option(help="Override the model's precision (fp32, fp16, bf16).")
+        str | None,
+        typer.Option(
+            help="Override the model's precision (fp32, fp16, bf16; int8: dynamic "
+            "quantization, CPU). A folder's variant.yaml (evenserve optimize) is profiled "
+            "as served."
+        ),
     ] = None,
     cpu_threads: Annotated[int | None, typer.Option(help="Threads of CPU runtimes.")] = None,
     name: Annotated[

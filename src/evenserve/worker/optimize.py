@@ -245,12 +245,12 @@ def default_variants(device: DeviceTarget, calibration: Path | None) -> list[str
     return names
 
 
-def parse_variants(names: Sequence[str]) -> list[str]:
+def parse_variants(names: Sequence[str], where: str = "--variants") -> list[str]:
     """Known variant names, fp32 first (the reference), without repeats."""
     out = ["fp32"]
     for n in names:
         if n not in VARIANTS:
-            raise ConfigError(f"--variants: unknown variant {n!r} (known: {', '.join(VARIANTS)})")
+            raise ConfigError(f"{where}: unknown variant {n!r} (known: {', '.join(VARIANTS)})")
         if n not in out:
             out.append(n)
     return out
@@ -415,6 +415,22 @@ def _torch_params(entry: ModelEntry, kind: VariantKind) -> BaseModel:
     return params.model_copy(update=update)
 
 
+def torch_variant(entry: ModelEntry, name: str) -> dict[str, Any]:
+    """A variant.yaml document serving a torch-engine variant (``fp16``, ``int8-dynamic``,
+    ``compile``...) of ``entry`` as it is, without measuring it (benchmarks of one variant)."""
+    kind = VARIANTS.get(name)
+    if kind is None or kind.engine == "onnxruntime":
+        torch_ones = [n for n, k in VARIANTS.items() if k.engine != "onnxruntime"]
+        raise ConfigError(f"variant {name!r}: not one of {', '.join(torch_ones)}")
+    runtime = entry.config.runtime
+    return {
+        "variant": name,
+        "runtime": runtime,
+        runtime: _section(_torch_params(entry, kind)),
+        "provenance": {"written_by": "a benchmark, unmeasured"},
+    }
+
+
 def _section(params: BaseModel) -> dict[str, Any]:
     return params.model_dump(mode="json", exclude_defaults=True)
 
@@ -446,12 +462,16 @@ def optimize(
     calibration = options.calibration
     if calibration is None and opt.calibration is not None:
         calibration = entry.directory / opt.calibration
-    names = parse_variants(
-        options.variants or opt.variants or default_variants(device, calibration)
-    )
+    if options.variants:
+        names = parse_variants(options.variants)
+    elif opt.variants:
+        names = parse_variants(opt.variants, f"{entry.source}: optimize.variants")
+    else:
+        names = default_variants(device, calibration)
     sizes = sorted(set(options.batch_sizes or opt.batch_sizes or _default_sizes(cfg)))
     if any(b < 1 or b > cfg.max_batch_size for b in sizes):
-        raise ConfigError(f"--batch-sizes: each must be within 1..{cfg.max_batch_size}")
+        where = "--batch-sizes" if options.batch_sizes else f"{entry.source}: optimize.batch_sizes"
+        raise ConfigError(f"{where}: each must be within 1..{cfg.max_batch_size}")
     output = opt.gate_output or cfg.outputs[0].name
     items = options.calibration_items or opt.calibration_items
     inputs, gate_info = gate_set(entry, calibration, items, options.seed)
@@ -694,7 +714,9 @@ def _build_onnx(
             artifacts["quantization"] = onnx_export.quantize_static(exported, path, cal)
             res.notes.append(f"calibrated on the first {take} items of the gate set")
     artifacts["file"] = _relative(path, entry.directory)
-    params = OnnxParams(file=str(path.resolve()), intra_op_threads=options.cpu_threads)
+    # Threads come from the runtime context (--cpu-threads here, the worker's when served),
+    # not from the section: variant.yaml must not pin optimize's setting.
+    params = OnnxParams(file=str(path.resolve()))
     onnx = _onnx_entry(entry, params)
     runtime = onnx.create_runtime(device, cpu_threads=options.cpu_threads, profiles_dir=None)
     runtime.load()

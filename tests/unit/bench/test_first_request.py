@@ -12,6 +12,7 @@ from types import ModuleType
 
 import pytest
 
+from evenserve.core.errors import ConfigError
 from evenserve.worker.repository import load_repository
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -65,3 +66,34 @@ def test_request_body_carries_b_items() -> None:
     assert ids["name"] == "input_ids" and ids["datatype"] == "INT64"
     assert ids["shape"] == [3, 16] and len(ids["data"]) == 48
     assert set(mask["data"]) == {1}  # the synthetic range of attention_mask
+
+
+def test_variant_copy_serves_the_torch_variant_with_the_profile_resolved(tmp_path: Path) -> None:
+    repo = fr.variant_copy(
+        ROOT / "examples" / "models" / "transformers", "bert-base", "int8-dynamic", tmp_path
+    )
+    (entry,) = load_repository(repo, ["bert-base"])  # the profile resolves from the copy
+    assert entry.variant is not None and entry.variant["name"] == "int8-dynamic"
+    assert entry.runtime_params.precision == "int8"  # type: ignore[union-attr]
+    assert entry.latency_profile() is not None
+    with pytest.raises(ConfigError, match="not one of"):
+        fr.variant_copy(
+            ROOT / "examples" / "models" / "tiny", "tiny-bert", "onnxruntime", tmp_path / "x"
+        )
+
+
+def test_binary_body_holds_the_same_items_as_raw_bytes() -> None:
+    import json
+
+    import numpy as np
+
+    (entry,) = load_repository(ROOT / "examples" / "models" / "tiny", ["tiny-resnet"])
+    content, headers = fr.binary_body(entry, 2)
+    n = int(headers["Inference-Header-Content-Length"])
+    header = json.loads(content[:n])
+    (inp,) = header["inputs"]
+    assert inp["shape"] == [2, 3, 32, 32]
+    assert inp["parameters"]["binary_data_size"] == 2 * 3 * 32 * 32 * 4 == len(content) - n
+    as_json = fr.request_body(entry, 2)["inputs"][0]["data"]
+    raw = np.frombuffer(content[n:], dtype=np.float32)
+    np.testing.assert_array_equal(raw, np.asarray(as_json, dtype=np.float32))
