@@ -138,6 +138,32 @@ def show(console: Console, title: str, table_rows: list[dict[str, Any]]) -> None
             console.print(f"  {r['variant']}: {reason}", highlight=False, markup=False)
 
 
+def run_part(
+    console: Console,
+    work: Path,
+    model_dir: Path,
+    variants: str,
+    items: int,
+    threads: int,
+    title: str,
+) -> dict[str, Any]:
+    """optimize on a copy of ``model_dir``: the table shown, the figures kept."""
+    folder = Path(shutil.copytree(model_dir, work / model_dir.name))
+    rep, took, load = run_optimize(
+        folder, work / f"{model_dir.name}.json", variants, items, f"1,{BATCH}", threads
+    )
+    table = rows(rep)
+    show(console, f"{title} ({took:.0f} s)", table)
+    console.print(f"chosen: {rep['chosen']}", highlight=False)
+    return {
+        "rows": table,
+        "chosen": rep["chosen"],
+        "seconds": round(took, 1),
+        "load_average": load,
+        "report": rep,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu-threads", type=int, default=os.cpu_count() or 1)
@@ -154,83 +180,66 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="evenserve-optimize-bench-"))
     try:
         if "bert" not in skip:
-            folder = Path(
-                shutil.copytree(MODELS / "transformers" / "bert-base", work / "bert-base")
-            )
-            rep, took, load = run_optimize(
-                folder,
-                work / "bert.json",
+            part = run_part(
+                console,
+                work,
+                MODELS / "transformers" / "bert-base",
                 "fp32,int8-dynamic,onnxruntime,onnxruntime-int8",
                 args.bert_items,
-                f"1,{BATCH}",
                 args.cpu_threads,
+                f"BERT-base, seq 128, {args.cpu_threads} threads",
             )
-            table = rows(rep)
-            show(console, f"BERT-base, seq 128, {args.cpu_threads} threads ({took:.0f} s)", table)
-            console.print(f"chosen: {rep['chosen']}", highlight=False)
             best = [
                 r
-                for r in table
+                for r in part["rows"]
                 if r["variant"] in ("int8-dynamic", "onnxruntime-int8")
                 and r["status"] in ("passed", "chosen")
                 and (r["vs_fp32_b8"] or 0) >= MIN_SPEEDUP
                 and (r["top1"] or 0) >= MIN_TOP1
                 and r["gate_items"] == args.bert_items
             ]
-            ok = bool(best)
-            if not ok:
+            part["target_met"] = bool(best)
+            if not best:
                 failures.append(
                     f"BERT-base: no INT8 dynamic variant >= {MIN_SPEEDUP}x fp32 at batch {BATCH} "
                     f"with top-1 >= {MIN_TOP1} on {args.bert_items} items"
                 )
-            result["bert"] = {
-                "rows": table,
-                "chosen": rep["chosen"],
-                "seconds": round(took, 1),
-                "load_average": load,
-                "target_met": ok,
-                "report": rep,
-            }
+            result["bert"] = part
         if "resnet" not in skip:
-            resnet = MODELS / "transformers" / "resnet50"
-            folder = Path(shutil.copytree(resnet, work / "resnet50"))
-            rep, took, load = run_optimize(
-                folder,
-                work / "resnet.json",
+            part = run_part(
+                console,
+                work,
+                MODELS / "transformers" / "resnet50",
                 "fp32,onnxruntime,compile,int8-dynamic",
                 args.resnet_items,
-                f"1,{BATCH}",
                 args.cpu_threads,
+                f"ResNet-50, 224x224, {args.cpu_threads} threads",
             )
-            table = rows(rep)
-            show(console, f"ResNet-50, 224x224, {args.cpu_threads} threads ({took:.0f} s)", table)
-            console.print(f"chosen: {rep['chosen']}", highlight=False)
-            int8 = rep["variants"]["int8-dynamic"]
+            int8 = part["report"]["variants"]["int8-dynamic"]
             if int8["status"] != "rejected" or int8["precision_check"]["passed"]:
                 failures.append("ResNet-50: torch INT8 dynamic was not rejected by the check")
-            compile_build = rep["variants"]["compile"].get("build", {}).get("compile")
-            result["resnet"] = {
-                "rows": table,
-                "chosen": rep["chosen"],
-                "seconds": round(took, 1),
-                "load_average": load,
-                "compile": compile_build,
-                "report": rep,
-            }
+            part["compile"] = part["report"]["variants"]["compile"].get("build", {}).get("compile")
+            result["resnet"] = part
         if "broken" not in skip:
-            folder = Path(shutil.copytree(MODELS / "tiny" / "tiny-resnet", work / "tiny-overflow"))
-            doc = yaml.safe_load((folder / "model.yaml").read_text())
-            doc["inputs"][0]["synthetic"] = {"low": 0, "high": 60000}
-            (folder / "model.yaml").write_text(yaml.safe_dump(doc))
-            rep, took, load = run_optimize(
-                folder, work / "broken.json", "fp32,fp16", 64, "1,8", args.cpu_threads
+            src = Path(
+                shutil.copytree(MODELS / "tiny" / "tiny-resnet", work / "src" / "tiny-overflow")
             )
-            table = rows(rep)
-            show(console, "tiny-resnet on unnormalised pixels (0..60000): fp16 overflows", table)
-            fp16 = rep["variants"]["fp16"]
+            doc = yaml.safe_load((src / "model.yaml").read_text())
+            doc["inputs"][0]["synthetic"] = {"low": 0, "high": 60000}
+            (src / "model.yaml").write_text(yaml.safe_dump(doc))
+            part = run_part(
+                console,
+                work,
+                src,
+                "fp32,fp16",
+                64,
+                args.cpu_threads,
+                "tiny-resnet on unnormalised pixels (0..60000): fp16 overflows",
+            )
+            fp16 = part["report"]["variants"]["fp16"]
             if fp16["status"] != "rejected" or fp16["gate"]["passed"]:
                 failures.append("broken: the overflowing fp16 variant was not rejected")
-            result["broken"] = {"rows": table, "chosen": rep["chosen"], "report": rep}
+            result["broken"] = part
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result["failures"] = failures

@@ -194,11 +194,19 @@ def test_calibration_file_is_the_gate_set(tiny_bert: Path, tmp_path: Path) -> No
         attention_mask=np.ones((12, 10), dtype=np.int64),
     )
     report = optimize(
-        load_model(tiny_bert), CPU, _options(variants=["fp32"], calibration=npz, write=False)
+        load_model(tiny_bert),
+        CPU,
+        _options(variants=["onnxruntime-int8-static"], calibration=npz, write=False),
     )
     assert report.gate_set["source"] == str(npz) and report.gate_set["items"] == 12
     assert report.variants["fp32"].gate is not None
     assert report.variants["fp32"].gate.items == 12
+    static = report.to_dict()["variants"]["onnxruntime-int8-static"]
+    assert static["status"] in ("passed", "chosen", "rejected"), static["reasons"]
+    assert static["precision_check"]["evidence"]["precision"] == "int8"
+    quant = static["build"]["artifacts"]["quantization"]
+    assert quant["calibration_items"] == 3  # the first quarter of the 12 items
+    assert static["gate"]["items"] == 12 and static["gate"]["cosine"] is not None
 
 
 def test_bad_input_is_named(tiny_bert: Path, tmp_path: Path) -> None:

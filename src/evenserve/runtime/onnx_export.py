@@ -258,6 +258,18 @@ def _pre_process(src: Path, workdir: Path, notes: list[str]) -> tuple[Path, str]
     return src, "skipped"
 
 
+@contextlib.contextmanager
+def _quantizing(src: Path, dst: Path, notes: list[str]) -> Iterator[tuple[Path, str]]:
+    """Around one quantization of ``src`` into ``dst``: the pre-processed model (in a
+    temporary folder beside ``dst``, removed after) and what pre-processing did, with the
+    tools' log lines and warnings collected into ``notes``."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
+        model_in, preprocessed = _pre_process(src, Path(tmp).resolve(), notes)
+        with _quiet_quantization(notes):
+            yield model_in, preprocessed
+
+
 def quantize_dynamic(
     src: Path, dst: Path, *, op_types: Sequence[str] | None = None
 ) -> dict[str, Any]:
@@ -271,16 +283,13 @@ def quantize_dynamic(
     types = sorted(op_types if op_types is not None else registry.IntegerOpsRegistry)
     notes: list[str] = []
     start = time.perf_counter()
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
-        model_in, preprocessed = _pre_process(src, Path(tmp).resolve(), notes)
-        with _quiet_quantization(notes):
-            quantization.quantize_dynamic(
-                str(model_in),
-                str(dst),
-                weight_type=quantization.QuantType.QInt8,
-                op_types_to_quantize=types,
-            )
+    with _quantizing(src, dst, notes) as (model_in, preprocessed):
+        quantization.quantize_dynamic(
+            str(model_in),
+            str(dst),
+            weight_type=quantization.QuantType.QInt8,
+            op_types_to_quantize=types,
+        )
     return {
         "method": "onnxruntime dynamic",
         "weight_type": "QInt8",
@@ -328,20 +337,17 @@ def quantize_static(
 
     notes: list[str] = []
     start = time.perf_counter()
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dst.parent) as tmp:
-        model_in, preprocessed = _pre_process(src, Path(tmp).resolve(), notes)
-        with _quiet_quantization(notes):
-            quantization.quantize_static(
-                str(model_in),
-                str(dst),
-                _Reader(),
-                quant_format=quantization.QuantFormat.QDQ,
-                per_channel=True,
-                activation_type=quantization.QuantType.QInt8,
-                weight_type=quantization.QuantType.QInt8,
-                calibrate_method=quantization.CalibrationMethod.MinMax,
-            )
+    with _quantizing(src, dst, notes) as (model_in, preprocessed):
+        quantization.quantize_static(
+            str(model_in),
+            str(dst),
+            _Reader(),
+            quant_format=quantization.QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=quantization.QuantType.QInt8,
+            weight_type=quantization.QuantType.QInt8,
+            calibrate_method=quantization.CalibrationMethod.MinMax,
+        )
     return {
         "method": "onnxruntime static",
         "quant_format": "QDQ",

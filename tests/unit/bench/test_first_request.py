@@ -4,33 +4,19 @@ a process."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from evenserve.core.errors import ConfigError
 from evenserve.worker.repository import load_repository
+from tests.unit.bench.bench_module import load
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _load() -> ModuleType:
-    name = "bench_first_request"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "first_request.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fr = _load()
+fr = load("first_request")
 
 
 def test_ratio_is_first_over_steady_median() -> None:

@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.unit.bench.bench_module import load
 
-
-def _load() -> ModuleType:
-    name = "bench_optimize_cpu"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "optimize_cpu.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-oc = _load()
+oc = load("optimize_cpu")
 
 
 def _variant(status: str, b8_ms: float | None) -> dict[str, object]:

@@ -137,3 +137,14 @@ def make_driver(
         observer=rec,
     )
     return Harness(clock, timer, driver, rec)
+
+
+#: A synthetic profile YAML document for emulated test models (``model`` to be set).
+PROFILE = {
+    "model": "m",
+    "device": "test device (synthetic)",
+    "runtime": "emulated",
+    "precision": "fp32",
+    "source": "Synthetic figures for tests (not a measurement).",
+    "points": [{"batch": 1, "latency_ms": 1.0}, {"batch": 4, "latency_ms": 2.0}],
+}

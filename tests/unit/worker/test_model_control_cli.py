@@ -13,6 +13,7 @@ import yaml
 
 from evenserve.cli.worker_cmd import worker
 from evenserve.worker.service import WorkerService
+from tests.unit.worker.fakes import PROFILE
 
 EM = {
     "runtime": "emulated",
@@ -20,14 +21,6 @@ EM = {
     "inputs": [{"name": "x", "datatype": "FP32", "shape": [4]}],
     "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
     "emulated": {"profile": "profile.yaml"},
-}
-PROFILE = {
-    "model": "m",
-    "device": "test device (synthetic)",
-    "runtime": "emulated",
-    "precision": "fp32",
-    "source": "Synthetic figures for tests (not a measurement).",
-    "points": [{"batch": 1, "latency_ms": 1.0}, {"batch": 4, "latency_ms": 2.0}],
 }
 
 
@@ -38,24 +31,6 @@ def _repo(tmp_path: Path, names: tuple[str, ...] = ("a", "b")) -> Path:
         (d / "model.yaml").write_text(yaml.safe_dump(EM))
         (d / "profile.yaml").write_text(yaml.safe_dump({**PROFILE, "model": n}))
     return tmp_path / "repo"
-
-
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list[WorkerService]:
-    """The services the command would serve (the server is not run)."""
-    out: list[WorkerService] = []
-
-    class _Server:
-        def run(self) -> None:
-            return None
-
-    def make_server(service: WorkerService, sock: Any, **kw: Any) -> _Server:
-        out.append(service)
-        sock.close()
-        return _Server()
-
-    monkeypatch.setattr("evenserve.worker.server.make_server", make_server)
-    return out
 
 
 def test_explicit_loads_only_the_startup_set(tmp_path: Path, served: list[WorkerService]) -> None:

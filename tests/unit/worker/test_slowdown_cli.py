@@ -18,10 +18,10 @@ from evenserve.runtime.emulated import EmulatedRuntime, EmulatedSlowdown
 from evenserve.worker.repository import load_repository
 from evenserve.worker.service import WorkerService
 
-from .test_model_control_cli import _repo, served  # noqa: F401 (a fixture)
+from .test_model_control_cli import _repo
 
 
-def test_the_flags_reach_the_worker(tmp_path: Path, served: list[WorkerService]) -> None:  # noqa: F811
+def test_the_flags_reach_the_worker(tmp_path: Path, served: list[WorkerService]) -> None:
     repo = _repo(tmp_path)
     worker(repo=repo, port=0)  # plain
     worker(
@@ -53,7 +53,7 @@ def test_an_emulated_batch_takes_its_profile_times_the_slowdown(tmp_path: Path) 
     assert time.perf_counter() - t0 >= 0.020
 
 
-def test_staging_reaches_every_emulated_model(tmp_path: Path, served: list[WorkerService]) -> None:  # noqa: F811
+def test_staging_reaches_every_emulated_model(tmp_path: Path, served: list[WorkerService]) -> None:
     repo = _repo(tmp_path)
     worker(repo=repo, port=0, staging_ms_per_item=2.5)
     (w,) = served

@@ -31,6 +31,7 @@ from evenserve.worker.warmup import (
     warmup_batch,
     warmup_sizes,
 )
+from tests.unit.worker.fakes import PROFILE
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "models" / "tiny"
 
@@ -43,14 +44,6 @@ MODEL = {
     ],
     "outputs": [{"name": "y", "datatype": "FP32", "shape": [2]}],
     "emulated": {"profile": "profile.yaml"},
-}
-PROFILE = {
-    "model": "m",
-    "device": "test device (synthetic)",
-    "runtime": "emulated",
-    "precision": "fp32",
-    "source": "Synthetic figures for tests (not a measurement).",
-    "points": [{"batch": 1, "latency_ms": 1.0}, {"batch": 4, "latency_ms": 2.0}],
 }
 
 
@@ -288,20 +281,8 @@ def test_cli_rejects_a_bad_warmup(
     assert "--warmup" in capsys.readouterr().err
 
 
-def test_cli_passes_the_warmup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[WorkerService] = []
-
-    class _Server:
-        def run(self) -> None:
-            return None
-
-    def make_server(service: WorkerService, sock: Any, **kw: Any) -> _Server:
-        seen.append(service)
-        sock.close()
-        return _Server()
-
-    monkeypatch.setattr("evenserve.worker.server.make_server", make_server)
+def test_cli_passes_the_warmup(tmp_path: Path, served: list[WorkerService]) -> None:
     worker(repo=_repo(tmp_path), warmup="1,2,16", port=0, profiles_dir=tmp_path)
-    assert seen[0].options.warmup == (1, 2, 16)
+    assert served[0].options.warmup == (1, 2, 16)
     # an emulated model: not warmed up
-    assert seen[0].load_info["m"]["warmup_batch_sizes"] == []
+    assert served[0].load_info["m"]["warmup_batch_sizes"] == []
