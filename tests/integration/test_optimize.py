@@ -290,3 +290,26 @@ def test_worker_serves_the_chosen_variant(tiny_bert: Path) -> None:
     want = rt.run({"input_ids": ids, "attention_mask": np.ones_like(ids)})["logits"].ravel()
     rt.close()
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
+
+
+def test_compile_variant_reports_its_compile_and_caches_it_in_the_folder(
+    tiny_bert: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if shutil.which("cc") is None:  # inductor on the CPU needs a C compiler
+        report = optimize(load_model(tiny_bert), CPU, _options(variants=["compile"]))
+        assert report.variants["compile"].status == "unsupported"
+        return
+    # As if the user named no inductor cache: the model folder's is used.
+    monkeypatch.setattr("evenserve.runtime.torch_common._USER_INDUCTOR_CACHE", None)
+    report = optimize(load_model(tiny_bert), CPU, _options(variants=["compile"], batch_sizes=[1]))
+    v = report.to_dict()["variants"]["compile"]
+    assert v["status"] in ("passed", "chosen"), v["reasons"]
+    assert v["engine"] == "compile" and v["gate"]["top1_agreement"] == 1.0
+    info = v["build"]["compile"]
+    assert info["first_batch_seconds"] > 0
+    assert info["fxgraph_cache_miss"] >= 1  # a fresh folder: compiled, not found
+    cache = tiny_bert / ".cache" / "inductor"
+    assert info["cache_dir"] == str(cache) and any(cache.iterdir())
+    served = load_model(tiny_bert)
+    if report.chosen == "compile":
+        assert served.runtime_params.compile is not None  # type: ignore[union-attr]

@@ -162,7 +162,10 @@ class TorchModuleRuntime:
             }
         if compile is not None:
             cache = _compile_cache(self.ctx.model_dir, compile.cache_dir)
-            module = torch.compile(module, mode=compile.mode, dynamic=compile.dynamic)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                module = torch.compile(module, mode=compile.mode, dynamic=compile.dynamic)
+            self._note(caught)
             self._variant["compile"] = {
                 "backend": "inductor",
                 "mode": compile.mode,
