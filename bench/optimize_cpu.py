@@ -174,7 +174,7 @@ def main() -> None:
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    console = Console()
+    console = Console(width=120)
     failures: list[str] = []
     result: dict[str, Any] = {"cpu_threads": args.cpu_threads, "cpus": os.cpu_count()}
     work = Path(tempfile.mkdtemp(prefix="evenserve-optimize-bench-"))

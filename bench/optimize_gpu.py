@@ -61,7 +61,7 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     models = TINY if args.tiny else FULL
-    console = Console()
+    console = Console(width=140)
     summary: dict[str, Any] = {"device": args.device, "models": {}}
     with tempfile.TemporaryDirectory(prefix="evenserve-optimize-gpu-") as tmp:
         for name, src in models.items():

@@ -15,10 +15,11 @@ included, as in the simulator) and its outputs are its payloads.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from evenserve.runtime.base import Array, Runtime
 from evenserve.worker.driver import BatchResult, RunningBatch
 
 Inputs = Mapping[str, Array]
+T = TypeVar("T")
+#: How long ``on_each_thread`` waits for every device thread to be free (a long batch).
+EACH_THREAD_WAIT_S = 600.0
 
 
 def run_batch(
@@ -82,9 +86,27 @@ class ThreadedExecutor:
     ) -> None:
         self.runtimes = dict(runtimes)
         self.input_names = {m: list(v) for m, v in input_names.items()}
+        self.instances = instances
         self._pool = ThreadPoolExecutor(
             max_workers=instances, thread_name_prefix="evenserve-device"
         )
+
+    def on_each_thread(self, fn: Callable[[], T]) -> list[T]:
+        """Run ``fn`` once on each of the device threads, the ones batches run on (blocking;
+        not on the event loop). A framework's first call on a new thread costs extra
+        (thread-local state: allocator and kernel caches, the intra-op pool), so a warm-up
+        that ran on another thread would leave it to the first request. The calls meet at
+        a barrier first, so each lands on a distinct thread of the pool."""
+        if self.instances == 1:
+            return [self._pool.submit(fn).result()]
+        barrier = threading.Barrier(self.instances, timeout=EACH_THREAD_WAIT_S)
+
+        def each() -> T:
+            barrier.wait()
+            return fn()
+
+        futures = [self._pool.submit(each) for _ in range(self.instances)]
+        return [f.result() for f in futures]
 
     def add(self, model: str, runtime: Runtime, input_names: Sequence[str]) -> None:
         """Run batches of one more (loaded) model."""

@@ -645,7 +645,12 @@ class WorkerService:
         log.info("model %s loaded from %s in %.3f s", entry.name, source, took)
         # Every batch size it will serve, run before the model (and a starting worker) is
         # ready: the first request of a size does not pay its first-call cost.
-        warm = warm_up_model(entry, runtime, self.options.warmup)
+        # On the device threads that will run its batches (a first call on a new thread
+        # costs extra), each of them.
+        reports = self._device_threads().on_each_thread(
+            lambda: warm_up_model(entry, runtime, self.options.warmup)
+        )
+        warm = reports[0]
         variant = None if entry.variant is None else entry.variant["name"]
         if variant is not None:
             log.info("model %s: serving the %s variant (%s)", entry.name, variant, VARIANT_FILE)
@@ -677,16 +682,25 @@ class WorkerService:
             self._saved_switch_interval = sys.getswitchinterval()
             sys.setswitchinterval(EMULATED_SWITCH_INTERVAL_S)
 
+    def _device_threads(self) -> ThreadedExecutor:
+        """The executor whose threads run the batches, made on first use (the startup
+        warm-up runs on them before the driver starts)."""
+        if self._executor is None:
+            self._executor = ThreadedExecutor(
+                self.runtimes,
+                {n: [s.name for s in e.inputs] for n, e in self.entries.items()},
+                instances=self.options.run.instances,
+            )
+        return self._executor
+
     async def start(self) -> None:
         """Create the driver on the running loop; the worker is ready afterwards (with poll
         model control, the repository poller starts too)."""
         self.loop = asyncio.get_running_loop()
         self._emulated_switch_interval()
-        self._executor = ThreadedExecutor(
-            self.runtimes,
-            {n: [s.name for s in e.inputs] for n, e in self.entries.items()},
-            instances=self.options.run.instances,
-        )
+        self._executor = executor = self._device_threads()
+        for n, e in self.entries.items():  # what it runs is what is registered now
+            executor.add(n, self.runtimes[n], [s.name for s in e.inputs])
         models = [self._setup(n) for n in self.entries]
         emulated = self.device.kind == "emulated"
         self._driver = BatchDriver(

@@ -20,6 +20,7 @@ import yaml
 
 from evenserve.cli.worker_cmd import worker
 from evenserve.core.errors import ConfigError
+from evenserve.core.options import DeviceOptions
 from evenserve.runtime.base import Array
 from evenserve.runtime.device import parse_device
 from evenserve.worker.repository import ModelEntry, load_model, load_repository
@@ -67,6 +68,7 @@ class FakeRuntime:
 
     def __init__(self, fail_at: int | None = None, gate: threading.Event | None = None) -> None:
         self.calls: list[int] = []
+        self.threads: list[str] = []
         self.shapes: list[dict[str, tuple[int, ...]]] = []
         self.fail_at = fail_at
         self.gate = gate
@@ -82,6 +84,7 @@ class FakeRuntime:
         if self.gate is not None:
             assert self.gate.wait(30), "the test never released the warm-up"
         self.calls.append(b)
+        self.threads.append(threading.current_thread().name)
         self.shapes.append({k: v.shape for k, v in inputs.items()})
         if b == self.fail_at:
             raise RuntimeError("out of memory")
@@ -201,6 +204,35 @@ async def test_load_info_carries_the_warmup(tmp_path: Path) -> None:
     assert service.descriptions["m"]["warmup_batch_sizes"] == [1, 2]
     assert service.stats["m"].load is not None
     assert service.stats["m"].load["warmup_batch_sizes"] == [1, 2]
+
+
+async def test_warmup_runs_on_each_device_thread(tmp_path: Path) -> None:
+    """A first call on a new thread costs extra: the warm-up runs where batches will."""
+    rt = FakeRuntime()
+    service = WorkerService(
+        load_repository(_repo(tmp_path), ["m"]),
+        WorkerOptions(
+            device=parse_device("cpu"),
+            profiles_dir=None,
+            warmup=(1, 2),
+            run=DeviceOptions(instances=3),
+        ),
+    )
+    service.runtimes["m"] = rt
+    service.load()
+    assert rt.calls == [1, 1, 2, 2] * 3
+    assert len(set(rt.threads)) == 3
+    assert all(t.startswith("evenserve-device") for t in rt.threads)
+    await service.start()
+    try:
+        assert service._executor is not None
+        pool_threads = set(
+            service._executor.on_each_thread(lambda: threading.current_thread().name)
+        )
+        assert pool_threads == set(rt.threads)
+    finally:
+        service.begin_drain()
+        await service.stop()
 
 
 def test_a_failing_warmup_fails_the_load(tmp_path: Path) -> None:
