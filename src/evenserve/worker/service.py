@@ -130,6 +130,7 @@ LOAD_INFO_KEYS = (
     "warmup_seconds",
     "warmup_first_ms",
     "warmup_second_ms",
+    "warmup_variable",
     "variant",
 )
 

@@ -13,6 +13,11 @@ only), ``none``, or a list like ``1,2,4,8`` (sizes above max_batch_size are left
 Inputs follow model.yaml as the profiler's do (``example_shape``, ``synthetic`` ranges); a
 variable dimension without ``example_shape`` is 8, as in the runtimes' own load-time check.
 
+A model with a variable dimension (``-1``: a sequence length) also runs one batch of the
+smallest size at another length (half of it, at least 2), twice: a compiled model turns that
+dimension dynamic on its second value, a recompile that would otherwise fall on the first
+request of a new length (``warmup_variable`` in the load info; None when nothing varies).
+
 Emulated runtimes are not warmed up: their batches only sleep their profile's time, so there
 is no first-call cost to take away.
 """
@@ -89,6 +94,22 @@ def warmup_batch(entry: ModelEntry, batch: int, rng: np.random.Generator) -> dic
     return synthetic_batch(entry, batch, fill, rng)
 
 
+def other_lengths(entry: ModelEntry) -> dict[str, list[int]] | None:
+    """Per-item shapes with each variable dimension at another length than the warm-up's
+    (half of it, at least 2: a length of 0 or 1 is one a compiler specializes on); None
+    when the model has no variable dimension."""
+    if not any(-1 in t.shape for t in entry.config.inputs):
+        return None
+    out: dict[str, list[int]] = {}
+    for t in entry.config.inputs:
+        base = t.example_shape or [VARIABLE_DIM if d == -1 else d for d in t.shape]
+        out[t.name] = [
+            b if d != -1 else (b // 2 if b // 2 >= 2 else b + 1)
+            for d, b in zip(t.shape, base, strict=True)
+        ]
+    return out
+
+
 @dataclass
 class WarmupReport:
     """What a model's warm-up ran and how long each call took."""
@@ -97,6 +118,8 @@ class WarmupReport:
     seconds: float = 0.0
     first_ms: dict[int, float] = field(default_factory=dict)
     second_ms: dict[int, float] = field(default_factory=dict)
+    #: The batch at other variable lengths: ``{"batch", "shapes", "first_ms", "second_ms"}``.
+    variable: dict[str, Any] | None = None
 
     def info(self) -> dict[str, Any]:
         """The load-info keys."""
@@ -105,6 +128,7 @@ class WarmupReport:
             "warmup_seconds": round(self.seconds, 6),
             "warmup_first_ms": {b: round(ms, 4) for b, ms in self.first_ms.items()},
             "warmup_second_ms": {b: round(ms, 4) for b, ms in self.second_ms.items()},
+            "warmup_variable": self.variable,
         }
 
     def worst_ratio(self) -> tuple[int, float] | None:
@@ -144,21 +168,39 @@ def warm_up_model(
         return report
     rng = np.random.default_rng(seed)
     t0 = timer()
-    for b in sizes:
-        try:
-            batch = warmup_batch(entry, b, rng)
-        except ConfigError as exc:
-            raise ConfigError(f"model {entry.name!r}: warm-up batch of {b}: {exc}") from exc
-        for times in (report.first_ms, report.second_ms):
+
+    def twice(b: int, batch: dict[str, Array], what: str) -> tuple[float, float]:
+        times = []
+        for _ in range(2):
             start = timer()
             try:
                 runtime.run(batch)
             except Exception as exc:
                 raise ConfigError(
-                    f"model {entry.name!r}: warm-up batch of size {b} failed: "
+                    f"model {entry.name!r}: warm-up batch of size {b}{what} failed: "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
-            times[b] = (timer() - start) * 1000.0
+            times.append((timer() - start) * 1000.0)
+        return times[0], times[1]
+
+    for b in sizes:
+        try:
+            batch = warmup_batch(entry, b, rng)
+        except ConfigError as exc:
+            raise ConfigError(f"model {entry.name!r}: warm-up batch of {b}: {exc}") from exc
+        report.first_ms[b], report.second_ms[b] = twice(b, batch, "")
+    shapes = other_lengths(entry)
+    if shapes is not None:
+        b = sizes[0]
+        batch = synthetic_batch(entry, b, shapes, rng)
+        where = f" at other variable lengths {shapes}"
+        first, second = twice(b, batch, where)
+        report.variable = {
+            "batch": b,
+            "shapes": shapes,
+            "first_ms": round(first, 4),
+            "second_ms": round(second, 4),
+        }
     report.seconds = timer() - t0
     worst = report.worst_ratio()
     log.info(

@@ -27,6 +27,7 @@ from evenserve.worker.repository import ModelEntry, load_model, load_repository
 from evenserve.worker.service import LOADING, READY, WorkerOptions, WorkerService
 from evenserve.worker.warmup import (
     VARIABLE_DIM,
+    other_lengths,
     parse_warmup,
     warm_up_model,
     warmup_batch,
@@ -134,7 +135,8 @@ def test_warmup_sizes() -> None:
 def test_runs_the_sizes_in_order_twice_each(tmp_path: Path, spec: Any, sizes: list[int]) -> None:
     rt = FakeRuntime()
     report = warm_up_model(_entry(tmp_path), rt, spec, timer=_ticks())
-    assert rt.calls == [b for b in sizes for _ in range(2)]
+    # then the smallest size again at other variable lengths (ids and x vary), twice
+    assert rt.calls == [b for b in sizes for _ in range(2)] + sizes[:1] * 2
     assert report.batch_sizes == sizes
     assert list(report.first_ms) == sizes and list(report.second_ms) == sizes
     info = report.info()
@@ -144,16 +146,24 @@ def test_runs_the_sizes_in_order_twice_each(tmp_path: Path, spec: Any, sizes: li
         "warmup_seconds",
         "warmup_first_ms",
         "warmup_second_ms",
+        "warmup_variable",
     }
     if not sizes:
         assert report.worst_ratio() is None and info["warmup_first_ms"] == {}
+        assert info["warmup_variable"] is None
+    else:
+        assert info["warmup_variable"]["batch"] == sizes[0]
+        assert info["warmup_variable"]["shapes"] == {"ids": [2], "x": [4, 3]}
 
 
 def test_batches_follow_model_yaml(tmp_path: Path) -> None:
     rt = FakeRuntime()
     warm_up_model(_entry(tmp_path), rt, (3,))
     # example_shape for ids; the variable dim of x without one is 8
-    assert rt.shapes == [{"ids": (3, 5), "x": (3, VARIABLE_DIM, 3)}] * 2
+    assert rt.shapes[:2] == [{"ids": (3, 5), "x": (3, VARIABLE_DIM, 3)}] * 2
+    # and at other variable lengths: half of each (a compiled model turns them dynamic)
+    assert rt.shapes[2:] == [{"ids": (3, 2), "x": (3, VARIABLE_DIM // 2, 3)}] * 2
+    assert other_lengths(load_repository(TINY, ["tiny-resnet"], check_profiles=False)[0]) is None
     (entry,) = load_repository(TINY, ["tiny-bert"], check_profiles=False)
     batch = warmup_batch(entry, 2, np.random.default_rng(0))
     assert batch["input_ids"].shape == (2, 16) and batch["input_ids"].dtype == np.int64
@@ -220,7 +230,7 @@ async def test_warmup_runs_on_each_device_thread(tmp_path: Path) -> None:
     )
     service.runtimes["m"] = rt
     service.load()
-    assert rt.calls == [1, 1, 2, 2] * 3
+    assert rt.calls == [1, 1, 2, 2, 1, 1] * 3
     assert len(set(rt.threads)) == 3
     assert all(t.startswith("evenserve-device") for t in rt.threads)
     await service.start()
@@ -254,7 +264,7 @@ async def test_worker_not_ready_before_warmup_ends(tmp_path: Path) -> None:
     finally:
         gate.set()
         await loading
-    assert rt.calls == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert rt.calls == [1, 1, 2, 2, 3, 3, 4, 4, 1, 1]
     await service.start()
     try:
         assert service.ready and service.model_ready("m")
@@ -294,7 +304,7 @@ async def test_model_control_load_not_ready_before_warmup_ends(
             gate.set()
         info = await loading
         assert service.model_state("m").state == READY and service.model_ready("m")
-        assert rt.calls == [1, 1]
+        assert rt.calls == [1, 1, 1, 1]
         assert info["warmup_batch_sizes"] == [1]
         assert service.load_info["m"]["warmup_batch_sizes"] == [1]
     finally:
