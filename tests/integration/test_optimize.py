@@ -183,6 +183,11 @@ def test_cli_json_shape(tiny_bert: Path, tmp_path: Path) -> None:
     assert static["status"] == "unsupported" and "calibration" in static["reasons"][0]
     assert data["gate_set"] == {"source": "synthetic", "items": 16, "batch": 8, "output": "logits"}
     assert not (tiny_bert / VARIANT_FILE).exists()
+    # --json -: the report alone on stdout (the table goes to stderr)
+    args = ["optimize", str(tiny_bert), "--variants", "fp32", "--calibration-items", "8"]
+    result = CliRunner().invoke(app, [*args, "--batch-sizes", "1", "--no-write", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["chosen"] == "fp32"
 
 
 def test_calibration_file_is_the_gate_set(tiny_bert: Path, tmp_path: Path) -> None:

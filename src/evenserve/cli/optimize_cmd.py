@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -125,8 +126,8 @@ def optimize(
     except EvenserveError as exc:
         fail(str(exc))
     data = report.to_dict()
-    if not quiet:
-        _print(data)
+    if not quiet:  # beside JSON on stdout, the table goes to stderr
+        _print(data, err_console if str(json_path) == "-" else console)
     if json_path is not None:
         write_json(json_path, data)
     if plot is not None:
@@ -141,13 +142,13 @@ def optimize(
         profile_set.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(model_dir / chosen, target)
         if not quiet:
-            console.print(f"copied the {report.chosen} profile to {target}", highlight=False)
+            err_console.print(f"copied the {report.chosen} profile to {target}", highlight=False)
     if report.chosen is None:
         err_console.print("no variant passed the gate and the SLO", style="bold red")
         raise typer.Exit(1)
 
 
-def _print(data: dict[str, Any]) -> None:
+def _print(data: dict[str, Any], out: Console) -> None:
     table = Table(title=f"{data['model']} on {data['device']} (slo_ms {data['slo_ms']})")
     for col in ("variant", "status", "top-1", "cosine", "ms @ best", "items/s", "vs fp32"):
         table.add_column(col, justify="left" if col in ("variant", "status") else "right")
@@ -164,14 +165,14 @@ def _print(data: dict[str, Any]) -> None:
             "-" if v["throughput_rps"] is None else f"{v['throughput_rps']:.1f}",
             "-" if v["speedup_vs_fp32"] is None else f"{v['speedup_vs_fp32']:.2f}x",
         )
-    console.print(table)
+    out.print(table)
     for name, v in data["variants"].items():
         for r in v["reasons"]:
-            console.print(f"  {name}: {r}", highlight=False, markup=False)
+            out.print(f"  {name}: {r}", highlight=False, markup=False)
         for n in v["notes"]:
-            console.print(f"  {name} (note): {n}", highlight=False, markup=False, style="dim")
+            out.print(f"  {name} (note): {n}", highlight=False, markup=False, style="dim")
     chosen = data["chosen"]
-    console.print(
+    out.print(
         f"chosen: {chosen or 'none'}"
         + (f"; wrote {data['written']}" if data.get("written") else ""),
         highlight=False,
