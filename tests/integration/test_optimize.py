@@ -69,6 +69,7 @@ def test_tiny_bert_variants_report_and_write(tiny_bert: Path) -> None:
     assert int8["quantized_weight_fraction"] == 1.0 and "qint8" in int8["weights_bytes"]
     bf16 = data["variants"]["bf16"]["precision_check"]["evidence"]
     assert set(bf16["activation_dtypes"]) == {"bfloat16"}
+    assert bf16["activation_source"] == "layers"  # every leaf module's outputs
     # The chosen one is the usable variant of the highest measured throughput.
     best = max(data["variants"].items(), key=lambda kv: kv[1]["throughput_rps"])[0]
     assert data["chosen"] == best and data["variants"][best]["status"] == "chosen"
@@ -318,3 +319,54 @@ def test_compile_variant_reports_its_compile_and_caches_it_in_the_folder(
     served = load_model(tiny_bert)
     if report.chosen == "compile":
         assert served.runtime_params.compile is not None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "export"])
+def test_torch_runtime_models(tmp_path: Path, fmt: str) -> None:
+    """A TorchScript file and a torch.export program: the reference's evidence comes from
+    the module's outputs where layers cannot be hooked; ONNX export works from both;
+    dynamic INT8 has nothing to convert in an exported program and is rejected for it."""
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    folder = tmp_path / "lin"
+    folder.mkdir()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    example = torch.rand(2, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if fmt == "torchscript":
+            torch.jit.save(torch.jit.trace(net.eval(), example), folder / "model.pt")
+            file = "model.pt"
+        else:
+            batch = torch.export.Dim("b", min=1, max=64)
+            program = torch.export.export(net.eval(), (example,), dynamic_shapes=({0: batch},))
+            torch.export.save(program, folder / "model.pt2")
+            file = "model.pt2"
+    (folder / "model.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "runtime": "torch",
+                "max_batch_size": 8,
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [16]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [4]}],
+                "torch": {"file": file},
+            }
+        )
+    )
+    variants = ["onnxruntime", "int8-dynamic"]
+    report = optimize(load_model(folder), CPU, _options(variants=variants, write=False))
+    data = report.to_dict()["variants"]
+    fp32 = data["fp32"]
+    assert fp32["precision_check"]["passed"], fp32["reasons"]
+    # no hooks on a ScriptModule, no leaf modules in an exported program
+    assert fp32["precision_check"]["evidence"]["activation_source"] == "outputs"
+    assert data["onnxruntime"]["status"] in ("passed", "chosen"), data["onnxruntime"]["reasons"]
+    assert data["onnxruntime"]["gate"]["cosine"] > 0.999
+    int8 = data["int8-dynamic"]
+    if fmt == "torchscript":
+        assert int8["status"] == "failed" and "torch.export program" in int8["reasons"][0]
+    else:
+        assert int8["status"] == "rejected"
+        assert any("quantized nothing" in r for r in int8["reasons"])

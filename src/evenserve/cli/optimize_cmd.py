@@ -161,7 +161,7 @@ def _print(data: dict[str, Any], out: Console) -> None:
             v["status"],
             "-" if g["top1_agreement"] is None else f"{g['top1_agreement']:.4f}",
             "-" if g["cosine"] is None else f"{g['cosine']:.4f}",
-            "-" if lat is None else f"{lat:.1f} (b{best})",
+            "-" if lat is None else f"{lat:.{1 if lat >= 10 else 3}f} (b{best})",
             "-" if v["throughput_rps"] is None else f"{v['throughput_rps']:.1f}",
             "-" if v["speedup_vs_fp32"] is None else f"{v['speedup_vs_fp32']:.2f}x",
         )

@@ -207,21 +207,39 @@ class TorchModuleRuntime:
         Linear layers), the fraction of the matmul and convolution weights (Linear and Conv
         layers, by element count; embeddings are lookups and do not count) that are
         quantized, and the dtypes of the floating outputs of every leaf module during one
-        batch of ``inputs`` (run eagerly)."""
+        batch of ``inputs`` (run eagerly). Where layers cannot be observed (a TorchScript
+        module takes no hooks, a torch.export program has no leaf modules), the module's
+        own outputs stand in: ``activation_source`` says which (layers | outputs)."""
         torch = self._torch
         module = self._eager()
         weights = _weight_bytes(torch, module)
         quantized, dense = _matmul_weights(torch, module)
-        activations: Counter[str] = Counter()
+        layers: Counter[str] = Counter()
+        outputs: Counter[str] = Counter()
 
-        def record(_m: Any, _i: Any, out: Any) -> None:
+        def count(into: Counter[str], out: Any) -> None:
+            if isinstance(out, Mapping):
+                out = list(out.values())
             for t in out if isinstance(out, tuple | list) else (out,):
                 if isinstance(t, torch.Tensor) and t.is_floating_point():
-                    activations[str(t.dtype).removeprefix("torch.")] += 1
+                    into[str(t.dtype).removeprefix("torch.")] += 1
 
-        leaves = [m for m in module.modules() if not list(m.children())]
-        hooks = [m.register_forward_hook(record) for m in leaves]
-        compiled, self._module = self._module, module
+        def record(_m: Any, _i: Any, out: Any) -> None:
+            count(layers, out)
+
+        def observed(*args: Any, **kwargs: Any) -> Any:
+            out = module(*args, **kwargs)
+            count(outputs, out)
+            return out
+
+        hooks: list[Any] = []
+        try:
+            for m in module.modules():
+                if not list(m.children()):
+                    hooks.append(m.register_forward_hook(record))
+        except RuntimeError:  # a ScriptModule: no hooks
+            pass
+        compiled, self._module = self._module, observed
         run: Callable[[Mapping[str, Array]], Any] = getattr(self, "run")  # noqa: B009
         try:
             run(inputs)
@@ -233,7 +251,9 @@ class TorchModuleRuntime:
         return {
             "weights_bytes": dict(sorted(weights.items())),
             "quantized_weight_fraction": round(quantized / both, 4) if both else 0.0,
-            "activation_dtypes": dict(sorted(activations.items())),
+            "linear_conv_weights": quantized + dense,
+            "activation_dtypes": dict(sorted((layers or outputs).items())),
+            "activation_source": "layers" if layers else "outputs",
         }
 
     def stage(self, inputs: Mapping[str, Array]) -> dict[str, Any]:

@@ -160,19 +160,20 @@ class TorchRuntime(TorchModuleRuntime):
         program = self._module
         fmt = self._format
         names = [s.name for s in self.ctx.outputs]
+        if fmt == "torchscript":
+            # The TorchScript exporter takes a ScriptModule as it is (traced inside a wrapper
+            # it is "not part of the active trace"); its outputs keep the program's order.
+            return program
 
         class Positional(torch.nn.Module):  # type: ignore[misc,name-defined]
             def __init__(self) -> None:
                 super().__init__()
-                if fmt == "torchscript":
-                    self.program = program
-                else:
-                    # A torch.export module refuses train(), which exporters call on every
-                    # submodule: it is held outside the module tree, its weights (served
-                    # without gradients anyway) traced as constants.
-                    for weight in program.parameters():
-                        weight.requires_grad_(False)
-                    self.__dict__["program"] = program
+                # A torch.export module refuses train(), which exporters call on every
+                # submodule: it is held outside the module tree, its weights (served
+                # without gradients anyway) traced as constants.
+                for weight in program.parameters():
+                    weight.requires_grad_(False)
+                self.__dict__["program"] = program
 
             def forward(self, *args: Any) -> tuple[Any, ...]:
                 result = self.program(*args)

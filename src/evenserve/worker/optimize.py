@@ -345,7 +345,12 @@ def precision_check(
             reasons.append(f"the ONNX graph runs {seen}, {expected} was asked for")
     elif expected == "int8":
         frac = float(evidence.get("quantized_weight_fraction", 0.0))
-        if frac < 0.5:
+        if evidence.get("linear_conv_weights") == 0:
+            reasons.append(
+                "int8 quantized nothing: the module has no Linear or Conv layers (a "
+                "torch.export program's layers are graph calls, not modules)"
+            )
+        elif frac < 0.5:
             reasons.append(
                 f"int8 covers {frac:.1%} of the Linear/Conv weights (the rest stays float: "
                 "dynamic quantization only converts Linear layers)"
