@@ -155,9 +155,17 @@ class TorchModuleRuntime:
                     module, {torch.nn.Linear}, dtype=torch.qint8
                 )
             self._note(caught)
+            converted = _dynamic_linears(torch, module)
+            if converted == 0:
+                raise ConfigError(
+                    f"model {self.ctx.model!r}: precision int8: the model has no nn.Linear "
+                    "layers for dynamic quantization to convert (a torch.export program's "
+                    "layers are graph calls): it would run fp32"
+                )
             self._variant["quantization"] = {
                 "method": "torch dynamic (nn.Linear, qint8 weights)",
                 "engine": str(torch.backends.quantized.engine),
+                "linear_layers": converted,
                 "seconds": round(time.perf_counter() - t0, 3),
             }
         if compile is not None:
@@ -342,6 +350,13 @@ def _weight_bytes(torch: Any, module: Any) -> dict[str, float]:
                 if b is not None:
                     add(b.dtype, float(b.numel() * b.element_size()))
     return out
+
+
+def _dynamic_linears(torch: Any, module: Any) -> int:
+    """How many of a module's layers are dynamically quantized Linear layers."""
+    dynamic = getattr(getattr(torch.ao.nn, "quantized", None), "dynamic", None)
+    linear = getattr(dynamic, "Linear", None)
+    return 0 if linear is None else sum(isinstance(m, linear) for m in module.modules())
 
 
 def _matmul_weights(torch: Any, module: Any) -> tuple[int, int]:

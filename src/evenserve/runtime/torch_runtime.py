@@ -107,10 +107,15 @@ class TorchRuntime(TorchModuleRuntime):
             module = module.to(dtype)
         if fmt == "torchscript":
             module = module.eval()
-            if self.params.precision == "int8" or self.params.compile is not None:
+            if self.params.precision == "int8":
                 raise ConfigError(
-                    f"model {ctx.model!r}: torch.precision int8 and torch.compile need a "
-                    "torch.export program (.pt2), not TorchScript"
+                    f"model {ctx.model!r}: torch.precision int8: a TorchScript module cannot "
+                    "be dynamically quantized here (its layers are scripted)"
+                )
+            if self.params.compile is not None:
+                raise ConfigError(
+                    f"model {ctx.model!r}: torch.compile needs a torch.export program "
+                    "(.pt2), not TorchScript"
                 )
         self._format = fmt
         self._loaded(self._variant_module(module, self.params.precision, self.params.compile))
