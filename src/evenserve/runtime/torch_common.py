@@ -11,7 +11,8 @@ Cheaper variants of the same module (chosen per model by ``evenserve optimize``)
 - ``precision: int8``: dynamic INT8 quantization of every ``nn.Linear`` (weights stored as
   qint8, activations quantized per batch; torch's eager-mode ``quantize_dynamic``, CPU only).
   A model with few Linear layers (a CNN) stays mostly fp32: ``precision_evidence`` says how
-  much of the weights the quantization covered, so a gate can tell.
+  much of the weights the quantization covered, so a gate can tell; one with none (a
+  torch.export program's layers are graph calls) is refused at load, as it would run fp32.
 - ``compile: {mode, dynamic, cache_dir}``: ``torch.compile`` (inductor). Compilation happens
   on the first batch of each new shape (the load's warm-up batch, then the worker's warm-up
   of every batch size); inductor's caches live in ``cache_dir`` (relative to the model
