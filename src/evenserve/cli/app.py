@@ -58,6 +58,17 @@ def write_json(path: Path, obj: Any) -> None:
         path.write_text(text)
 
 
+def parse_batch_sizes(text: str) -> list[int]:
+    """``--batch-sizes 1,2,4,8``: distinct, ascending; a clear error otherwise."""
+    try:
+        sizes = sorted({int(b) for b in text.split(",") if b.strip()})
+    except ValueError:
+        fail(f"--batch-sizes: expected integers like 1,2,4,8 (got {text!r})")
+    if not sizes:
+        fail("--batch-sizes: give at least one")
+    return sizes
+
+
 def fail(msg: str) -> NoReturn:
     """Print ``error: msg`` on stderr and exit with status 2 (bad input, clearly named)."""
     # The message is text, not markup: "pip install 'evenserve[torch]'" keeps its [torch].

@@ -11,20 +11,8 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evenserve.cli.app import console, err_console, fail, write_json
+from evenserve.cli.app import console, err_console, fail, parse_batch_sizes, write_json
 from evenserve.core.errors import EvenserveError
-
-
-def _sizes(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        sizes = sorted({int(b) for b in text.split(",") if b.strip()})
-    except ValueError:
-        fail(f"--batch-sizes: expected integers like 1,2,4,8 (got {text!r})")
-    if not sizes:
-        fail("--batch-sizes: give at least one")
-    return sizes
 
 
 def optimize(
@@ -95,7 +83,7 @@ def optimize(
     names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]
     options = OptimizeOptions(
         variants=names,
-        batch_sizes=_sizes(batch_sizes),
+        batch_sizes=None if batch_sizes is None else parse_batch_sizes(batch_sizes),
         calibration=calibration,
         calibration_items=calibration_items,
         warmup=warmup,

@@ -12,7 +12,7 @@ import typer
 import yaml
 from pydantic import BaseModel
 
-from evenserve.cli.app import console, err_console, fail, read_token_file
+from evenserve.cli.app import console, err_console, fail, parse_batch_sizes, read_token_file
 from evenserve.core.contention import DEFAULT_INTERFERENCE
 from evenserve.core.errors import EvenserveError
 from evenserve.core.options import DeviceOptions, QueueOptions
@@ -475,13 +475,7 @@ def profile(
     from evenserve.worker.profiler import build_runtime, measure, write_profile
     from evenserve.worker.repository import load_repository
 
-    try:
-        sizes = sorted({int(b) for b in batch_sizes.split(",") if b.strip()})
-    except ValueError:
-        fail(f"--batch-sizes: expected integers like 1,2,4,8 (got {batch_sizes!r})")
-        return
-    if not sizes:
-        fail("--batch-sizes: give at least one")
+    sizes = parse_batch_sizes(batch_sizes)
     shapes = _parse_shapes(input_shape)
     if clock not in ("wall", "cpu"):
         fail(f"--clock: {clock!r} is not wall or cpu")

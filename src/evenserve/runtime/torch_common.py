@@ -340,8 +340,7 @@ def _weight_bytes(torch: Any, module: Any) -> dict[str, float]:
 
     for t in [*module.parameters(), *module.buffers()]:
         add(t.dtype, float(t.numel() * t.element_size()))
-    dynamic = getattr(getattr(torch.ao.nn, "quantized", None), "dynamic", None)
-    linear = getattr(dynamic, "Linear", None)
+    linear = _dynamic_linear_class(torch)
     if linear is not None:
         for m in module.modules():
             if isinstance(m, linear):
@@ -353,10 +352,15 @@ def _weight_bytes(torch: Any, module: Any) -> dict[str, float]:
     return out
 
 
+def _dynamic_linear_class(torch: Any) -> Any:
+    """torch's dynamically quantized Linear class (None where this torch has none)."""
+    dynamic = getattr(getattr(torch.ao.nn, "quantized", None), "dynamic", None)
+    return getattr(dynamic, "Linear", None)
+
+
 def _dynamic_linears(torch: Any, module: Any) -> int:
     """How many of a module's layers are dynamically quantized Linear layers."""
-    dynamic = getattr(getattr(torch.ao.nn, "quantized", None), "dynamic", None)
-    linear = getattr(dynamic, "Linear", None)
+    linear = _dynamic_linear_class(torch)
     return 0 if linear is None else sum(isinstance(m, linear) for m in module.modules())
 
 
@@ -364,8 +368,7 @@ def _matmul_weights(torch: Any, module: Any) -> tuple[int, int]:
     """(quantized, float) weight elements of a module's Linear and Conv layers."""
     nn = torch.nn
     dense_kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-    dynamic = getattr(getattr(torch.ao.nn, "quantized", None), "dynamic", None)
-    linear = getattr(dynamic, "Linear", None)
+    linear = _dynamic_linear_class(torch)
     quantized = dense = 0
     for m in module.modules():
         if linear is not None and isinstance(m, linear):

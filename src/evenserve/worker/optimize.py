@@ -31,6 +31,7 @@ from __future__ import annotations
 import datetime as dt
 import gc
 import json
+import os
 import platform
 import shutil
 import tempfile
@@ -46,13 +47,12 @@ from pydantic import BaseModel
 
 import evenserve
 from evenserve.core.errors import ConfigError
-from evenserve.core.profile import LatencyProfile
 from evenserve.runtime.base import Array, Runtime
 from evenserve.runtime.device import DeviceTarget
-from evenserve.runtime.onnx_runtime import OnnxParams, OnnxRuntime
+from evenserve.runtime.onnx_runtime import OnnxParams
 from evenserve.runtime.torch_common import CompileParams
 from evenserve.worker import gate
-from evenserve.worker.profiler import MeasuredPoint, measure, synthetic_batch, write_profile
+from evenserve.worker.profiler import measure, synthetic_batch, write_profile
 from evenserve.worker.repository import VARIANT_FILE, ModelEntry
 
 #: The reference batch of the latency ratio (the largest profiled size up to it).
@@ -344,13 +344,9 @@ def precision_check(
         if seen != expected:
             reasons.append(f"the ONNX graph runs {seen}, {expected} was asked for")
     elif expected == "int8":
+        # (A runtime refuses an int8 that converted no layer at all: it fails to build.)
         frac = float(evidence.get("quantized_weight_fraction", 0.0))
-        if evidence.get("linear_conv_weights") == 0:
-            reasons.append(
-                "int8 quantized nothing: the module has no Linear or Conv layers (a "
-                "torch.export program's layers are graph calls, not modules)"
-            )
-        elif frac < 0.5:
+        if frac < 0.5:
             reasons.append(
                 f"int8 covers {frac:.1%} of the Linear/Conv weights (the rest stays float: "
                 "dynamic quantization only converts Linear layers)"
@@ -499,6 +495,7 @@ def optimize(
     reference: Array | None = None
     fp32_latency: dict[int, float] = {}
     onnx_file: Path | None = None
+    export_failed: Exception | None = None  # the export runs once; its failure is each ORT's
     try:
         for name in names:
             kind = VARIANTS[name]
@@ -515,7 +512,13 @@ def optimize(
                 say(name, "building")
                 t0 = time.perf_counter()
                 if kind.engine == "onnxruntime":
-                    onnx_file = _ensure_export(entry, device, options, root, onnx_file, batches)
+                    if export_failed is not None:
+                        raise export_failed
+                    try:
+                        onnx_file = _ensure_export(entry, device, options, root, onnx_file, batches)
+                    except Exception as exc:
+                        export_failed = exc
+                        raise
                     runtime, params, artifacts = _build_onnx(
                         entry, device, options, kind, root, onnx_file, inputs, res
                     )
@@ -537,6 +540,7 @@ def optimize(
                     res.section["file"] = _relative(Path(res.section["file"]), entry.directory)
 
                 say(name, "profiling")
+                load_start = os.getloadavg()[0]
                 points = measure(
                     runtime,
                     entry,
@@ -549,7 +553,16 @@ def optimize(
                 )
                 res.latency_ms = {p.batch: round(p.median_ms, 3) for p in points}
                 prof_path = root / name / "profile.yaml"
-                prof = _write_profile(prof_path, entry, device, runtime, points, options)
+                prof = write_profile(
+                    prof_path,
+                    entry,
+                    device,
+                    runtime,
+                    points,
+                    warmup=options.warmup,
+                    iters=options.iters,
+                    load_average=(load_start, os.getloadavg()[0]),
+                )
                 res.profile_path = _relative(prof_path, entry.directory) if options.write else None
                 res.weights_mb = prof.weights_mb
                 res.throughput_rps, res.best_batch = throughput(res.latency_ms, cfg.slo_ms)
@@ -568,7 +581,7 @@ def optimize(
                 ratio = None
                 if name != "fp32" and rb is not None:
                     ratio = res.latency_ms[rb] / fp32_latency[rb]
-                evidence = _evidence(runtime, batches[0], res)
+                evidence = _evidence(runtime, batches[0])
                 res.precision_check = precision_check(kind, evidence, ratio, device)
                 for r in res.precision_check["reasons"]:
                     res.reject(f"precision check: {r}")
@@ -651,23 +664,13 @@ def _relative(path: Path, base: Path) -> str:
         return str(path)
 
 
-def _evidence(runtime: Runtime, batch: Mapping[str, Array], res: VariantResult) -> dict[str, Any]:
+def _evidence(runtime: Runtime, batch: Mapping[str, Array]) -> dict[str, Any]:
     """What precision ran: a torch runtime's weights and activations, an ONNX graph's
-    initializers and operators."""
+    initializers and operators (read once, when the ONNX runtime loaded the file)."""
     evidence = getattr(runtime, "precision_evidence", None)
     if evidence is not None:
         return dict(evidence(batch))
-    from evenserve.runtime import onnx_export
-
-    assert res.section is not None
-    return dict(onnx_export.graph_precision(runtime_file(runtime)))
-
-
-def runtime_file(runtime: Runtime) -> Path:
-    """The model file an ONNX runtime serves."""
-    if not isinstance(runtime, OnnxRuntime):
-        raise TypeError(f"not an ONNX runtime: {type(runtime).__name__}")
-    return runtime.ctx.model_dir / runtime.params.file
+    return dict(runtime.describe().get("graph_precision") or {"precision": "unknown"})
 
 
 def _ensure_export(
@@ -733,29 +736,6 @@ def _build_onnx(
     runtime = onnx.create_runtime(device, cpu_threads=options.cpu_threads, profiles_dir=None)
     runtime.load()
     return runtime, params, artifacts
-
-
-def _write_profile(
-    path: Path,
-    entry: ModelEntry,
-    device: DeviceTarget,
-    runtime: Runtime,
-    points: Sequence[MeasuredPoint],
-    options: OptimizeOptions,
-) -> LatencyProfile:
-    import os
-
-    load = os.getloadavg()[0]
-    return write_profile(
-        path,
-        entry,
-        device,
-        runtime,
-        points,
-        warmup=options.warmup,
-        iters=options.iters,
-        load_average=(load, os.getloadavg()[0]),
-    )
 
 
 def _choose(results: Mapping[str, VariantResult]) -> str | None:
