@@ -54,6 +54,9 @@ class BackendState:
     last_error: str | None = None
     #: Probes in a row that got no answer in time (reset by an answer).
     misses: int = 0
+    #: When (the gateway's clock) the backend last answered a forwarded request, whatever
+    #: the status: a backend answering requests is alive, whatever its probes say.
+    answered_s: float = -math.inf
     #: The backend's models by state, as its index last said (the configured models, READY,
     #: until then); the READY ones are what the router routes there.
     index: dict[str, str] = field(default_factory=dict)

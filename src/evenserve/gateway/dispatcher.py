@@ -180,6 +180,7 @@ class Dispatcher:
         forwarder: Forwarder | None = None,
     ) -> None:
         self.registry = registry
+        self._states = registry.states
         self.router = registry.router
         self.cfg = cfg
         self.clock = clock
@@ -389,8 +390,14 @@ class Dispatcher:
     def _done(self, name: str, model: str, reply: Reply | HttpReply | GrpcReply | None) -> None:
         """The try on ``name`` is over; a served answer (below 400) teaches the router the
         backend's speed (a quick refusal must not make a host look fast)."""
-        served = reply is not None and reply.status < 400
-        self.router.done(name, model, now_s=self.clock.now() if served else None)
+        if reply is None:
+            self.router.done(name, model)
+        else:
+            now = self.clock.now()
+            st = self._states.get(name)
+            if st is not None:  # alive, whatever its probes say (poller)
+                st.answered_s = now
+            self.router.done(name, model, now_s=now if reply.status < 400 else None)
         if self.placement is not None:
             self.placement.done(model, name)
 

@@ -18,9 +18,13 @@ tick, each probe a task of its own so that a slow backend delays no other).
   connection) is a *miss*: ``health.misses`` (2) in a row eject. A probe's time limit runs
   from when it was sent, and an answer that came in time but that a busy gateway read late
   still counts (``httpio.client``), so the gateway's own lag cannot eject a healthy backend.
-  And never all at once without evidence: a miss does not eject while every other healthy
-  backend has missed too (that is the gateway starving, not every backend failing at once;
-  a hung backend then still leaves routing through the data plane's request timeout).
+  Nor is a backend ejected for a miss while it is answering requests: one that answered a
+  forwarded request (any status) after the missed probe was sent is alive, only slow to
+  probe (a worker busy decoding large bodies; counted in ``answering``). A backend that
+  hangs answers nothing, and its next miss ejects it. And never all at once without
+  evidence: a miss does not eject while every other healthy backend has missed too (that is
+  the gateway starving, not every backend failing at once; a hung backend then still leaves
+  routing through the data plane's request timeout).
 - Every backend, whatever its source: every ``health.interval_ms`` POST its repository
   index (``/v2/repository/index``, body ``{}``: every model with its state, Triton's shape
   ``[{"name", "version", "state", "reason"}]``) and hand the states to
@@ -142,6 +146,8 @@ class Poller:
         self._probing: set[asyncio.Task[None]] = set()
         #: Misses not acted on because every other backend missed too (the gateway's lag).
         self.held = 0
+        #: Misses not acted on because the backend answered a request after the probe went.
+        self.answering = 0
         #: Backends without models configured whose index answered 404/405 (warned once).
         self._no_index: set[str] = set()
 
@@ -164,24 +170,38 @@ class Poller:
 
     async def _get(self, st: BackendState, url: str, timeout_ms: float) -> Reply | None:
         """GET ``url``; None after a failure has been judged (ejected, or a miss counted)."""
+        sent_s = self.clock.now()
         try:
             reply = await self.fetch(url, timeout_ms / 1000.0)
         except ConnectFailed as exc:
             if str(exc) == "connect-refused":
                 self.registry.eject(st.spec.name, "connect-refused")
             else:
-                self._missed(st, f"connect {exc}")
+                self._missed(st, f"connect {exc}", sent_s)
             return None
         except HttpClientError as exc:
-            self._missed(st, "timeout" if isinstance(exc, TimeoutError) else "connection-lost")
+            lost = "timeout" if isinstance(exc, TimeoutError) else "connection-lost"
+            self._missed(st, lost, sent_s)
             return None
         st.misses = 0
         return reply
 
-    def _missed(self, st: BackendState, reason: str) -> None:
+    def _missed(self, st: BackendState, reason: str, sent_s: float) -> None:
+        """A probe sent at ``sent_s`` got no answer in time (module docstring)."""
         st.misses += 1
         st.last_error = reason
         if st.misses < self.cfg.health.misses or not st.healthy:
+            return
+        if st.answered_s >= sent_s:  # it answered a request since: alive, slow to probe
+            self.answering += 1
+            if self.answering == 1 or self.answering % 100 == 0:
+                log.warning(
+                    "backend %s missed %d probes in a row but is answering requests: not "
+                    "ejected (%d times)",
+                    st.spec.name,
+                    st.misses,
+                    self.answering,
+                )
             return
         others = [o for o in self.registry.states.values() if o is not st and o.healthy]
         if others and all(o.misses > 0 for o in others):

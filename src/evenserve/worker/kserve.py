@@ -93,6 +93,9 @@ def _json_array(name: str, spec: TensorSpec, data: Any, shape: list[int]) -> Arr
     except (ValueError, TypeError) as exc:
         raise ProtocolError(f"input {name!r}: data is not a regular array: {exc}") from None
     want = spec.dtype
+    if raw.dtype.kind == "O" and want.kind in "iu" and all(map(_is_int, raw.flat)):
+        # Integers numpy holds in no integer type: beyond 64 bits.
+        raise ProtocolError(f"input {name!r}: a value is out of range for {spec.datatype}")
     if raw.size and raw.dtype.kind not in JSON_KINDS.get(want.kind, ""):
         raise ProtocolError(
             f"input {name!r}: data of type {raw.dtype} does not fit datatype {spec.datatype}"
@@ -170,7 +173,14 @@ def parse_infer_request(
 
     The JSON is read by ``wire.parse_json``: nesting over ``wire.MAX_JSON_DEPTH`` is refused
     before parsing (``body: JSON nested too deep``), an integer too long for any field is
-    refused by the field that holds it."""
+    refused by the field that holds it.
+
+    Integers stay exact without a scan of every valid body: the JSON is first read by orjson
+    as it is (an integer beyond 64 bits may come back as a float). A float where an integer
+    belongs fails validation, and only then, if the text holds such an integer
+    (``wire.has_long_integer``), is it read again exactly and validated again; that second
+    answer stands. Where a float is accepted (FP tensors, ``deadline_ms``) orjson's value
+    is the one exact reading would give, and ignored fields are not read."""
     if header_length is not None:
         if header_length < 1 or header_length > len(body):
             raise ProtocolError(
@@ -180,9 +190,22 @@ def parse_infer_request(
     else:
         head, binary = body, memoryview(b"")
     try:
-        req = wire.parse_json(head, "body")
+        return _validated(_decoded(head, exact=False), binary, sig)
+    except ProtocolError:
+        if not wire.has_long_integer(head):
+            raise
+    return _validated(_decoded(head, exact=True), binary, sig)
+
+
+def _decoded(head: bytes, exact: bool) -> Any:
+    try:
+        return wire.parse_json(head, "body", exact_integers=exact)
     except ValueError as exc:
         raise ProtocolError(str(exc)) from None
+
+
+def _validated(req: Any, binary: memoryview, sig: ModelSignature) -> InferRequest:
+    """A decoded request body checked against ``sig`` (see ``parse_infer_request``)."""
     if not isinstance(req, dict):
         raise ProtocolError("request body must be a JSON object")
     rid = req.get("id")

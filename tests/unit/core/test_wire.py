@@ -239,3 +239,29 @@ def test_deadlines_that_overflow_name_the_field(value: object) -> None:
 def test_shown_cuts_long_values() -> None:
     assert wire.shown("ab") == "'ab'"
     assert wire.shown("x" * 1000).endswith("... (1002 characters)")
+
+
+@pytest.mark.parametrize(
+    ("text", "long"),
+    [
+        (b"[12345678901234567890]", True),  # beyond 2**64 - 1 for orjson? 20 digits: asked
+        (b"[-1234567890123456789]", True),
+        (b"1234567890123456789", True),  # at the start of the text
+        (b'{"a":1234567890123456789012}', True),
+        (b'["x 12345678901234567890"]', True),  # errs towards True: a string after a space
+        (b"[123456789012345678]", False),  # 18 digits: exact in orjson
+        (b"[0.00020164294983260334]", False),  # a fraction of 20 digits is a float
+        (b"[1.5E+1234567890123456789]", False),  # an exponent
+        (b'["12345678901234567890"]', False),  # a string of digits
+    ],
+)
+def test_long_integers_are_told_from_long_fractions(text: bytes, long: bool) -> None:
+    assert wire.has_long_integer(text) is long
+
+
+def test_long_integers_stay_exact_and_long_fractions_parse() -> None:
+    assert parse_json(b"[123456789012345678901234, 0.00020164294983260334]") == [
+        123456789012345678901234,
+        0.00020164294983260334,
+    ]
+    assert parse_json(b"[18446744073709551616]", exact_integers=False) == [2.0**64]

@@ -71,6 +71,15 @@ async def test_success_names_backend_and_counts_in_flight_back_to_zero() -> None
     assert all(reg.router.view(n).in_flight == 0 for n in ("a", "b"))
 
 
+async def test_an_answer_of_any_status_marks_the_backend_answering() -> None:
+    """The poller does not eject a backend for slow probes while it answers requests: the
+    dispatcher marks each answer (any status); a failure to answer marks nothing."""
+    d, reg, clock = setup(lambda r: httpx.Response(500 if r.url.host == "a.test" else 200))
+    clock.advance(1.0)
+    await infer(d)  # round robin: a answers 500, relayed
+    assert reg.states["a"].answered_s == clock.now() and reg.states["b"].answered_s < 0
+
+
 async def test_connect_refused_ejects_and_retries_on_the_other_host() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.host == "a.test":

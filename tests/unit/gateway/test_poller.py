@@ -207,3 +207,23 @@ async def test_every_backend_missing_at_once_ejects_none() -> None:
     for _ in range(2):
         await p.probe_all()
     assert [n for n in "abc" if not reg.is_healthy(n)] == ["b"]
+
+
+async def test_a_backend_answering_requests_is_not_ejected_for_slow_probes() -> None:
+    """A worker busy decoding large bodies misses its probes while it answers requests: the
+    misses do not eject it. Once it answers nothing after a missed probe went, it is."""
+    p, reg, clock, be = setup({"source": "evenserve"})
+    await p.probe_load(reg.states["a"])
+    assert reg.is_healthy("a")
+    be.hung = True
+    for _ in range(4):  # a request answered during each probe's wait (the dispatcher's mark)
+        clock.advance(0.1)
+        sent = clock.now()
+        reg.states["a"].answered_s = sent + 0.05
+        await p.probe_load(reg.states["a"])
+    assert reg.is_healthy("a") and p.answering > 0
+    # Hung for good: no answer after the next probes were sent -> ejected at the next misses.
+    for _ in range(2):
+        clock.advance(0.1)
+        await p.probe_load(reg.states["a"])
+    assert not reg.is_healthy("a")
