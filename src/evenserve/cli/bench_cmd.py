@@ -70,6 +70,13 @@ def bench(
         typer.Option(help="MODEL=FILE: a KServe v2 JSON request to send for MODEL."),
     ] = None,
     var_dim: Annotated[int, typer.Option(help="Size of variable (-1) input dims.")] = 1,
+    encoding: Annotated[
+        str,
+        typer.Option(
+            help="Bodies made from model metadata: binary (the binary tensor extension) or "
+            "json (tensors as JSON lists, as tritonclient sends them with binary data off)."
+        ),
+    ] = "binary",
     slo: Annotated[
         list[str] | None, typer.Option(help="MODEL=MS: SLO for the attainment figures.")
     ] = None,
@@ -210,6 +217,7 @@ def bench(
             timeout_s=timeout,
             seed=seed or 0,
             var_dim=var_dim,
+            encoding=encoding,
             payload_files=payload_files,
         )
         done = run_target_bench(

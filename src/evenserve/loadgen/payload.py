@@ -2,11 +2,15 @@
 
 From metadata (``GET /v2/models/{model}``), each input becomes a random tensor of its declared
 datatype and shape: a leading ``-1`` (the batch dimension) becomes 1, any other ``-1`` becomes
-``var_dim`` (default 1). Bodies use the binary tensor extension (a JSON header, then the raw
-little-endian bytes; ``Inference-Header-Content-Length`` gives the header's length) and ask for
-binary outputs, so neither side spends its time formatting floats as text. A few different
-random bodies are made per model up front and sent in turn: the generator spends no time on
-random numbers while it runs.
+``var_dim`` (default 1). Two encodings (``encoding``):
+- ``binary`` (the default): the binary tensor extension (a JSON header, then the raw
+  little-endian bytes; ``Inference-Header-Content-Length`` gives the header's length), asking
+  for binary outputs, so neither side spends its time formatting floats as text;
+- ``json``: the whole request as JSON, each tensor's ``data`` a flat list of numbers written
+  as tritonclient writes them with binary data off (and curl and requests users do): a
+  ResNet-50 image [1, 3, 224, 224] FP32 is about 3 MB of text. Outputs come back as JSON.
+A few different random bodies are made per model up front and sent in turn: the generator
+spends no time on random numbers while it runs.
 
 A payload file holds one KServe v2 JSON inference request (``{"inputs": [...]}``) and is sent
 as is.
@@ -43,6 +47,9 @@ class Payload:
     #: For a binary body: the JSON header (before per-request parameters are added).
     header_json: dict[str, Any] | None = None
     raw_tensors: list[bytes] = field(default_factory=list)
+    #: For a JSON body made here: each body's members after ``{``, so that per-request
+    #: parameters go in front of them without reading 3 MB of JSON again.
+    json_members: list[bytes] = field(default_factory=list)
     _next: int = 0
 
     def body(self) -> bytes:
@@ -54,6 +61,11 @@ class Payload:
         """A body that also carries request ``parameters`` (priority, timeout)."""
         i = self._next % len(self.bodies)
         self._next += 1
+        if self.json_members:
+            members = self.json_members[i]
+            return b'{"parameters": ' + json.dumps(dict(params)).encode() + b", " + members, dict(
+                self.headers
+            )
         if self.header_json is None:
             obj = json.loads(self.bodies[i])
             obj["parameters"] = {**(obj.get("parameters") or {}), **params}
@@ -87,10 +99,22 @@ def random_tensor(dtype: np.dtype[Any], shape: list[int], rng: np.random.Generat
     return rng.random(size=shape, dtype=np.float64).astype(dtype)
 
 
+#: The encodings a payload made from metadata may have (module docstring).
+ENCODINGS = ("binary", "json")
+
+
 def payload_from_metadata(
-    model: str, metadata: Mapping[str, Any], *, var_dim: int = 1, seed: int = 0
+    model: str,
+    metadata: Mapping[str, Any],
+    *,
+    var_dim: int = 1,
+    seed: int = 0,
+    encoding: str = "binary",
 ) -> Payload:
-    """Binary-extension bodies with random inputs of the shapes/dtypes ``metadata`` declares."""
+    """Bodies with random inputs of the shapes/dtypes ``metadata`` declares, binary-extension
+    or JSON (``encoding``, see the module docstring)."""
+    if encoding not in ENCODINGS:
+        raise ConfigError(f"encoding: {encoding!r} is not one of {', '.join(ENCODINGS)}")
     where = f"model {model!r} metadata"
     inputs = metadata.get("inputs")
     if not isinstance(inputs, list) or not inputs:
@@ -115,6 +139,8 @@ def payload_from_metadata(
         except ValueError as exc:
             raise ConfigError(f"{where}: inputs[{k}].shape: {exc}") from None
         specs.append((name, dt.upper(), dims))
+    if encoding == "json":
+        return _json_payload(model, specs, rng)
     header_inputs = []
     for name, dt, dims in specs:
         nbytes = int(np.prod(dims, dtype=np.int64)) * DATATYPES[dt].itemsize
@@ -141,6 +167,30 @@ def payload_from_metadata(
         headers={"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(hj))},
         header_json=head,
         raw_tensors=raws,
+    )
+
+
+def _json_payload(
+    model: str, specs: list[tuple[str, str, list[int]]], rng: np.random.Generator
+) -> Payload:
+    """JSON bodies: each tensor's data a flat list (tritonclient's shape with binary off)."""
+    members = []
+    for _ in range(VARIANTS):
+        inputs = [
+            {
+                "name": name,
+                "shape": dims,
+                "datatype": dt,
+                "data": random_tensor(DATATYPES[dt], dims, rng).reshape(-1).tolist(),
+            }
+            for name, dt, dims in specs
+        ]
+        members.append(json.dumps({"inputs": inputs}).encode()[1:])
+    return Payload(
+        model=model,
+        bodies=[b"{" + m for m in members],
+        headers={"Content-Type": "application/json"},
+        json_members=members,
     )
 
 

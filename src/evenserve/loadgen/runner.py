@@ -230,8 +230,9 @@ class LoadGenerator:
                     self.payloads[m] = payload_from_file(m, spec.payload_files[m])
                 else:
                     self.payloads[m] = payload_from_metadata(
-                        m, meta[m], var_dim=spec.var_dim, seed=spec.seed + i
-                    )
+                        m, meta[m], var_dim=spec.var_dim, seed=spec.seed + i,
+                        encoding=spec.encoding,
+                    )  # fmt: skip
             started_unix = time.time()
             self.t0 = time.perf_counter() + 0.05
             t0_unix = started_unix + (self.t0 - time.perf_counter())

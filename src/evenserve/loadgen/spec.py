@@ -42,6 +42,8 @@ class LoadSpec:
     drain_s: float = 10.0
     seed: int = 0
     var_dim: int = 1
+    #: Bodies made from metadata: ``binary`` (the tensor extension) or ``json``.
+    encoding: str = "binary"
     payload_files: dict[str, Path] = field(default_factory=dict)
     scrape: dict[str, str] = field(default_factory=dict)
     scrape_interval_s: float = 0.1
@@ -78,6 +80,8 @@ class LoadSpec:
             raise ConfigError("--timeout: must be > 0")
         if self.var_dim < 1:
             raise ConfigError("--var-dim: must be >= 1")
+        if self.encoding not in ("binary", "json"):
+            raise ConfigError(f"--encoding: must be binary or json, got {self.encoding!r}")
 
     def models(self) -> list[str]:
         if self.trace is not None:

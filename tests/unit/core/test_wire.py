@@ -174,6 +174,27 @@ def test_brackets_inside_strings_do_not_count() -> None:
     assert parse_json(text.encode())["s"] == "[" * 1000
 
 
+@given(
+    st.recursive(
+        st.none() | st.integers() | st.text(alphabet="[]{}ab ,:"),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text("xy[{", max_size=2), c),
+    )
+)
+def test_the_vector_depth_scan_skips_brackets_in_strings(doc: object) -> None:
+    """Strings without escapes (the vector scan): their brackets never count, and the figure
+    is the one the regular-expression scan gives."""
+    text = json.dumps(doc).encode()
+    assert b"\\" not in text
+    assert json_depth(text) == wire._json_depth_escaped(text)
+
+
+def test_the_depth_scan_crosses_chunks() -> None:
+    body = b'{"s": "' + b"[" * (wire._DEPTH_CHUNK + 5) + b'", "a": [[[1]]]}'
+    assert json_depth(body) == 4 and parse_json(body)["a"] == [[[1]]]
+    deep = b"[" * (wire._DEPTH_CHUNK + 3) + b"]" * (wire._DEPTH_CHUNK + 3)
+    assert json_depth(deep) == wire._DEPTH_CHUNK + 3
+
+
 def test_utf16_bodies_are_scanned_after_recoding() -> None:
     assert parse_json(json.dumps({"a": [1]}).encode("utf-16")) == {"a": [1]}
     with pytest.raises(ValueError, match="nested too deep"):
