@@ -127,8 +127,10 @@ def main() -> None:
                      "worker_us": pw, "worker_over_orjson": ratio, "encode_json_us": ej,
                      "encode_orjson_us": eo})  # fmt: skip
     verdict = "PASS" if worst <= TARGET else "FAIL"
-    print(f"worker decode of a 3 MB JSON tensor: at most {worst:.2f}x orjson.loads + "
-          f"numpy.asarray (target <= {TARGET:g}x): {verdict}")
+    print(
+        f"worker decode of a 3 MB JSON tensor: at most {worst:.2f}x orjson.loads + "
+        f"numpy.asarray (target <= {TARGET:g}x): {verdict}"
+    )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
 

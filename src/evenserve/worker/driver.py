@@ -5,16 +5,26 @@ deadline watch, instance slots, busy time) is the scheduler's, the very object t
 simulator's devices drive; this module only carries out its actions on the event loop:
 - ``submit`` makes a PendingRequest with a future and offers it; a refusal raises at once
   (RefusedError with its reason, or DrainingError).
-- ``start_batch``: the executor runs the batch (a thread running the runtime); it calls back
-  on the loop with the outputs, which resolve each request's future exactly once, and the
-  scheduler hears ``finished``. With a VirtualExecutor (tests and replays) nothing runs: the
-  batch ends when the scheduler's timing says (``end_at``), as in the simulator.
+- ``start_batch``: the executor runs the batch (a device thread running the runtime). When
+  it ends, the device thread itself tells the scheduler (``finished``), so the scheduler
+  starts the next batch at once, on that thread, as the simulator's device does: the device
+  never waits for the event loop, which may be busy reading a large request (the reference
+  device in bench/vs_nginx.py forms its batches the same way). The outputs go to the loop,
+  which resolves each request's future exactly once. With a VirtualExecutor (tests and
+  replays) nothing runs: the batch ends when the scheduler's timing says (``end_at``), on
+  the loop, as in the simulator.
 - ``drop``: a queued request that will not run gets its error (RefusedError: ``shed``,
   ``deadline-expired``; DrainingError at shutdown).
 - ``wake_at``: a timer (asyncio's live, a FakeTimer in tests) calls ``wake`` back.
 Clock and timer are injected: on a FakeClock with a FakeTimer and a VirtualExecutor the
 driver makes exactly the decisions the simulator makes for the same arrival trace (a golden
 test checks it).
+
+Threads. The scheduler is called from the loop (requests, wake-ups, model control, load
+reports) and from device threads (a batch's end), always under ``lock``; whoever reads the
+scheduler from outside holds it too. What belongs to the loop (futures, timers, the
+observer's metrics and statistics) is posted to it when an action comes on a device thread,
+in the order the actions came.
 
 Every request submitted is either refused at once or gets exactly one outcome on its
 future: outputs, or a RefusedError (shed, deadline-expired), BatchFailedError, DrainingError.
@@ -27,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -110,7 +121,8 @@ class BatchExecutor(Protocol):
     timed_by_scheduler: bool
 
     def start(self, batch: RunningBatch, done: Callable[[BatchResult], None]) -> None:
-        """Start running a batch; call ``done`` once, on the driver's loop, when it ends."""
+        """Start running a batch; call ``done`` once when it ends: on the device thread that
+        ran it (a threaded executor) or on the driver's loop (a scheduler-timed one)."""
 
     def complete(self, batch: RunningBatch) -> None:
         """(Scheduler-timed executors) the batch's time is up: call its ``done`` now."""
@@ -166,13 +178,35 @@ class BatchDriver:
             origin_s=clock.now(),
             learn_profiles=learn_profiles,
         )
+        #: Held around every call into ``sched`` (module docstring, "Threads").
+        self.lock = threading.RLock()
+        #: The loop the driver serves requests on, and its thread (known from the first
+        #: request; until then every call comes from the thread that made the driver).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = threading.get_ident()
         self._ids = itertools.count(1)
         self._submitting: PendingRequest | None = None
         self._idle_waiters: list[asyncio.Future[None]] = []
         #: Unloads waiting for their model to have nothing queued or running.
         self._model_waiters: dict[str, list[asyncio.Future[None]]] = {}
 
-    # The device's figures are the scheduler's: ``self.sched`` (queued_by_model, busy, ...).
+    def _bind_loop(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
+
+    def _post(self, fn: Callable[..., object], *args: Any) -> None:
+        """``fn(*args)`` on the loop: now when this is the loop's thread, else as soon as the
+        loop runs it (calls posted from one thread run in the order they were posted)."""
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+            return
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(fn, *args)
+
+    # The device's figures are the scheduler's: ``self.sched`` (queued_by_model, busy, ...),
+    # read under ``lock``.
     def _queue(self, model: str) -> ModelQueue[PendingRequest]:
         try:
             return self.sched.queues.queues[model]
@@ -196,6 +230,18 @@ class BatchDriver:
         its class or higher; ``deadline-infeasible``: the profile says its deadline cannot
         be met), DrainingError, ValueError (items out of range), UnknownModelError.
         """
+        self._bind_loop()
+        with self.lock:
+            return self._submit(model, payload, items, priority, deadline_in_s)
+
+    def _submit(
+        self,
+        model: str,
+        payload: Any,
+        items: int,
+        priority: int | None,
+        deadline_in_s: float | None,
+    ) -> PendingRequest:
         mq = self._queue(model)
         if self.sched.draining:
             raise DrainingError("the worker is shutting down and accepts no new requests")
@@ -251,71 +297,75 @@ class BatchDriver:
     def _on_future_done(self, req: PendingRequest, fut: asyncio.Future[Any]) -> None:
         if not fut.cancelled() or req.state != QUEUED:
             return
-        now = self.clock.now()
-        if self.sched.cancel(req, now):
+        with self.lock:
+            now = self.clock.now()
+            cancelled = self.sched.cancel(req, now)
+        if cancelled:
             self.observer.request_dropped(req.model, "cancelled", now - req.arrival_s)
             self._notify_if_idle()
 
     # -- the scheduler's actions ----------------------------------------------------------
+    # Called by the scheduler, under ``lock``, on the loop or on a device thread.
     def start_batch(self, batch: RunningBatch) -> None:
-        self.observer.batch_started(batch, batch.started_s)
+        self._post(self.observer.batch_started, batch, batch.started_s)
         self._executor.start(batch, functools.partial(self._batch_done, batch))
 
     def drop(self, request: PendingRequest, reason: str) -> None:
         now = self.clock.now()
         waited = now - request.arrival_s
+        self._post(self._settle_drop, request, reason, self._refusal(request, reason, now), waited)
+
+    def _settle_drop(
+        self, request: PendingRequest, reason: str, error: Exception, waited: float
+    ) -> None:
+        """On the loop: a dropped request's future gets its error; the observer hears it."""
         fut = request.future
         if fut is not None and not fut.done():
-            model = request.model
-            if reason == SHED:
-                by = self._submitting
-                wait = self.sched.estimate_wait_s(model, now)
-                fut.set_exception(
-                    RefusedError(
-                        reason,
-                        f"model {model!r}: the queue was full and this request (priority "
-                        f"{request.priority}) was the lowest class; a request of priority "
-                        f"{request.priority if by is None else by.priority} took its place. "
-                        f"Retry after {wait:.3f} s",
-                        wait,
-                    )
-                )
-            elif reason == DEADLINE_EXPIRED:
-                assert request.deadline_s is not None
-                deadline_ms = (request.deadline_s - request.arrival_s) * 1000
-                fut.set_exception(
-                    RefusedError(
-                        reason,
-                        f"model {model!r}: the request can no longer finish by its deadline, so "
-                        f"it will not run (waited {waited * 1000:.1f} ms in the queue, deadline "
-                        f"{deadline_ms:.1f} ms after arrival)",
-                    )
-                )
-            elif reason == LOAD_TIMEOUT:
-                wait = self.sched.estimate_wait_s(model, now)
-                fut.set_exception(
-                    RefusedError(
-                        reason,
-                        f"model {model!r} is loading and this request waited "
-                        f"{waited * 1000:.1f} ms for it, the most a request waits for a load",
-                        wait,
-                    )
-                )
-            elif reason == UNLOADED:
-                fut.set_exception(
-                    DrainingError(
-                        f"model {model!r} was unloaded before this request could run (it "
-                        "waited past the unload's drain timeout)"
-                    )
-                )
-            else:
-                fut.set_exception(
-                    DrainingError("the worker shut down before this request could run")
-                )
+            fut.set_exception(error)
         self.observer.request_dropped(request.model, reason, waited)
 
+    def _refusal(self, request: PendingRequest, reason: str, now: float) -> Exception:
+        """The error a request dropped for ``reason`` gets (under ``lock``: it reads the
+        scheduler's estimates)."""
+        waited = now - request.arrival_s
+        model = request.model
+        if reason == SHED:
+            by = self._submitting
+            wait = self.sched.estimate_wait_s(model, now)
+            return RefusedError(
+                reason,
+                f"model {model!r}: the queue was full and this request (priority "
+                f"{request.priority}) was the lowest class; a request of priority "
+                f"{request.priority if by is None else by.priority} took its place. "
+                f"Retry after {wait:.3f} s",
+                wait,
+            )
+        if reason == DEADLINE_EXPIRED:
+            assert request.deadline_s is not None
+            deadline_ms = (request.deadline_s - request.arrival_s) * 1000
+            return RefusedError(
+                reason,
+                f"model {model!r}: the request can no longer finish by its deadline, so "
+                f"it will not run (waited {waited * 1000:.1f} ms in the queue, deadline "
+                f"{deadline_ms:.1f} ms after arrival)",
+            )
+        if reason == LOAD_TIMEOUT:
+            wait = self.sched.estimate_wait_s(model, now)
+            return RefusedError(
+                reason,
+                f"model {model!r} is loading and this request waited "
+                f"{waited * 1000:.1f} ms for it, the most a request waits for a load",
+                wait,
+            )
+        if reason == UNLOADED:
+            return DrainingError(
+                f"model {model!r} was unloaded before this request could run (it "
+                "waited past the unload's drain timeout)"
+            )
+        return DrainingError("the worker shut down before this request could run")
+
     def wake_at(self, t_s: float) -> None:
-        self._timer_service.call_at(t_s, functools.partial(self._wake, t_s))
+        self._post(self._timer_service.call_at, t_s, functools.partial(self._wake, t_s))
 
     def end_at(self, t_s: float, token: int) -> None:
         if self._executor.timed_by_scheduler:
@@ -323,51 +373,64 @@ class BatchDriver:
 
     # -- events back to the scheduler -----------------------------------------------------
     def _wake(self, at_s: float) -> None:
-        self.sched.wake(at_s, self.clock.now())
+        with self.lock:
+            self.sched.wake(at_s, self.clock.now())
         self._notify_if_idle()
 
     def _end(self, token: int) -> None:
-        batch = self.sched.announced(token)
+        with self.lock:
+            batch = self.sched.announced(token)
         if batch is not None:
             self._executor.complete(batch)
 
     def _batch_done(self, batch: RunningBatch, result: BatchResult) -> None:
-        now = self.clock.now()
+        """A batch ended: on the loop (a scheduler-timed executor) or on the device thread
+        that ran it, which then starts the next batch itself (module docstring)."""
+        with self.lock:
+            now = self.clock.now()
+            # A scheduler-timed executor's batch took what the scheduler's clock says (the
+            # end it announced, a slowdown's included); a threaded one's what the executor
+            # measured.
+            if self._executor.timed_by_scheduler or result.compute_s <= 0:
+                took = now - batch.started_s
+            else:
+                took = result.compute_s
+            for r in batch.requests:
+                r.queue_s = batch.started_s - r.arrival_s
+                r.compute_s = took
+            self._post(self._answer, batch, result, now)
+            if self._probe is not None:
+                self.sched.observe_memory(*self._probe())
+            self.sched.finished(batch, now, took if result.error is None else None)
+        self._post(self._notify_if_idle)
+
+    def _answer(self, batch: RunningBatch, result: BatchResult, now: float) -> None:
+        """On the loop: each request of an ended batch gets its outputs or the error."""
         outputs = result.outputs
-        # A scheduler-timed executor's batch took what the scheduler's clock says (the end it
-        # announced, a slowdown's included); a threaded one's what the executor measured.
-        if self._executor.timed_by_scheduler or result.compute_s <= 0:
-            took = now - batch.started_s
-        else:
-            took = result.compute_s
         for i, r in enumerate(batch.requests):
             fut = r.future
             if fut is None or fut.done():
                 continue
-            r.queue_s = batch.started_s - r.arrival_s
-            r.compute_s = took
             if result.error is not None or outputs is None:
                 fut.set_exception(BatchFailedError(result.error or "batch produced no outputs"))
             else:
                 fut.set_result(outputs[i])
         self.observer.batch_finished(batch, result, now)
-        if self._probe is not None:
-            self.sched.observe_memory(*self._probe())
-        self.sched.finished(batch, now, took if result.error is None else None)
-        self._notify_if_idle()
 
     # -- shutdown ---------------------------------------------------------------------------
     @property
     def idle(self) -> bool:
-        return self.sched.idle
+        with self.lock:
+            return self.sched.idle
 
     def _notify_if_idle(self) -> None:
+        """On the loop: wake the drains waiting for a model, or the device, to be idle."""
         if self._model_waiters:
             for model in [m for m in self._model_waiters if self.model_idle(m)]:
                 for w in self._model_waiters.pop(model):
                     if not w.done():
                         w.set_result(None)
-        if self._idle_waiters and self.sched.idle:
+        if self._idle_waiters and self.idle:
             for w in self._idle_waiters:
                 if not w.done():
                     w.set_result(None)
@@ -376,19 +439,23 @@ class BatchDriver:
     # -- model control --------------------------------------------------------------------
     def add_model(self, setup: ModelSetup) -> None:
         """Serve one more model from now on (its executor must already run it)."""
-        self.sched.add_model(setup, self.clock.now())
+        with self.lock:
+            self.sched.add_model(setup, self.clock.now())
 
     def model_idle(self, model: str) -> bool:
         """Nothing of ``model`` queued or running (True when it is not hosted)."""
-        mq = self.sched.queues.queues.get(model)
-        return mq is None or (not mq.queue.items and mq.in_flight == 0)
+        with self.lock:
+            mq = self.sched.queues.queues.get(model)
+            return mq is None or (not mq.queue.items and mq.in_flight == 0)
 
     async def drain_model(self, model: str, timeout_s: float | None = None) -> int:
         """Run what is queued for ``model`` without waiting for its policy's windows and wait
         until nothing of it is queued or running; after ``timeout_s`` its requests still
         queued are answered with DrainingError (running batches are waited for). The caller
         refuses new requests for it meanwhile. Returns how many were dropped so."""
-        self.sched.flush_model(model, self.clock.now())
+        self._bind_loop()
+        with self.lock:
+            self.sched.flush_model(model, self.clock.now())
         dropped = 0
         if self.model_idle(model):
             return dropped
@@ -396,7 +463,8 @@ class BatchDriver:
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
         except TimeoutError:
-            dropped = self.sched.abandon(self.clock.now(), UNLOADED, model=model)
+            with self.lock:
+                dropped = self.sched.abandon(self.clock.now(), UNLOADED, model=model)
             if not self.model_idle(model):
                 await self._wait_model(model)
         return dropped
@@ -408,11 +476,13 @@ class BatchDriver:
 
     def remove_model(self, model: str) -> None:
         """Stop serving ``model`` (ValueError unless ``drain_model`` left it idle)."""
-        self.sched.remove_model(model, self.clock.now())
+        with self.lock:
+            self.sched.remove_model(model, self.clock.now())
 
     def begin_drain(self) -> None:
         """Refuse new requests from now on and run what is queued without waiting."""
-        self.sched.begin_drain(self.clock.now())
+        with self.lock:
+            self.sched.begin_drain(self.clock.now())
 
     async def drain(self, timeout_s: float | None = None) -> None:
         """Refuse new requests, run everything queued now, wait until the device is idle.
@@ -420,6 +490,7 @@ class BatchDriver:
         After ``timeout_s`` the requests still queued are answered with DrainingError
         (batches already running are waited for: a thread cannot be interrupted).
         """
+        self._bind_loop()
         self.begin_drain()
         if self.idle:
             return
@@ -428,8 +499,10 @@ class BatchDriver:
         try:
             await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
         except TimeoutError:
-            self.sched.abandon(self.clock.now())
-            if self.sched.running():
+            with self.lock:
+                self.sched.abandon(self.clock.now())
+                running = bool(self.sched.running())
+            if running:
                 waiter2: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._idle_waiters.append(waiter2)
                 await waiter2

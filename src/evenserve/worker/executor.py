@@ -1,11 +1,14 @@
 """Executors run a batch the driver started: on a thread (real runtimes) or on a FakeTimer.
 
-ThreadedExecutor is the live path. It keeps inference off the event loop: the batch is
-assembled (requests concatenated along the batch dimension), run, and split back per request
-inside a worker thread, timed phase by phase (Triton's compute_input / compute_infer /
-compute_output), and the result is delivered on the event loop. Requests whose variable
-dimensions differ cannot share one tensor: they are grouped by shape and the groups run one
-after another within the same device slot, so the device still runs one batch at a time.
+ThreadedExecutor is the live path. It keeps inference off the event loop: each instance of
+the device has a thread of its own (a model instance, in Triton's words), and a batch the
+scheduler starts on instance i runs on thread i: assembled (requests concatenated along the
+batch dimension), run, and split back per request, timed phase by phase (Triton's
+compute_input / compute_infer / compute_output). The thread then reports the result itself
+(``done`` runs on it: the driver tells the scheduler, which starts the next batch there and
+then, without a round trip through the event loop). Requests whose variable dimensions
+differ cannot share one tensor: they are grouped by shape and the groups run one after
+another within the same device slot, so the device still runs one batch at a time.
 
 VirtualExecutor is the deterministic twin used by tests and replays: nothing runs, a batch
 ends when the device scheduler's timing says (the profile's time, shared-device contention
@@ -14,11 +17,12 @@ included, as in the simulator) and its outputs are its payloads.
 
 from __future__ import annotations
 
-import asyncio
+import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import numpy as np
@@ -28,6 +32,7 @@ from evenserve.worker.driver import BatchResult, RunningBatch
 
 Inputs = Mapping[str, Array]
 T = TypeVar("T")
+log = logging.getLogger("evenserve.worker")
 #: How long ``on_each_thread`` waits for every device thread to be free (a long batch).
 EACH_THREAD_WAIT_S = 600.0
 
@@ -76,7 +81,7 @@ def run_batch(
 
 
 class ThreadedExecutor:
-    """Runs batches of real (or emulated) runtimes on ``instances`` threads."""
+    """Runs batches of real (or emulated) runtimes on one thread per instance."""
 
     def __init__(
         self,
@@ -87,26 +92,44 @@ class ThreadedExecutor:
         self.runtimes = dict(runtimes)
         self.input_names = {m: list(v) for m, v in input_names.items()}
         self.instances = instances
-        self._pool = ThreadPoolExecutor(
-            max_workers=instances, thread_name_prefix="evenserve-device"
-        )
+        self._inboxes: list[queue.SimpleQueue[Callable[[], None] | None]] = [
+            queue.SimpleQueue() for _ in range(instances)
+        ]
+        self._threads = [
+            threading.Thread(
+                target=self._serve, args=(inbox,), name=f"evenserve-device-{i}", daemon=True
+            )
+            for i, inbox in enumerate(self._inboxes)
+        ]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _serve(inbox: queue.SimpleQueue[Callable[[], None] | None]) -> None:
+        while (job := inbox.get()) is not None:
+            try:
+                job()
+            except Exception:  # a bug in a job must not stop the device
+                log.exception("device thread: a job failed")
 
     def on_each_thread(self, fn: Callable[[], T]) -> list[T]:
         """Run ``fn`` once on each of the device threads, the ones batches run on (blocking;
         not on the event loop). A framework's first call on a new thread costs extra
         (thread-local state: allocator and kernel caches, the intra-op pool), so a warm-up
-        that ran on another thread would leave it to the first request. The calls meet at
-        a barrier first, so each lands on a distinct thread of the pool."""
-        if self.instances == 1:
-            return [self._pool.submit(fn).result()]
-        barrier = threading.Barrier(self.instances, timeout=EACH_THREAD_WAIT_S)
+        that ran on another thread would leave it to the first request."""
+        futures: list[Future[T]] = []
+        for inbox in self._inboxes:
+            fut: Future[T] = Future()
 
-        def each() -> T:
-            barrier.wait()
-            return fn()
+            def job(fut: Future[T] = fut) -> None:
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:
+                    fut.set_exception(exc)
 
-        futures = [self._pool.submit(each) for _ in range(self.instances)]
-        return [f.result() for f in futures]
+            inbox.put(job)
+            futures.append(fut)
+        return [f.result(EACH_THREAD_WAIT_S) for f in futures]
 
     def add(self, model: str, runtime: Runtime, input_names: Sequence[str]) -> None:
         """Run batches of one more (loaded) model."""
@@ -128,25 +151,24 @@ class ThreadedExecutor:
     timed_by_scheduler = False
 
     def start(self, batch: RunningBatch, done: Callable[[BatchResult], None]) -> None:
-        loop = asyncio.get_running_loop()
+        """Run ``batch`` on its instance's thread; ``done`` is called there when it ends."""
         payloads = [r.payload for r in batch.requests]
-        fut = loop.run_in_executor(self._pool, self._run, batch.model, payloads)
+        model = batch.model
 
-        def deliver(f: asyncio.Future[BatchResult]) -> None:
-            if f.cancelled():
-                done(BatchResult(outputs=None, error="batch cancelled (worker shutting down)"))
-            elif (exc := f.exception()) is not None:
-                done(BatchResult(outputs=None, error=f"{type(exc).__name__}: {exc}"))
-            else:
-                done(f.result())
+        def job() -> None:
+            done(self._run(model, payloads))
 
-        fut.add_done_callback(deliver)
+        self._inboxes[batch.instance % self.instances].put(job)
 
     def complete(self, batch: RunningBatch) -> None:
         raise RuntimeError("a threaded executor's batches end when their thread is done")
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=False)
+        """Finish the batches already handed over, then stop the threads."""
+        for inbox in self._inboxes:
+            inbox.put(None)
+        for t in self._threads:
+            t.join()
 
 
 class VirtualExecutor:

@@ -553,18 +553,21 @@ class WorkerService:
             self.policies[m] = policy
             self.batching_specs[m] = full
             if driver is not None:
-                driver.sched.set_policy(m, policy, now)
+                with driver.lock:
+                    driver.sched.set_policy(m, policy, now)
         if set_headroom:
             self.options.queue = self.options.queue.model_copy(
                 update={"class_headroom": class_headroom}
             )
             if driver is not None:
-                driver.sched.set_class_headroom(class_headroom, now)
+                with driver.lock:
+                    driver.sched.set_class_headroom(class_headroom, now)
         if set_learning:
             on = self.startup_learn_profiles if learn_profiles is None else learn_profiles
             self.options.learn_profiles = on
             if driver is not None:
-                driver.sched.set_learn_profiles(on, now)
+                with driver.lock:
+                    driver.sched.set_learn_profiles(on, now)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def load(self) -> None:
@@ -900,7 +903,8 @@ class WorkerService:
                     raise self._load_failed(name, str(exc), 400, keep=reload) from exc
                 memory = self.driver.sched.memory
                 need = built.profile.weights_bytes if built.profile is not None else 0.0
-                free = memory.unreserved_bytes()
+                with self.driver.lock:
+                    free = memory.unreserved_bytes()
                 old = self._weights_bytes(name) if reload else 0.0
                 if free is not None:
                     if need > free + old:
@@ -914,11 +918,13 @@ class WorkerService:
                         )
                     # Held from now on: what the old model frees joins once it is unloaded.
                     reserved = max(0.0, need - old)
-                    memory.loading_bytes += reserved
+                    with self.driver.lock:
+                        memory.loading_bytes += reserved
                 if reload:
                     await self._unload(name)  # reload: unload, then load the new config
                     if free is not None:
-                        memory.loading_bytes += need - reserved
+                        with self.driver.lock:
+                            memory.loading_bytes += need - reserved
                         reserved = need
                     watch = self._begin_loading(entry, built)
                 elif watch is not None:
@@ -948,7 +954,8 @@ class WorkerService:
             finally:
                 if reserved:
                     memory = self.driver.sched.memory
-                    memory.loading_bytes = max(0.0, memory.loading_bytes - reserved)
+                    with self.driver.lock:
+                        memory.loading_bytes = max(0.0, memory.loading_bytes - reserved)
                 if self._loads.get(name) is watch:
                     self._loads.pop(name, None)
                 if watch is not None:
@@ -1133,7 +1140,8 @@ class WorkerService:
         dev = self.device
         if dev.kind == "emulated":
             if self._driver is not None:
-                return self._driver.sched.memory.used_total()
+                with self._driver.lock:
+                    return self._driver.sched.memory.used_total()
             accounted = sum(rt.resident_bytes() for rt in self.runtimes.values())
             return accounted, self._emulated_total()
         now = time.monotonic()
@@ -1170,8 +1178,14 @@ class WorkerService:
         return used, total
 
     def _snapshot(self) -> DeviceSnapshot:
-        used, total = self.memory_bytes()
         d = self._driver
+        if d is None:
+            return self._snapshot_of(None)
+        with d.lock:
+            return self._snapshot_of(d)
+
+    def _snapshot_of(self, d: BatchDriver | None) -> DeviceSnapshot:
+        used, total = self.memory_bytes()
         now = self.clock.now()
         return DeviceSnapshot(
             busy_ratio=d.sched.busy.fraction(now) if d else 0.0,
@@ -1194,6 +1208,10 @@ class WorkerService:
     def load_report(self) -> LoadReport:
         """The load report; its per-model figures list only READY models (the ones a router
         may send work to: not those loading or unloading). The device's totals count all."""
+        with self.driver.lock:
+            return self._load_report()
+
+    def _load_report(self) -> LoadReport:
         d = self.driver
         now = self.clock.now()
         used, total = self.memory_bytes()
