@@ -135,6 +135,40 @@ class Answer:
     outcome: str
     #: A backend's gRPC answer, relayed as it is (gRPC requests only).
     grpc: GrpcReply | None = None
+    #: A backend's HTTP answer relayed as the bytes it came in, ``x-evenserve-backend``
+    #: added (``relayed_bytes``); ``headers`` is then empty and ``reply`` has them.
+    raw: bytes | None = None
+    #: Where the head of ``raw`` ends.
+    raw_head: int = 0
+    reply: Reply | None = None
+
+    def header(self, name: str) -> str | None:
+        """A response header (lower-case name) whichever way the answer goes out."""
+        if self.raw is not None and self.reply is not None:
+            return self.reply.headers.get(name)
+        return self.headers.get(name)
+
+
+#: Headers that concern one connection, not the answer (RFC 9110 7.6.1): an answer that has
+#: one is not relayed as its bytes.
+_HOP_BY_HOP = (b"\nconnection:", b"\nkeep-alive:", b"\nproxy-", b"\nupgrade:", b"\ntrailer:")
+
+
+def relayed_bytes(reply: Reply, backend_line: bytes) -> bytes | None:
+    """A backend's answer as the bytes to send on, ``backend_line`` (the
+    ``x-evenserve-backend`` header line) added at the end of its head; None when it cannot
+    go as it came (not read whole in one piece, its body not framed by Content-Length, a
+    hop-by-hop header): then its headers are read and the answer is written anew. Every
+    other header goes on as the backend sent it, as nginx relays them."""
+    raw = reply.raw
+    head = reply.head
+    if raw is None or not head.endswith(b"\r\n\r\n"):
+        return None
+    low = head.lower()
+    if b"\ncontent-length:" not in low or any(h in low for h in _HOP_BY_HOP):
+        return None
+    n = len(head) - 2
+    return b"".join((raw[:n], backend_line, raw[n:]))
 
 
 @dataclass(slots=True)
@@ -193,6 +227,8 @@ class Dispatcher:
             keep_headers=RELAY_RESPONSE_HEADERS,
         )
         self._ids = itertools.count(1)
+        #: Each backend's ``x-evenserve-backend`` header line (relayed answers).
+        self._backend_lines: dict[str, bytes] = {}
         self._decision = metrics.decision
         self._tasks: set[asyncio.Task[None]] = set()
         #: The placement driver (``gateway.placement``), None without placement: then the
@@ -344,7 +380,14 @@ class Dispatcher:
             raise error  # not a forwarding failure: a bug, not an outcome
         if error is not None:
             error = PooledForwarder.sorted_error(error)
-        got = None if reply is None else Reply(reply.status, reply.headers, reply.body)
+        got = None
+        if reply is not None:
+            if isinstance(reply, Reply):
+                got = reply
+            else:
+                fwd = self.forwarder
+                keep = fwd.keep if isinstance(fwd, PooledForwarder) else None
+                got = Reply(reply.status, None, reply.body, reply.head, reply.raw, keep)
         ans = self._settle(fw, name, got, error)
         if ans is None:
             self._next_try(fw)
@@ -469,7 +512,17 @@ class Dispatcher:
             fw.failures.append(f"{name}: connection lost ({error})")
             return None
         assert reply is not None
-        ans = Answer(reply.status, reply.body, reply.headers, name, outcome_of(reply.status))
+        line = self._backend_lines.get(name)
+        if line is None:
+            line = self._backend_lines[name] = f"{wire.BACKEND_HEADER}: {name}\r\n".encode()
+        raw = relayed_bytes(reply, line)
+        if raw is None:
+            ans = Answer(reply.status, reply.body, reply.headers, name, outcome_of(reply.status))
+        else:
+            ans = Answer(
+                reply.status, reply.body, {}, name, outcome_of(reply.status), None, raw,
+                len(reply.head) + len(line), reply,
+            )  # fmt: skip
         if reply.status in (429, 503) and reply.headers.get(wire.REASON_HEADER) != wire.SHED:
             fw.relayed = ans
             fw.failures.append(f"{name}: answered {reply.status}")
@@ -495,7 +548,7 @@ class Dispatcher:
 
     def _finish(self, model: str, ans: Answer, t0: float) -> Answer:
         self.metrics.observe_request(ans.backend, model, ans.outcome, time.perf_counter() - t0)
-        if ans.backend is not None:
+        if ans.backend is not None and ans.raw is None:
             ans.headers[wire.BACKEND_HEADER] = ans.backend
         return ans
 

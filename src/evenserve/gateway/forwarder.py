@@ -16,7 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from evenserve.httpio.client import BadResponse, ConnectFailed, HttpClient, HttpClientError
+from evenserve.httpio.client import (
+    BadResponse,
+    ConnectFailed,
+    HttpClient,
+    HttpClientError,
+    parse_headers,
+)
 from evenserve.httpio.client import ConnectionLost as _Lost
 from evenserve.httpio.client import ResponseTimeout as _Timeout
 
@@ -34,12 +40,33 @@ class ConnectionLost(_Lost):
 
 
 class Reply:
-    __slots__ = ("body", "headers", "status")
+    """A backend's answer. ``head`` and ``raw`` are ``httpio.client.Reply``'s (empty and None
+    when the forwarder has none): then ``headers`` is read from the head when first asked
+    for, only the names in ``keep``."""
 
-    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+    __slots__ = ("_headers", "body", "head", "keep", "raw", "status")
+
+    def __init__(
+        self,
+        status: int,
+        headers: dict[str, str] | None,
+        body: bytes,
+        head: bytes = b"",
+        raw: bytes | None = None,
+        keep: frozenset[bytes] | None = None,
+    ) -> None:
         self.status = status
-        self.headers = headers
+        self._headers = headers
         self.body = body
+        self.head = head
+        self.raw = raw
+        self.keep = keep
+
+    @property
+    def headers(self) -> dict[str, str]:
+        if self._headers is None:
+            self._headers = parse_headers(self.head, self.keep)
+        return self._headers
 
 
 class Forwarder(Protocol):
@@ -62,7 +89,9 @@ class PooledForwarder:
         self._max_connections = max_connections
         self._connect_timeout_s = connect_timeout_s
         self._timeout_s = request_timeout_s
-        self._keep = keep_headers
+        #: The response headers a Reply's ``headers`` gives (read from its head on demand:
+        #: a relayed answer's headers are never read on its way through).
+        self.keep = frozenset(h.lower().encode("latin-1") for h in keep_headers)
         self._clients: dict[str, HttpClient] = {}
 
     def client(self, base_url: str) -> HttpClient:
@@ -72,7 +101,6 @@ class PooledForwarder:
                 base_url,
                 self._timeout_s,
                 connect_timeout_s=self._connect_timeout_s,
-                keep_headers=self._keep,
                 max_connections=self._max_connections,
             )
         return c
@@ -93,7 +121,7 @@ class PooledForwarder:
             r = await c.send(c.head(method, path, dict(headers), len(body)), body)
         except HttpClientError as exc:
             raise self.sorted_error(exc) from exc
-        return Reply(r.status, r.headers, r.body)
+        return Reply(r.status, None, r.body, r.head, r.raw, self.keep)
 
     async def aclose(self) -> None:
         for c in self._clients.values():

@@ -60,7 +60,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _answer(ans: Answer) -> Response:
-    return Response(ans.status, ans.body, ans.headers)
+    return Response(ans.status, ans.body, ans.headers, ans.raw, ans.raw_head)
 
 
 def _error(status: int, message: str) -> Response:
@@ -330,7 +330,6 @@ class Gateway:
     def _record(
         rec: Recorder, t_s: float, unix_s: float, model: str, h: Mapping[str, str], a: Answer
     ) -> None:
-        ah = a.headers
         rec.add(
             t_s,
             unix_s,
@@ -339,8 +338,8 @@ class Gateway:
             h.get(wire.DEADLINE_HEADER),
             a.backend,
             a.status,
-            ah.get(wire.QUEUE_MS_HEADER),
-            ah.get(wire.COMPUTE_MS_HEADER),
+            a.header(wire.QUEUE_MS_HEADER),
+            a.header(wire.COMPUTE_MS_HEADER),
         )
 
     # -- the handler --------------------------------------------------------------------------

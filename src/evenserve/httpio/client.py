@@ -11,9 +11,16 @@ It does what a proxy's upstream side needs and no more: ``http://`` only, any me
 answer allows it), the response headers it was asked to keep, a time limit per request, and
 a cap on connections (``max_connections``; requests beyond it wait for one to come back).
 A time limit is measured from when the request was sent, and a timeout is only declared
-when the answer is not there: if the loop was too busy to look at the deadline in time, it
-reads what has arrived first (``_deadline``), so the caller's own lag never reads as the
-server's.
+when the answer is not there: deadlines are checked by one sweep per client every
+``SWEEP_S`` (no timer per request), and a connection found past its deadline is given one
+more sweep before it fails, so an answer that arrived while the loop was too busy to read
+it is read first: the caller's own lag never reads as the server's. A time limit is thus
+kept to within two sweeps (0.1 s) late.
+
+Answers are parsed by httptools without a callback per header: the head arrives as bytes
+(``Reply.head``), and only the headers asked for (``keep_headers``) are read out of it. An
+answer that came in one read with a ``Content-Length`` body is also kept whole
+(``Reply.raw``), so a proxy can relay it without building it again (the gateway does).
 
 Keep-alive without losing requests. A server closes a connection that has been idle for its
 keep-alive timeout (uvicorn: 5 s, ours: 15 s, nginx: 75 s) and does not read what is in flight
@@ -44,17 +51,21 @@ import httptools
 
 #: Idle pooled connections are closed, not reused, once idle this long (module docstring).
 MAX_IDLE_S = 4.0
-#: A deadline timer that runs this late means the event loop was busy: the answer may have
-#: arrived in time and be waiting unread, so it is looked for once more before the timeout.
-LATE_S = 0.002
+#: How often a client checks its requests' deadlines (module docstring).
+SWEEP_S = 0.05
 
 
 RESENT_LOST = (
     "the server closed the connection before answering (sent twice: a reused connection and "
     "then a fresh one were closed without an answer)"
 )
-#: A parsed answer: status, the headers kept, the body.
-Result = tuple[int, dict[str, str], bytes]
+#: A parsed answer: status, the headers kept, the body, the head, the raw answer or None.
+Result = tuple[int, dict[str, str], bytes, bytes, bytes | None]
+
+
+def _reply(result: Result, resent: int) -> Reply:
+    status, headers, body, head, raw = result
+    return Reply(status, headers, body, resent, head, raw)
 
 
 class HttpClientError(Exception):
@@ -79,25 +90,65 @@ class BadResponse(HttpClientError):
 
 
 class Reply(NamedTuple):
-    """One answer: status, the response headers asked for (lower-case names), the body, and
-    ``resent``: 1 when the request was sent again on a fresh connection (see ``send``)."""
+    """One answer: status, the response headers asked for (lower-case names), the body,
+    ``resent``: 1 when the request was sent again on a fresh connection (see ``send``), the
+    head as received (status line and headers, up to and with the blank line), and ``raw``:
+    the whole answer as received when it came in one read and its body is exactly
+    ``Content-Length`` bytes (else None)."""
 
     status: int
     headers: dict[str, str]
     body: bytes
     resent: int
+    head: bytes = b""
+    raw: bytes | None = None
+
+
+def head_end(data: bytes) -> int:
+    """Where the head of an HTTP message in ``data`` ends (after its blank line); -1: not in
+    it."""
+    end = data.find(b"\r\n\r\n")
+    if end >= 0:
+        return end + 4
+    end = data.find(b"\n\n")  # bare line feeds, as a lenient parser takes them
+    return end + 2 if end >= 0 else -1
+
+
+def parse_headers(head: bytes, keep: frozenset[bytes] | None = None) -> dict[str, str]:
+    """The headers of an HTTP head (``Reply.head``) by lower-case name, a repeated one's
+    values joined with ", "; only the names in ``keep`` (lower case) when it is given."""
+    out: dict[str, str] = {}
+    for line in head.split(b"\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        key = name.strip().lower()
+        if keep is not None and key not in keep:
+            continue
+        k, v = key.decode("latin-1"), value.strip().decode("latin-1")
+        out[k] = f"{out[k]}, {v}" if k in out else v
+    return out
 
 
 class _Conn(asyncio.Protocol):
+    """One connection. httptools calls no method per header (there is no ``on_header``):
+    the head's bytes are kept as they arrive and read once it is complete."""
+
     def __init__(self, keep: frozenset[bytes], loop: asyncio.AbstractEventLoop) -> None:
         self.keep = keep
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.fut: asyncio.Future[tuple[int, dict[str, str], bytes]] | None = None
+        self.fut: asyncio.Future[Result] | None = None
         #: Instead of ``fut``: called with (result, None) or (None, error) (``send_cb``).
         self.cb: Callable[[Result | None, BaseException | None], None] | None = None
-        self.headers: dict[str, str] = {}
+        #: The reads of the current answer until its head is complete, then its head.
+        self.head_parts: list[bytes] = []
+        self.head = b""
+        self.in_head = True
+        #: Reads of the current answer so far, and the first one.
+        self.reads = 0
+        self.first = b""
         self.body: list[bytes] = []
         self.closed = False
         self.reusable = True
@@ -105,8 +156,10 @@ class _Conn(asyncio.Protocol):
         self.got_bytes = False
         #: When it went back to the pool (the loop's clock).
         self.idle_since = 0.0
-        #: The current request's deadline timer.
-        self.timer: asyncio.TimerHandle | None = None
+        #: When the current request's time limit is up (the loop's clock; 0: no request),
+        #: and whether a sweep has already found it past (``HttpClient._sweep``).
+        self.deadline = 0.0
+        self.overdue = False
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -115,6 +168,11 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        self.reads += 1
+        if self.reads == 1:
+            self.first = data
+        if self.in_head:
+            self.head_parts.append(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -133,31 +191,43 @@ class _Conn(asyncio.Protocol):
         return None
 
     # httptools callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        key = name.lower()
-        if key in self.keep:
-            self.headers[key.decode("latin-1")] = value.decode("latin-1")
+    def on_headers_complete(self) -> None:
+        parts = self.head_parts
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        end = head_end(data)
+        self.head = data if end < 0 else data[:end]
+        self.head_parts = []
+        self.in_head = False
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
 
     def on_message_complete(self) -> None:
         status = self.parser.get_status_code()
+        head = self.head
+        parts = self.body
+        self.body = []
+        self.in_head = True
         if status < 200:  # 100 Continue and friends: the real answer follows
-            self.headers = {}
-            self.body = []
+            self.reads = 0 if not self.head_parts else 1
             return
         self.reusable = self.parser.should_keep_alive()
-        parts = self.body
         body = parts[0] if len(parts) == 1 else b"".join(parts)
+        raw = None
+        if self.reads == 1 and len(self.first) == len(head) + len(body):
+            raw = self.first  # one read, the body framed by its length: relayable as it is
+        self.reads = 0
+        self.first = b""
+        headers = parse_headers(head, self.keep) if self.keep else {}
+        result = (status, headers, body, head, raw)
         fut = self.fut
         self.fut = None
         if fut is not None and not fut.done():
-            fut.set_result((status, self.headers, body))
+            fut.set_result(result)
         elif self.cb is not None:
             cb = self.cb
             self.cb = None
-            cb((status, self.headers, body), None)
+            cb(result, None)
 
     # ours
     def _fail(self, exc: BaseException) -> None:
@@ -170,17 +240,15 @@ class _Conn(asyncio.Protocol):
             self.cb = None
             cb(None, exc)
 
-    def request(
-        self, head: bytes, body: bytes
-    ) -> asyncio.Future[tuple[int, dict[str, str], bytes]]:
+    def request(self, head: bytes, body: bytes, deadline: float) -> asyncio.Future[Result]:
         self.fut = self.loop.create_future()
-        self._write(head, body)
+        self._write(head, body, deadline)
         return self.fut
 
-    def _write(self, head: bytes, body: bytes) -> None:
+    def _write(self, head: bytes, body: bytes, deadline: float) -> None:
         assert self.transport is not None
-        self.headers = {}
-        self.body = []
+        self.deadline = deadline
+        self.overdue = False
         self.got_bytes = False
         if not body:
             self.transport.write(head)
@@ -235,7 +303,9 @@ class HttpClient:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resends: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
         self.opened = 0
+        #: Requests whose deadline a sweep found past and that had their answer by the next.
         self.late_deadlines = 0
         self.retired_idle = 0
         self.resent_stale = 0
@@ -332,36 +402,51 @@ class HttpClient:
             self._waiters.append(w)
             await w
 
-    async def _exchange(
-        self, conn: _Conn, head: bytes, body: bytes, deadline: float
-    ) -> tuple[int, dict[str, str], bytes]:
+    async def _exchange(self, conn: _Conn, head: bytes, body: bytes, deadline: float) -> Result:
         """Write one request on ``conn`` and wait for its answer until ``deadline``."""
-        loop = self._running_loop()
-        fut = conn.request(head, body)
-        conn.timer = loop.call_at(deadline, self._deadline, conn, deadline)
+        fut = conn.request(head, body, deadline)
+        self._sweeping()
         try:
             result = await fut
         except BaseException:
+            conn.deadline = 0.0
             self._drop(conn)
             raise
-        finally:
-            if conn.timer is not None:
-                conn.timer.cancel()
-                conn.timer = None
+        self._answered(conn)
         self._release(conn)
         return result
 
-    def _deadline(self, conn: _Conn, deadline: float) -> None:
-        """The time limit is up, as this loop sees it. If the loop came to it late (it was
-        busy), an answer may be waiting unread in the socket: look again after the next
-        poll for input (a timer due later than now runs after it) before failing."""
-        loop = self._running_loop()
-        waiting = conn.fut is not None or conn.cb is not None
-        if loop.time() - deadline > LATE_S and waiting:
+    def _answered(self, conn: _Conn) -> None:
+        if conn.overdue:  # past its deadline at a sweep, answered before the next
             self.late_deadlines += 1
-            conn.timer = loop.call_later(LATE_S / 2, conn.expire)
-        else:
-            conn.expire()
+        conn.deadline = 0.0
+
+    def _sweeping(self) -> None:
+        """Make sure the deadline sweep runs (started with the first request)."""
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = self._running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Every SWEEP_S: a request past its deadline is marked; one still unanswered at the
+        next sweep (so the loop has had a turn to read what arrived meanwhile) fails with
+        ResponseTimeout (module docstring)."""
+        loop = self._running_loop()
+        while any(c.deadline for c in self._all):  # ends when nothing is in flight
+            await asyncio.sleep(SWEEP_S)
+            self.check_deadlines(loop.time())
+        self._sweeper = None
+
+    def check_deadlines(self, now: float) -> None:
+        """One sweep: requests past their deadline at ``now`` are marked; those already
+        marked by the previous sweep fail with ResponseTimeout."""
+        for c in [c for c in self._all if c.deadline and c.deadline <= now]:
+            if c.fut is None and c.cb is None:
+                c.deadline = 0.0
+            elif c.overdue:
+                c.deadline = 0.0
+                c.expire()
+            else:
+                c.overdue = True
 
     async def send(self, head: bytes, body: bytes = b"", timeout_s: float | None = None) -> Reply:
         """Send a request (its head from :meth:`head`, then its body); return the answer.
@@ -373,9 +458,9 @@ class HttpClient:
         deadline = loop.time() + (self.timeout_s if timeout_s is None else timeout_s)
         conn, reused = await self._acquire(loop)
         if not reused:
-            return Reply(*await self._exchange(conn, head, body, deadline), 0)
+            return _reply(await self._exchange(conn, head, body, deadline), 0)
         try:
-            return Reply(*await self._exchange(conn, head, body, deadline), 0)
+            return _reply(await self._exchange(conn, head, body, deadline), 0)
         except ConnectionLost:
             if conn.got_bytes:
                 raise  # the server had begun to answer: it took the request and failed
@@ -386,7 +471,7 @@ class HttpClient:
         self.resent_stale += 1
         fresh = await self._connect()
         try:
-            return Reply(*await self._exchange(fresh, head, body, deadline), 1)
+            return _reply(await self._exchange(fresh, head, body, deadline), 1)
         except ConnectionLost:
             raise ConnectionLost(RESENT_LOST) from None
 
@@ -407,8 +492,9 @@ class HttpClient:
             return False
         deadline = loop.time() + (self.timeout_s if timeout_s is None else timeout_s)
         conn.cb = partial(self._cb_done, conn, head, body, deadline, callback)
-        conn.timer = loop.call_at(deadline, self._deadline, conn, deadline)
-        conn._write(head, body)
+        conn._write(head, body, deadline)
+        if self._sweeper is None:
+            self._sweeping()
         return True
 
     def _cb_done(
@@ -421,12 +507,10 @@ class HttpClient:
         result: Result | None,
         exc: BaseException | None,
     ) -> None:
-        if conn.timer is not None:
-            conn.timer.cancel()
-            conn.timer = None
+        self._answered(conn)
         if result is not None:
             self._release(conn)
-            callback(Reply(*result, 0), None)
+            callback(_reply(result, 0), None)
             return
         self._drop(conn)
         if isinstance(exc, ConnectionLost) and not conn.got_bytes:
@@ -446,7 +530,7 @@ class HttpClient:
     ) -> None:
         try:
             fresh = await self._connect()
-            reply = Reply(*await self._exchange(fresh, head, body, deadline), 1)
+            reply = _reply(await self._exchange(fresh, head, body, deadline), 1)
         except ConnectionLost:
             callback(None, ConnectionLost(RESENT_LOST))
         except HttpClientError as exc:
@@ -473,6 +557,9 @@ class HttpClient:
         }
 
     def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for c in self._all:
             c.close()
         self._all.clear()

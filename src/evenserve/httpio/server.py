@@ -71,6 +71,11 @@ class Response:
     status: int = 200
     body: bytes = b""
     headers: dict[str, str] | None = None
+    #: The whole answer as bytes, head and body, to send as it is (a proxy relaying an
+    #: upstream's answer); ``raw_head``: where its head ends. ``status`` and ``body`` still
+    #: describe it; ``headers`` are not used.
+    raw: bytes | None = None
+    raw_head: int = 0
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -353,12 +358,20 @@ class _Connection(asyncio.Protocol):
         if self.closed or self.transport is None:
             return  # the client went away; nothing to answer
         keep = keep and not self.stopping
-        body = b"" if req.method == "HEAD" else resp.body
-        head = encode_head(resp.status, resp.headers, len(resp.body), not keep)
-        if len(body) < 65536:
-            self.transport.write(head + body)
+        raw = resp.raw
+        if raw is not None:
+            n = resp.raw_head
+            if not keep:
+                raw = b"".join((raw[: n - 2], b"connection: close\r\n", raw[n - 2 :]))
+                n += 19
+            self.transport.write(raw[:n] if req.method == "HEAD" else raw)
         else:
-            self.transport.writelines((head, body))
+            body = b"" if req.method == "HEAD" else resp.body
+            head = encode_head(resp.status, resp.headers, len(resp.body), not keep)
+            if len(body) < 65536:
+                self.transport.write(head + body)
+            else:
+                self.transport.writelines((head, body))
         if not keep:
             self._close()
         elif self.pending:
