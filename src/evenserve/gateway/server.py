@@ -9,7 +9,8 @@ are summed over every healthy host of the model (``gateway.stats``), and
 figures). Model control (``POST /v2/repository/models/{m}/load|unload``) answers 501 naming
 the workers that host the model: the gateway loads nothing (its gRPC front answers
 UNIMPLEMENTED, with the same words).
-``/metrics`` is the gateway's Prometheus text; ``/admin/...`` needs the bearer token.
+``/metrics`` is the gateway's Prometheus text; ``/admin/...`` needs the bearer token. HEAD is
+answered as GET, without the body.
 With a request log (``--record`` or ``gateway.record``: ``core.requestlog``) every HTTP
 inference request answered is one record; ``GET /admin/log`` serves the recent window as a
 replayable trace and ``GET /admin/record`` the log's counters.
@@ -346,8 +347,10 @@ class Gateway:
     # -- the handler --------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
         path = request.path
+        # HEAD is GET without the body (the server drops it).
+        method = "GET" if request.method == "HEAD" else request.method
         if path == wire.MODEL_STATS_PATH:  # every model's (perf_analyzer asks for these)
-            if request.method != "GET":
+            if method != "GET":
                 return _error(405, f"{path} takes GET")
             return await self.all_stats()
         if path.startswith(wire.MODELS_PREFIX):
@@ -356,7 +359,7 @@ class Gateway:
                 return _error(404, f"no such path: {path[:200]!r}")
             model, _version, suffix = found
             if suffix == "infer":
-                if request.method != "POST":
+                if method != "POST":
                     return _error(405, "infer takes POST")
                 rec = self.recorder
                 if rec is None:
@@ -370,7 +373,7 @@ class Gateway:
                 )
                 self._record(rec, t_s, unix_s, model, request.headers, ans)
                 return _answer(ans)
-            if request.method != "GET":
+            if method != "GET":
                 return _error(405, f"{path[:200]!r} takes GET")
             if suffix == "ready" and found.version is None:
                 return self.model_ready(model)
@@ -378,7 +381,7 @@ class Gateway:
                 return await self.model_stats(model, found.path())
             # A version is the backends' to judge (the gateway does not know them).
             return _answer(await self.dispatcher.passthrough(model, "GET", found.path(), b""))
-        endpoint = self._exact.get((request.method, path))
+        endpoint = self._exact.get((method, path))
         if endpoint is not None:
             return await endpoint(request)
         control = _model_control(path)
