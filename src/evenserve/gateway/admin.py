@@ -19,7 +19,6 @@ A missing or wrong token is refused with 401 (``WWW-Authenticate: Bearer``).
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 from collections.abc import Awaitable, Callable
@@ -29,7 +28,7 @@ from evenserve.core import wire
 from evenserve.core.clock import Clock
 from evenserve.core.types import BackendView, RequestInfo
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.httpio.server import Request, Response, json_response
+from evenserve.httpio.server import Request, Response, json_bytes, json_response
 from evenserve.policy.registry import PolicySpecError, split_spec
 from evenserve.policy.routing import ROUTING
 
@@ -37,7 +36,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return json_response(json.dumps(obj).encode(), status, headers)
+    return json_response(json_bytes(obj), status, headers)
 
 
 def _num(x: float | None) -> float | None:

@@ -49,7 +49,7 @@ from evenserve.gateway.placement import (
 )
 from evenserve.gateway.poller import Poller
 from evenserve.gateway.stats import collect_all_stats, collect_model_stats
-from evenserve.httpio.server import Limits, Request, Response, json_response
+from evenserve.httpio.server import Limits, Request, Response, json_bytes, json_response
 from evenserve.httpio.serving import Serving
 from evenserve.metrics.gateway import BackendFigures, GatewayMetrics
 from evenserve.policy.placement import ModelInfo
@@ -69,7 +69,7 @@ def _error(status: int, message: str) -> Response:
 
 
 def _json(obj: object) -> Response:
-    return json_response(json.dumps(obj, separators=(",", ":")).encode())
+    return json_response(json_bytes(obj))
 
 
 #: ``/v2/repository/models/{m}/load`` and ``.../unload`` (the model repository extension).

@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import resource
 import socket
 from collections import deque
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from functools import partial
 from http import HTTPStatus
-from typing import cast
+from typing import Any, cast
 
 import httptools
 
@@ -99,6 +100,26 @@ def json_response(
     if headers:
         h.update(headers)
     return Response(status, body, h)
+
+
+def json_bytes(obj: Any) -> bytes:
+    """``obj`` as compact JSON, never with a bare ``Infinity`` or ``NaN`` (JSON has neither:
+    RFC 8259 6; strict parsers refuse them): a float that is not finite is written ``null``.
+    What the servers answer in JSON is written with it."""
+    try:
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:  # a non-finite float somewhere: the rare path
+        return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False).encode()
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _default_max_connections() -> int:

@@ -25,7 +25,6 @@ inference request the handler answers is one line of the request log (``core.req
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 import zlib
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
 from evenserve.core.requestlog import Recorder
-from evenserve.httpio.server import Limits, Request, Response
+from evenserve.httpio.server import Limits, Request, Response, json_bytes
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.worker.admin import WorkerAdmin
 from evenserve.worker.driver import (
@@ -96,7 +95,7 @@ def _ms(seconds: float) -> str:
 
 
 def _json(obj: Any, status: int = 200) -> Response:
-    return Response(status, json.dumps(obj, separators=(",", ":")).encode(), JSON)
+    return Response(status, json_bytes(obj), JSON)
 
 
 def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:

@@ -15,7 +15,14 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from evenserve.httpio.client import LATE_S, HttpClient, ResponseTimeout, _Conn
-from evenserve.httpio.server import HttpServer, Limits, Request, Response, json_response
+from evenserve.httpio.server import (
+    HttpServer,
+    Limits,
+    Request,
+    Response,
+    json_bytes,
+    json_response,
+)
 
 
 async def echo(req: Request) -> Response:
@@ -333,3 +340,15 @@ async def test_reuse_port_lets_two_servers_listen_on_one_port() -> None:
     finally:
         await second.stop(1.0)
         await first.stop(1.0)
+
+
+def test_json_bytes_never_writes_a_bare_infinity_or_nan() -> None:
+    def strict(data: bytes) -> object:
+        def refuse(const: str) -> object:
+            raise AssertionError(f"bare {const} in {data!r}")
+
+        return json.loads(data, parse_constant=refuse)
+
+    doc = {"a": 1.5, "b": [float("inf"), {"c": float("nan")}, (-float("inf"), 2)], "d": "x"}
+    assert strict(json_bytes(doc)) == {"a": 1.5, "b": [None, {"c": None}, [None, 2]], "d": "x"}
+    assert json_bytes({"a": [1, 2.5, None, "s"]}) == b'{"a":[1,2.5,null,"s"]}'
