@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import random
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -440,13 +441,36 @@ class Gateway:
         return Response(200, self.metrics.render(), {"content-type": "text/plain; version=0.0.4"})
 
 
-def serve(gateway: Gateway, host: str | None = None, port: int | None = None) -> None:
-    """Run the gateway until SIGINT/SIGTERM (open requests are answered first), on uvloop."""
+def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (SO_REUSEADDR; SO_REUSEPORT with ``reuse_port``),
+    for ``serve``: bound before the gateway starts, so a port that cannot be had is an error
+    at once (OSError, OverflowError for a port outside 0..65535)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(
+    gateway: Gateway,
+    host: str | None = None,
+    port: int | None = None,
+    sock: socket.socket | None = None,
+) -> None:
+    """Run the gateway until SIGINT/SIGTERM (open requests are answered first), on uvloop;
+    on ``sock`` (``listening_socket``) when given, else on ``host:port``."""
     cfg = gateway.cfg
     Serving(
         gateway,
         host or gateway.host,
         port or cfg.port,
+        sock=sock,
         limits=gateway.limits,
         drain_timeout_s=10,
         reuse_port=cfg.reuse_port,
