@@ -31,7 +31,6 @@ system take the same object.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import QueueOptions
 from evenserve.core.scenario import ArmSpec
-from evenserve.core.validation import format_validation_error
+from evenserve.core.validation import format_validation_error, non_finite_field
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import split_spec
 from evenserve.policy.routing import ROUTING
@@ -144,15 +143,9 @@ def checked_learn_profiles(value: Any, where: str = "learn_profiles") -> bool | 
 def check_finite(raw: Any, where: str) -> None:
     """ParamsError naming the field of the first number in ``raw`` (JSON read: objects,
     arrays, numbers...) that is infinite or not a number."""
-    if isinstance(raw, float):
-        if not math.isfinite(raw):
-            raise ParamsError(f"{where}: {raw} is not a finite number")
-    elif isinstance(raw, Mapping):
-        for k, v in raw.items():
-            check_finite(v, f"{where}.{k}")
-    elif isinstance(raw, list | tuple):
-        for i, v in enumerate(raw):
-            check_finite(v, f"{where}.{i}")
+    found = non_finite_field(raw, where)
+    if found is not None:
+        raise ParamsError(f"{found[0]}: {found[1]} is not a finite number")
 
 
 def parse_update(raw: Any, where: str = "params") -> dict[str, Any]:
