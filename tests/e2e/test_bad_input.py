@@ -439,6 +439,10 @@ def test_matrix(
     [
         (nested(100_000), "body: JSON nested too deep"),
         (b'{"policy": "queue-aware", "queue_weight": ' + HUGE.encode() + b"}", "queue_weight"),
+        (
+            b'{"policy": "queue-aware", "queue_weight": 1e400}',
+            "routing.queue_weight: inf is not a finite number",
+        ),
         (b"\xff{", "body: not valid JSON"),
     ],
 )
