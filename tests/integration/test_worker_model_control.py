@@ -263,9 +263,13 @@ async def test_an_override_naming_a_missing_file_or_a_field_without_effect_is_40
         ({"emulated": {"profile": "profile.yaml", "profile_name": "resnet50"}},
          "parameters.config.emulated.profile_name: has no effect on device cpu"),
         ({"optimize": {"min_cosine": 0.5}}, "parameters.config.optimize: has no effect"),
+        ({"slo_ms": 1e400}, "parameters.config.slo_ms: inf is not a finite number"),
+        ({"emulated": {"profile": "profile.yaml", "load_ms": float("nan")}},
+         "parameters.config.emulated.load_ms: nan is not a finite number"),
     ]  # fmt: skip
     for override, names in cases:
-        r = await c.post(repository_path("em", "load"), json={"parameters": {"config": override}})
+        body = json.dumps({"parameters": {"config": override}})  # inf and nan as Python writes them
+        r = await c.post(repository_path("em", "load"), content=body)
         assert r.status_code == 400 and r.json()["error"].startswith(names), (override, r.text)
         assert service.model_state("em").state == "READY"
     assert (await c.post("/v2/models/em/infer", json=X)).status_code == 200
