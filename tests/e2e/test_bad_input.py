@@ -10,6 +10,10 @@ servers as sent. The contract:
   deep, a bad ``Inference-Header-Content-Length``: 400 naming the field, from the worker and
   relayed by the gateway. A version ``..`` in any spelling (``%2e%2e``, ``%252e%252e``...):
   404 from both.
+- The hardening list (issue 26): a header that never ends is 431 while the client holds
+  the connection (not a 408 at the head timeout); HEAD and absolute-form targets are
+  answered as GET; ``PUT /admin/params`` with a number that is not finite, an empty body, an
+  unknown field or an unknown model is 400 naming the field and makes no version.
 - The servers themselves: a 1 MiB header is 431; a 300 MB chunked body is refused with 413
   without the gateway buffering it (its resident memory grows less than 64 MiB); a worker's
   500 leaves the client's connection to the gateway usable (100 times 500 then 200); a
@@ -131,12 +135,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     em = {**MODELS["em"], "emulated": {"profile": "profile.yaml", "fail_value": FAIL_VALUE}}
     repo = write_repo(tmp, {"em": em, "pair": MODELS["pair"]})
     port_file = tmp / "worker.port"
+    env = {**os.environ, "EVENSERVE_ADMIN_TOKEN": TOKEN}
     wproc, werr = _spawn(
         "worker",
         ["worker", "--repo", str(repo), "--device", "cpu", "--port", "0",
          "--port-file", str(port_file), "--log-level", "warning",
          "--max-body-bytes", str(WORKER_MAX_BODY)],
         tmp,
+        env,
     )  # fmt: skip
     procs = [wproc]
     try:
@@ -168,7 +174,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "backends": [{"name": "w0", "url": f"http://{HOST}:{wport}", "models": ["em", "pair"]}],
         }
         (tmp / "cluster.yaml").write_text(yaml.safe_dump(config))
-        env = {**os.environ, "EVENSERVE_ADMIN_TOKEN": TOKEN}
         gproc, gerr = _spawn(
             "gateway",
             ["gateway", "--config", str(tmp / "cluster.yaml"), "--log-level", "warning"],
@@ -434,6 +439,10 @@ def test_matrix(
     [
         (nested(100_000), "body: JSON nested too deep"),
         (b'{"policy": "queue-aware", "queue_weight": ' + HUGE.encode() + b"}", "queue_weight"),
+        (
+            b'{"policy": "queue-aware", "queue_weight": 1e400}',
+            "routing.queue_weight: inf is not a finite number",
+        ),
         (b"\xff{", "body: not valid JSON"),
     ],
 )
@@ -464,6 +473,97 @@ def test_a_one_mib_header_is_431(cluster: Cluster, server: str) -> None:
 
     reply = run(go())
     assert reply is not None and reply.status == 431, reply
+
+
+@pytest.mark.parametrize("server", ["worker", "gateway"])
+def test_a_header_that_never_ends_is_431_while_the_client_holds_on(
+    cluster: Cluster, server: str
+) -> None:
+    """The head passes the 64 KiB limit by one byte and nothing more comes: the answer is
+    431 (before, the server read on until its 10 s head timeout and answered 408)."""
+    start = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Big: "
+    head = start + b"a" * (64 * 1024 + 1 - len(start))
+
+    async def go() -> Reply | None:
+        reader, writer = await asyncio.open_connection(HOST, cluster.of(server).port)
+        try:
+            writer.write(head)
+            await writer.drain()
+            return await asyncio.wait_for(read_reply(reader, b"GET"), ANSWER_S)
+        finally:
+            writer.close()
+
+    reply = run(go())
+    assert reply is not None and reply.status == 431, reply
+    assert "over the limit of 65536 bytes" in reply.text()
+
+
+GET_PATHS = ("/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/em", "/v2/models/em/ready")
+
+
+@pytest.mark.parametrize("server", ["worker", "gateway"])
+def test_head_and_absolute_form_targets_are_answered_as_get(cluster: Cluster, server: str) -> None:
+    port = cluster.of(server).port
+    for path in GET_PATHS:
+        got = run(exchange(port, get(path)))
+        head = run(exchange(port, request("HEAD", path)))
+        assert (path, got.status, head.status) == (path, 200, 200), (got, head)
+        assert head.body == b"" and head.headers["content-length"] == str(len(got.body))
+        absolute = run(exchange(port, get(f"http://{HOST}:{port}{path}")))
+        assert (path, absolute.status) == (path, 200) and absolute.body == got.body
+    reply = run(exchange(port, post(f"http://{HOST}:{port}/v2/models/em/infer")))
+    assert reply.status == 200, reply
+    # OPTIONS * and CONNECT (authority form): answered, not a 500; the server goes on.
+    assert run(exchange(port, request("OPTIONS", "*"))).status in (400, 404, 405)
+    assert run(exchange(port, request("CONNECT", f"{HOST}:{port}"))).status == 501
+    assert run(exchange(port, get("/v2/health/live"))).status == 200
+
+
+#: ``PUT /admin/params`` bodies of the hardening list, and what the 400 names.
+BAD_PARAMS: list[tuple[str, bytes, str]] = [
+    (
+        "weight-1e400",
+        b'{"params": {"routing": {"policy": "queue-aware", "queue_weight": 1e400}}}',
+        "params.routing.queue_weight: inf is not a finite number",
+    ),
+    (
+        "delay-1e400",
+        b'{"params": {"batching_per_model": {"em": {"policy": "fixed-window", '
+        b'"max_batch_delay_ms": 1e400}}}}',
+        "params.batching_per_model.em.max_batch_delay_ms: inf is not a finite number",
+    ),
+    ("headroom-NaN", b'{"params": {"class_headroom": NaN}}', "params.class_headroom: nan"),
+    ("headroom-Infinity", b'{"params": {"class_headroom": Infinity}}', "params.class_headroom"),
+    ("empty-body", b"", "body: empty"),
+    ("empty-object", b"{}", "params: required"),
+    ("empty-params", b'{"params": {}}', "params: empty, nothing to change"),
+    ("unknown-field", b'{"parms": {"class_headroom": 0.5}}', "parms: unknown field"),
+    ("unknown-param", b'{"params": {"headroom": 0.5}}', "params.headroom: unknown parameter"),
+    (
+        "unknown-model",
+        b'{"params": {"batching_per_model": {"nope": {"policy": "none"}}}}',
+        "params.batching_per_model.nope:",
+    ),
+]
+
+
+def _params_version(port: int) -> tuple[int, int]:
+    auth = [("Authorization", f"Bearer {TOKEN}")]
+    doc = json.loads(run(exchange(port, request("GET", "/admin/params", headers=auth))).body)
+    return doc["version"], len(doc["history"])
+
+
+@pytest.mark.parametrize("server", ["worker", "gateway"])
+@pytest.mark.parametrize(("case", "body", "names"), BAD_PARAMS, ids=[b[0] for b in BAD_PARAMS])
+def test_bad_admin_params_are_400_naming_the_field_and_make_no_version(
+    cluster: Cluster, server: str, case: str, body: bytes, names: str
+) -> None:
+    port = cluster.of(server).port
+    before = _params_version(port)
+    hs = [("Authorization", f"Bearer {TOKEN}"), ("Content-Type", "application/json")]
+    reply = run(exchange(port, request("PUT", "/admin/params", body, hs)))
+    assert reply.status == 400 and names in reply.text(), (case, reply)
+    assert _params_version(port) == before
 
 
 def _sample_rss(server: Server, stop: threading.Event, peak: list[int]) -> None:

@@ -91,6 +91,22 @@ async def test_round_robin_spreads_and_names_backend() -> None:
         assert seen == {"a": 5, "b": 5}
 
 
+async def test_head_is_answered_as_get() -> None:
+    """HEAD on the gateway's GET endpoints (its own and those it asks a backend for) is
+    answered as GET, without a body; HEAD on infer is 405."""
+    async with fakes(FakeBackend("a", ["m"])) as fbs, gateway_for(fbs) as (_, client):
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        for path in ("/v2/health/live", "/v2/health/ready", "/v2", "/v2/models/m/ready",
+                     "/v2/repository/index", "/metrics", "/admin/routing"):  # fmt: skip
+            got, head = await client.get(path, headers=auth), await client.head(path, headers=auth)
+            assert (path, head.status_code) == (path, got.status_code) == (path, 200)
+            assert head.content == b""
+            if path != "/metrics":  # its figures move between the two requests
+                assert head.headers["content-length"] == str(len(got.content))
+        assert (await client.head("/v2/models/m/infer")).status_code == 405
+        assert (await client.head("/admin/routing")).status_code == 401
+
+
 async def test_queue_aware_spreads_a_burst_between_polls() -> None:
     # At the last poll a reports 2 queued, the others none; between polls the router's own
     # send counts must fill the others up to a's level and then share the rest, instead of

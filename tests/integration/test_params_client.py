@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,6 +58,14 @@ def test_the_client_gets_pushes_and_rolls_back(worker: BackgroundWorker) -> None
     with pytest.raises(ParamsAPIError) as err:
         get_params("http://127.0.0.1:9", TOKEN, timeout_s=2)
     assert err.value.status == 0
+    # A number JSON cannot carry is not sent (it was a ValueError from the HTTP library).
+    with pytest.raises(ParamsAPIError) as err:
+        push_params(worker.url, TOKEN, {"batching_per_model": {"em": {**SMALL, "x": [math.inf]}}})
+    assert err.value.status == 0
+    assert "not sent: params.batching_per_model.em.x.0: inf is not a finite number" in str(
+        err.value
+    )
+    assert get_params(worker.url, TOKEN)["version"] == 3
 
 
 def test_the_cli(worker: BackgroundWorker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,3 +95,7 @@ def test_the_cli(worker: BackgroundWorker, tmp_path: Path, monkeypatch: pytest.M
     r = runner.invoke(app, ["params", "rollback", worker.url, "--to", "1"])
     assert r.exit_code == 0 and "version 4 (was 3)" in r.output
     assert TOKEN not in r.output
+    f.write_text("class_headroom: .inf\n")  # YAML's infinity: refused, not a traceback
+    r = runner.invoke(app, ["params", "put", worker.url, str(f)])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.exception
+    assert "not sent: params.class_headroom: inf is not a finite number" in r.output

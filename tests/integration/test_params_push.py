@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,7 +149,9 @@ async def test_a_put_changes_routing_on_the_gateway_and_batching_on_the_workers(
         assert p["class_headroom"] is None
         # Stale version: 409 naming the current one; nothing changes.
         r = await c.client.put(
-            "/admin/params", json={"expected_version": 1, "params": {}}, headers=AUTH
+            "/admin/params",
+            json={"expected_version": 1, "params": {"class_headroom": 0.5}},
+            headers=AUTH,
         )
         assert r.status_code == 409 and r.json()["version"] == 3
         # Bad input names the field.
@@ -183,6 +186,75 @@ async def test_a_put_changes_routing_on_the_gateway_and_batching_on_the_workers(
         got = (await c.client.get("/admin/params", headers=AUTH)).json()
         assert got["version"] == 5 and got["history"][-1]["source"] == "routing"
         assert [h["version"] for h in got["history"]] == [1, 2, 3, 4, 5]
+
+
+def _strict_json(data: bytes) -> Any:
+    """JSON as RFC 8259 has it: a bare Infinity or NaN fails the test."""
+
+    def refuse(const: str) -> Any:
+        raise AssertionError(f"bare {const} in {data[:300]!r}")
+
+    return json.loads(data, parse_constant=refuse)
+
+
+#: (body as sent, what the 400's message names): the probes of the hardening list.
+BAD_PUTS = [
+    (
+        b'{"params": {"routing": {"policy": "queue-aware", "queue_weight": 1e400}}}',
+        "params.routing.queue_weight: inf is not a finite number",
+    ),
+    (
+        b'{"params": {"batching_per_model": {"em": {"policy": "fixed-window", '
+        b'"max_batch_delay_ms": 1e400}}}}',
+        "params.batching_per_model.em.max_batch_delay_ms: inf is not a finite number",
+    ),
+    (b'{"params": {"class_headroom": NaN}}', "params.class_headroom: nan is not a finite"),
+    (b'{"params": {"class_headroom": -Infinity}}', "params.class_headroom: -inf is not"),
+    (b"", "body: empty"),
+    (b"  ", "body: empty"),
+    (b"{}", "params: required"),
+    (b'{"params": {}}', "params: empty, nothing to change"),
+    (b'{"parms": {"class_headroom": 0.5}}', "parms: unknown field"),
+    (b'{"params": {"class_headroom": 0.5}, "force": true}', "force: unknown field"),
+    (
+        b'{"params": {"batching_per_model": {"nope": {"policy": "none"}}}}',
+        "params.batching_per_model.nope:",
+    ),
+]
+
+
+async def test_bad_changes_are_400_naming_the_field_and_make_no_version(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c, httpx.AsyncClient(timeout=60) as direct:
+        ok = await c.client.put(
+            "/admin/params", json={"params": {"class_headroom": 0.5}}, headers=AUTH
+        )
+        assert ok.status_code == 200, ok.text
+        for url in ("", c.workers["w1"]):  # the gateway, then a worker directly
+            got = await direct.get(f"{url or c.client.base_url}/admin/params", headers=AUTH)
+            before = _strict_json(got.content)
+            for raw, names in BAD_PUTS:
+                r = await direct.put(
+                    f"{url or c.client.base_url}/admin/params",
+                    content=raw,
+                    headers={**AUTH, "content-type": "application/json"},
+                )
+                assert r.status_code == 400, (url, raw, r.text)
+                assert names in _strict_json(r.content)["error"], (url, raw, r.text)
+            r = await direct.post(
+                f"{url or c.client.base_url}/admin/params/rollback",
+                content=b'{"to_version": 1, "force": true}',
+                headers=AUTH,
+            )
+            assert r.status_code == 400 and "force: unknown field" in r.json()["error"]
+            got = await direct.get(f"{url or c.client.base_url}/admin/params", headers=AUTH)
+            after = _strict_json(got.content)
+            assert after["version"] == before["version"] and after["history"] == before["history"]
+        # The gateway names the models its backends host.
+        r = await c.client.put("/admin/params", content=BAD_PUTS[-1][0], headers=AUTH)
+        assert "no backend hosts model 'nope' (models: em)" in r.json()["error"]
+        for svc in c.services.values():  # nothing reached the workers' schedulers
+            assert svc.driver.sched.max_batch_size == {"em": 16}
+            assert svc.driver.sched.queues.class_headroom == 0.5
 
 
 async def test_learn_profiles_fans_out_to_every_worker_and_rolls_back(tmp_path: Path) -> None:

@@ -220,6 +220,124 @@ async def test_the_config_override_replaces_fields_and_its_errors_name_them(
     assert loads['evenserve_model_loads_total{model="pair",outcome="failure"}'] == 1.0
 
 
+async def test_model_control_errors_name_no_absolute_path_of_the_repository(
+    explicit: tuple[WorkerService, httpx.AsyncClient], tmp_path: Path
+) -> None:
+    """Load errors and the index's reasons name files relative to the repository."""
+    _, c = explicit
+    broken = tmp_path / "repo" / "broken"
+    broken.mkdir()
+    (broken / "model.yaml").write_text(yaml.safe_dump({**MODELS["em"], "profile": "gone.yaml"}))
+    texts = []
+    for name, body, status in (
+        ("nope", None, 404),
+        ("pair", {"parameters": {"config": {"max_batch_size": 0}}}, 400),
+        ("broken", None, 400),
+        ("pair", {"parameters": {"config": {"emulated": {"profile": "gone.yaml"}}}}, 400),
+    ):
+        r = await c.post(repository_path(name, "load"), json=body)
+        assert r.status_code == status, r.text
+        texts.append(r.json()["error"])
+    texts += [str(m.get("reason")) for m in (await c.post(REPOSITORY_INDEX_PATH)).json()]
+    for text in texts:
+        assert str(tmp_path) not in text and str(tmp_path.resolve()) not in text, text
+    assert "no model folder 'nope' in the repository" in texts[0]
+    assert texts[1].startswith("pair/model.yaml with the load's config override: max_batch")
+    assert "broken/model.yaml: profile: " in texts[2] and "broken/gone.yaml" in texts[2]
+
+
+async def test_an_override_naming_a_missing_file_or_a_field_without_effect_is_400(
+    explicit: tuple[WorkerService, httpx.AsyncClient],
+) -> None:
+    """On a cpu device: an override's files must be in the model folder; a field this worker
+    would ignore is refused, naming it; a refused load of a READY model leaves it serving."""
+    service, c = explicit
+    cases = [
+        ({"emulated": {"profile": "missing.yaml"}},
+         "parameters.config.emulated.profile: no file 'missing.yaml' in the model folder 'em'"),
+        ({"profile": "missing.yaml"}, "parameters.config.profile: no file 'missing.yaml'"),
+        ({"profile": "../pair/profile.yaml"},
+         "parameters.config.profile: '../pair/profile.yaml' is not a path inside the model"),
+        ({"emulated": {"profile": "/etc/hostname"}},
+         "parameters.config.emulated.profile: '/etc/hostname' is not a path inside"),
+        ({"emulated": {"profile": "profile.yaml", "profile_name": "resnet50"}},
+         "parameters.config.emulated.profile_name: has no effect on device cpu"),
+        ({"optimize": {"min_cosine": 0.5}}, "parameters.config.optimize: has no effect"),
+        ({"slo_ms": 1e400}, "parameters.config.slo_ms: inf is not a finite number"),
+        ({"emulated": {"profile": "profile.yaml", "load_ms": float("nan")}},
+         "parameters.config.emulated.load_ms: nan is not a finite number"),
+    ]  # fmt: skip
+    for override, names in cases:
+        body = json.dumps({"parameters": {"config": override}})  # inf and nan as Python writes them
+        r = await c.post(repository_path("em", "load"), content=body)
+        assert r.status_code == 400 and r.json()["error"].startswith(names), (override, r.text)
+        assert service.model_state("em").state == "READY"
+    assert (await c.post("/v2/models/em/infer", json=X)).status_code == 200
+    good = {"parameters": {"config": {"emulated": {"profile": "profile.yaml", "load_ms": 1}}}}
+    assert (await c.post(repository_path("em", "load"), json=good)).status_code == 200
+
+
+async def test_on_an_emulated_set_device_an_override_of_the_profile_file_is_400(
+    tmp_path: Path,
+) -> None:
+    """On emulated:SET the set gives each model its profile: an override naming a profile
+    file (there or not) would be ignored, and is refused; profile_name is taken."""
+    repo = write_repo(tmp_path, {"resnet50": MODELS["em"]})
+    service = WorkerService(
+        [],
+        WorkerOptions(
+            device=parse_device("emulated:linear-fast"),
+            model_control="explicit",
+            repository=repo,
+            repository_poll_s=3600.0,
+        ),
+    )
+    service = await _started(service)
+    async with _client(service) as c:
+        url = repository_path("resnet50", "load")
+        for override, names in (
+            ({"emulated": {"profile": "missing.yaml"}},
+             "parameters.config.emulated.profile: no file 'missing.yaml'"),
+            ({"emulated": {"profile": "profile.yaml"}},
+             "parameters.config.emulated.profile: has no effect on device emulated:linear-fast"),
+            ({"runtime": "torch", "torch": {"file": "profile.yaml"}},
+             "parameters.config.torch: has no effect on device emulated:linear-fast"),
+        ):  # fmt: skip
+            r = await c.post(url, json={"parameters": {"config": override}})
+            assert r.status_code == 400 and r.json()["error"].startswith(names), r.text
+        assert service.model_state("resnet50").state == "UNAVAILABLE"
+        ok = {"parameters": {"config": {"emulated": {"profile_name": "resnet50"}}}}
+        assert (await c.post(url, json=ok)).status_code == 200
+    await service.stop()
+
+
+async def test_an_override_that_batching_or_a_variant_would_replace_is_400(
+    tmp_path: Path,
+) -> None:
+    repo = write_repo(tmp_path, {"em": MODELS["em"]})
+    (repo / "em" / "other.yaml").write_text(yaml.safe_dump({**PROFILE, "model": "em"}))
+    (repo / "em" / "variant.yaml").write_text(
+        yaml.safe_dump(
+            {"variant": "v", "runtime": "torch", "torch": {"file": "m.pt"}, "profile": "other.yaml"}
+        )
+    )
+    service = _service(repo, None)
+    service.options.batching_override = {"policy": "fixed-window", "max_batch_delay_ms": 1}
+    service = await _started(service)
+    async with _client(service) as c:
+        url = repository_path("em", "load")
+        for override, names in (
+            ({"batching": {"policy": "none"}}, "parameters.config.batching: has no effect"),
+            ({"profile": "profile.yaml"},
+             "parameters.config.profile: has no effect: the folder's variant.yaml"),
+        ):  # fmt: skip
+            r = await c.post(url, json={"parameters": {"config": override}})
+            assert r.status_code == 400 and r.json()["error"].startswith(names), r.text
+        ok = {"parameters": {"config": {"profile": "profile.yaml", "use_variant": False}}}
+        assert (await c.post(url, json=ok)).status_code == 200, ok
+    await service.stop()
+
+
 async def test_no_such_folder_is_404_and_a_bad_name_400(
     explicit: tuple[WorkerService, httpx.AsyncClient],
 ) -> None:

@@ -21,7 +21,9 @@ from evenserve.core.errors import ConfigError, EvenserveError
 def gateway(
     config: Annotated[Path, typer.Option("--config", "-c", help="Cluster YAML file.")],
     host: Annotated[str | None, typer.Option(help="Listen address (default: config).")] = None,
-    port: Annotated[int | None, typer.Option(help="Listen port (default: config).")] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Listen port (default: config; 0: any free port).")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="Python log level.")] = "warning",
     token_file: Annotated[
         Path | None,
@@ -58,8 +60,10 @@ def gateway(
 ) -> None:
     """Run the gateway: KServe v2 HTTP API routing to the cluster's backends."""
     from evenserve.gateway.config import load_cluster, write_private
-    from evenserve.gateway.server import Gateway, serve
+    from evenserve.gateway.server import Gateway, listening_socket, serve
 
+    if port is not None and not 0 <= port <= 65535:
+        fail(f"--port: must be in 0..65535 (got {port})")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         cluster = load_cluster(config)
@@ -81,10 +85,16 @@ def gateway(
                 "installed): pip install 'evenserve[grpc]'"
             )
     names = ", ".join(gw.registry.names())
+    port_from = "--port" if port is not None else f"{config}: gateway.port"
+    port = port if port is not None else g.port
+    try:
+        sock = listening_socket(gw.host, port, g.reuse_port)
+    except OSError as exc:
+        fail(f"{port_from}: cannot listen on {gw.host}:{port}: {exc.strerror or exc}")
+    port = sock.getsockname()[1]
     grpc_at = "" if g.grpc_port is None else f" and grpc://{gw.host}:{g.grpc_port}"
     err_console.print(
-        f"gateway on http://{gw.host}:{port or g.port}{grpc_at}  routing {g.routing}  "
-        f"backends: {names}",
+        f"gateway on http://{gw.host}:{port}{grpc_at}  routing {g.routing}  backends: {names}",
         highlight=False,
     )
     if token.generated:
@@ -107,7 +117,10 @@ def gateway(
     if rec is not None:
         kept = "memory only" if rec.path is None else str(rec.path)
         err_console.print(f"request log: {kept} (window {rec.window} records)", highlight=False)
-    serve(gw, host, port)
+    try:
+        serve(gw, sock=sock)
+    except EvenserveError as exc:  # the gRPC port cannot be bound
+        fail(str(exc))
 
 
 def read_addresses(path: Path) -> dict[str, str]:

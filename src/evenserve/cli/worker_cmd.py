@@ -268,8 +268,10 @@ def worker(
 
     if max_body_bytes < 1:
         fail("--max-body-bytes: must be >= 1")
+    if not 0 <= port <= 65535:
+        fail(f"--port: must be in 0..65535 (got {port})")
     if not 0 <= grpc_port <= 65535:
-        fail("--grpc-port: must be in 0..65535")
+        fail(f"--grpc-port: must be in 0..65535 (got {grpc_port})")
     if grpc_port:
         try:
             import evenserve.worker.grpc_api  # noqa: F401

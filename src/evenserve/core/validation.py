@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,3 +52,22 @@ def validate_document(
         return model.model_validate(raw)
     except ValidationError as exc:
         raise error(f"{source}: {format_validation_error(exc)}") from exc
+
+
+def non_finite_field(doc: Any, where: str) -> tuple[str, float] | None:
+    """The path (``where.a.0.b``) and the value of the first number in ``doc`` (parsed JSON
+    or YAML: mappings, lists, numbers...) that is infinite or not a number, else None. JSON
+    has no such numbers: a document holding one can be neither sent nor served as JSON."""
+    if isinstance(doc, float):
+        return None if math.isfinite(doc) else (where, doc)
+    if isinstance(doc, Mapping):
+        items: Any = doc.items()
+    elif isinstance(doc, list | tuple):
+        items = enumerate(doc)
+    else:
+        return None
+    for k, v in items:
+        found = non_finite_field(v, f"{where}.{k}")
+        if found is not None:
+            return found
+    return None

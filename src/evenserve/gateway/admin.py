@@ -9,9 +9,10 @@
   and soft-overload flag (queue-aware: it steers away from that host; it never refuses).
 - ``GET  /admin/routing``: the policy in force, as a spec (``{policy: name, ...params}``).
 - ``PUT  /admin/routing``: replace it with a spec; validated like the config file (400 naming
-  the field on error); the very next routing decision uses it. This is how tuned parameters
-  are pushed to a running gateway. Each change is also a new version of ``/admin/params``
-  (``gateway.params_api``: versioned routing, batching and class headroom, with rollback).
+  the field on error, a number that is not finite such as ``1e400`` too); the very next
+  routing decision uses it. This is how tuned parameters are pushed to a running gateway.
+  Each change is also a new version of ``/admin/params`` (``gateway.params_api``: versioned
+  routing, batching and class headroom, with rollback).
 - ``GET  /admin/events``: recent ejections and readmissions, and changes of a backend's
   models (event ``models``, reason ``now [a, b] (+b)``), with gateway-clock times.
 A missing or wrong token is refused with 401 (``WWW-Authenticate: Bearer``).
@@ -19,7 +20,6 @@ A missing or wrong token is refused with 401 (``WWW-Authenticate: Bearer``).
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 from collections.abc import Awaitable, Callable
@@ -28,8 +28,9 @@ from typing import Any
 from evenserve.core import wire
 from evenserve.core.clock import Clock
 from evenserve.core.types import BackendView, RequestInfo
+from evenserve.core.validation import non_finite_field
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.httpio.server import Request, Response, json_response
+from evenserve.httpio.server import Request, Response, json_bytes, json_response
 from evenserve.policy.registry import PolicySpecError, split_spec
 from evenserve.policy.routing import ROUTING
 
@@ -37,7 +38,7 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return json_response(json.dumps(obj).encode(), status, headers)
+    return json_response(json_bytes(obj), status, headers)
 
 
 def _num(x: float | None) -> float | None:
@@ -179,6 +180,9 @@ class AdminAPI:
     async def put_routing(self, request: Request) -> Response:
         try:
             spec = parse_routing_body(request.body)
+            bad = non_finite_field(spec, "routing")
+            if bad is not None:  # 1e400 reads as inf: no policy weighs with it
+                raise ValueError(f"{bad[0]}: {bad[1]} is not a finite number")
         except ValueError as exc:
             return _json({"error": str(exc)}, 400)
         if self.versioned_routing is not None:  # a new params version (gateway.params_api)

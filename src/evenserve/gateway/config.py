@@ -42,6 +42,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
@@ -372,6 +373,10 @@ class BackendSpec(Strict):
     def _url_ok(cls, v: str) -> str:
         if not re.match(r"^https?://[^/\s]+", v):
             raise ValueError(f"expected http(s)://host:port, got {v!r}")
+        try:
+            urlsplit(v).port  # noqa: B018 - raises for a port that is no number in 0..65535
+        except ValueError:
+            raise ValueError(f"expected http(s)://host:port, port in 0..65535, got {v!r}") from None
         return v.rstrip("/")
 
     @field_validator("models")
@@ -387,8 +392,8 @@ class BackendSpec(Strict):
     @field_validator("grpc_url")
     @classmethod
     def _grpc_url_ok(cls, v: str | None) -> str | None:
-        if v is not None and not re.match(r"^[^/\s]+:\d+$", v):
-            raise ValueError(f"expected host:port, got {v!r}")
+        if v is not None and not (re.match(r"^[^/\s]+:\d+$", v) and int(v.rsplit(":")[-1]) < 65536):
+            raise ValueError(f"expected host:port, port in 0..65535, got {v!r}")
         return v
 
 
@@ -482,6 +487,10 @@ class ClusterConfig(Strict):
             names += [d.name for d in self.workers.devices]
             for i, d in enumerate(self.workers.devices):
                 p = self.workers.port_of(i)
+                if p > 65535:
+                    raise ValueError(
+                        f"workers.devices.{i}.port: workers.base_port + {i} = {p} is over 65535"
+                    )
                 if p in ports:
                     raise ValueError(f"workers.devices.{i}.port: {p} also used by {ports[p]}")
                 ports[p] = d.name

@@ -11,8 +11,10 @@ Behind the admin bearer token (401 otherwise). Bodies are ``policy.params``'s:
   version at this one).
 - ``PUT  /admin/params`` ``{"expected_version": N?, "params": {...partial}, "note": "..."}``:
   keys absent keep their value (``batching_per_model`` merges per model); 409 (with
-  ``version``) when ``expected_version`` is not the current one; 400 naming the field;
-  else a new version: ``{version, previous_version, params, backends: {name: result}}``.
+  ``version``) when ``expected_version`` is not the current one; 400 naming the field (an
+  empty body or ``params``, an unknown field, a number that is not finite such as
+  ``1e400``, a model no backend hosts: no version is made); else a new version:
+  ``{version, previous_version, params, backends: {name: result}}``.
 - ``POST /admin/params/rollback`` ``{"to_version": K, "expected_version": N?, "note"?}``:
   version K's params applied as a new version (404: K unknown).
 
@@ -290,11 +292,22 @@ class GatewayParams:
     async def get_params(self, request: Request) -> Response:
         return admin_json(self.view())
 
+    def known_models(self) -> set[str]:
+        """Every model some backend hosts (in its index, any state, or routed there)."""
+        return set().union(*(self.hosted(n) for n in self.registry.states))
+
     async def put_params(self, request: Request) -> Response:
         try:
             update, expected, note = parse_put_body(object_body(request))
             if "routing" in update and update["routing"] is None:
                 raise ConfigError("params.routing: the gateway needs a routing policy")
+            known = self.known_models()
+            for m in update.get("batching_per_model", {}):
+                if m not in known:
+                    raise ConfigError(
+                        f"params.batching_per_model.{m}: no backend hosts model {m!r} "
+                        f"(models: {', '.join(sorted(known)) or 'none'})"
+                    )
         except (ConfigError, ValueError) as exc:
             return admin_error(str(exc), 400)
         async with self.lock:

@@ -9,7 +9,8 @@ are summed over every healthy host of the model (``gateway.stats``), and
 figures). Model control (``POST /v2/repository/models/{m}/load|unload``) answers 501 naming
 the workers that host the model: the gateway loads nothing (its gRPC front answers
 UNIMPLEMENTED, with the same words).
-``/metrics`` is the gateway's Prometheus text; ``/admin/...`` needs the bearer token.
+``/metrics`` is the gateway's Prometheus text; ``/admin/...`` needs the bearer token. HEAD is
+answered as GET, without the body.
 With a request log (``--record`` or ``gateway.record``: ``core.requestlog``) every HTTP
 inference request answered is one record; ``GET /admin/log`` serves the recent window as a
 replayable trace and ``GET /admin/record`` the log's counters.
@@ -23,6 +24,7 @@ import asyncio
 import json
 import logging
 import random
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -48,7 +50,7 @@ from evenserve.gateway.placement import (
 )
 from evenserve.gateway.poller import Poller
 from evenserve.gateway.stats import collect_all_stats, collect_model_stats
-from evenserve.httpio.server import Limits, Request, Response, json_response
+from evenserve.httpio.server import Limits, Request, Response, json_bytes, json_response
 from evenserve.httpio.serving import Serving
 from evenserve.metrics.gateway import BackendFigures, GatewayMetrics
 from evenserve.policy.placement import ModelInfo
@@ -68,7 +70,7 @@ def _error(status: int, message: str) -> Response:
 
 
 def _json(obj: object) -> Response:
-    return json_response(json.dumps(obj, separators=(",", ":")).encode())
+    return json_response(json_bytes(obj))
 
 
 #: ``/v2/repository/models/{m}/load`` and ``.../unload`` (the model repository extension).
@@ -345,8 +347,10 @@ class Gateway:
     # -- the handler --------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
         path = request.path
+        # HEAD is GET without the body (the server drops it).
+        method = "GET" if request.method == "HEAD" else request.method
         if path == wire.MODEL_STATS_PATH:  # every model's (perf_analyzer asks for these)
-            if request.method != "GET":
+            if method != "GET":
                 return _error(405, f"{path} takes GET")
             return await self.all_stats()
         if path.startswith(wire.MODELS_PREFIX):
@@ -355,7 +359,7 @@ class Gateway:
                 return _error(404, f"no such path: {path[:200]!r}")
             model, _version, suffix = found
             if suffix == "infer":
-                if request.method != "POST":
+                if method != "POST":
                     return _error(405, "infer takes POST")
                 rec = self.recorder
                 if rec is None:
@@ -369,7 +373,7 @@ class Gateway:
                 )
                 self._record(rec, t_s, unix_s, model, request.headers, ans)
                 return _answer(ans)
-            if request.method != "GET":
+            if method != "GET":
                 return _error(405, f"{path[:200]!r} takes GET")
             if suffix == "ready" and found.version is None:
                 return self.model_ready(model)
@@ -377,7 +381,7 @@ class Gateway:
                 return await self.model_stats(model, found.path())
             # A version is the backends' to judge (the gateway does not know them).
             return _answer(await self.dispatcher.passthrough(model, "GET", found.path(), b""))
-        endpoint = self._exact.get((request.method, path))
+        endpoint = self._exact.get((method, path))
         if endpoint is not None:
             return await endpoint(request)
         control = _model_control(path)
@@ -436,13 +440,36 @@ class Gateway:
         return Response(200, self.metrics.render(), {"content-type": "text/plain; version=0.0.4"})
 
 
-def serve(gateway: Gateway, host: str | None = None, port: int | None = None) -> None:
-    """Run the gateway until SIGINT/SIGTERM (open requests are answered first), on uvloop."""
+def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (SO_REUSEADDR; SO_REUSEPORT with ``reuse_port``),
+    for ``serve``: bound before the gateway starts, so a port that cannot be had is an error
+    at once (OSError, OverflowError for a port outside 0..65535)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(
+    gateway: Gateway,
+    host: str | None = None,
+    port: int | None = None,
+    sock: socket.socket | None = None,
+) -> None:
+    """Run the gateway until SIGINT/SIGTERM (open requests are answered first), on uvloop;
+    on ``sock`` (``listening_socket``) when given, else on ``host:port``."""
     cfg = gateway.cfg
     Serving(
         gateway,
         host or gateway.host,
         port or cfg.port,
+        sock=sock,
         limits=gateway.limits,
         drain_timeout_s=10,
         reuse_port=cfg.reuse_port,

@@ -3,14 +3,13 @@ JSON object a request body must be, and the error reply."""
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Mapping
 from typing import Any
 
 from evenserve.core import wire
 from evenserve.core.errors import ConfigError
-from evenserve.httpio.server import Request, Response
+from evenserve.httpio.server import Request, Response, json_bytes
 
 JSON = {"content-type": "application/json"}
 
@@ -27,9 +26,7 @@ def bearer_ok(authorization: str | None, token: bytes) -> bool:
 
 
 def admin_json(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(
-        status, json.dumps(obj, separators=(",", ":")).encode(), {**JSON, **(headers or {})}
-    )
+    return Response(status, json_bytes(obj), {**JSON, **(headers or {})})
 
 
 def admin_error(message: str, status: int, **more: Any) -> Response:
@@ -38,9 +35,11 @@ def admin_error(message: str, status: int, **more: Any) -> Response:
 
 
 def object_body(request: Request) -> dict[str, Any]:
-    """The request's JSON object body (empty: ``{}``), read as untrusted input; ConfigError
-    naming ``body`` otherwise."""
-    raw = wire.parse_json(request.body or b"{}", "body")
+    """The request's JSON object body, read as untrusted input; ConfigError naming
+    ``body`` when it is empty or not a JSON object."""
+    if not request.body.strip():
+        raise ConfigError("body: empty (expected a JSON object)")
+    raw = wire.parse_json(request.body, "body")
     if not isinstance(raw, dict):
         raise ConfigError("body: expected a JSON object")
     return raw

@@ -11,7 +11,8 @@ Each call answers the server's JSON reply, or raises :class:`ParamsAPIError` wit
 status and the reply (409: another change came first, ``current_version`` says which; 400:
 the message names the field; 502: a backend failed, ``body["backends"]`` says how; 401:
 the token; 404: an unknown version, or a worker without an admin token). ``status`` 0: no
-answer (connection refused, time limit).
+answer (connection refused, time limit), or not sent (a number that is not finite, which
+JSON cannot carry: the message names its field).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 
 from evenserve.core.errors import EvenserveError
+from evenserve.core.validation import non_finite_field
 
 PARAMS_PATH = "/admin/params"
 ROLLBACK_PATH = "/admin/params/rollback"
@@ -53,6 +55,10 @@ def _call(
     transport: httpx.BaseTransport | None,
 ) -> dict[str, Any]:
     headers = {"authorization": f"Bearer {token}"}
+    bad = None if body is None else non_finite_field(body, "body")
+    if bad is not None:  # JSON cannot carry it (and the server would refuse it)
+        field = bad[0].removeprefix("body.")
+        raise ParamsAPIError(0, f"not sent: {field}: {bad[1]} is not a finite number")
     try:
         with httpx.Client(timeout=timeout_s, trust_env=False, transport=transport) as client:
             r = client.request(method, url.rstrip("/") + path, json=body, headers=headers)

@@ -11,7 +11,10 @@ lookup and ``core.wire.split_model_path``).
 Limits, each answered as HTTP says (and then the connection is closed, since what follows on
 it cannot be trusted):
 - a request head (request line and headers) over ``max_header_bytes`` or with more than
-  ``max_headers`` headers: 431;
+  ``max_headers`` headers: 431. The head's bytes are counted as they arrive, before the
+  parser sees them (httptools hands a header over only once its line is complete), so a head
+  that never ends, or one of 50 MiB, is refused as soon as it passes the limit: the rest is
+  neither parsed nor kept. One comparison per chunk read while a head is being read;
 - a ``Content-Length`` over ``max_body_bytes``: 413 at once, before any of the body is read;
   a chunked body that grows over it: 413 as soon as it does (the rest is not read);
 - malformed HTTP: 400; an upgrade (websocket, h2c): 501;
@@ -21,6 +24,9 @@ it cannot be trusted):
   closed after ``keepalive_timeout_s``;
 - connections beyond ``max_connections`` get a 503 and are closed at once, so a flood of
   idle connections cannot take the file descriptors the process needs for its own backends.
+Request targets in absolute form (``GET http://host:port/path HTTP/1.1``, which RFC 9112
+3.2.2 says a server must accept) reach the handler as their path; ``*`` (``OPTIONS *``) is
+handed over as it is. A HEAD request is answered without the body its handler returns.
 A handler that raises answers 500 (logged once, with the traceback: that is a bug) and the
 connection stays usable. A client that goes away mid-request is not an error: nothing is
 logged. Pipelined requests are answered in order, one at a time; reading pauses when
@@ -37,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import resource
 import socket
 from collections import deque
@@ -45,13 +52,16 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from functools import partial
 from http import HTTPStatus
-from typing import cast
+from typing import Any, cast
 
 import httptools
 
 log = logging.getLogger("evenserve.http")
 #: How long a refused request's remaining input is read and dropped before closing.
 LINGER_S = 2.0
+#: ``_Connection.head_left`` while no head is being read (a body, or a request being handled):
+#: more than any connection will carry, so the per-chunk comparison never fires.
+_NOT_IN_HEAD = 1 << 62
 
 
 @dataclass(slots=True)
@@ -95,6 +105,26 @@ def json_response(
     if headers:
         h.update(headers)
     return Response(status, body, h)
+
+
+def json_bytes(obj: Any) -> bytes:
+    """``obj`` as compact JSON, never with a bare ``Infinity`` or ``NaN`` (JSON has neither:
+    RFC 8259 6; strict parsers refuse them): a float that is not finite is written ``null``.
+    What the servers answer in JSON is written with it."""
+    try:
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:  # a non-finite float somewhere: the rare path
+        return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False).encode()
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _default_max_connections() -> int:
@@ -174,6 +204,22 @@ def _error_bytes(status: int, message: str) -> bytes:
     return encode_head(status, {"content-type": JSON}, len(body), True) + body
 
 
+def origin_form(target: bytes) -> bytes:
+    """A request target as a path (and query): an absolute-form target
+    (``http://host:port/p?q``, RFC 9112 3.2.2) becomes ``/p?q`` (``/`` when it has no path);
+    any other (a path, ``*``, an authority) is returned as it is."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return target
+    end = len(rest)
+    for c in (b"/", b"?", b"#"):
+        i = rest.find(c)
+        if 0 <= i < end:
+            end = i
+    path = rest[end:]
+    return path if path.startswith(b"/") else b"/" + path
+
+
 class _Refuse(Exception):
     """Raised from a parser callback: answer ``status`` with ``message`` and close."""
 
@@ -199,6 +245,9 @@ class _Connection(asyncio.Protocol):
         self.url = b""
         self.headers: dict[str, str] = {}
         self.head_bytes = 0
+        #: Bytes the head being read may still take, counted as they arrive (data_received);
+        #: _NOT_IN_HEAD from a head's end to the end of its request.
+        self.head_left = self.max_head
         self.reading = False  # from a request's first byte to its last
         self.body: list[bytes] = []
         self.body_len = 0
@@ -240,19 +289,59 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed or self.lingering:
             return  # a refused request's rest is read and dropped (see _refuse)
+        n = len(data)
+        if n > self.head_left:
+            self._over_head(data)
+            return
+        self.head_left -= n
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Refuse) as exc:
+            self._parse_failed(exc)
+
+    def _over_head(self, data: bytes) -> None:
+        """A chunk longer than what the head being read may still take: feed the parser what
+        the head may take; if that ends the head, go on with the rest (a body, pipelined
+        requests), else the head is over the limit: 431, and the rest is not parsed.
+
+        The count of a head starts with the first chunk read after the request before it
+        ended. A pipelined head's first bytes, read in the same chunk as the end of the
+        request before it, are not counted here (its complete lines are, by ``on_url`` and
+        ``on_header``): such a head may pass the limit by at most that part of one chunk
+        before it is refused."""
+        view = memoryview(data)
+        while view:
+            k = self.head_left
+            if len(view) <= k:
+                self.head_left = k - len(view)
+                self._feed(view)
+                return
+            self.head_left = 0
+            if k:
+                self._feed(view[:k])
+            if self.closed or self.lingering:
+                return  # refused by the parser (malformed, a body over its limit...)
+            if self.head_left == 0:  # still in the same head, and at its limit
+                self._refuse(431, f"request head over the limit of {self.max_head} bytes")
+                return
+            view = view[k:]
+
+    def _feed(self, data: bytes | memoryview) -> None:
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Refuse) as exc:
+            self._parse_failed(exc)
+
+    def _parse_failed(self, exc: Exception) -> None:
+        if isinstance(exc, httptools.HttpParserUpgrade):
             self._refuse(501, "protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            # An exception raised in a callback comes back wrapped by the parser.
-            r = exc.__context__ if isinstance(exc.__context__, _Refuse) else None
-            if r is not None:
-                self._refuse(r.status, str(r))
-            else:
-                self._refuse(400, f"malformed HTTP request: {exc}")
-        except _Refuse as r:
+            return
+        # An exception raised in a callback comes back wrapped by the parser.
+        r = exc if isinstance(exc, _Refuse) else exc.__context__
+        if isinstance(r, _Refuse):
             self._refuse(r.status, str(r))
+        else:
+            self._refuse(400, f"malformed HTTP request: {exc}")
 
     # -- httptools callbacks --------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -273,7 +362,7 @@ class _Connection(asyncio.Protocol):
         self.head_bytes += len(name) + len(value) + 4
         headers = self.headers
         if self.head_bytes > self.max_head or len(headers) >= self.max_headers:
-            self._count(0)
+            self._count(0)  # 431 naming the byte limit when that is what was passed
             raise _Refuse(431, f"more than {self.max_headers} request headers")
         key = name.decode("latin-1").lower()
         if key in headers:
@@ -289,6 +378,7 @@ class _Connection(asyncio.Protocol):
             )
 
     def on_headers_complete(self) -> None:
+        self.head_left = _NOT_IN_HEAD
         if self.parser.should_upgrade():
             raise _Refuse(501, "protocol upgrades are not supported")
         cl = self.headers.get("content-length")
@@ -308,7 +398,10 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._disarm()
         self.reading = False
+        self.head_left = self.max_head  # the next request's head begins
         url = self.url
+        if not url.startswith(b"/"):
+            url = origin_form(url)
         q = url.find(b"?")
         path, query = (url, b"") if q < 0 else (url[:q], url[q + 1 :])
         parts = self.body
@@ -414,7 +507,7 @@ class _Connection(asyncio.Protocol):
         self.transport.write(_error_bytes(status, message))
         hook = self.server.on_refusal
         if hook is not None:
-            hook(status, self.url.split(b"?")[0].decode("latin-1"))
+            hook(status, origin_form(self.url).split(b"?")[0].decode("latin-1"))
         self.lingering = True
         self.reading = False
         self.body = []

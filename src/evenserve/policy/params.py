@@ -16,6 +16,10 @@ is kept normalized (``{policy, ...every param}``, as ``GET /admin/routing`` show
 batching spec is kept as given (``{policy, ...given params}``): a worker fills a missing
 ``max_batch_size`` from the model's own config, as it does for ``model.yaml``.
 
+Numbers must be finite: a value JSON reads as infinite or not a number (``1e400``, ``NaN``,
+``Infinity``) is refused naming its field, so no version holds one and none is served as
+the bare ``Infinity`` JSON does not allow.
+
 An update (``parse_update``) is partial: keys absent keep their value; ``batching_per_model``
 merges per model (a model named replaces that model's spec whole; models not named keep
 theirs). :class:`ParamStore` numbers the sets applied (version 1: the startup config), keeps
@@ -37,13 +41,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import QueueOptions
 from evenserve.core.scenario import ArmSpec
-from evenserve.core.validation import format_validation_error
+from evenserve.core.validation import format_validation_error, non_finite_field
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import split_spec
 from evenserve.policy.routing import ROUTING
 
 #: The keys of a parameter set.
 PARAM_KEYS = ("routing", "batching_per_model", "class_headroom", "learn_profiles")
+#: The fields of a ``PUT /admin/params`` body and of a ``POST /admin/params/rollback`` body.
+PUT_FIELDS = ("params", "expected_version", "note")
+ROLLBACK_FIELDS = ("to_version", "expected_version", "note")
 #: Versions kept in a store's history by default.
 HISTORY_LIMIT = 100
 
@@ -133,12 +140,21 @@ def checked_learn_profiles(value: Any, where: str = "learn_profiles") -> bool | 
     return value
 
 
+def check_finite(raw: Any, where: str) -> None:
+    """ParamsError naming the field of the first number in ``raw`` (JSON read: objects,
+    arrays, numbers...) that is infinite or not a number."""
+    found = non_finite_field(raw, where)
+    if found is not None:
+        raise ParamsError(f"{found[0]}: {found[1]} is not a finite number")
+
+
 def parse_update(raw: Any, where: str = "params") -> dict[str, Any]:
     """A partial parameter set validated: only the keys given, each normalized.
 
     ParamsError (or PolicySpecError, also a ConfigError) naming the field."""
     if not isinstance(raw, Mapping):
         raise ParamsError(f"{where}: expected a JSON object with some of {', '.join(PARAM_KEYS)}")
+    check_finite(raw, where)
     unknown = sorted(set(raw) - set(PARAM_KEYS))
     if unknown:
         raise ParamsError(
@@ -275,16 +291,33 @@ def apply_to_arm(arm: ArmSpec, params: Params) -> ArmSpec:
     return arm.model_copy(update=update)
 
 
+def _known_fields(body: Mapping[str, Any], known: tuple[str, ...], what: str) -> None:
+    unknown = sorted(str(k) for k in body if k not in known)
+    if unknown:
+        raise ParamsError(f"{unknown[0]}: unknown field (a {what} body has {', '.join(known)})")
+
+
 def parse_put_body(body: Mapping[str, Any]) -> tuple[dict[str, Any], int | None, str]:
-    """A ``PUT /admin/params`` body: (the update, the expected version, the note)."""
+    """A ``PUT /admin/params`` body: (the update, the expected version, the note).
+    ParamsError naming the field for an unknown field, no ``params`` or an empty one (a
+    change that changes nothing is not a version)."""
+    _known_fields(body, PUT_FIELDS, "PUT /admin/params")
+    if "params" not in body:
+        raise ParamsError(f"params: required (an object with some of {', '.join(PARAM_KEYS)})")
     expected = parse_expected_version(body.get("expected_version"))
     note = parse_note(body.get("note"))
-    return parse_update(body.get("params", {}), "params"), expected, note
+    update = parse_update(body["params"], "params")
+    if not update:
+        raise ParamsError(
+            f"params: empty, nothing to change (give some of {', '.join(PARAM_KEYS)})"
+        )
+    return update, expected, note
 
 
 def parse_rollback_body(body: Mapping[str, Any]) -> tuple[int, int | None, str]:
     """A ``POST /admin/params/rollback`` body: (the version to go back to, the expected
     version, the note: given, else ``rollback to version K``)."""
+    _known_fields(body, ROLLBACK_FIELDS, "POST /admin/params/rollback")
     to = parse_expected_version(body.get("to_version"), "to_version")
     if to is None:
         raise ConfigError("to_version: required (the version to go back to)")

@@ -12,9 +12,10 @@ every ``/admin/*`` path answers 404 saying the admin API is off; a missing or wr
 - ``PUT  /admin/params`` ``{"expected_version": N?, "params": {...partial}, "note": "..."}``:
   keys absent keep their value (``batching_per_model`` merges per model; ``routing`` is
   ignored); 409 when ``expected_version`` is not the current one; 400 naming the field (a
-  model not served here too); else the next version, applied to the scheduler for its next
-  decision (queued requests are kept and answered once). The reply is ``{version,
-  previous_version, params}``.
+  model not served here, an empty body or ``params``, an unknown field, a number that is not
+  finite such as ``1e400``: no version is made); else the next version, applied to the
+  scheduler for its next decision (queued requests are kept and answered once). The reply
+  is ``{version, previous_version, params}``.
 - ``POST /admin/params/rollback`` ``{"to_version": K, "expected_version": N?}``: version
   K's params applied as a new version (404: K unknown).
 """

@@ -1,5 +1,7 @@
 """The worker's HTTP API: KServe v2 (+ binary tensors, statistics), the load endpoint, /metrics.
 
+HEAD is answered as GET, without the body.
+
 Status codes: 404 unknown model or version; 400 malformed JSON, malformed binary header, or
 a missing/unexpected/mistyped/misshapen input, or a bad priority or deadline (the message
 names the field); 413 body over the limit; 415 unsupported Content-Encoding; 429 with
@@ -23,7 +25,6 @@ inference request the handler answers is one line of the request log (``core.req
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 import zlib
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
 from evenserve.core.requestlog import Recorder
-from evenserve.httpio.server import Limits, Request, Response
+from evenserve.httpio.server import Limits, Request, Response, json_bytes
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.worker.admin import WorkerAdmin
 from evenserve.worker.driver import (
@@ -101,7 +102,7 @@ def _ms(seconds: float) -> str:
 
 
 def _json(obj: Any, status: int = 200) -> Response:
-    return Response(status, json.dumps(obj, separators=(",", ":")).encode(), JSON)
+    return Response(status, json_bytes(obj), JSON)
 
 
 def _error(message: str, status: int, headers: dict[str, str] | None = None) -> Response:
@@ -260,23 +261,25 @@ class WorkerApp:
     # -- routing ---------------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
         path = request.path
-        endpoint = self._exact.get((request.method, path))
+        # HEAD is GET without the body (the server drops it).
+        method = "GET" if request.method == "HEAD" else request.method
+        endpoint = self._exact.get((method, path))
         if endpoint is not None:
             return await endpoint(request)
         if path in self._paths:
             return _error(f"method {request.method} not allowed on {path}", 405)
         control = wire.split_repository_path(path)
         if control is not None:
-            if request.method != "POST":
+            if method != "POST":
                 return _error(f"{path[:200]!r} takes POST", 405)
             return await self.repository_control(request, *control)
         found = wire.split_model_path(path)
         if found is None:
             return _error(f"no such path: {path[:200]!r}", 404)
         name, version, suffix = found
-        method = "POST" if suffix == "infer" else "GET"
-        if request.method != method:
-            return _error(f"{path[:200]!r} takes {method}", 405)
+        takes = "POST" if suffix == "infer" else "GET"
+        if method != takes:
+            return _error(f"{path[:200]!r} takes {takes}", 405)
         sig = self.service.signatures.get(name)
         if sig is None and suffix == "infer" and self.service.model_state(name).state == LOADING:
             return await self.infer_after_load(request, name, version)

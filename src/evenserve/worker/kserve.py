@@ -32,6 +32,7 @@ import orjson
 
 from evenserve.core import wire
 from evenserve.core.errors import EvenserveError
+from evenserve.core.validation import non_finite_field
 from evenserve.runtime.base import Array, TensorSpec
 
 JSON_CONTENT_TYPE = "application/json"
@@ -444,4 +445,7 @@ def config_override(config: Any, where: str) -> dict[str, Any] | None:
             raise ProtocolError(str(exc)) from None
     if not isinstance(config, dict):
         raise ProtocolError(f"{where}: expected a JSON object of model.yaml fields")
+    bad = non_finite_field(config, where)
+    if bad is not None:  # 1e400 reads as inf: no field means it, and JSON cannot show it
+        raise ProtocolError(f"{bad[0]}: {bad[1]} is not a finite number")
     return config

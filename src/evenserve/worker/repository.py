@@ -288,6 +288,42 @@ def _validate_section(source: Path, section: str, raw: dict[str, Any] | None) ->
         raise ConfigError(f"{source}: {format_validation_error(exc, section)}") from exc
 
 
+#: The model.yaml fields that name a file (or, the last, a folder) in the model folder.
+OVERRIDE_PATHS: tuple[tuple[tuple[str, ...], bool], ...] = (
+    (("profile",), False),
+    (("emulated", "profile"), False),
+    (("torch", "file"), False),
+    (("onnx", "file"), False),
+    (("transformers", "pretrained_dir"), True),
+)
+
+
+def check_override_paths(directory: Path, override: Mapping[str, Any], where: str) -> None:
+    """The files a load's config override names (``OVERRIDE_PATHS``) must be in the model
+    folder and exist: ConfigError naming the field (``{where}.emulated.profile``) otherwise,
+    with the path as the client gave it (never the repository's). A Triton folder's
+    override (Triton's config JSON) names none."""
+    if triton_config.is_triton_folder(directory, MODEL_FILE):
+        return
+    inside = directory.resolve()
+    for keys, folder in OVERRIDE_PATHS:
+        value: Any = override
+        for k in keys:
+            value = value.get(k) if isinstance(value, Mapping) else None
+        if not isinstance(value, str) or not value:
+            continue  # absent, or the wrong type: the validation names it
+        field_name = f"{where}.{'.'.join(keys)}"
+        path = Path(value)
+        if path.is_absolute() or not (directory / path).resolve().is_relative_to(inside):
+            raise ConfigError(f"{field_name}: {value!r} is not a path inside the model folder")
+        full = directory / path
+        if not (full.is_dir() if folder else full.is_file()):
+            kind = "folder" if folder else "file"
+            raise ConfigError(
+                f"{field_name}: no {kind} {value!r} in the model folder {directory.name!r}"
+            )
+
+
 def load_model(
     directory: Path, check_profile: bool = True, override: Mapping[str, Any] | None = None
 ) -> ModelEntry:
@@ -325,10 +361,11 @@ def load_model(
 
 
 class VariantFile(Strict):
-    """``variant.yaml``: the runtime, its section and the profile of the chosen variant."""
+    """``variant.yaml``: the runtime, its section and the profile of the chosen variant (a
+    real runtime: ``evenserve optimize`` builds no emulated variant)."""
 
     variant: str = Field(min_length=1)
-    runtime: RuntimeName
+    runtime: Literal["transformers", "torch", "onnx"]
     profile: str | None = None
     provenance: dict[str, Any] = Field(default_factory=dict)
     transformers: dict[str, Any] | None = None

@@ -15,6 +15,7 @@ import gc
 import json
 import logging
 import math
+import os
 import random
 import sys
 import threading
@@ -39,6 +40,7 @@ from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedRuntime, EmulatedSlowdown
+from evenserve.runtime.factory import RUNTIME_PARAMS
 from evenserve.runtime.host_pool import HostPool, digest
 from evenserve.runtime.torch_common import (
     cuda_memory_bytes,
@@ -53,6 +55,7 @@ from evenserve.worker.repository import (
     MODEL_FILE,
     VARIANT_FILE,
     ModelEntry,
+    check_override_paths,
     load_model,
     model_folders,
 )
@@ -175,6 +178,10 @@ class ModelStates(dict[str, ModelState]):
     def pop(self, name: str, *default: Any) -> Any:
         self.version += 1
         return super().pop(name, *default)
+
+
+#: How a load request's config override is named in errors (KServe's ``parameters.config``).
+OVERRIDE_WHERE = "parameters.config"
 
 
 class ModelControlError(EvenserveError):
@@ -858,8 +865,66 @@ class WorkerService:
             raise ModelControlError(f"model {name!r}: not a model folder name", 400)
         d = repo / name
         if not d.is_dir():
-            raise ModelControlError(f"no model folder {name!r} in {repo}", 404)
+            raise ModelControlError(f"no model folder {name!r} in the repository", 404)
         return d
+
+    def public_text(self, text: str) -> str:
+        """``text`` as a client may read it (a model-control error, a model's state): the
+        repository's absolute path taken out, so the paths in it are relative to the
+        repository (``em/model.yaml``)."""
+        repo = self.options.repository
+        if repo is None:
+            return text
+        roots = {str(repo.absolute()), str(repo.resolve())}
+        for root in sorted(roots, key=len, reverse=True):
+            text = text.replace(root + os.sep, "").replace(root, "the repository")
+        return text
+
+    def _ignored_override(self, entry: ModelEntry, override: Mapping[str, Any]) -> str | None:
+        """Why a field of a load's config override would have no effect on what this worker
+        serves (the field named, as ``parameters.config.emulated.profile``), else None: such
+        a load is refused rather than answered 200 with the field silently ignored."""
+        if entry.triton_config is not None:
+            return None  # Triton's config JSON: what evenserve ignores is in its notes
+        w = OVERRIDE_WHERE
+        dev = self.options.device
+        on_set = dev.kind == "emulated"
+        runtime = entry.config.runtime
+        if "optimize" in override:
+            return f"{w}.optimize: has no effect on a load (evenserve optimize reads model.yaml)"
+        if "batching" in override and self.options.batching_override is not None:
+            return f"{w}.batching: has no effect: this worker's --batching batches every model"
+        for key in ("runtime", "profile", *(k for k in RUNTIME_PARAMS if k != "emulated")):
+            if key in override and override[key] != getattr(entry.config, key):
+                return (
+                    f"{w}.{key}: has no effect: the folder's {VARIANT_FILE} (evenserve optimize) "
+                    "sets it; add use_variant: false to serve model.yaml's"
+                )
+        emulated = override.get("emulated")
+        if emulated is not None:
+            if not on_set and runtime != "emulated":
+                return (
+                    f"{w}.emulated: has no effect: the model runs on runtime {runtime} on "
+                    f"device {dev.name}"
+                )
+            if on_set and "profile" in emulated:
+                return (
+                    f"{w}.emulated.profile: has no effect on device {dev.name}: its profile set "
+                    "gives each model its profile (emulated.profile_name picks one)"
+                )
+            if not on_set and "profile_name" in emulated:
+                return (
+                    f"{w}.emulated.profile_name: has no effect on device {dev.name}: it picks a "
+                    "profile of an emulated:PROFILE_SET device (here emulated.profile does)"
+                )
+        if on_set:
+            for key in RUNTIME_PARAMS:
+                if key != "emulated" and key in override:
+                    return (
+                        f"{w}.{key}: has no effect on device {dev.name}: every model runs "
+                        "emulated there"
+                    )
+        return None
 
     def _check_running(self) -> None:
         if self.draining:
@@ -879,18 +944,29 @@ class WorkerService:
         emulated device a load whose weights do not fit in the memory not yet held (the
         resident models' weights and those being loaded) is refused (400). ModelControlError
         with the status otherwise. Returns where the load came from, how long it took and
-        its warm-up (``LOAD_INFO_KEYS``); the model is READY only once warmed up."""
+        its warm-up (``LOAD_INFO_KEYS``); the model is READY only once warmed up.
+
+        An override's files must be in the model folder (``check_override_paths``) and a
+        field of it that would have no effect here is refused (``_ignored_override``): 400
+        naming ``parameters.config.<field>``. Error texts (and the states' reasons) name
+        files relative to the repository (``public_text``)."""
         self._check_running()
         directory = self._folder(name)
         async with self._lock(name):
             self._check_running()
             try:
+                if override is not None:
+                    check_override_paths(directory, override, OVERRIDE_WHERE)
                 entry = await asyncio.to_thread(load_model, directory, True, override)
+                ignored = None if override is None else self._ignored_override(entry, override)
+                if ignored is not None:
+                    raise ConfigError(ignored)
             except ConfigError as exc:
                 self.metrics.observe_load(name, "failure")
+                text = self.public_text(str(exc))
                 if name not in self.entries:
-                    self.states[name] = ModelState(UNAVAILABLE, f"load failed: {exc}")
-                raise ModelControlError(str(exc), 400) from exc
+                    self.states[name] = ModelState(UNAVAILABLE, f"load failed: {text}")
+                raise ModelControlError(text, 400) from exc
             reload = name in self.entries
             watch = None if reload else self._begin_loading(entry)
             reserved = 0.0
@@ -974,6 +1050,7 @@ class WorkerService:
         """A load that failed: counted, the model UNAVAILABLE (``keep``: the old one still
         serves, a reload refused before it was unloaded), the error to raise."""
         self.metrics.observe_load(name, "failure")
+        text = self.public_text(text)
         if not keep:
             self.states[name] = ModelState(UNAVAILABLE, f"load failed: {text}")
         return ModelControlError(f"model {name!r}: load failed: {text}", status)

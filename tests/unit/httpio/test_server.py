@@ -15,7 +15,14 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from evenserve.httpio.client import HttpClient, ResponseTimeout, _Conn
-from evenserve.httpio.server import HttpServer, Limits, Request, Response, json_response
+from evenserve.httpio.server import (
+    HttpServer,
+    Limits,
+    Request,
+    Response,
+    json_bytes,
+    json_response,
+)
 
 
 async def echo(req: Request) -> Response:
@@ -102,6 +109,95 @@ async def test_a_head_over_the_limit_is_431() -> None:
         out = await raw(srv.port, b"GET / HTTP/1.1\r\n" + many + b"\r\n")
         assert out.startswith(b"HTTP/1.1 431 ")
     assert [s for s, _ in srv.refused] == [431, 431]  # type: ignore[attr-defined]
+
+
+async def _answer_while_held(port: int, parts: list[bytes]) -> bytes:
+    """Send ``parts`` (one write each), then wait for the first bytes of an answer while
+    holding the connection open: nothing more is sent, nothing is closed."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for part in parts:
+            w.write(part)
+            await w.drain()
+        return await asyncio.wait_for(r.read(65536), 10)  # a hang guard only
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("pieces", [1, 7])
+async def test_an_unterminated_head_is_431_once_it_passes_the_limit(pieces: int) -> None:
+    """A header line (or a request line) that never ends is refused once the head passes the
+    limit, while the client still holds the connection and has sent one byte too many; the
+    header timeout (60 s here) is not what answers it."""
+    async with server(max_header_bytes=4096, header_timeout_s=60.0) as srv:
+        start = b"GET / HTTP/1.1\r\nhost: x\r\nx-big: "
+        head = start + b"a" * (4096 + 1 - len(start))
+        size = -(-len(head) // pieces)
+        parts = [head[i : i + size] for i in range(0, len(head), size)]
+        out = await _answer_while_held(srv.port, parts)
+        assert out.startswith(b"HTTP/1.1 431 "), out[:200]
+        assert b"over the limit of 4096 bytes" in out
+        line = b"GET /" + b"p" * 5000  # a request line that never ends
+        assert (await _answer_while_held(srv.port, [line])).startswith(b"HTTP/1.1 431 ")
+    assert [s for s, _ in srv.refused] == [431, 431]  # type: ignore[attr-defined]
+
+
+async def test_a_head_of_exactly_the_limit_is_served_and_one_byte_more_is_431() -> None:
+    """The limit counts the head's bytes as sent: request line, headers, the blank line."""
+    async with server(max_header_bytes=4096) as srv:
+
+        def head(size: int) -> bytes:
+            start = b"GET /a HTTP/1.1\r\nconnection: close\r\nx-pad: "
+            return start + b"p" * (size - len(start) - 4) + b"\r\n\r\n"
+
+        assert len(head(4096)) == 4096
+        assert (await raw(srv.port, head(4096))).startswith(b"HTTP/1.1 200 ")
+        assert (await raw(srv.port, head(4097))).startswith(b"HTTP/1.1 431 ")
+
+
+async def test_a_head_ending_in_a_chunk_with_a_body_or_more_requests_is_not_refused() -> None:
+    """A chunk read may hold the end of a head and what follows it (a body, pipelined
+    requests): only the head is counted against the limit."""
+    async with server(max_header_bytes=4096) as srv:
+        body = b"b" * 100_000
+        pad = b"x-pad: " + b"p" * 3900 + b"\r\n"
+        post = b"POST /p HTTP/1.1\r\n" + pad + b"content-length: %d\r\n\r\n" % len(body)
+        assert len(post) < 4096
+        out = await raw(srv.port, post + body + b"GET /c HTTP/1.1\r\nconnection: close\r\n\r\n")
+        answers = [json.loads(b) for b in re.findall(rb"\{[^}]*\}", out)]
+        assert [(a["path"], a["n"]) for a in answers] == [("/p", 100_000), ("/c", 0)]
+        # 12 heads of ~3.9 kB each in one write (~47 kB, far over the limit all together)
+        many = b"".join(b"GET /%d HTTP/1.1\r\n" % i + pad + b"\r\n" for i in range(11))
+        many += b"GET /last HTTP/1.1\r\nconnection: close\r\n" + pad + b"\r\n"
+        out = await raw(srv.port, many)
+        paths = [json.loads(b)["path"] for b in re.findall(rb"\{[^}]*\}", out)]
+        assert paths == [f"/{i}" for i in range(11)] + ["/last"]
+        assert b" 431 " not in out
+
+
+async def test_absolute_form_targets_reach_the_handler_as_their_path() -> None:
+    async with server() as srv:
+        host = f"127.0.0.1:{srv.port}".encode()
+
+        async def path_and_query(target: bytes) -> tuple[str, str]:
+            req = b"GET " + target + b" HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+            out = await raw(srv.port, req)
+            assert out.startswith(b"HTTP/1.1 200 "), out[:200]
+            doc = json.loads(out.partition(b"\r\n\r\n")[2])
+            return doc["path"], doc["query"]
+
+        assert await path_and_query(b"http://" + host + b"/v2/health/live") == (
+            "/v2/health/live", ""
+        )  # fmt: skip
+        assert await path_and_query(b"HTTP://" + host + b"/a?b=1") == ("/a", "b=1")
+        assert await path_and_query(b"http://" + host) == ("/", "")
+        assert await path_and_query(b"http://" + host + b"?q=2") == ("/", "q=2")
+        assert await path_and_query(b"/plain?x") == ("/plain", "x")
+        # OPTIONS * goes to the handler as "*"; CONNECT (authority form) is an upgrade: 501.
+        out = await raw(srv.port, b"OPTIONS * HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 200 ") and b'"path": "*"' in out
+        out = await raw(srv.port, b"CONNECT " + host + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert out.startswith(b"HTTP/1.1 501 ")
 
 
 async def test_a_declared_body_over_the_limit_is_413_before_it_is_sent() -> None:
@@ -249,3 +345,15 @@ async def test_reuse_port_lets_two_servers_listen_on_one_port() -> None:
     finally:
         await second.stop(1.0)
         await first.stop(1.0)
+
+
+def test_json_bytes_never_writes_a_bare_infinity_or_nan() -> None:
+    def strict(data: bytes) -> object:
+        def refuse(const: str) -> object:
+            raise AssertionError(f"bare {const} in {data!r}")
+
+        return json.loads(data, parse_constant=refuse)
+
+    doc = {"a": 1.5, "b": [float("inf"), {"c": float("nan")}, (-float("inf"), 2)], "d": "x"}
+    assert strict(json_bytes(doc)) == {"a": 1.5, "b": [None, {"c": None}, [None, 2]], "d": "x"}
+    assert json_bytes({"a": [1, 2.5, None, "s"]}) == b'{"a":[1,2.5,null,"s"]}'

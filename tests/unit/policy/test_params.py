@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from evenserve.core.errors import ConfigError
@@ -14,6 +16,8 @@ from evenserve.policy.params import (
     apply_to_arm,
     parse_expected_version,
     parse_params,
+    parse_put_body,
+    parse_rollback_body,
     parse_update,
 )
 
@@ -60,6 +64,52 @@ def test_bad_input_names_the_field(raw: object, names: str) -> None:
     with pytest.raises(ConfigError) as err:
         parse_update(raw)
     assert names in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "names"),
+    [
+        # As JSON reads them from a request body: 1e400 is inf; NaN and Infinity are literals
+        # Python's json takes.
+        (
+            '{"routing": {"policy": "queue-aware", "queue_weight": 1e400}}',
+            "params.routing.queue_weight: inf is not a finite number",
+        ),
+        (
+            '{"batching_per_model": {"m": {"policy": "fixed-window", "max_batch_delay_ms": NaN}}}',
+            "params.batching_per_model.m.max_batch_delay_ms: nan is not a finite number",
+        ),
+        ('{"class_headroom": -Infinity}', "params.class_headroom: -inf is not a finite number"),
+        ('{"routing": {"policy": "p", "w": [1, -1e999]}}', "params.routing.w.1: -inf is not"),
+    ],
+)
+def test_numbers_that_are_not_finite_are_refused_naming_the_field(body: str, names: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_update(json.loads(body))
+    assert names in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "names"),
+    [
+        ({}, "params: required"),
+        ({"note": "x"}, "params: required"),
+        ({"params": {}}, "params: empty, nothing to change"),
+        ({"parms": {"class_headroom": 0.5}}, "parms: unknown field"),
+        ({"params": {"class_headroom": 0.5}, "expected": 3}, "expected: unknown field"),
+        ({"params": {"class_headroom": 1e400}}, "params.class_headroom: inf is not a finite"),
+    ],
+)
+def test_a_put_body_must_change_something_and_have_only_known_fields(
+    body: dict[str, object], names: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_put_body(body)
+    assert names in str(err.value)
+    assert parse_put_body({"params": {"class_headroom": 0.5}, "note": "n", "expected_version": 2})
+    with pytest.raises(ConfigError, match="version: unknown field"):
+        parse_rollback_body({"to_version": 1, "version": 2})
+    assert parse_rollback_body({"to_version": 1, "expected_version": 2, "note": "n"})
 
 
 def test_merge_is_per_key_and_per_model() -> None:

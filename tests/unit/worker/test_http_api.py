@@ -166,3 +166,34 @@ async def test_classes_deadlines_and_refusals_over_http(tmp_path: Path) -> None:
         assert f'evenserve_worker_refusals_total{{model="m",reason="{reason}"}} 1.0' in page
     assert 'evenserve_worker_refusals_total{model="m",reason="deadline-expired"} 0.0' in page
     assert 'outcome="shed"} 1.0' in page and 'outcome="deadline_infeasible"} 1.0' in page
+
+
+async def test_head_is_answered_as_get() -> None:
+    """HEAD on every GET endpoint is answered as GET (the server drops the body); HEAD where
+    only POST is taken is 405."""
+    service = _service()
+    service.load()
+    await service.start()
+    gets = (
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/v2",
+        "/v2/repository/index",
+        "/v2/models/stats",
+        "/v2/models/tiny-emulated",
+        "/v2/models/tiny-emulated/ready",
+        "/v2/models/tiny-emulated/config",
+        "/v2/models/tiny-emulated/stats",
+        "/v2/models/tiny-emulated/versions/1",
+        LOAD_PATH,
+        "/metrics",
+    )
+    async with _client(service) as c:
+        for path in gets:
+            got, head = await c.get(path), await c.head(path)
+            assert (path, head.status_code) == (path, got.status_code) == (path, 200)
+        assert (await c.head("/v2/models/nope")).status_code == 404
+        for path in ("/v2/models/tiny-emulated/infer", "/v2/repository/models/x/load"):
+            r = await c.head(path)
+            assert r.status_code == 405, path
+    await service.stop()

@@ -128,3 +128,14 @@ def test_repository_errors(tmp_path: Path) -> None:
     repo = _repo(tmp_path, GOOD, "m2")
     with pytest.raises(ConfigError, match="--models: no model folder 'zz'"):
         load_repository(repo, ["zz"])
+
+
+def test_a_variant_of_runtime_emulated_is_a_config_error_naming_the_field(tmp_path: Path) -> None:
+    """variant.yaml names a real runtime (what evenserve optimize chose); emulated is refused
+    naming the file and the field, not an AttributeError."""
+    repo = _repo(tmp_path, GOOD)
+    (repo / "m" / "variant.yaml").write_text(
+        yaml.safe_dump({"variant": "v", "runtime": "emulated"})
+    )
+    with pytest.raises(ConfigError, match=r"variant\.yaml: runtime: "):
+        load_repository(repo, check_profiles=False)
