@@ -81,6 +81,7 @@ from evenserve.gateway.forwarder import (
 )
 from evenserve.gateway.placement import PlacementDriver
 from evenserve.httpio.client import Reply as HttpReply
+from evenserve.httpio.client import parse_headers
 from evenserve.metrics.gateway import GatewayMetrics
 
 #: Request headers forwarded to the backend (lower case); others are hop-by-hop or ours.
@@ -91,6 +92,9 @@ FORWARD_REQUEST_HEADERS = (
     wire.PRIORITY_HEADER,
     wire.DEADLINE_HEADER,
 )
+#: The head cache's size before it starts over (``Dispatcher._next_try``).
+FORWARD_HEADS = 1024
+_LENGTH_ZERO = b"content-length: 0\r\n\r\n"
 #: Response headers relayed to the client.
 RELAY_RESPONSE_HEADERS = (
     "content-type",
@@ -136,16 +140,17 @@ class Answer:
     #: A backend's gRPC answer, relayed as it is (gRPC requests only).
     grpc: GrpcReply | None = None
     #: A backend's HTTP answer relayed as the bytes it came in, ``x-evenserve-backend``
-    #: added (``relayed_bytes``); ``headers`` is then empty and ``reply`` has them.
+    #: added (``relayed_bytes``); ``headers`` is then empty and ``head`` (the backend's
+    #: head) has them.
     raw: bytes | None = None
     #: Where the head of ``raw`` ends.
     raw_head: int = 0
-    reply: Reply | None = None
+    head: bytes = b""
 
     def header(self, name: str) -> str | None:
         """A response header (lower-case name) whichever way the answer goes out."""
-        if self.raw is not None and self.reply is not None:
-            return self.reply.headers.get(name)
+        if self.raw is not None:
+            return parse_headers(self.head).get(name)
         return self.headers.get(name)
 
 
@@ -154,19 +159,20 @@ class Answer:
 _HOP_BY_HOP = (b"\nconnection:", b"\nkeep-alive:", b"\nproxy-", b"\nupgrade:", b"\ntrailer:")
 
 
-def relayed_bytes(reply: Reply, backend_line: bytes) -> bytes | None:
+def relayed_bytes(raw: bytes | None, head: bytes, backend_line: bytes) -> bytes | None:
     """A backend's answer as the bytes to send on, ``backend_line`` (the
     ``x-evenserve-backend`` header line) added at the end of its head; None when it cannot
     go as it came (not read whole in one piece, its body not framed by Content-Length, a
     hop-by-hop header): then its headers are read and the answer is written anew. Every
     other header goes on as the backend sent it, as nginx relays them."""
-    raw = reply.raw
-    head = reply.head
     if raw is None or not head.endswith(b"\r\n\r\n"):
         return None
     low = head.lower()
-    if b"\ncontent-length:" not in low or any(h in low for h in _HOP_BY_HOP):
+    if b"\ncontent-length:" not in low:
         return None
+    for h in _HOP_BY_HOP:
+        if h in low:
+            return None
     n = len(head) - 2
     return b"".join((raw[:n], backend_line, raw[n:]))
 
@@ -229,7 +235,13 @@ class Dispatcher:
         self._ids = itertools.count(1)
         #: Each backend's ``x-evenserve-backend`` header line (relayed answers).
         self._backend_lines: dict[str, bytes] = {}
+        #: Forwarded request heads up to their Content-Length, by backend client, path and
+        #: forwarded headers (a client sends few kinds of request): made once, not per request.
+        self._heads: dict[tuple[object, str, tuple[tuple[str, str], ...]], bytes] = {}
         self._decision = metrics.decision
+        fwd_ = self.forwarder
+        #: The relayed headers a pooled client's answer gives when they are read.
+        self._keep = fwd_.keep if isinstance(fwd_, PooledForwarder) else None
         self._tasks: set[asyncio.Task[None]] = set()
         #: The placement driver (``gateway.placement``), None without placement: then the
         #: request path is what it was (one ``is None`` test per hook).
@@ -352,7 +364,14 @@ class Dispatcher:
         fwd = self.forwarder
         assert isinstance(fwd, PooledForwarder)
         client = fwd.client(self.registry.url(name))
-        head = client.head("POST", fw.path, fw.headers, len(fw.body))
+        key = (client, fw.path, tuple(fw.headers.items()))
+        prefix = self._heads.get(key)
+        if prefix is None:
+            prefix = client.head("POST", fw.path, fw.headers, 0)[: -len(_LENGTH_ZERO)]
+            if len(self._heads) >= FORWARD_HEADS:
+                self._heads.clear()
+            self._heads[key] = prefix
+        head = b"%scontent-length: %d\r\n\r\n" % (prefix, len(fw.body))
         if not client.send_cb(head, fw.body, partial(self._tried, fw, name)):
             task = asyncio.get_running_loop().create_task(self._try_async(fw, name))
             self._tasks.add(task)
@@ -380,15 +399,7 @@ class Dispatcher:
             raise error  # not a forwarding failure: a bug, not an outcome
         if error is not None:
             error = PooledForwarder.sorted_error(error)
-        got = None
-        if reply is not None:
-            if isinstance(reply, Reply):
-                got = reply
-            else:
-                fwd = self.forwarder
-                keep = fwd.keep if isinstance(fwd, PooledForwarder) else None
-                got = Reply(reply.status, None, reply.body, reply.head, reply.raw, keep)
-        ans = self._settle(fw, name, got, error)
+        ans = self._settle(fw, name, reply, error)
         if ans is None:
             self._next_try(fw)
         else:
@@ -458,7 +469,8 @@ class Dispatcher:
         if self.placement is not None:  # the demand placement reads: refused ones count too
             self.placement.arrival(model)
         ov = self.cfg.overload
-        why = self.router.refusal(model, self.clock.now()) if ov.enabled else None
+        now = self.clock.now()
+        why = self.router.refusal(model, now) if ov.enabled else None
         if why is not None:
             return error_answer(
                 429,
@@ -467,16 +479,21 @@ class Dispatcher:
                 {"retry-after": str(ov.retry_after_s), wire.REASON_HEADER: wire.OVERLOADED},
             )
         fwd_headers = {"accept-encoding": "identity"}
-        fwd_headers.update((h, headers[h]) for h in FORWARD_REQUEST_HEADERS if h in headers)
-        req = RequestInfo(request_id=next(self._ids), model=model, arrival_s=self.clock.now())
+        for h in FORWARD_REQUEST_HEADERS:
+            v = headers.get(h)
+            if v is not None:
+                fwd_headers[h] = v
+        req = RequestInfo(next(self._ids), model, now)
         return _Forward(model, path, body, fwd_headers, req, t0)
 
     def _pick(self, fw: _Forward) -> str | None:
         """The next backend to try (counted as sent), or None when none is left."""
         if fw.attempt > self.cfg.forward.retries:
             return None
+        # The first try is decided at arrival: the clock is read once for both.
+        now = fw.req.arrival_s if fw.attempt == 0 else self.clock.now()
         d0 = time.perf_counter()
-        view = self.router.choose(fw.req, self.clock.now(), exclude=fw.tried)
+        view = self.router.choose(fw.req, now, exclude=fw.tried)
         self._decision.observe(time.perf_counter() - d0)
         if view is None:
             return None
@@ -485,13 +502,13 @@ class Dispatcher:
         if fw.attempt > 0:
             self.metrics.retries.labels(fw.model).inc()
         fw.attempt += 1
-        self.router.sent(name, fw.model, self.clock.now())
+        self.router.sent(name, fw.model, now)
         if self.placement is not None:
             self.placement.sent(fw.model, name)
         return name
 
     def _settle(
-        self, fw: _Forward, name: str, reply: Reply | None, error: ForwardError | None
+        self, fw: _Forward, name: str, reply: Reply | HttpReply | None, error: ForwardError | None
     ) -> Answer | None:
         """One try's outcome: the answer, or None to try the next backend."""
         if error is not None:
@@ -515,15 +532,17 @@ class Dispatcher:
         line = self._backend_lines.get(name)
         if line is None:
             line = self._backend_lines[name] = f"{wire.BACKEND_HEADER}: {name}\r\n".encode()
-        raw = relayed_bytes(reply, line)
-        if raw is None:
-            ans = Answer(reply.status, reply.body, reply.headers, name, outcome_of(reply.status))
-        else:
+        status, head = reply.status, reply.head
+        raw = relayed_bytes(reply.raw, head, line)
+        if raw is not None:
             ans = Answer(
-                reply.status, reply.body, {}, name, outcome_of(reply.status), None, raw,
-                len(reply.head) + len(line), reply,
+                status, reply.body, {}, name, outcome_of(status), None, raw,
+                len(head) + len(line), head,
             )  # fmt: skip
-        if reply.status in (429, 503) and reply.headers.get(wire.REASON_HEADER) != wire.SHED:
+        else:  # the pooled client's answer has its head only: the relayed headers from it
+            headers = parse_headers(head, self._keep) if isinstance(reply, HttpReply) else None
+            ans = Answer(status, reply.body, headers or reply.headers, name, outcome_of(status))
+        if status in (429, 503) and ans.header(wire.REASON_HEADER) != wire.SHED:
             fw.relayed = ans
             fw.failures.append(f"{name}: answered {reply.status}")
             return None

@@ -73,6 +73,8 @@ def _json(obj: object) -> Response:
     return json_response(json_bytes(obj))
 
 
+#: How many inference paths the fast path remembers split (``Gateway._infer_route``).
+INFER_ROUTES = 4096
 #: ``/v2/repository/models/{m}/load`` and ``.../unload`` (the model repository extension).
 REPOSITORY_MODELS_PREFIX = "/v2/repository/models/"
 
@@ -172,6 +174,8 @@ class Gateway:
             ("GET", "/admin/record"): self.admin.guard(self.record_view),
         }
         self._paths = {p for _, p in self._exact}
+        #: Inference routes split before (``_infer_route``).
+        self._infer_routes: dict[str, tuple[str, str]] = {}
         #: The gRPC server (``grpc_front``) once started, when ``gateway.grpc_port`` is set.
         self.grpc: Any = None
 
@@ -301,32 +305,43 @@ class Gateway:
     def fast(self, request: Request, respond: Callable[[Response], None]) -> bool:
         """The server's fast path (``httpio.server.FastHandler``): inference is forwarded
         without a task; everything else goes to ``__call__``."""
-        path = request.path
         if request.method != "POST" or not self.dispatcher.fast:
             return False
-        if not path.startswith(wire.MODELS_PREFIX) or not path.endswith("/infer"):
+        route = self._infer_route(request.path)
+        if route is None:
             return False
-        found = wire.split_model_path(path)
-        if found is None:
-            return False
+        model, path = route
         rec = self.recorder
         if rec is None:
             self.dispatcher.infer_fast(
-                found.model,
-                found.path(),
-                request.body,
-                request.headers,
-                lambda a: respond(_answer(a)),
+                model, path, request.body, request.headers, lambda a: respond(_answer(a))
             )
             return True
-        t_s, unix_s, h, model = rec.clock.now(), time.time(), request.headers, found.model
+        t_s, unix_s, h = rec.clock.now(), time.time(), request.headers
 
         def answered(a: Answer) -> None:
             self._record(rec, t_s, unix_s, model, h, a)
             respond(_answer(a))
 
-        self.dispatcher.infer_fast(model, found.path(), request.body, h, answered)
+        self.dispatcher.infer_fast(model, path, request.body, h, answered)
         return True
+
+    def _infer_route(self, raw_path: str) -> tuple[str, str] | None:
+        """An inference path as sent -> (model, the canonical path to forward), or None when
+        it is no inference route. Remembered for up to ``INFER_ROUTES`` paths (a path splits
+        the same way every time; clients send few)."""
+        route = self._infer_routes.get(raw_path)
+        if route is not None:
+            return route
+        if not raw_path.startswith(wire.MODELS_PREFIX) or not raw_path.endswith("/infer"):
+            return None
+        found = wire.split_model_path(raw_path)
+        if found is None:
+            return None
+        route = (found.model, found.path())
+        if len(self._infer_routes) < INFER_ROUTES:
+            self._infer_routes[raw_path] = route
+        return route
 
     @staticmethod
     def _record(

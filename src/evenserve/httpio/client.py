@@ -486,11 +486,11 @@ class HttpClient:
         call ``callback(reply, None)`` or ``callback(None, error)`` once, later, from the
         loop. False (nothing sent) when no idle connection is ready: use ``send``. The
         keep-alive resend rule holds (the resend runs as a task)."""
-        loop = self._running_loop()
-        conn = self._pooled(loop.time())
+        now = self._running_loop().time()
+        conn = self._pooled(now)
         if conn is None:
             return False
-        deadline = loop.time() + (self.timeout_s if timeout_s is None else timeout_s)
+        deadline = now + (self.timeout_s if timeout_s is None else timeout_s)
         conn.cb = partial(self._cb_done, conn, head, body, deadline, callback)
         conn._write(head, body, deadline)
         if self._sweeper is None:
@@ -541,7 +541,7 @@ class HttpClient:
     def _release(self, conn: _Conn) -> None:
         """Back to the pool, or closed when the answer said so."""
         if conn.reusable and conn.usable():
-            conn.idle_since = self._running_loop().time()
+            conn.idle_since = self._running_loop().time()  # the loop is known by now
             self._idle.append(conn)
             if self._waiters:
                 self._wake()

@@ -106,6 +106,8 @@ class QueueAware:
         # One pass for the predicted work and the overload filter; scoring only the
         # candidates that remain. Kept allocation-light: the simulator calls this per request.
         self._tick += 1
+        if len(backends) == 1:  # what the scoring below would pick, overloaded or not
+            return backends[0]
         model = request.model
         fb = optimistic_cost_s(model, backends, self._fallback_s)
         work = [predicted_finish_s(model, b, now_s, fb) for b in backends]
