@@ -4,6 +4,7 @@ message relayed from the worker."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import socket
@@ -236,6 +237,35 @@ async def test_unreachable_grpc_endpoint_is_retried_elsewhere(
         )
 
 
+async def test_a_readmitted_backend_gets_a_fresh_channel(workers: list[BackgroundWorker]) -> None:
+    """A backend's gRPC side that was down when the gateway started: its kept channel is in
+    grpc's reconnect backoff (1 s, growing to 2 min), and would fail every call at once
+    until its next attempt. Once the backend is readmitted, the next call uses a fresh
+    channel, which connects at once: the first call after the gRPC side is up is served."""
+    port = dead_port()
+    backends = specs(workers)[:1]
+    backends[0]["grpc_url"] = f"127.0.0.1:{port}"  # its HTTP side is healthy
+    async with gateway(backends) as (g, addr), grpc.aio.insecure_channel(addr) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ModelInfer(_request(), timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # refused: w0 ejected
+        assert not g.registry.states["w0"].healthy
+        server = _raw_backend(b"\x0a\x02em", port)
+        await server.start()
+        try:
+            for _ in range(600):  # the poller readmits w0 (its HTTP side is healthy)
+                if g.registry.states["w0"].healthy:
+                    break
+                await asyncio.sleep(0.05)
+            assert g.registry.states["w0"].healthy
+            call = stub.ModelInfer(_request(), timeout=30)
+            assert (await call).model_name == "em"
+            assert dict(await call.trailing_metadata())[BACKEND_HEADER] == "w0"
+        finally:
+            await server.stop(0)
+
+
 async def test_backends_without_grpc_are_not_candidates(workers: list[BackgroundWorker]) -> None:
     backends = specs(workers)
     del backends[0]["grpc_url"]
@@ -395,6 +425,36 @@ async def test_client_grpc_deadline_is_forwarded_as_the_request_deadline(
     assert "x-evenserve-deadline-ms" not in third
 
 
+class _RawServer:
+    """A gRPC server whose ModelInfer answers ``answer`` (bytes), recording each request."""
+
+    def __init__(self, answer: bytes, port: int, seen: list[bytes]) -> None:
+        async def infer(raw: bytes, context: Any) -> bytes:
+            seen.append(raw)
+            return answer
+
+        self.server = grpc.aio.server()
+        handler = grpc.unary_unary_rpc_method_handler(infer)
+        self.server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "inference.GRPCInferenceService", {"ModelInfer": handler}
+                ),
+            )
+        )
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def stop(self, grace: float | None) -> None:
+        await self.server.stop(grace)
+
+
+def _raw_backend(answer: bytes, port: int, seen: list[bytes] | None = None) -> _RawServer:
+    return _RawServer(answer, port, [] if seen is None else seen)
+
+
 async def test_request_and_answer_bytes_are_relayed_unchanged(
     workers: list[BackgroundWorker],
 ) -> None:
@@ -407,21 +467,8 @@ async def test_request_and_answer_bytes_are_relayed_unchanged(
         + b"\xf8\x06\x07"  # field 111, unknown
     )  # fmt: skip
     seen: list[bytes] = []
-
-    async def infer(raw: bytes, context: Any) -> bytes:
-        seen.append(raw)
-        return answer
-
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(
-        (
-            grpc.method_handlers_generic_handler(
-                "inference.GRPCInferenceService",
-                {"ModelInfer": grpc.unary_unary_rpc_method_handler(infer)},
-            ),
-        )
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
+    server = _raw_backend(answer, 0, seen)
+    port = server.port
     await server.start()
     try:
         backends = specs(workers)[:1]

@@ -21,7 +21,9 @@ name is read from the wire (``model_name_of``: a walk over the message's top-lev
 field 1; protobuf's parse only when the walk cannot tell), and the bytes are forwarded as
 they came (with the class and deadline metadata) to the chosen backend's ``grpc_url``, which
 parses and validates them, over one kept channel per backend (opened when the server starts,
-connecting at once; no transparent retries, which would copy every request). The backend's
+connecting at once; opened afresh once the backend was ejected or readmitted, so grpc's
+reconnect backoff from its outage does not fail the calls after it is back; no transparent
+retries, which would copy every request). The backend's
 answer is relayed as bytes too, or as its code, message and trailing metadata, plus
 ``x-evenserve-backend``. A backend's UNAVAILABLE (not ready, draining, cannot connect) or
 RESOURCE_EXHAUSTED ``queue-full`` is retried once elsewhere, as HTTP's 503 and 429; a
@@ -33,6 +35,7 @@ request's scheduling deadline: its remaining time is forwarded as ``x-evenserve-
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -72,12 +75,15 @@ GRPC_OF = {
 NO_DEADLINE_S = 365 * 86400.0
 INFER_METHOD = f"/{SERVICE}/ModelInfer"
 #: Each backend channel's options: no size limits (the gateway's own limit applies to what
-#: it takes), and no transparent retries: the dispatcher retries itself, and grpc's retry
-#: support keeps a copy of every request it sends (up to 256 KiB) in case it retries.
+#: it takes); no transparent retries: the dispatcher retries itself, and grpc's retry
+#: support keeps a copy of every request it sends (up to 256 KiB) in case it retries; its
+#: own connection (grpc shares one per address between channels by default, so a fresh
+#: channel would inherit the old one's reconnect backoff: ``GatewayServicer._channel``).
 CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
     ("grpc.enable_retries", 0),
+    ("grpc.use_local_subchannel_pool", 1),
 )
 #: Top-level fields of a ModelInferRequest walked to find its model_name before letting
 #: protobuf parse it (in C) instead: a request has a handful (name, inputs, raw contents).
@@ -131,9 +137,9 @@ def forward_metadata(
 
 def backend_failure(exc: Any) -> GrpcReply:
     """A backend's failed ModelInfer call as the dispatcher judges it: a GrpcReply with the
-    backend's status, message and trailing metadata; Unreachable when the connection was
-    refused (the request never reached it), ResponseTimeout when our own time limit ran out
-    (a DEADLINE_EXCEEDED without the worker's reason)."""
+    backend's status, message and trailing metadata; raises Unreachable when the connection
+    was refused (the request never reached it), ResponseTimeout when our own time limit ran
+    out (a DEADLINE_EXCEEDED without the worker's reason)."""
     if connect_refused(exc):
         raise Unreachable("connect-refused")
     trailing = tuple((k, v) for k, v in exc.trailing_metadata() or () if isinstance(v, str))
@@ -215,12 +221,14 @@ def model_name_of(raw: bytes) -> str:
 
 
 class _Channel:
-    """One backend's kept channel: its stub (metadata, config) and its raw ModelInfer call."""
+    """One backend's kept channel: its stub (metadata, config) and its raw ModelInfer call;
+    ``since_s``: when it was opened (the registry's clock)."""
 
-    __slots__ = ("channel", "infer", "stub", "url")
+    __slots__ = ("channel", "infer", "since_s", "stub", "url")
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, since_s: float) -> None:
         self.url = url
+        self.since_s = since_s
         self.channel = grpc.aio.insecure_channel(url, options=list(CHANNEL_OPTIONS))
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
         self.infer = self.channel.unary_unary(INFER_METHOD)  # bytes in, bytes out
@@ -249,7 +257,7 @@ class GatewayServicer:
         self.dispatcher = dispatcher
         self.timeout_s = timeout_s
         self._channels: dict[str, _Channel] = {}
-        self._retired: list[Any] = []
+        self._closing: set[asyncio.Task[None]] = set()
 
     def rpcs(self) -> dict[str, Handler]:
         """Each served RPC's coroutine, by name."""
@@ -263,19 +271,27 @@ class GatewayServicer:
                 self._channel(name).channel.get_state(try_to_connect=True)
 
     def _channel(self, name: str) -> _Channel:
-        """Backend ``name``'s kept channel (a new one if its ``grpc_url`` changed)."""
-        url = self.registry.states[name].spec.grpc_url
+        """Backend ``name``'s kept channel; a fresh one if its ``grpc_url`` changed or the
+        backend was ejected or readmitted since the channel was opened. A channel whose
+        backend was down is in grpc's reconnect backoff (1 s, growing to 2 min) and fails
+        every call at once until its next attempt: the backend would be ejected again though
+        it is back. A fresh channel connects at once."""
+        st = self.registry.states[name]
+        url = st.spec.grpc_url
         ch = self._channels.get(name)
-        if ch is None or ch.url != url:
+        if ch is None or ch.url != url or ch.since_s < st.changed_at_s:
             assert url is not None  # backends without one are never picked
-            if ch is not None:
-                self._retired.append(ch.channel)
-            ch = self._channels[name] = _Channel(url)
+            if ch is not None:  # its calls in flight may finish
+                task = asyncio.get_running_loop().create_task(ch.channel.close(self.timeout_s))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            ch = self._channels[name] = _Channel(url, self.registry.clock.now())
         return ch
 
     async def aclose(self) -> None:
-        for c in [*(ch.channel for ch in self._channels.values()), *self._retired]:
-            await c.close()
+        for ch in self._channels.values():
+            await ch.channel.close()
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
