@@ -4,7 +4,9 @@ message relayed from the worker."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import socket
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -128,6 +130,86 @@ async def test_health_inference_spread_and_errors(workers: list[BackgroundWorker
             assert 'model="em",outcome="client_error"' in text
 
 
+#: A model name far over grpc's 8 KiB metadata limit if an error message echoed it whole.
+LONG_NAME = "m" * 1_000_000
+
+
+async def test_long_unknown_names_are_cut_and_rpcs_not_served_log_nothing(
+    workers: list[BackgroundWorker], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 1 MB model name no backend hosts is cut in the message (``wire.shown_name``): the
+    client sees NOT_FOUND (and model control UNIMPLEMENTED), not RESOURCE_EXHAUSTED for a
+    message over its metadata limit. The RPCs the gateway does not serve answer
+    UNIMPLEMENTED naming themselves, and nothing is logged."""
+    async with gateway(specs(workers)) as (_g, addr), grpc.aio.insecure_channel(addr) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with caplog.at_level(logging.INFO):
+            for rpc, req, code in (
+                (stub.ModelInfer, _request(LONG_NAME), grpc.StatusCode.NOT_FOUND),
+                (stub.ModelMetadata, service_pb2.ModelMetadataRequest(name=LONG_NAME),
+                 grpc.StatusCode.NOT_FOUND),
+                (stub.ModelConfig, service_pb2.ModelConfigRequest(name=LONG_NAME),
+                 grpc.StatusCode.NOT_FOUND),
+                (stub.ModelStatistics, service_pb2.ModelStatisticsRequest(name=LONG_NAME),
+                 grpc.StatusCode.NOT_FOUND),
+                (stub.RepositoryModelLoad,
+                 service_pb2.RepositoryModelLoadRequest(model_name=LONG_NAME),
+                 grpc.StatusCode.UNIMPLEMENTED),
+            ):  # fmt: skip
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await rpc(req, timeout=30)
+                assert err.value.code() == code, err.value.details()
+                details = err.value.details() or ""
+                assert len(details) < 400 and "(1000002 characters)" in details
+
+            call = stub.ModelStreamInfer(iter([_request()]), timeout=30)
+            assert await call.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "ModelStreamInfer" in (await call.details() or "")
+            for rpc, req in (
+                (stub.TraceSetting, service_pb2.TraceSettingRequest()),
+                (stub.SystemSharedMemoryStatus, service_pb2.SystemSharedMemoryStatusRequest()),
+            ):
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await rpc(req, timeout=30)
+                assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+                assert "is not implemented by this server" in (err.value.details() or "")
+        logged = [
+            r
+            for r in caplog.records
+            if r.exc_info or r.levelno >= logging.ERROR or "grpc" in r.name
+        ]
+        assert not logged, [r.getMessage()[:300] for r in logged]
+
+
+async def test_bytes_that_are_not_a_request_are_invalid_argument(
+    workers: list[BackgroundWorker], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Refused by the gateway when it cannot read the model name; refused by the backend
+    (and relayed) when the bytes are malformed further in, where the gateway does not look."""
+    cut = b"\x0a\x05ab"  # a name cut short
+    bad_input = b"\x0a\x02em" + b"\x2a\x04" + cut  # model "em", an input cut short
+    async with gateway(specs(workers)) as (_g, addr), grpc.aio.insecure_channel(addr) as channel:
+        with caplog.at_level(logging.INFO):
+            for rpc, raw, what, relayed in (
+                ("ModelInfer", cut, "ModelInferRequest", False),
+                ("ModelInfer", bad_input, "ModelInferRequest", True),
+                ("ModelMetadata", cut, "ModelMetadataRequest", False),
+            ):
+                call = channel.unary_unary(f"/inference.GRPCInferenceService/{rpc}")
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call(raw, timeout=30)
+                assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert f"is not a {what}" in (err.value.details() or "")
+                backend = dict(err.value.trailing_metadata() or ()).get(BACKEND_HEADER)
+                assert (backend in ("w0", "w1")) if relayed else backend is None
+        logged = [
+            r
+            for r in caplog.records
+            if r.exc_info or r.levelno >= logging.ERROR or "grpc" in r.name
+        ]
+        assert not logged, [r.getMessage()[:300] for r in logged]
+
+
 async def _answered_by(addr: str, n: int) -> Counter[str]:
     seen: Counter[str] = Counter()
     async with grpc.aio.insecure_channel(addr) as channel:
@@ -153,6 +235,35 @@ async def test_unreachable_grpc_endpoint_is_retried_elsewhere(
             e.backend == "w0" and e.event == "ejected" and e.reason == "connect-refused"
             for e in g.registry.events
         )
+
+
+async def test_a_readmitted_backend_gets_a_fresh_channel(workers: list[BackgroundWorker]) -> None:
+    """A backend's gRPC side that was down when the gateway started: its kept channel is in
+    grpc's reconnect backoff (1 s, growing to 2 min), and would fail every call at once
+    until its next attempt. Once the backend is readmitted, the next call uses a fresh
+    channel, which connects at once: the first call after the gRPC side is up is served."""
+    port = dead_port()
+    backends = specs(workers)[:1]
+    backends[0]["grpc_url"] = f"127.0.0.1:{port}"  # its HTTP side is healthy
+    async with gateway(backends) as (g, addr), grpc.aio.insecure_channel(addr) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ModelInfer(_request(), timeout=30)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # refused: w0 ejected
+        assert not g.registry.states["w0"].healthy
+        server = _raw_backend(b"\x0a\x02em", port)
+        await server.start()
+        try:
+            for _ in range(600):  # the poller readmits w0 (its HTTP side is healthy)
+                if g.registry.states["w0"].healthy:
+                    break
+                await asyncio.sleep(0.05)
+            assert g.registry.states["w0"].healthy
+            call = stub.ModelInfer(_request(), timeout=30)
+            assert (await call).model_name == "em"
+            assert dict(await call.trailing_metadata())[BACKEND_HEADER] == "w0"
+        finally:
+            await server.stop(0)
 
 
 async def test_backends_without_grpc_are_not_candidates(workers: list[BackgroundWorker]) -> None:
@@ -312,6 +423,71 @@ async def test_client_grpc_deadline_is_forwarded_as_the_request_deadline(
     assert 0 < float(first["x-evenserve-deadline-ms"]) < 30_000
     assert second["x-evenserve-deadline-ms"] == "50"
     assert "x-evenserve-deadline-ms" not in third
+
+
+class _RawServer:
+    """A gRPC server whose ModelInfer answers ``answer`` (bytes), recording each request."""
+
+    def __init__(self, answer: bytes, port: int, seen: list[bytes]) -> None:
+        async def infer(raw: bytes, context: Any) -> bytes:
+            seen.append(raw)
+            return answer
+
+        self.server = grpc.aio.server()
+        handler = grpc.unary_unary_rpc_method_handler(infer)
+        self.server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "inference.GRPCInferenceService", {"ModelInfer": handler}
+                ),
+            )
+        )
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+
+    async def start(self) -> None:
+        await self.server.start()
+
+    async def stop(self, grace: float | None) -> None:
+        await self.server.stop(grace)
+
+
+def _raw_backend(answer: bytes, port: int, seen: list[bytes] | None = None) -> _RawServer:
+    return _RawServer(answer, port, [] if seen is None else seen)
+
+
+async def test_request_and_answer_bytes_are_relayed_unchanged(
+    workers: list[BackgroundWorker],
+) -> None:
+    """The gateway forwards ModelInfer's bytes as they came and relays the backend's answer
+    bytes as they went, fields out of protobuf's order and unknown fields included (a
+    parse and a re-serialization would put the fields in order)."""
+    answer = (
+        b"\x2a\x06" + b"\x0a\x04out0"  # outputs[0].name, before model_name
+        + b"\x0a\x02em"  # model_name
+        + b"\xf8\x06\x07"  # field 111, unknown
+    )  # fmt: skip
+    seen: list[bytes] = []
+    server = _raw_backend(answer, 0, seen)
+    port = server.port
+    await server.start()
+    try:
+        backends = specs(workers)[:1]
+        backends[0]["grpc_url"] = f"127.0.0.1:{port}"
+        x = np.arange(4, dtype=np.float32).tobytes()
+        sent = (
+            b"\x3a\x10" + x  # raw_input_contents[0], before model_name
+            + b"\x0a\x02em"  # model_name
+            + b"\x2a\x0d" + b"\x0a\x01x\x12\x04FP32\x1a\x02\x01\x04"  # inputs[0]
+            + b"\xf8\x06\x05"  # field 111, unknown
+        )  # fmt: skip
+        async with gateway(backends) as (_g, addr), grpc.aio.insecure_channel(addr) as channel:
+            call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            got = await call(sent, timeout=30)
+    finally:
+        await server.stop(0)
+    assert seen == [sent] and got == answer
+    # The same bytes parsed and serialized again come out in another order.
+    assert service_pb2.ModelInferRequest.FromString(sent).SerializeToString() != sent
 
 
 async def test_cli_host_applies_to_the_grpc_listener(workers: list[BackgroundWorker]) -> None:

@@ -4,6 +4,7 @@ bad-input, unknown-model and refusal cases with their status codes."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -175,6 +176,70 @@ def test_unknown_model_and_version_are_not_found(client: Any) -> None:
     for call in (client.get_model_metadata, client.get_model_config):
         assert _error(call, "nope").status() == "StatusCode.NOT_FOUND"
     assert _error(client.get_inference_statistics, "nope").status() == "StatusCode.NOT_FOUND"
+
+
+#: A name far over grpc's 8 KiB metadata limit if an error message echoed it whole.
+LONG_NAME = "m" * 10_000
+
+
+def test_long_unknown_names_are_cut_in_messages(stub: Any) -> None:
+    """A model name or version the worker does not serve is cut in the error message
+    (``wire.shown``): the client sees NOT_FOUND, not RESOURCE_EXHAUSTED for a message over
+    its metadata limit."""
+    for rpc, request in (
+        (stub.ModelInfer, service_pb2.ModelInferRequest(model_name=LONG_NAME)),
+        (stub.ModelMetadata, service_pb2.ModelMetadataRequest(name=LONG_NAME)),
+        (stub.ModelConfig, service_pb2.ModelConfigRequest(name=LONG_NAME)),
+        (stub.ModelStatistics, service_pb2.ModelStatisticsRequest(name=LONG_NAME)),
+        (stub.ModelMetadata, service_pb2.ModelMetadataRequest(name="em", version=LONG_NAME)),
+        (stub.ModelInfer, service_pb2.ModelInferRequest(model_name="em", model_version=LONG_NAME)),
+    ):
+        err = _rpc_error(rpc, request)
+        assert err.code() == grpc.StatusCode.NOT_FOUND, err.details()
+        assert len(err.details()) < 300 and "(10002 characters)" in err.details()
+
+
+def test_rpcs_not_served_are_unimplemented_without_a_traceback(
+    stub: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO):
+        stream = stub.ModelStreamInfer(iter([service_pb2.ModelInferRequest(model_name="em")]))
+        with pytest.raises(grpc.RpcError) as err:
+            list(stream)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "ModelStreamInfer" in err.value.details() and "use ModelInfer" in err.value.details()
+        for rpc, request in (
+            (stub.TraceSetting, service_pb2.TraceSettingRequest()),
+            (stub.LogSettings, service_pb2.LogSettingsRequest()),
+            (stub.SystemSharedMemoryStatus, service_pb2.SystemSharedMemoryStatusRequest()),
+            (stub.CudaSharedMemoryRegister, service_pb2.CudaSharedMemoryRegisterRequest()),
+        ):
+            e = _rpc_error(rpc, request)
+            assert e.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "is not implemented by this server" in e.details()
+    logged = [
+        r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR or "grpc" in r.name
+    ]
+    assert not logged, [r.getMessage() for r in logged]
+
+
+def test_bytes_that_are_not_the_request_message_are_invalid_argument(
+    worker: BackgroundWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        caplog.at_level(logging.INFO),
+        grpc.insecure_channel(f"127.0.0.1:{worker.grpc_port}") as channel,
+    ):
+        for rpc, what in (("ModelInfer", "ModelInferRequest"), ("ModelReady", "ModelReadyRequest")):
+            call = channel.unary_unary(f"/inference.GRPCInferenceService/{rpc}")
+            with pytest.raises(grpc.RpcError) as err:
+                call(b"\x0a\x05ab", timeout=30)  # a name cut short
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"the request is not a {what}" in err.value.details()
+    logged = [
+        r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR or "grpc" in r.name
+    ]
+    assert not logged, [r.getMessage() for r in logged]
 
 
 def test_bad_inputs_are_invalid_argument_naming_the_input(client: Any, stub: Any) -> None:

@@ -637,6 +637,23 @@ def test_model_control_over_grpc(tmp_path: Path) -> None:
             assert status == "StatusCode.INVALID_ARGUMENT" and "parameters['config']" in msg
             status, msg = code(client.unload_model, "pair")
             assert status == "StatusCode.INVALID_ARGUMENT" and "is not loaded" in msg
+            # A name far over grpc's metadata limit is cut in the message (wire.shown).
+            long = "m" * 10_000
+            for fn in (client.load_model, client.unload_model):
+                status, msg = code(fn, long)
+                assert status == "StatusCode.INVALID_ARGUMENT", msg
+                assert len(msg) < 300 and "(10002 characters)" in msg
+            req = triton_grpc.service_pb2.RepositoryModelLoadRequest(model_name="pair")
+            req.parameters[long].string_param = "{}"
+            with (
+                grpc.insecure_channel(f"127.0.0.1:{w.grpc_port}") as channel,
+                pytest.raises(grpc.RpcError) as rpc_err,
+            ):
+                stub = triton_grpc.service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                stub.RepositoryModelLoad(req, timeout=30)
+            assert rpc_err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            details = rpc_err.value.details() or ""
+            assert len(details) < 300 and "(10002 characters)" in details
         finally:
             client.close()
 

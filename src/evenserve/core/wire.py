@@ -220,6 +220,14 @@ def shown(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
+def shown_name(value: str) -> str:
+    """A model name or version a client sent, for an error message: whole when it could be a
+    routable name (``MAX_NAME_LENGTH`` characters; HTTP's routes admit no longer), cut beyond
+    as ``shown`` cuts (a gRPC request's names are unbounded, and an error message travels in
+    a header the client bounds: about 8 KiB in grpcio)."""
+    return shown(value, MAX_NAME_LENGTH + 2)
+
+
 def parse_priority(value: object, where: str) -> int | None:
     """A priority class: an integer (higher first) in PRIORITY_MIN..PRIORITY_MAX, the same in
     text, or a class name.

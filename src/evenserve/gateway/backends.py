@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from evenserve.core import wire
 from evenserve.core.clock import Clock
 from evenserve.core.profile import LatencyProfile
 from evenserve.gateway.config import BackendSpec
@@ -199,7 +200,7 @@ class BackendRegistry:
         where = (
             f"model {model!r} is hosted by {', '.join(hosts)}"
             if hosts
-            else f"no backend hosts model {model!r}"
+            else f"no backend hosts model {wire.shown_name(model)}"
         )
         return (
             f"the gateway does not {action} models: model control goes to a worker ({where}); "

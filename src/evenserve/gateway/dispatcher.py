@@ -180,8 +180,8 @@ def relayed_bytes(raw: bytes | None, head: bytes, backend_line: bytes) -> bytes 
 @dataclass(slots=True)
 class GrpcReply:
     """A backend's answer to a gRPC call: its status code, message, trailing metadata and
-    response (OK only); ``status`` is the HTTP counterpart the shared rules judge, ``reason``
-    the backend's ``x-evenserve-reason``."""
+    response (OK only: the serialized message, relayed as it is); ``status`` is the HTTP
+    counterpart the shared rules judge, ``reason`` the backend's ``x-evenserve-reason``."""
 
     status: int
     reason: str | None
@@ -463,7 +463,8 @@ class Dispatcher:
         if not self.registry.hosts_model(model):
             return error_answer(
                 404,
-                f"unknown model {model!r} (served: {', '.join(self.registry.models())})",
+                f"unknown model {wire.shown_name(model)} "
+                f"(served: {', '.join(self.registry.models())})",
                 "unknown_model",
             )
         if self.placement is not None:  # the demand placement reads: refused ones count too

@@ -7,14 +7,24 @@ over its ``grpc_url``, the next on UNAVAILABLE; NOT_FOUND for a model no backend
 UNAVAILABLE when no healthy host serves gRPC), ModelStatistics (summed over every healthy
 host, as the HTTP ``/stats``: ``gateway.stats``; an empty name: every model),
 RepositoryIndex (the HTTP index's list), RepositoryModelLoad/Unload (UNIMPLEMENTED, as HTTP's
-501: model control goes to a worker, named in the message) and ModelInfer; every other RPC
-answers UNIMPLEMENTED.
+501: model control goes to a worker, named in the message) and ModelInfer. Every other RPC
+(streaming, shared memory, trace and log settings) answers UNIMPLEMENTED naming itself, and a
+request whose bytes are not its message INVALID_ARGUMENT, with nothing logged
+(``httpio.grpc_service``). A model name no backend hosts is cut in the NOT_FOUND message
+(``wire.shown_name``): gRPC names are unbounded, and a message over the client's metadata
+limit would reach it as RESOURCE_EXHAUSTED.
 
 ModelInfer goes through the Dispatcher's decision core like an HTTP request
 (``Dispatcher.infer_grpc``): unknown model NOT_FOUND, overload RESOURCE_EXHAUSTED with
-``x-evenserve-reason: overloaded``; the request message is forwarded unchanged (with the
-class and deadline metadata) to the chosen backend's ``grpc_url`` over one kept channel per
-backend, and its answer relayed with its code, message and trailing metadata, plus
+``x-evenserve-reason: overloaded``. The request is taken as bytes and not parsed: its model
+name is read from the wire (``model_name_of``: a walk over the message's top-level fields,
+field 1; protobuf's parse only when the walk cannot tell), and the bytes are forwarded as
+they came (with the class and deadline metadata) to the chosen backend's ``grpc_url``, which
+parses and validates them, over one kept channel per backend (opened when the server starts,
+connecting at once; opened afresh once the backend was ejected or readmitted, so grpc's
+reconnect backoff from its outage does not fail the calls after it is back; no transparent
+retries, which would copy every request). The backend's
+answer is relayed as bytes too, or as its code, message and trailing metadata, plus
 ``x-evenserve-backend``. A backend's UNAVAILABLE (not ready, draining, cannot connect) or
 RESOURCE_EXHAUSTED ``queue-full`` is retried once elsewhere, as HTTP's 503 and 429; a
 refused connection also ejects the backend at once, as over HTTP (the poller readmits it).
@@ -25,12 +35,14 @@ request's scheduling deadline: its remaining time is forwarded as ``x-evenserve-
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from evenserve import __version__
@@ -40,6 +52,7 @@ from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.dispatcher import Answer, Dispatcher, GrpcReply
 from evenserve.gateway.forwarder import ResponseTimeout, Unreachable
 from evenserve.gateway.stats import collect_all_stats, collect_model_stats
+from evenserve.httpio.grpc_service import SERVICE, Handler, add_service
 
 S = grpc.StatusCode
 #: The HTTP counterpart of a backend's gRPC status, for the dispatcher's rules.
@@ -60,6 +73,23 @@ GRPC_OF = {
 }
 #: A client deadline further than this (seconds) is no deadline (grpcio's "infinite").
 NO_DEADLINE_S = 365 * 86400.0
+INFER_METHOD = f"/{SERVICE}/ModelInfer"
+#: Each backend channel's options: no size limits (the gateway's own limit applies to what
+#: it takes); no transparent retries: the dispatcher retries itself, and grpc's retry
+#: support keeps a copy of every request it sends (up to 256 KiB) in case it retries; its
+#: own connection (grpc shares one per address between channels by default, so a fresh
+#: channel would inherit the old one's reconnect backoff: ``GatewayServicer._channel``).
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.enable_retries", 0),
+    ("grpc.use_local_subchannel_pool", 1),
+)
+#: Top-level fields of a ModelInferRequest walked to find its model_name before letting
+#: protobuf parse it (in C) instead: a request has a handful (name, inputs, raw contents).
+MAX_SCANNED_FIELDS = 64
+#: protobuf's largest field number.
+MAX_FIELD_NUMBER = 2**29 - 1
 
 
 def deadline_ms(header: str | None, remaining_s: float | None) -> str | None:
@@ -105,32 +135,163 @@ def forward_metadata(
     return tuple(out)
 
 
-class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+def backend_failure(exc: Any) -> GrpcReply:
+    """A backend's failed ModelInfer call as the dispatcher judges it: a GrpcReply with the
+    backend's status, message and trailing metadata; raises Unreachable when the connection
+    was refused (the request never reached it), ResponseTimeout when our own time limit ran
+    out (a DEADLINE_EXCEEDED without the worker's reason)."""
+    if connect_refused(exc):
+        raise Unreachable("connect-refused")
+    trailing = tuple((k, v) for k, v in exc.trailing_metadata() or () if isinstance(v, str))
+    reason = dict(trailing).get(wire.REASON_HEADER)
+    if exc.code() == S.DEADLINE_EXCEEDED and reason is None:
+        raise ResponseTimeout("timeout")
+    return GrpcReply(
+        http_status(exc.code(), reason), reason, exc.code(), exc.details() or "", trailing
+    )
+
+
+def _scan_model_name(raw: bytes) -> str | None:
+    """Field 1 (``model_name``) of a serialized ModelInferRequest, from a walk over its
+    top-level fields (each skipped by its length; the last field 1 wins, as in protobuf's own
+    parse); None when the walk cannot tell: bytes that are not a well-formed message, a
+    group, field 1 of another wire type (protobuf keeps it as an unknown field), more than
+    MAX_SCANNED_FIELDS fields."""
+    end = len(raw)
+    i = 0
+    name = b""
+    try:
+        for _ in range(MAX_SCANNED_FIELDS):
+            if i == end:
+                return name.decode()
+            tag, i = _varint(raw, i)
+            field, kind = tag >> 3, tag & 7
+            if not 0 < field <= MAX_FIELD_NUMBER:
+                return None
+            if kind == 2:
+                size, i = _varint(raw, i)
+                if i + size > end:
+                    return None
+                if field == 1:
+                    name = raw[i : i + size]
+                i += size
+            elif field == 1:  # model_name is a string: let protobuf judge
+                return None
+            elif kind == 0:
+                _, i = _varint(raw, i)
+            elif kind == 1 or kind == 5:
+                i += 8 if kind == 1 else 4
+                if i > end:
+                    return None
+            else:  # groups: let protobuf judge
+                return None
+    except (IndexError, ValueError):  # a cut varint, a name that is not UTF-8
+        return None
+    return name.decode() if i == end else None
+
+
+def _varint(raw: bytes, i: int) -> tuple[int, int]:
+    """The varint at ``raw[i:]`` and the offset after it; IndexError when cut, ValueError
+    when longer than 10 bytes."""
+    b = raw[i]
+    if b < 0x80:
+        return b, i + 1
+    value = b & 0x7F
+    for shift in range(7, 70, 7):
+        i += 1
+        b = raw[i]
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i + 1
+    raise ValueError("varint longer than 10 bytes")
+
+
+def model_name_of(raw: bytes) -> str:
+    """``model_name`` of a serialized ModelInferRequest, without parsing the message (a walk
+    over its top-level fields), or from protobuf's parse when the walk cannot tell;
+    ValueError when the bytes are not a ModelInferRequest. Not a validation: bytes malformed
+    further in (an input's field) are the backend's to refuse, as it parses them whole."""
+    name = _scan_model_name(raw)
+    if name is not None:
+        return name
+    try:
+        return str(service_pb2.ModelInferRequest.FromString(raw).model_name)
+    except DecodeError as exc:
+        raise ValueError(f"the request is not a ModelInferRequest: {exc}") from None
+
+
+class _Channel:
+    """One backend's kept channel: its stub (metadata, config) and its raw ModelInfer call;
+    ``since_s``: when it was opened (the registry's clock)."""
+
+    __slots__ = ("channel", "infer", "since_s", "stub", "url")
+
+    def __init__(self, url: str, since_s: float) -> None:
+        self.url = url
+        self.since_s = since_s
+        self.channel = grpc.aio.insecure_channel(url, options=list(CHANNEL_OPTIONS))
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        self.infer = self.channel.unary_unary(INFER_METHOD)  # bytes in, bytes out
+
+
+class GatewayServicer:
+    #: The RPCs served; every other answers UNIMPLEMENTED (``httpio.grpc_service``).
+    RPCS = (
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelConfig",
+        "ModelStatistics",
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+        "ModelInfer",
+    )
+    #: The RPCs taken and answered as bytes.
+    RAW = ("ModelInfer",)
+
     def __init__(self, registry: BackendRegistry, dispatcher: Dispatcher, timeout_s: float) -> None:
         self.registry = registry
         self.dispatcher = dispatcher
         self.timeout_s = timeout_s
-        self._stubs: dict[str, Any] = {}
-        self._channels: list[Any] = []
+        self._channels: dict[str, _Channel] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
-    def _stub(self, name: str) -> Any:
-        stub = self._stubs.get(name)
-        if stub is None:
-            url = self.registry.states[name].spec.grpc_url
-            channel = grpc.aio.insecure_channel(
-                url,
-                options=[
-                    ("grpc.max_send_message_length", -1),
-                    ("grpc.max_receive_message_length", -1),
-                ],
-            )
-            self._channels.append(channel)
-            stub = self._stubs[name] = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        return stub
+    def rpcs(self) -> dict[str, Handler]:
+        """Each served RPC's coroutine, by name."""
+        return {name: getattr(self, name) for name in self.RPCS}
+
+    def open(self) -> None:
+        """A channel to every backend that serves gRPC, connecting now (on the running
+        loop): the first request does not wait for a connection."""
+        for name, st in self.registry.states.items():
+            if st.spec.grpc_url is not None:
+                self._channel(name).channel.get_state(try_to_connect=True)
+
+    def _channel(self, name: str) -> _Channel:
+        """Backend ``name``'s kept channel; a fresh one if its ``grpc_url`` changed or the
+        backend was ejected or readmitted since the channel was opened. A channel whose
+        backend was down is in grpc's reconnect backoff (1 s, growing to 2 min) and fails
+        every call at once until its next attempt: the backend would be ejected again though
+        it is back. A fresh channel connects at once."""
+        st = self.registry.states[name]
+        url = st.spec.grpc_url
+        ch = self._channels.get(name)
+        if ch is None or ch.url != url or ch.since_s < st.changed_at_s:
+            assert url is not None  # backends without one are never picked
+            if ch is not None:  # its calls in flight may finish
+                task = asyncio.get_running_loop().create_task(ch.channel.close(self.timeout_s))
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            ch = self._channels[name] = _Channel(url, self.registry.clock.now())
+        return ch
 
     async def aclose(self) -> None:
-        for c in self._channels:
-            await c.close()
+        for ch in self._channels.values():
+            await ch.channel.close()
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
@@ -159,7 +320,8 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
         if not self.registry.hosts_model(model):
             await context.abort(
                 S.NOT_FOUND,
-                f"unknown model {model!r} (served: {', '.join(self.registry.models())})",
+                f"unknown model {wire.shown_name(model)} "
+                f"(served: {', '.join(self.registry.models())})",
             )
         states = self.registry.states
         hosts = [
@@ -170,7 +332,9 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
         failures: list[str] = []
         for name in hosts[: 1 + self.dispatcher.cfg.forward.retries]:
             try:
-                response = await getattr(self._stub(name), method)(request, timeout=self.timeout_s)
+                response = await getattr(self._channel(name).stub, method)(
+                    request, timeout=self.timeout_s
+                )
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == S.UNAVAILABLE:
                     if connect_refused(exc):
@@ -197,7 +361,7 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
         empty name); UNAVAILABLE when no host answered."""
         name = request.name
         if name and not self.registry.hosts_model(name):
-            await context.abort(S.NOT_FOUND, f"unknown model {name!r}")
+            await context.abort(S.NOT_FOUND, f"unknown model {wire.shown_name(name)}")
         fwd = self.dispatcher.forwarder
         version = request.version or None
         if name:
@@ -233,39 +397,31 @@ class GatewayServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: i
         await context.abort(S.UNIMPLEMENTED, message)
 
     # -- inference ------------------------------------------------------------------------
-    async def ModelInfer(self, request: Any, context: Any) -> Any:
-        model = request.model_name
-        meta = {k.lower(): v for k, v in context.invocation_metadata() or ()}
+    async def ModelInfer(self, raw: bytes, context: Any) -> Any:
+        """The request's bytes, forwarded as they came; the answer's bytes, relayed."""
+        try:
+            model = model_name_of(raw)
+        except ValueError as exc:
+            await context.abort(S.INVALID_ARGUMENT, str(exc))
+        registry = self.registry
+        hosts = registry.hosts_of(model)
+        states = registry.states
+        without = [n for n in hosts if states[n].spec.grpc_url is None]
+        if hosts and len(without) == len(hosts):
+            self.dispatcher.metrics.observe_request(None, model, "unavailable", None)
+            await context.abort(S.UNAVAILABLE, f"no backend of model {model!r} serves gRPC")
+        meta = dict(context.invocation_metadata() or ())
+        timeout_s = self.timeout_s
 
         async def send(name: str) -> GrpcReply:
             # The deadline as it stands at this try (a retry has less time left).
             forward = forward_metadata(meta, context.time_remaining())
-            call = self._stub(name).ModelInfer(request, timeout=self.timeout_s, metadata=forward)
             try:
-                response = await call
+                response = await self._channel(name).infer(raw, timeout=timeout_s, metadata=forward)
             except grpc.aio.AioRpcError as exc:
-                if connect_refused(exc):  # never reached the backend: eject, try elsewhere
-                    raise Unreachable("connect-refused") from None
-                trailing = tuple(
-                    (k, v) for k, v in exc.trailing_metadata() or () if isinstance(v, str)
-                )
-                reason = dict(trailing).get(wire.REASON_HEADER)
-                if exc.code() == S.DEADLINE_EXCEEDED and reason is None:
-                    raise ResponseTimeout("timeout") from None
-                return GrpcReply(
-                    http_status(exc.code(), reason),
-                    reason,
-                    exc.code(),
-                    exc.details() or "",
-                    trailing,
-                )
+                return backend_failure(exc)
             return GrpcReply(200, None, S.OK, response=response)
 
-        hosts = self.registry.hosts_of(model)
-        without = [n for n in hosts if self.registry.states[n].spec.grpc_url is None]
-        if hosts and len(without) == len(hosts):
-            self.dispatcher.metrics.observe_request(None, model, "unavailable", None)
-            await context.abort(S.UNAVAILABLE, f"no backend of model {model!r} serves gRPC")
         ans = await self.dispatcher.infer_grpc(model, send, without)
         return await self._relay(ans, context)
 
@@ -310,7 +466,7 @@ class GatewayGrpcServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, self.server)
+        add_service(self.server, self.servicer.rpcs(), raw=GatewayServicer.RAW)
 
     async def start(self) -> None:
         try:
@@ -320,6 +476,7 @@ class GatewayGrpcServer:
         if not port:
             raise ConfigError(f"gateway.grpc_port: cannot bind {self.address}")
         self.port = int(port)
+        self.servicer.open()
         await self.server.start()
 
     async def stop(self, grace_s: float) -> None:

@@ -9,7 +9,10 @@ Served: ServerLive, ServerReady, ModelReady (false for a model not served here o
 READY), ServerMetadata, ModelMetadata, ModelConfig, ModelStatistics, RepositoryIndex (every
 model folder with its state), RepositoryModelLoad (``parameters["config"].string_param``: a
 JSON object of model.yaml fields overriding the file's), RepositoryModelUnload, ModelInfer.
-Every other RPC (streaming, shared memory, trace, log settings) answers UNIMPLEMENTED.
+Every other RPC (streaming, shared memory, trace, log settings) answers UNIMPLEMENTED,
+naming it, with nothing logged (``httpio.grpc_service``). A model name or version the worker
+does not serve is cut in the error message (``wire.shown_name``): gRPC names are unbounded,
+and a message longer than the client's metadata limit would reach it as RESOURCE_EXHAUSTED.
 Model control answers as HTTP does: INVALID_ARGUMENT a bad config or request, or model
 control disabled; NOT_FOUND no such model folder; UNAVAILABLE shutting down; INTERNAL the
 load failed.
@@ -47,12 +50,13 @@ from typing import Any
 import grpc
 import numpy as np
 from google.protobuf import json_format
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
 from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
 from evenserve.core.errors import ConfigError
 from evenserve.core.tensors import DATATYPES
+from evenserve.httpio.grpc_service import Handler, add_service
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.runtime.base import Array
 from evenserve.worker.driver import BatchFailedError, DrainingError, RefusedError
@@ -278,12 +282,31 @@ def encode_grpc_response(
     return resp
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+class InferenceServicer:
     """Triton's GRPCInferenceService over a WorkerService."""
+
+    #: The RPCs served; every other answers UNIMPLEMENTED (``httpio.grpc_service``).
+    RPCS = (
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelConfig",
+        "ModelStatistics",
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+        "ModelInfer",
+    )
 
     def __init__(self, service: WorkerService) -> None:
         self.service = service
         self.metrics = service.metrics
+
+    def rpcs(self) -> dict[str, Handler]:
+        """Each served RPC's coroutine, by name."""
+        return {name: getattr(self, name) for name in self.RPCS}
 
     # -- helpers -------------------------------------------------------------------------------
     def _signature(self, name: str, version: str) -> ModelSignature:
@@ -294,12 +317,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         if sig is None:
             raise GrpcError(
                 grpc.StatusCode.NOT_FOUND,
-                f"model {name!r} is not served here (models: {', '.join(svc.signatures)})",
+                f"model {wire.shown_name(name)} is not served here "
+                f"(models: {', '.join(svc.signatures)})",
             )
         if version not in ("", sig.version):
             raise GrpcError(
                 grpc.StatusCode.NOT_FOUND,
-                f"model {name!r} has no version {version!r} (versions: {sig.version})",
+                f"model {name!r} has no version {wire.shown_name(version)} "
+                f"(versions: {sig.version})",
             )
         return sig
 
@@ -380,8 +405,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             unknown = sorted(k for k in params if k != "config")
             if unknown:
                 raise ProtocolError(
-                    f"parameters[{unknown[0]!r}]: not supported (only parameters['config']: "
-                    "model.yaml fields as JSON)"
+                    f"parameters[{wire.shown_name(unknown[0])}]: not supported (only "
+                    "parameters['config']: model.yaml fields as JSON)"
                 )
             if "config" in params:
                 p = params["config"]
@@ -505,9 +530,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(service), self.server
-        )
+        add_service(self.server, InferenceServicer(service).rpcs())
 
     async def start(self) -> None:
         address = (

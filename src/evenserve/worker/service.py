@@ -862,7 +862,7 @@ class WorkerService:
         if repo is None:
             raise ModelControlError("this worker has no model repository to load from", 400)
         if not wire.is_safe_name(name) or name.startswith((".", "_")):
-            raise ModelControlError(f"model {name!r}: not a model folder name", 400)
+            raise ModelControlError(f"model {wire.shown_name(name)}: not a model folder name", 400)
         d = repo / name
         if not d.is_dir():
             raise ModelControlError(f"no model folder {name!r} in the repository", 404)
@@ -1139,7 +1139,7 @@ class WorkerService:
             st = self.model_state(name)
             if name not in self.entries or st.state != READY:
                 raise ModelControlError(
-                    f"model {name!r} is not loaded (state {st.state}"
+                    f"model {wire.shown_name(name)} is not loaded (state {st.state}"
                     + (f": {st.reason}" if st.reason else "")
                     + ")",
                     400,
