@@ -11,11 +11,11 @@ It does what a proxy's upstream side needs and no more: ``http://`` only, any me
 answer allows it), the response headers it was asked to keep, a time limit per request, and
 a cap on connections (``max_connections``; requests beyond it wait for one to come back).
 A time limit is measured from when the request was sent, and a timeout is only declared
-when the answer is not there: deadlines are checked by one sweep per client every
-``SWEEP_S`` (no timer per request), and a connection found past its deadline is given one
-more sweep before it fails, so an answer that arrived while the loop was too busy to read
-it is read first: the caller's own lag never reads as the server's. A time limit is thus
-kept to within two sweeps (0.1 s) late.
+when the answer is not there: deadlines are checked by one sweep per client, not a timer per
+request. The sweep sleeps until the earliest deadline in flight (at most ``SWEEP_MAX_S``, and
+it ends when nothing is in flight); a request it finds past its deadline gets one more look
+``SWEEP_GRACE_S`` later before it fails, so an answer that arrived while the loop was too
+busy to read it is read first: the caller's own lag never reads as the server's.
 
 Answers are parsed by httptools without a callback per header: the head arrives as bytes
 (``Reply.head``), and only the headers asked for (``keep_headers``) are read out of it. An
@@ -51,8 +51,12 @@ import httptools
 
 #: Idle pooled connections are closed, not reused, once idle this long (module docstring).
 MAX_IDLE_S = 4.0
-#: How often a client checks its requests' deadlines (module docstring).
-SWEEP_S = 0.05
+#: A client's deadline sweep sleeps until its earliest deadline, at most this long (a call
+#: with a shorter time limit than those in flight is then late by at most this much)...
+SWEEP_MAX_S = 0.25
+#: ... and at least this long: the grace a request found past its deadline gets for an
+#: answer the busy loop has not read yet (module docstring).
+SWEEP_GRACE_S = 0.002
 
 
 RESENT_LOST = (
@@ -427,12 +431,16 @@ class HttpClient:
             self._sweeper = self._running_loop().create_task(self._sweep())
 
     async def _sweep(self) -> None:
-        """Every SWEEP_S: a request past its deadline is marked; one still unanswered at the
-        next sweep (so the loop has had a turn to read what arrived meanwhile) fails with
-        ResponseTimeout (module docstring)."""
+        """At the earliest deadline in flight: a request past its deadline is marked; one
+        still unanswered at the next sweep (so the loop has had a turn to read what arrived
+        meanwhile) fails with ResponseTimeout (module docstring)."""
         loop = self._running_loop()
-        while any(c.deadline for c in self._all):  # ends when nothing is in flight
-            await asyncio.sleep(SWEEP_S)
+        while True:
+            due = [c.deadline for c in self._all if c.deadline]
+            if not due:  # nothing in flight: the next request starts the sweep again
+                break
+            wait = min(due) - loop.time()
+            await asyncio.sleep(min(SWEEP_MAX_S, max(SWEEP_GRACE_S, wait)))
             self.check_deadlines(loop.time())
         self._sweeper = None
 
