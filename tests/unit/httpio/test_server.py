@@ -30,6 +30,8 @@ async def echo(req: Request) -> Response:
         raise RuntimeError("a bug")
     if req.path == "/slow":
         await asyncio.sleep(0.05)
+    if req.path == "/never":
+        await asyncio.Event().wait()  # answered only when the server stops
     body = json.dumps(
         {"method": req.method, "path": req.path, "query": req.query, "n": len(req.body),
          "x": req.headers.get("x-thing")}
@@ -316,6 +318,23 @@ async def test_a_deadline_met_late_by_a_busy_loop_looks_for_the_answer_once_more
     assert isinstance(fut.exception(), ResponseTimeout)
     assert c.late_deadlines == 1 and late.deadline == 0.0
     c.close()
+
+
+async def test_a_request_without_an_answer_times_out_both_ways() -> None:
+    """The deadline sweep (no timer per request) ends an unanswered request with
+    ResponseTimeout, on the awaited path and on the callback path, and the sweep stops once
+    nothing is in flight; a request answered in time is not touched."""
+    async with server() as srv:
+        c = HttpClient(f"http://127.0.0.1:{srv.port}", 10.0)
+        with pytest.raises(ResponseTimeout):
+            await asyncio.wait_for(c.request("GET", "/never", timeout_s=0.05), 10.0)
+        assert (await c.request("GET", "/a", timeout_s=5.0)).status == 200  # a fresh connection
+        got: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        head = c.head("GET", "/never", {}, 0)
+        assert c.send_cb(head, b"", lambda r, e: got.set_result(e), timeout_s=0.05)
+        assert isinstance(await asyncio.wait_for(got, 10.0), ResponseTimeout)
+        await until(lambda: c._sweeper is None)  # nothing in flight: no sweep left running
+        c.close()
 
 
 async def test_every_answer_carries_a_date_header_in_http_date_form() -> None:
