@@ -80,8 +80,8 @@ from evenserve.gateway.forwarder import (
     Unreachable,
 )
 from evenserve.gateway.placement import PlacementDriver
+from evenserve.httpio.client import HttpClient, parse_headers
 from evenserve.httpio.client import Reply as HttpReply
-from evenserve.httpio.client import parse_headers
 from evenserve.metrics.gateway import GatewayMetrics
 
 #: Request headers forwarded to the backend (lower case); others are hop-by-hop or ours.
@@ -121,6 +121,8 @@ class _Forward:
     headers: dict[str, str]
     req: RequestInfo
     t0: float
+    #: The forwarded headers' values (FORWARD_REQUEST_HEADERS' order): a key of its head.
+    head_key: tuple[str | None, ...] = ()
     attempt: int = 0
     tried: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -235,9 +237,11 @@ class Dispatcher:
         self._ids = itertools.count(1)
         #: Each backend's ``x-evenserve-backend`` header line (relayed answers).
         self._backend_lines: dict[str, bytes] = {}
-        #: Forwarded request heads up to their Content-Length, by backend client, path and
-        #: forwarded headers (a client sends few kinds of request): made once, not per request.
-        self._heads: dict[tuple[object, str, tuple[tuple[str, str], ...]], bytes] = {}
+        #: Forwarded request heads up to their Content-Length, by backend, path and forwarded
+        #: headers (a client sends few kinds of request): made once, not per request.
+        self._heads: dict[tuple[str, str, tuple[str | None, ...]], bytes] = {}
+        #: Each backend's pooled HTTP client (the fast path's).
+        self._clients: dict[str, HttpClient] = {}
         self._decision = metrics.decision
         fwd_ = self.forwarder
         #: The relayed headers a pooled client's answer gives when they are read.
@@ -361,10 +365,12 @@ class Dispatcher:
         if name is None:
             fw.answer(self._finish(fw.model, self._exhausted(fw), fw.t0))
             return
-        fwd = self.forwarder
-        assert isinstance(fwd, PooledForwarder)
-        client = fwd.client(self.registry.url(name))
-        key = (client, fw.path, tuple(fw.headers.items()))
+        client = self._clients.get(name)
+        if client is None:
+            fwd = self.forwarder
+            assert isinstance(fwd, PooledForwarder)
+            client = self._clients[name] = fwd.client(self.registry.url(name))
+        key = (name, fw.path, fw.head_key)
         prefix = self._heads.get(key)
         if prefix is None:
             prefix = client.head("POST", fw.path, fw.headers, 0)[: -len(_LENGTH_ZERO)]
@@ -479,13 +485,13 @@ class Dispatcher:
                 wire.OVERLOADED,
                 {"retry-after": str(ov.retry_after_s), wire.REASON_HEADER: wire.OVERLOADED},
             )
+        values = tuple(map(headers.get, FORWARD_REQUEST_HEADERS))
         fwd_headers = {"accept-encoding": "identity"}
-        for h in FORWARD_REQUEST_HEADERS:
-            v = headers.get(h)
+        for h, v in zip(FORWARD_REQUEST_HEADERS, values, strict=True):
             if v is not None:
                 fwd_headers[h] = v
         req = RequestInfo(next(self._ids), model, now)
-        return _Forward(model, path, body, fwd_headers, req, t0)
+        return _Forward(model, path, body, fwd_headers, req, t0, values)
 
     def _pick(self, fw: _Forward) -> str | None:
         """The next backend to try (counted as sent), or None when none is left."""
