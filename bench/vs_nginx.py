@@ -897,28 +897,25 @@ def mean_batches(
     return out
 
 
-class Pool:
-    """Four ``evenserve worker`` processes (the nginx and gateway arms share them)."""
+class Devices:
+    """Four device processes that each write their port to a file when they listen."""
 
-    def __init__(self, env: Env, slow: bool, name: str = "w") -> None:
+    def __init__(self, env: Env, slow: bool) -> None:
         self.env, self.slow = env, slow
         self.children: list[Child] = []
         self.urls: list[str] = []
-        self.sets: list[Path] = []
-        sets = env.profile_sets
+
+    def launch(self, name: str, cmd: Callable[[Path], list[str]]) -> None:
+        """Start each device (``cmd(port_file)``), then wait until every one answers."""
+        files = []
         for i in range(DEVICES):
-            pset = sets["slow" if slow and i == SLOW_DEVICE else "normal"]
-            port_file = env.tmp / f"{name}{i}-{time.monotonic_ns()}.port"
-            cmd = [*EVENSERVE, "worker", "--repo", str(env.repo), "--device", f"emulated:{pset}",
-                   "--port", "0", "--port-file", str(port_file), *WORKER_FLAGS]  # fmt: skip
-            c = env.procs.start(f"{name}{i}", cmd, worker_env())
-            self.children.append(c)
-            self.sets.append(pset)
-            self.urls.append(f"@{port_file}")
-        for i, c in enumerate(self.children):
-            port = int(wait_file(Path(self.urls[i][1:]), c).strip())
-            self.urls[i] = f"http://127.0.0.1:{port}"
-            wait_ready(self.urls[i], c)
+            port_file = self.env.tmp / f"{name}{i}-{time.monotonic_ns()}.port"
+            self.children.append(self.env.procs.start(f"{name}{i}", cmd(port_file), worker_env()))
+            files.append(port_file)
+        for port_file, c in zip(files, self.children, strict=True):
+            url = f"http://127.0.0.1:{int(wait_file(port_file, c).strip())}"
+            wait_ready(url, c)
+            self.urls.append(url)
 
     @property
     def pids(self) -> list[int]:
@@ -932,41 +929,45 @@ class Pool:
             self.env.procs.stop(c)
 
 
-class RefPool:
+class Pool(Devices):
+    """Four ``evenserve worker`` processes (the nginx and gateway arms share them)."""
+
+    def __init__(self, env: Env, slow: bool, name: str = "w") -> None:
+        super().__init__(env, slow)
+        sets = env.profile_sets
+        self.sets = [
+            sets["slow" if slow and i == SLOW_DEVICE else "normal"] for i in range(DEVICES)
+        ]
+        it = iter(self.sets)
+
+        def cmd(port_file: Path) -> list[str]:
+            return [*EVENSERVE, "worker", "--repo", str(env.repo), "--device",
+                    f"emulated:{next(it)}", "--port", "0", "--port-file", str(port_file),
+                    *WORKER_FLAGS]  # fmt: skip
+
+        self.launch(name, cmd)
+
+
+class RefPool(Devices):
     """Four reference devices (bench/reference_device.py): what the ``ref`` arm's nginx
     fronts, with the same models, batch cap and window as the workers."""
 
     def __init__(self, env: Env, slow: bool) -> None:
-        self.env, self.slow = env, slow
-        self.children: list[Child] = []
-        self.urls: list[str] = []
+        super().__init__(env, slow)
         inputs = {
             m: [{**t, "shape": [-1, *t["shape"]]} for t in model_inputs(m, env.payload)]
             for m in MODELS
         }
         model_args = [a for m, (f, b) in MODELS.items() for a in ("--model", f"{m}={f},{b}")]
-        for i in range(DEVICES):
-            port_file = env.tmp / f"ref{i}-{time.monotonic_ns()}.port"
-            factor = SLOW_FACTOR if slow and i == SLOW_DEVICE else 1.0
-            cmd = [sys.executable, str(ROOT / "bench" / "reference_device.py"), "--port", "0",
-                   "--port-file", str(port_file), "--max-batch", str(MAX_BATCH),
-                   "--window-ms", str(WINDOW_MS), "--slowdown", str(factor),
-                   "--inputs", json.dumps(inputs), *model_args]  # fmt: skip
-            c = env.procs.start(f"ref{i}", cmd, worker_env())
-            self.children.append(c)
-            self.urls.append(str(port_file))
-        for i, c in enumerate(self.children):
-            port = int(wait_file(Path(self.urls[i]), c).strip())
-            self.urls[i] = f"http://127.0.0.1:{port}"
-            wait_ready(self.urls[i], c)
+        factors = iter(SLOW_FACTOR if slow and i == SLOW_DEVICE else 1.0 for i in range(DEVICES))
 
-    @property
-    def pids(self) -> list[int]:
-        return [c.popen.pid for c in self.children]
+        def cmd(port_file: Path) -> list[str]:
+            return [sys.executable, str(ROOT / "bench" / "reference_device.py"), "--port", "0",
+                    "--port-file", str(port_file), "--max-batch", str(MAX_BATCH),
+                    "--window-ms", str(WINDOW_MS), "--slowdown", str(next(factors)),
+                    "--inputs", json.dumps(inputs), *model_args]  # fmt: skip
 
-    def stop(self) -> None:
-        for c in self.children:
-            self.env.procs.stop(c)
+        self.launch("ref", cmd)
 
 
 def worker_env() -> dict[str, str]:
