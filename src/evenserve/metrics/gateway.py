@@ -9,7 +9,6 @@ the cluster file: a request for a model no backend hosts is counted under
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections.abc import Callable, Collection, Container, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -22,6 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from evenserve.metrics import names
+from evenserve.metrics.hot import Hist
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.metrics.read_counter import ReadCounter
 
@@ -69,21 +69,6 @@ def model_label(model: str, known: Container[str]) -> str:
     return model if model in known else UNKNOWN_MODEL_LABEL
 
 
-class _Hist:
-    """One histogram series: counts per bucket (the last is +Inf) and the sum."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-
-    def observe(self, v: float) -> None:
-        self.counts[bisect_left(self.bounds, v)] += 1
-        self.total += v
-
-
 class _HotPath(Collector):
     """The per-request series (requests by backend/model/outcome, latency by model, routing
     decision time), kept in plain dicts and lists and turned into Prometheus families at
@@ -92,8 +77,8 @@ class _HotPath(Collector):
 
     def __init__(self) -> None:
         self.requests: dict[tuple[str, str, str], int] = {}
-        self.latency: dict[str, _Hist] = {}
-        self.decision = _Hist(tuple(names.GATEWAY_DECISION_BUCKETS_S))
+        self.latency: dict[str, Hist] = {}
+        self.decision = Hist(tuple(names.GATEWAY_DECISION_BUCKETS_S))
 
     def collect(self) -> Iterator[Metric]:
         req = CounterMetricFamily(
@@ -108,25 +93,16 @@ class _HotPath(Collector):
             names.GATEWAY_REQUEST_DURATION, "end-to-end latency at the gateway", labels=["model"]
         )
         for model, h in self.latency.items():
-            lat.add_metric([model], _buckets(h), h.total)
+            lat.add_metric([model], h.buckets(), h.total)
         yield lat
         dec = HistogramMetricFamily(
             names.GATEWAY_ROUTING_DECISION, "time inside the routing policy per decision"
         )
-        dec.add_metric([], _buckets(self.decision), self.decision.total)
+        dec.add_metric([], self.decision.buckets(), self.decision.total)
         yield dec
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
-
-
-def _buckets(h: _Hist) -> list[tuple[str, float]]:
-    out: list[tuple[str, float]] = []
-    running = 0
-    for le, n in zip([*map(repr, h.bounds), "+Inf"], h.counts, strict=True):
-        running += n
-        out.append((le, float(running)))
-    return out
 
 
 class GatewayMetrics:
@@ -176,7 +152,7 @@ class GatewayMetrics:
             return
         h = hot.latency.get(label)
         if h is None:
-            h = hot.latency[label] = _Hist(tuple(names.TIME_BUCKETS_S))
+            h = hot.latency[label] = Hist(tuple(names.TIME_BUCKETS_S))
         h.observe(seconds)
 
     def count_record_drops(self, read: Callable[[], int]) -> None:

@@ -1,18 +1,24 @@
 """The worker's Prometheus metrics: histograms and counters updated as work happens, gauges
-read from the live driver at scrape time (so a scrape always sees the current queue)."""
+read from the live driver at scrape time (so a scrape always sees the current queue).
+
+The series every request or batch touches (requests, latency, batch sizes, queue and compute
+times, held and expected seconds, refusals) are ``metrics.hot`` series: plain dicts updated
+on the event loop, turned into families at scrape time. The rare ones (model loads and
+unloads, load waits) are prometheus_client's own."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from evenserve.core import wire
 from evenserve.metrics import names
+from evenserve.metrics.hot import HotCollector, HotCounter, HotHistogram
 from evenserve.metrics.nvml import NvmlSampler
 from evenserve.metrics.read_counter import ReadCounter
 
@@ -161,8 +167,11 @@ class WorkerMetrics:
 
         def per_model(
             name: str, doc: str, buckets: Sequence[float] = names.TIME_BUCKETS_S
-        ) -> Histogram:
-            return Histogram(name, doc, ["model"], buckets=buckets, registry=r)
+        ) -> HotHistogram:
+            return HotHistogram(name, doc, ["model"], buckets)
+
+        def counter(name: str, doc: str, labels: Sequence[str] = ("model",)) -> HotCounter:
+            return HotCounter(name, doc, labels)
 
         self.batch_size = per_model(names.BATCH_SIZE, "Items per batch.", names.BATCH_SIZE_BUCKETS)
         self.queue_time = per_model(
@@ -174,36 +183,51 @@ class WorkerMetrics:
         self.latency = per_model(
             names.REQUEST_LATENCY, "Time from receiving a request to answering it."
         )
-        self.requests = Counter(
-            names.REQUESTS, "Requests answered, by outcome.", ["model", "outcome"], registry=r
+        self.requests = counter(
+            names.REQUESTS, "Requests answered, by outcome.", ["model", "outcome"]
         )
-        self.batches = Counter(names.BATCHES, "Batches run.", ["model"], registry=r)
-        self.held = Counter(
+        self.batches = counter(names.BATCHES, "Batches run.")
+        self.held = counter(
             names.BATCH_HELD,
             "Seconds a batch's instance sat idle while its oldest request waited (the batching "
             "policy held it), summed over batches.",
-            ["model"],
-            registry=r,
         )
-        self.expected = Counter(
+        self.expected = counter(
             names.BATCH_EXPECTED,
             "Seconds the latency profile expected the batches to take, summed (batches with "
             "a profile only).",
-            ["model"],
-            registry=r,
         )
-        self.compute_input = Counter(
+        self.compute_input = counter(
             names.COMPUTE_INPUT,
             "Seconds batches spent staging their inputs (the compute_input phase), summed.",
-            ["model"],
-            registry=r,
         )
-        self.refusals = Counter(
+        self.refusals = counter(
             names.REFUSALS,
             "Requests refused (not run), by reason: queue-full, shed, deadline-infeasible, "
             "deadline-expired.",
             ["model", "reason"],
-            registry=r,
+        )
+        self.load_wait = per_model(
+            names.LOAD_WAIT,
+            "Time an inference request waited for its model's load (requests that arrived "
+            "while it was LOADING).",
+        )
+        r.register(
+            HotCollector(
+                [
+                    self.load_wait,
+                    self.batch_size,
+                    self.queue_time,
+                    self.compute_time,
+                    self.latency,
+                    self.requests,
+                    self.batches,
+                    self.held,
+                    self.expected,
+                    self.compute_input,
+                    self.refusals,
+                ]
+            )
         )
         self.loads = Counter(
             names.MODEL_LOADS,
@@ -218,32 +242,21 @@ class WorkerMetrics:
             ["model", "source"],
             registry=r,
         )
-        self.load_wait = per_model(
-            names.LOAD_WAIT,
-            "Time an inference request waited for its model's load (requests that arrived "
-            "while it was LOADING).",
-        )
         r.register(_LiveCollector(device, snapshot, nvml, kind, slice_label, dcgm))
         for m in models:
             self.add_model(m)
 
     def add_model(self, m: str) -> None:
         """Every series of a served model exists from its load on, at zero."""
-        for series in (
-            self.batch_size,
-            self.queue_time,
-            self.compute_time,
-            self.latency,
-            self.batches,
-            self.held,
-            self.expected,
-            self.compute_input,
-        ):
-            series.labels(m)
+        key = (m,)
+        for h in (self.batch_size, self.queue_time, self.compute_time, self.latency):
+            h.get(key)
+        for c in (self.batches, self.held, self.expected, self.compute_input):
+            c.touch(key)
         for o in names.OUTCOMES:
-            self.requests.labels(m, o)
+            self.requests.touch((m, o))
         for reason in wire.REFUSAL_REASONS:
-            self.refusals.labels(m, reason)
+            self.refusals.touch((m, reason))
 
     def observe_load(self, model: str, outcome: str) -> None:
         self.loads.labels(model, outcome).inc()
@@ -252,7 +265,7 @@ class WorkerMetrics:
         self.load_sources.labels(model, source).inc()
 
     def observe_load_wait(self, model: str, waited_s: float) -> None:
-        self.load_wait.labels(model).observe(waited_s)
+        self.load_wait.observe((model,), waited_s)
 
     def observe_unload(self, model: str) -> None:
         self.unloads.labels(model).inc()
@@ -267,30 +280,31 @@ class WorkerMetrics:
     ) -> None:
         """A batch started: its size, its requests' queue times, the seconds its instance
         was held idle, and the profile's expected seconds (None: no profile)."""
-        self.batch_size.labels(model).observe(items)
-        self.batches.labels(model).inc()
+        key = (model,)
+        self.batch_size.observe(key, items)
+        self.batches.inc(key)
         if held_s > 0:
-            self.held.labels(model).inc(held_s)
+            self.held.inc(key, held_s)
         if expected_s is not None and expected_s > 0:
-            self.expected.labels(model).inc(expected_s)
-        h = self.queue_time.labels(model)
+            self.expected.inc(key, expected_s)
+        h = self.queue_time.get(key)
         for q in queue_times_s:
             h.observe(q)
 
     def observe_refusal(self, model: str, reason: str) -> None:
-        self.refusals.labels(model, reason).inc()
+        self.refusals.inc((model, reason))
 
     def observe_compute(self, model: str, compute_s: float, input_s: float = 0.0) -> None:
         """A batch ended: its compute time, ``input_s`` of it staging its inputs."""
-        self.compute_time.labels(model).observe(compute_s)
+        self.compute_time.observe((model,), compute_s)
         if input_s > 0:
-            self.compute_input.labels(model).inc(input_s)
+            self.compute_input.inc((model,), input_s)
 
     def observe_request(self, model: str, outcome: str, latency_s: float | None) -> None:
         """Count one answered request; ``model`` may be a name not served (for 404s)."""
-        self.requests.labels(model, outcome).inc()
+        self.requests.inc((model, outcome))
         if latency_s is not None and outcome == "success":
-            self.latency.labels(model).observe(latency_s)
+            self.latency.observe((model,), latency_s)
 
     def count_record_drops(self, read: Callable[[], int]) -> None:
         """Export the request log's lost records (``core.requestlog.Recorder.dropped``)."""

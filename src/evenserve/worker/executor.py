@@ -113,11 +113,13 @@ class ThreadedExecutor:
                 log.exception("device thread: a job failed")
 
     def on_each_thread(self, fn: Callable[[], T]) -> list[T]:
-        """Run ``fn`` once on each of the device threads, the ones batches run on (blocking;
-        not on the event loop). A framework's first call on a new thread costs extra
-        (thread-local state: allocator and kernel caches, the intra-op pool), so a warm-up
-        that ran on another thread would leave it to the first request."""
-        futures: list[Future[T]] = []
+        """Run ``fn`` once on each of the device threads, the ones batches run on, one thread
+        after the other (blocking; not on the event loop): a warm-up's timings are then each
+        thread's own, not those of threads sharing the device. A framework's first call on a
+        new thread costs extra (thread-local state: allocator and kernel caches, the intra-op
+        pool), so a warm-up that ran on another thread would leave it to the first
+        request."""
+        out: list[T] = []
         for inbox in self._inboxes:
             fut: Future[T] = Future()
 
@@ -128,8 +130,8 @@ class ThreadedExecutor:
                     fut.set_exception(exc)
 
             inbox.put(job)
-            futures.append(fut)
-        return [f.result(EACH_THREAD_WAIT_S) for f in futures]
+            out.append(fut.result(EACH_THREAD_WAIT_S))
+        return out
 
     def add(self, model: str, runtime: Runtime, input_names: Sequence[str]) -> None:
         """Run batches of one more (loaded) model."""
