@@ -79,6 +79,9 @@ def _check_model(v: str) -> str:
 
 #: A model name, as the gateway routes it (``core.wire.split_model_path``).
 ModelName = Annotated[str, AfterValidator(_check_model)]
+#: How the gateway's gRPC front sends a backend its ModelInfer calls: translated to KServe
+#: v2 HTTP (``http``, to its ``url``) or relayed as they came (``grpc``, to its ``grpc_url``).
+GrpcForward = Literal["http", "grpc"]
 DEFAULT_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
 #: The shortest admin token accepted (from the file or the environment); a generated one has 32.
 MIN_TOKEN_LENGTH = 16
@@ -190,6 +193,13 @@ class GatewaySection(Strict):
     port: int = Field(default=8000, ge=0, le=65535)
     grpc_port: int | None = Field(
         default=None, ge=0, le=65535, description="also serve KServe v2 over gRPC (0: any port)"
+    )
+    grpc_forward: GrpcForward = Field(
+        default="http",
+        description="how the gRPC front sends ModelInfer (and model metadata and config) to a "
+        "backend whose own grpc_forward is not set: http (translated to KServe v2 HTTP with "
+        "the binary tensor extension, sent to its url over the HTTP data plane) or grpc "
+        "(relayed as bytes to its grpc_url; a backend without one takes no gRPC inference)",
     )
     routing: Any = "queue-aware"
     seed: int = 0
@@ -350,7 +360,15 @@ class BackendSpec(Strict):
     name: Name
     url: str = Field(min_length=1, description="base URL of the KServe v2 HTTP API")
     grpc_url: str | None = Field(
-        default=None, description="host:port of its KServe v2 gRPC API (gRPC goes only there)"
+        default=None,
+        description="host:port of its KServe v2 gRPC API (used with grpc_forward: grpc)",
+    )
+    grpc_forward: GrpcForward | None = Field(
+        default=None,
+        description="how the gateway's gRPC front reaches it: http (its url, with the binary "
+        "tensor extension: Triton, evenserve workers) or grpc (its grpc_url, relayed as "
+        "bytes: servers whose HTTP API lacks the binary extension, such as MLServer); "
+        "default: gateway.grpc_forward",
     )
     models: list[ModelName] | None = Field(
         default=None,
@@ -395,6 +413,19 @@ class BackendSpec(Strict):
         if v is not None and not (re.match(r"^[^/\s]+:\d+$", v) and int(v.rsplit(":")[-1]) < 65536):
             raise ValueError(f"expected host:port, port in 0..65535, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _grpc_forward_has_its_endpoint(self) -> BackendSpec:
+        if self.grpc_forward == "grpc" and self.grpc_url is None:
+            raise ValueError(
+                "grpc_forward: grpc needs grpc_url (the backend's gRPC host:port), or use http"
+            )
+        return self
+
+    def forwards_grpc(self, default: str) -> bool:
+        """Whether the gRPC front relays ModelInfer to this backend over gRPC (else it is
+        translated to HTTP); ``default``: ``gateway.grpc_forward``."""
+        return (self.grpc_forward or default) == "grpc"
 
 
 class DeviceEntry(DeviceOptions, QueueOptions):
