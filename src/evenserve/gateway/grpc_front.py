@@ -2,36 +2,56 @@
 
 Served when ``gateway.grpc_port`` is set, on the gateway's loop (grpcio's asyncio server):
 ServerLive, ServerReady (some backend is routable), ModelReady (the model has a routable
-host), ServerMetadata, ModelMetadata and ModelConfig (asked of one healthy host of the model
-over its ``grpc_url``, the next on UNAVAILABLE; NOT_FOUND for a model no backend hosts,
-UNAVAILABLE when no healthy host serves gRPC), ModelStatistics (summed over every healthy
-host, as the HTTP ``/stats``: ``gateway.stats``; an empty name: every model),
-RepositoryIndex (the HTTP index's list), RepositoryModelLoad/Unload (UNIMPLEMENTED, as HTTP's
-501: model control goes to a worker, named in the message) and ModelInfer. Every other RPC
-(streaming, shared memory, trace and log settings) answers UNIMPLEMENTED naming itself, and a
-request whose bytes are not its message INVALID_ARGUMENT, with nothing logged
-(``httpio.grpc_service``). A model name no backend hosts is cut in the NOT_FOUND message
-(``wire.shown_name``): gRPC names are unbounded, and a message over the client's metadata
-limit would reach it as RESOURCE_EXHAUSTED.
+host), ServerMetadata, ModelMetadata and ModelConfig (asked of one healthy host of the
+model, the next one on UNAVAILABLE or no answer; NOT_FOUND for a model no backend hosts),
+ModelStatistics (summed over every healthy host, as the HTTP ``/stats``: ``gateway.stats``;
+an empty name: every model), RepositoryIndex (the HTTP index's list),
+RepositoryModelLoad/Unload (UNIMPLEMENTED, as HTTP's 501: model control goes to a worker,
+named in the message) and ModelInfer. Every other RPC (streaming, shared memory, trace and
+log settings) answers UNIMPLEMENTED naming itself, and a request whose bytes are not its
+message INVALID_ARGUMENT, with nothing logged (``httpio.grpc_service``). A model name no
+backend hosts is cut in the NOT_FOUND message (``wire.shown_name``): gRPC names are
+unbounded, and a message over the client's metadata limit would reach it as
+RESOURCE_EXHAUSTED.
 
-ModelInfer goes through the Dispatcher's decision core like an HTTP request
-(``Dispatcher.infer_grpc``): unknown model NOT_FOUND, overload RESOURCE_EXHAUSTED with
-``x-evenserve-reason: overloaded``. The request is taken as bytes and not parsed: its model
-name is read from the wire (``model_name_of``: a walk over the message's top-level fields,
-field 1; protobuf's parse only when the walk cannot tell), and the bytes are forwarded as
-they came (with the class and deadline metadata) to the chosen backend's ``grpc_url``, which
-parses and validates them, over one kept channel per backend (opened when the server starts,
-connecting at once; opened afresh once the backend was ejected or readmitted, so grpc's
-reconnect backoff from its outage does not fail the calls after it is back; no transparent
-retries, which would copy every request). The backend's
-answer is relayed as bytes too, or as its code, message and trailing metadata, plus
-``x-evenserve-backend``. A backend's UNAVAILABLE (not ready, draining, cannot connect) or
-RESOURCE_EXHAUSTED ``queue-full`` is retried once elsewhere, as HTTP's 503 and 429; a
-refused connection also ejects the backend at once, as over HTTP (the poller readmits it).
-Backends without a ``grpc_url`` are not candidates. The client's gRPC deadline becomes the
-request's scheduling deadline: its remaining time is forwarded as ``x-evenserve-deadline-ms``
-(the sooner of it and the client's own header), as an HTTP client's header is.
+How a backend is reached is its ``grpc_forward`` (the backend's own, else
+``gateway.grpc_forward``; ``http`` by default):
+
+- ``http``: only the client-facing side speaks gRPC. ModelInfer is parsed and translated to
+  a KServe v2 HTTP request with the binary tensor extension (``grpc_codec.to_http``) and goes
+  through the dispatcher's HTTP fast path (``Dispatcher.infer_fast``: the routing, admission,
+  retry-once, ejection and metrics of an HTTP request, over the pooled HTTP client to the
+  backend's ``url``); the answer is translated back (``grpc_codec.to_grpc``), a refusal to
+  the gRPC status the worker's own gRPC front gives for it (``CODE_OF_STATUS``: 400 and 422
+  INVALID_ARGUMENT, 404 NOT_FOUND, 413 and 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 504
+  DEADLINE_EXCEEDED, 501 UNIMPLEMENTED, anything else INTERNAL) with its message, and
+  ``x-evenserve-reason``, ``retry-after``, ``x-evenserve-load-wait-ms`` and
+  ``x-evenserve-backend`` in the trailing metadata. The metadata ``x-evenserve-priority``
+  goes as that header, and the client's gRPC deadline as ``x-evenserve-deadline-ms``
+  (``deadline_ms``: the sooner of it and the client's own header), once, when the request
+  is admitted (as an HTTP client's header, a retry carries the same). A request the codec
+  cannot translate is INVALID_ARGUMENT naming the field (a version no HTTP route can name,
+  NOT_FOUND), refused before any backend sees it and counted as the client's error.
+  ModelMetadata and ModelConfig are the backend's HTTP documents (``GET
+  /v2/models/{m}[/versions/{v}]`` and ``.../config``) parsed into their messages. A call its
+  client gives up (deadline, cancel) leaves its request to finish; the answer is dropped.
+- ``grpc``: for servers whose HTTP API lacks the binary extension (MLServer), over their
+  ``grpc_url``, as bytes both ways. The request is not parsed: its model name is read from
+  the wire (``model_name_of``: a walk over the message's top-level fields, field 1;
+  protobuf's parse only when the walk cannot tell), and the bytes are forwarded as they came
+  (with the class and deadline metadata, the deadline as it stands at each try) over one
+  kept channel per backend (opened when the server starts, connecting at once; opened
+  afresh once the backend was ejected or readmitted, so grpc's reconnect backoff from its
+  outage does not fail the calls after it is back; no transparent retries, which would copy
+  every request), through the dispatcher's ``infer_grpc`` (the same rules, a backend's gRPC
+  status judged as its HTTP counterpart: UNAVAILABLE as 503, RESOURCE_EXHAUSTED with a
+  reason as 429). The backend's answer is relayed as bytes too, or as its code, message and
+  trailing metadata, plus ``x-evenserve-backend``. A refused connection also ejects the
+  backend at once, as over HTTP (the poller readmits it). Such a backend without a
+  ``grpc_url`` is not a candidate. A model some hosts of which are relayed to and others
+  not takes this path, each host reached its own way.
 """
+
 
 from __future__ import annotations
 
