@@ -52,7 +52,6 @@ How a backend is reached is its ``grpc_forward`` (the backend's own, else
   not takes this path, each host reached its own way.
 """
 
-
 from __future__ import annotations
 
 import asyncio
