@@ -83,12 +83,95 @@ class HttpInfer:
     raw_outputs: bool
 
 
-def parse_request(raw: bytes) -> Any:
-    """A serialized ModelInferRequest parsed; CodecError when the bytes are not one."""
+#: ``ModelInferRequest.raw_input_contents``'s field number.
+RAW_INPUT_CONTENTS = 7
+#: Top-level fields of a request walked to find its raw contents (``split_request``); a
+#: request with more is parsed whole.
+MAX_SPLIT_FIELDS = 256
+#: protobuf's largest field number.
+MAX_FIELD_NUMBER = 2**29 - 1
+
+#: Raw input contents: the bytes of each input, as slices of the request's own bytes.
+Raws = list[bytes] | list[memoryview]
+
+
+def parse_request(raw: bytes) -> tuple[Any, Raws]:
+    """A serialized ModelInferRequest parsed, and its raw input contents: slices of ``raw``
+    (``split_request``: protobuf parses the rest, a few hundred bytes, not a copy of every
+    tensor), or, when the walk cannot tell, from protobuf's parse of the whole. CodecError
+    when the bytes are not a ModelInferRequest."""
+    split = split_request(raw)
     try:
-        return service_pb2.ModelInferRequest.FromString(raw)
+        if split is not None and split[1]:
+            rest, spans = split
+            view = memoryview(raw)
+            req = service_pb2.ModelInferRequest.FromString(rest)
+            return req, [view[a:b] for a, b in spans]
+        req = service_pb2.ModelInferRequest.FromString(raw)
     except DecodeError as exc:
         raise CodecError(f"the request is not a ModelInferRequest: {exc}") from None
+    return req, list(req.raw_input_contents)
+
+
+def varint(raw: bytes, i: int) -> tuple[int, int]:
+    """The varint at ``raw[i:]`` and the offset after it; IndexError when cut, ValueError
+    when longer than 10 bytes."""
+    b = raw[i]
+    if b < 0x80:
+        return b, i + 1
+    value = b & 0x7F
+    for shift in range(7, 70, 7):
+        i += 1
+        b = raw[i]
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i + 1
+    raise ValueError("varint longer than 10 bytes")
+
+
+def split_request(raw: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:
+    """A serialized ModelInferRequest's bytes without its ``raw_input_contents`` (field 7),
+    and where each of those lies in ``raw`` (in order), from a walk over its top-level
+    fields; None when the walk cannot tell: bytes that are not a well-formed message, field
+    7 of another wire type (protobuf keeps it as an unknown field), a group, more than
+    MAX_SPLIT_FIELDS fields. Every other field is kept as it came, so protobuf's parse of
+    the rest reads what its parse of the whole would, less field 7."""
+    end = len(raw)
+    keep: list[bytes] = []
+    spans: list[tuple[int, int]] = []
+    start = i = 0
+    try:
+        for _ in range(MAX_SPLIT_FIELDS):
+            if i == end:
+                keep.append(raw[start:end])
+                return b"".join(keep), spans
+            at = i
+            tag, i = varint(raw, i)
+            field, kind = tag >> 3, tag & 7
+            if not 0 < field <= MAX_FIELD_NUMBER:
+                return None
+            if kind == 2:
+                size, i = varint(raw, i)
+                if i + size > end:
+                    return None
+                if field == RAW_INPUT_CONTENTS:
+                    keep.append(raw[start:at])
+                    spans.append((i, i + size))
+                    start = i + size
+                i += size
+            elif field == RAW_INPUT_CONTENTS:
+                return None
+            elif kind == 0:
+                _, i = varint(raw, i)
+            elif kind == 1 or kind == 5:
+                i += 8 if kind == 1 else 4
+                if i > end:
+                    return None
+            else:
+                return None
+    except (IndexError, ValueError):
+        return None
+    return None
 
 
 def infer_path(model: str, version: str) -> str:
@@ -122,8 +205,9 @@ def _binary_flag(value: Any, message: str) -> bool:
     return value
 
 
-def to_http(req: Any) -> HttpInfer:
-    """``req`` (a ModelInferRequest) as the HTTP request to forward (module docstring);
+def to_http(req: Any, raws: Raws | None = None) -> HttpInfer:
+    """``req`` (a ModelInferRequest) as the HTTP request to forward (module docstring), with
+    ``raws`` as its raw input contents (``parse_request``'s; default: ``req``'s own);
     CodecError naming the field when it cannot be."""
     params = _parameters(req.parameters)
     binary_default = True
@@ -148,7 +232,8 @@ def to_http(req: Any) -> HttpInfer:
         )
     raw_outputs = kinds.pop() if kinds else binary_default
 
-    raws = req.raw_input_contents
+    if raws is None:
+        raws = list(req.raw_input_contents)
     n_inputs = len(req.inputs)
     if raws and len(raws) != n_inputs:
         raise CodecError(
@@ -156,9 +241,10 @@ def to_http(req: Any) -> HttpInfer:
             "(raw contents are given for every input or for none)"
         )
     inputs: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
+    blobs: list[bytes | memoryview] = []
     for i, t in enumerate(req.inputs):
         shape = list(t.shape)
+        blob: bytes | memoryview
         if raws:
             if t.HasField("contents"):
                 raise CodecError(

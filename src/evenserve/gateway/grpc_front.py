@@ -101,6 +101,8 @@ CODE_OF_STATUS = {
 #: The response headers of an HTTP answer that go back as trailing metadata (with
 #: ``x-evenserve-backend``), as the worker's gRPC front sends them.
 TRAILING_HEADERS = (wire.REASON_HEADER, wire.RETRY_AFTER_HEADER, wire.LOAD_WAIT_HEADER)
+#: The headers of an HTTP answer the front reads: those, and the binary extension's length.
+READ_HEADERS = frozenset(h.encode() for h in (*TRAILING_HEADERS, codec.HEADER_LENGTH))
 #: A client deadline further than this (seconds) is no deadline (grpcio's "infinite").
 NO_DEADLINE_S = 365 * 86400.0
 INFER_METHOD = f"/{SERVICE}/ModelInfer"
@@ -118,8 +120,7 @@ CHANNEL_OPTIONS = (
 #: Top-level fields of a ModelInferRequest walked to find its model_name before letting
 #: protobuf parse it (in C) instead: a request has a handful (name, inputs, raw contents).
 MAX_SCANNED_FIELDS = 64
-#: protobuf's largest field number.
-MAX_FIELD_NUMBER = 2**29 - 1
+MAX_FIELD_NUMBER = codec.MAX_FIELD_NUMBER
 
 
 def deadline_ms(header: str | None, remaining_s: float | None) -> str | None:
@@ -169,6 +170,14 @@ def http_headers(
             raise ValueError(f"metadata {key}: not printable ASCII: {wire.shown(value)}")
         headers[key] = value
     return headers
+
+
+def answer_headers(ans: Answer) -> Mapping[str, str]:
+    """The headers of an answer the front reads (``READ_HEADERS``), in one pass over a
+    relayed answer's head (``Answer.header`` reads it for each name)."""
+    if ans.raw is not None:
+        return parse_headers(ans.head, READ_HEADERS)
+    return ans.headers
 
 
 def trailing_of(header: Any, backend: str | None) -> list[tuple[str, str]]:
@@ -238,12 +247,12 @@ def _scan_model_name(raw: bytes) -> str | None:
         for _ in range(MAX_SCANNED_FIELDS):
             if i == end:
                 return name.decode()
-            tag, i = _varint(raw, i)
+            tag, i = codec.varint(raw, i)
             field, kind = tag >> 3, tag & 7
             if not 0 < field <= MAX_FIELD_NUMBER:
                 return None
             if kind == 2:
-                size, i = _varint(raw, i)
+                size, i = codec.varint(raw, i)
                 if i + size > end:
                     return None
                 if field == 1:
@@ -252,7 +261,7 @@ def _scan_model_name(raw: bytes) -> str | None:
             elif field == 1:  # model_name is a string: let protobuf judge
                 return None
             elif kind == 0:
-                _, i = _varint(raw, i)
+                _, i = codec.varint(raw, i)
             elif kind == 1 or kind == 5:
                 i += 8 if kind == 1 else 4
                 if i > end:
@@ -262,22 +271,6 @@ def _scan_model_name(raw: bytes) -> str | None:
     except (IndexError, ValueError):  # a cut varint, a name that is not UTF-8
         return None
     return name.decode() if i == end else None
-
-
-def _varint(raw: bytes, i: int) -> tuple[int, int]:
-    """The varint at ``raw[i:]`` and the offset after it; IndexError when cut, ValueError
-    when longer than 10 bytes."""
-    b = raw[i]
-    if b < 0x80:
-        return b, i + 1
-    value = b & 0x7F
-    for shift in range(7, 70, 7):
-        i += 1
-        b = raw[i]
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i + 1
-    raise ValueError("varint longer than 10 bytes")
 
 
 def model_name_of(raw: bytes) -> str:
@@ -541,13 +534,13 @@ class GatewayServicer:
             if any(n in relays for n in hosts):
                 return await self._infer_relayed(raw, model, hosts, context)
         try:
-            req = codec.parse_request(raw)
+            req, raws = codec.parse_request(raw)
         except codec.CodecError as exc:
             await context.abort(S.INVALID_ARGUMENT, str(exc))
         model = req.model_name
         if not self.registry.hosts_model(model):  # the dispatcher's NOT_FOUND, counted so
             return await self._answer(await self._dispatch(model, "", b"", {}), True, context)
-        http = await self._translate(req, context)
+        http = await self._translate(req, raws, context)
         meta = dict(context.invocation_metadata() or ())
         try:
             headers = http_headers(meta, context.time_remaining(), http.header_length)
@@ -562,7 +555,7 @@ class GatewayServicer:
         self.dispatcher.metrics.observe_request(None, model, "client_error", None)
         await context.abort(code, message)
 
-    async def _translate(self, req: Any, context: Any) -> codec.HttpInfer:
+    async def _translate(self, req: Any, raws: codec.Raws, context: Any) -> codec.HttpInfer:
         """``req`` as its HTTP request (``grpc_codec.to_http``), or the call refused:
         INVALID_ARGUMENT naming the field, NOT_FOUND a version no HTTP route can name."""
         version = req.model_version
@@ -570,7 +563,7 @@ class GatewayServicer:
             model = req.model_name
             await self._refuse(model, context, S.NOT_FOUND, no_version(model, version))
         try:
-            return codec.to_http(req)
+            return codec.to_http(req, raws)
         except codec.CodecError as exc:
             await self._refuse(req.model_name, context, S.INVALID_ARGUMENT, str(exc))
             raise  # not reached: abort raises
@@ -591,11 +584,12 @@ class GatewayServicer:
     async def _answer(self, ans: Answer, raw_outputs: bool, context: Any) -> Any:
         """An HTTP answer as the gRPC answer: a 200 translated (``grpc_codec.to_grpc``), a
         refusal as its gRPC status and message; the trailing metadata (``trailing_of``)."""
-        trailing = trailing_of(ans.header, ans.backend)
+        headers = answer_headers(ans)
+        trailing = trailing_of(headers.get, ans.backend)
         body = ans.body if ans.raw is None else memoryview(ans.raw)[ans.raw_head :]
         if ans.status == 200:
             try:
-                out = codec.to_grpc(body, ans.header(codec.HEADER_LENGTH), raw_outputs)
+                out = codec.to_grpc(body, headers.get(codec.HEADER_LENGTH), raw_outputs)
             except codec.CodecError as exc:
                 code, message = S.INVALID_ARGUMENT, str(exc)
             except codec.BadAnswer as exc:
@@ -626,10 +620,10 @@ class GatewayServicer:
         http: codec.HttpInfer | None = None
         if any(n not in relays for n in hosts):
             try:
-                req = codec.parse_request(raw)
+                req, raws = codec.parse_request(raw)
             except codec.CodecError as exc:
                 await context.abort(S.INVALID_ARGUMENT, str(exc))
-            http = await self._translate(req, context)
+            http = await self._translate(req, raws, context)
             try:
                 http_headers(meta, None, http.header_length)
             except ValueError as exc:
@@ -664,7 +658,7 @@ class GatewayServicer:
         if got is not None:
             trailing += [(k, v) for k, v in got.trailing if k != wire.BACKEND_HEADER]
         else:
-            trailing += trailing_of(ans.header, None)
+            trailing += trailing_of(answer_headers(ans).get, None)
         if ans.backend is not None:
             trailing.append((wire.BACKEND_HEADER, ans.backend))
         context.set_trailing_metadata(tuple(trailing))

@@ -409,3 +409,82 @@ def test_the_worker_parses_the_translation_into_the_same_tensors(
     for name, arr in arrays.items():
         assert np.array_equal(parsed.inputs[name], arr)
     assert [(o.name, o.binary) for o in parsed.outputs] == [("y", True)]
+
+
+# -- raw contents read as slices of the request's bytes ---------------------------------------
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (sizes under 128)."""
+    assert len(payload) < 128
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    inputs=st.lists(st.binary(max_size=40), max_size=5),
+    name=st.text(max_size=20),
+    unknown=st.binary(max_size=8),
+    typed=st.booleans(),
+)
+def test_raw_contents_are_slices_and_the_rest_parses_as_the_whole(
+    inputs: list[bytes], name: str, unknown: bytes, typed: bool
+) -> None:
+    req = request(name, id="i")
+    for i, blob in enumerate(inputs):
+        t = req.inputs.add(name=f"x{i}", datatype="UINT8", shape=[1, len(blob)])
+        if typed:
+            t.contents.uint_contents.extend(blob)
+        else:
+            req.raw_input_contents.append(blob)
+    req.parameters["p"].int64_param = 3
+    # An unknown field between the raw contents, and field 7 before model_name.
+    raw = bytes(req.SerializeToString()) + _field(15, unknown) + _field(7, b"tail")
+    raw = _field(7, b"head") + raw
+    whole = service_pb2.ModelInferRequest.FromString(raw)
+    got, raws = codec.parse_request(raw)
+    assert [bytes(r) for r in raws] == list(whole.raw_input_contents)
+    assert all(isinstance(r, memoryview) for r in raws)
+    got.raw_input_contents.extend(bytes(r) for r in raws)
+    assert got == whole
+    assert _outcome(*codec.parse_request(raw)) == _outcome(whole)
+    # Without the extra raw contents the counts agree and the request translates.
+    clean = bytes(req.SerializeToString())
+    assert _outcome(*codec.parse_request(clean)) == _outcome(req)
+
+
+def _outcome(req: Any, raws: Any = None) -> bytes | str:
+    """The translated body, or the refusal's message."""
+    try:
+        return codec.to_http(req, raws).body
+    except codec.CodecError as exc:
+        return str(exc)
+
+
+@given(st.binary(max_size=64))
+def test_the_split_agrees_with_protobuf_on_any_bytes(raw: bytes) -> None:
+    try:
+        want = service_pb2.ModelInferRequest.FromString(raw)
+    except Exception:  # DecodeError
+        want = None
+    try:
+        got, raws = codec.parse_request(raw)
+    except codec.CodecError:
+        assert want is None
+        return
+    assert want is not None
+    assert [bytes(r) for r in raws] == list(want.raw_input_contents)
+    got.ClearField("raw_input_contents")
+    got.raw_input_contents.extend(bytes(r) for r in raws)
+    assert got == want
+
+
+def test_requests_the_split_cannot_judge_are_parsed_whole() -> None:
+    many = request("m")
+    for i in range(codec.MAX_SPLIT_FIELDS):
+        many.raw_input_contents.append(bytes([i % 256]))
+    raw = bytes(many.SerializeToString())
+    assert codec.split_request(raw) is None
+    _, raws = codec.parse_request(raw)
+    assert [bytes(r) for r in raws] == list(many.raw_input_contents)
+    # Field 7 as a varint: protobuf keeps it as an unknown field, no raw contents.
+    assert codec.split_request(b"\x38\x01") is None
+    assert codec.parse_request(b"\x38\x01")[1] == []
