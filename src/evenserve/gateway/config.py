@@ -11,6 +11,8 @@ gateway:                      # the front door
   # record: {path: requests.jsonl, max_mb: 64, keep: 4, window: 200000}   # the request log
   # replicas: 2                # gateways in front of the same workers (design 0013)
   # reuse_port: true           # SO_REUSEPORT: those gateways share one port
+  # grpc_port: 8001            # also serve KServe v2 over gRPC
+  # grpc_forward: http         # how gRPC inference reaches a backend (http, grpc): below
 workers:                      # devices ``evenserve up`` starts one worker on each
   repo: models                # model repository (relative to this file)
   base_port: 8101             # device i listens on base_port + i unless it names a port
@@ -22,6 +24,11 @@ backends:                     # servers started elsewhere (Triton, MLServer, oth
     url: http://127.0.0.1:8000
     models: [resnet50]          # optional: what it hosts at startup (default: learned)
     signals: {source: prometheus, url: http://127.0.0.1:8002/metrics, mapping: triton}
+  - name: mlserver0
+    url: http://127.0.0.1:8080
+    grpc_url: 127.0.0.1:8081    # its gRPC endpoint
+    grpc_forward: grpc          # its HTTP API has no binary tensor extension: relay gRPC
+    signals: {source: none}
 ```
 
 The gateway routes to every worker device plus every listed backend. Which models each one
@@ -32,6 +39,12 @@ backend loads or unloads at run time need no config change. A backend's ``models
 given, is the set expected at startup (profiles are looked up for them at once) and stands
 until its index first answers, or for good when it has no index (404/405). Everything is
 validated on load; an error names the field by its dotted path.
+
+With ``gateway.grpc_port`` the gateway also serves gRPC; a backend's ``grpc_forward`` (else
+``gateway.grpc_forward``) says how a gRPC inference call reaches it: ``http`` (the default)
+translates it to KServe v2 HTTP with the binary tensor extension, sent to its ``url``
+(Triton, evenserve workers); ``grpc`` relays it as it came to its ``grpc_url`` (required
+then), for servers whose HTTP API lacks the binary extension (MLServer).
 """
 
 from __future__ import annotations

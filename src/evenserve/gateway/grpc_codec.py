@@ -174,13 +174,19 @@ def split_request(raw: bytes) -> tuple[bytes, list[tuple[int, int]]] | None:
     return None
 
 
-def infer_path(model: str, version: str) -> str:
-    """The HTTP inference path of ``model`` (and ``version`` when not empty), each name
-    percent-encoded (a backend decodes it once)."""
+def model_path(model: str, version: str, suffix: str) -> str:
+    """The HTTP path of ``model`` (and ``version`` when not empty) and ``suffix`` (``infer``,
+    ``config``, "" for its metadata), each name percent-encoded (a backend decodes it once):
+    a name from a backend's repository index goes into a request line as a path segment."""
     out = wire.MODELS_PREFIX + quote(model, safe="")
     if version:
         out += "/versions/" + quote(version, safe="")
-    return out + "/infer"
+    return out + "/" + suffix if suffix else out
+
+
+def infer_path(model: str, version: str) -> str:
+    """The HTTP inference path of ``model`` (``model_path``)."""
+    return model_path(model, version, "infer")
 
 
 def parameter_value(p: Any) -> Any:

@@ -443,12 +443,12 @@ class GatewayServicer:
         """ModelMetadata or ModelConfig of backend ``name`` over HTTP: the response message;
         a (code, message) to answer with; or a string saying why to ask the next host (no
         answer, 503)."""
-        path = wire.ModelPath(model, version or None, "config" if method == "ModelConfig" else "")
+        path = codec.model_path(model, version, "config" if method == "ModelConfig" else "")
         try:
             reply = await self.dispatcher.forwarder.request(
                 "GET",
                 self.registry.url(name),
-                path.path(),
+                path,
                 b"",
                 {"accept-encoding": "identity"},
             )

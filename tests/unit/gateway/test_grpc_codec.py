@@ -155,6 +155,8 @@ def test_whether_the_client_wants_raw_outputs(setup: Any, raw_outputs: bool) -> 
 def test_names_are_percent_encoded_in_the_path() -> None:
     assert codec.infer_path("a b/c", "") == "/v2/models/a%20b%2Fc/infer"
     assert codec.infer_path("m", "1") == "/v2/models/m/versions/1/infer"
+    assert codec.model_path("a\r\nb", "", "config") == "/v2/models/a%0D%0Ab/config"
+    assert codec.model_path("m", "2", "") == "/v2/models/m/versions/2"
 
 
 def _typed(datatype: str, shape: list[int], **contents: list[Any]) -> Any:
