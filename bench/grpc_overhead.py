@@ -7,8 +7,13 @@
 Needs the grpc extra (``pip install -e '.[grpc]'``). One ``evenserve worker`` process serves
 three models whose compute is near zero (an ``emulated:`` device whose profile says 1 us per
 batch) over HTTP and gRPC (``--grpc-port``); one ``evenserve gateway`` process fronts it over
-both (the backend's ``grpc_url``, ``gateway.grpc_port``; overload refusals off, as the
-direct path has none). Payloads (``--payload``, comma-separated):
+both (the backend's ``url`` and ``grpc_url``, ``gateway.grpc_port``; overload refusals off, as
+the direct path has none). Through the gateway a gRPC call reaches the worker as the
+gateway's ``grpc_forward`` says: by default (the gateway's own default, no key written)
+translated to HTTP with the binary tensor extension, so the worker serves it over HTTP;
+``--grpc-forward grpc`` relays it as bytes to the worker's gRPC endpoint instead (the key is
+written only when the option is given, so the script runs against older gateways too).
+Payloads (``--payload``, comma-separated):
 
 - ``tiny``: one FP32 [1, 4] tensor (16 bytes);
 - ``resnet``: a ResNet-50 input, FP32 [1, 3, 224, 224] (588 KiB);
@@ -527,6 +532,11 @@ def main() -> None:
         "--no-floor", action="store_true", help="skip the bare grpcio echo and proxy cells"
     )
     ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument(
+        "--grpc-forward",
+        choices=("http", "grpc"),
+        help="gateway.grpc_forward (default: not written, the gateway's own default)",
+    )
     ap.add_argument("--serve-floor-echo", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-floor-proxy", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -562,6 +572,8 @@ def main() -> None:
                 "backends": [{"name": "w0", "url": f"http://127.0.0.1:{wport}",
                               "grpc_url": f"127.0.0.1:{wgrpc}", "models": names}],
             }  # fmt: skip
+            if args.grpc_forward is not None:
+                cfg["gateway"]["grpc_forward"] = args.grpc_forward
             path = tmp / "gateway.yaml"
             path.write_text(json.dumps(cfg))
             procs.append(start([*EVENSERVE, "gateway", "--config", str(path)], tmp / "gw.log"))
@@ -593,10 +605,12 @@ def main() -> None:
             stop(procs)
     load1 = os.getloadavg()
     show(results, args.rounds)
+    forward = args.grpc_forward or "default"
     print(f"load average (1 min) before {load0[0]:.2f}, after {load1[0]:.2f}; "
-          f"{os.cpu_count()} CPUs")  # fmt: skip
+          f"{os.cpu_count()} CPUs; gateway.grpc_forward {forward}")  # fmt: skip
     out = {
         "host_cpus": os.cpu_count(),
+        "grpc_forward": args.grpc_forward,
         "load_avg_1m": [load0[0], load1[0]],
         "rounds": args.rounds,
         "duration_s": args.duration,

@@ -3,6 +3,9 @@
 Two MLServer 1.7.1 processes on loopback serve a tiny model built here (tests/fixtures/
 mlserver/doubler: doubles its FP32 input). The gateway has no load signals from them
 (``signals: {source: none}``): it routes on readiness polling plus its own in-flight counts.
+Over gRPC the gateway relays ModelInfer to MLServer's gRPC endpoint (``grpc_forward:
+grpc``): MLServer's HTTP API has no binary tensor extension, so the default translation to
+HTTP does not work with it (it answers 500, which the client gets as INTERNAL).
 Needs the separate environment made by scripts/setup_mlserver_env.sh (MLServer pins its own
 dependencies; its 1.7.1 workers crash with uvloop >= 0.22, so that env pins uvloop 0.21.0).
 """
@@ -59,6 +62,10 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: fl
     raise AssertionError(f"mlserver not ready after {timeout_s} s: {log.read_text()[-2000:]}")
 
 
+#: Each MLServer's gRPC address (host:port), by its HTTP URL.
+GRPC_OF: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def mlservers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     procs: list[subprocess.Popen[bytes]] = []
@@ -93,6 +100,7 @@ def mlservers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
                 )
             )
             urls.append(f"http://127.0.0.1:{http}")
+            GRPC_OF[urls[-1]] = f"127.0.0.1:{grpc}"
         for url, p, log in zip(urls, procs, logs, strict=True):
             wait_ready(url, p, log, timeout_s=120)
         yield urls
@@ -163,3 +171,53 @@ async def test_gateway_routes_to_mlserver_on_fallback_signals(
             assert b["healthy"] and b["signal_source"] == "none"
             assert b["signals"]["fresh"] is False  # fallback: in-flight counts, not "idle"
         print(f"\n{routing}: {len(rs)} requests, all 200, backends {dict(seen)}")
+
+
+async def test_grpc_through_the_gateway_is_relayed_to_mlservers_grpc_endpoint(
+    mlservers: list[str],
+) -> None:
+    grpc = pytest.importorskip("grpc")
+    service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+    service_pb2_grpc = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
+    import numpy as np
+
+    def backends(forward: str | None) -> list[dict[str, Any]]:
+        out = []
+        for i, u in enumerate(mlservers):
+            b = {"name": f"mls{i}", "url": u, "grpc_url": GRPC_OF[u], "models": ["doubler"],
+                 "signals": {"source": "none"}}  # fmt: skip
+            if forward is not None:
+                b["grpc_forward"] = forward
+            out.append(b)
+        return out
+
+    for forward in ("grpc", None):
+        raw = {
+            "gateway": {"routing": "round-robin", "grpc_port": 0,
+                        "admin": {"token": "mlserver-test-token"},
+                        "health": {"timeout_ms": 10_000}},
+            "backends": backends(forward),
+        }  # fmt: skip
+        g = Gateway(parse_cluster(raw, Path(".")))
+        async with serving(g):
+            addr = f"127.0.0.1:{g.grpc.port}"
+            async with grpc.aio.insecure_channel(addr) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                x = np.arange(4, dtype=np.float32).reshape(1, 4)
+                req = service_pb2.ModelInferRequest(model_name="doubler")
+                req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])
+                req.raw_input_contents.append(x.tobytes())
+                if forward == "grpc":
+                    seen: Counter[str] = Counter()
+                    for _ in range(4):
+                        call = stub.ModelInfer(req, timeout=60)
+                        resp = await call
+                        (raw_out,) = resp.raw_output_contents
+                        assert np.array_equal(np.frombuffer(raw_out, np.float32), 2 * x[0])
+                        seen[dict(await call.trailing_metadata())["x-evenserve-backend"]] += 1
+                    assert seen == {"mls0": 2, "mls1": 2}
+                else:  # the default, http: MLServer cannot read the binary extension
+                    with pytest.raises(grpc.aio.AioRpcError) as err:
+                        await stub.ModelInfer(req, timeout=60)
+                    assert err.value.code() == grpc.StatusCode.INTERNAL
+                    assert "HTTP status 500" in (err.value.details() or "")

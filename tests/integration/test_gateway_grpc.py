@@ -1,6 +1,7 @@
-"""gRPC through the gateway: two workers serving gRPC behind an in-process gateway; health,
-inference spread over both (x-evenserve-backend), unknown model, a bad input's status and
-message relayed from the worker."""
+"""gRPC through the gateway: two workers behind an in-process gateway; health, inference
+spread over both (x-evenserve-backend), unknown model, a bad input's status and message from
+the worker; ModelInfer translated to HTTP (``grpc_forward: http``, the default) and relayed
+as bytes to the workers' gRPC endpoints (``grpc_forward: grpc``)."""
 
 from __future__ import annotations
 
@@ -64,11 +65,14 @@ def dead_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def gateway(backends: list[dict[str, Any]]) -> AsyncIterator[tuple[Gateway, str]]:
+async def gateway(
+    backends: list[dict[str, Any]], forward: str = "http"
+) -> AsyncIterator[tuple[Gateway, str]]:
     raw = {
         "gateway": {
             "routing": "round-robin",
             "grpc_port": 0,
+            "grpc_forward": forward,
             "signals": {"interval_ms": 50, "stale_after_ms": 10_000, "timeout_ms": 10_000},
             "health": {"interval_ms": 50, "timeout_ms": 10_000},
         },
@@ -87,8 +91,14 @@ def _request(model: str = "em", rows: int = 1) -> Any:
     return req
 
 
-async def test_health_inference_spread_and_errors(workers: list[BackgroundWorker]) -> None:
-    async with gateway(specs(workers)) as (g, addr):
+FORWARDS = pytest.mark.parametrize("forward", ["http", "grpc"])
+
+
+@FORWARDS
+async def test_health_inference_spread_and_errors(
+    workers: list[BackgroundWorker], forward: str
+) -> None:
+    async with gateway(specs(workers), forward) as (g, addr):
         client = triton_aio.InferenceServerClient(addr)
         try:
             assert await client.is_server_live()
@@ -181,18 +191,23 @@ async def test_long_unknown_names_are_cut_and_rpcs_not_served_log_nothing(
         assert not logged, [r.getMessage()[:300] for r in logged]
 
 
+@FORWARDS
 async def test_bytes_that_are_not_a_request_are_invalid_argument(
-    workers: list[BackgroundWorker], caplog: pytest.LogCaptureFixture
+    workers: list[BackgroundWorker], caplog: pytest.LogCaptureFixture, forward: str
 ) -> None:
-    """Refused by the gateway when it cannot read the model name; refused by the backend
-    (and relayed) when the bytes are malformed further in, where the gateway does not look."""
+    """Refused by the gateway when it cannot read the model name, or (translating to HTTP)
+    when the bytes are malformed anywhere; relayed as bytes, refused by the backend when
+    they are malformed further in, where the gateway does not look."""
     cut = b"\x0a\x05ab"  # a name cut short
     bad_input = b"\x0a\x02em" + b"\x2a\x04" + cut  # model "em", an input cut short
-    async with gateway(specs(workers)) as (_g, addr), grpc.aio.insecure_channel(addr) as channel:
+    async with (
+        gateway(specs(workers), forward) as (_g, addr),
+        grpc.aio.insecure_channel(addr) as channel,
+    ):
         with caplog.at_level(logging.INFO):
             for rpc, raw, what, relayed in (
                 ("ModelInfer", cut, "ModelInferRequest", False),
-                ("ModelInfer", bad_input, "ModelInferRequest", True),
+                ("ModelInfer", bad_input, "ModelInferRequest", forward == "grpc"),
                 ("ModelMetadata", cut, "ModelMetadataRequest", False),
             ):
                 call = channel.unary_unary(f"/inference.GRPCInferenceService/{rpc}")
@@ -226,7 +241,7 @@ async def test_unreachable_grpc_endpoint_is_retried_elsewhere(
 ) -> None:
     backends = specs(workers)
     backends[0]["grpc_url"] = f"127.0.0.1:{dead_port()}"  # its HTTP side is healthy
-    async with gateway(backends) as (g, addr):
+    async with gateway(backends, "grpc") as (g, addr):
         assert await _answered_by(addr, 4) == {"w1": 4}
         # The request that tried w0 first was sent on to w1, and w0 was ejected at once, as
         # over HTTP (its HTTP side being healthy, the poller readmits it: it may be tried again).
@@ -245,7 +260,10 @@ async def test_a_readmitted_backend_gets_a_fresh_channel(workers: list[Backgroun
     port = dead_port()
     backends = specs(workers)[:1]
     backends[0]["grpc_url"] = f"127.0.0.1:{port}"  # its HTTP side is healthy
-    async with gateway(backends) as (g, addr), grpc.aio.insecure_channel(addr) as channel:
+    async with (
+        gateway(backends, "grpc") as (g, addr),
+        grpc.aio.insecure_channel(addr) as channel,
+    ):
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.ModelInfer(_request(), timeout=30)
@@ -266,14 +284,16 @@ async def test_a_readmitted_backend_gets_a_fresh_channel(workers: list[Backgroun
             await server.stop(0)
 
 
-async def test_backends_without_grpc_are_not_candidates(workers: list[BackgroundWorker]) -> None:
+async def test_backends_relayed_to_without_grpc_are_not_candidates(
+    workers: list[BackgroundWorker],
+) -> None:
     backends = specs(workers)
     del backends[0]["grpc_url"]
     # An HTTP-only backend without a repository index: its configured models stand.
     http_only = FakeBackend("h", ["http-only"])
     async with serving(http_only.app()) as h:
         backends.append({"name": "h", "url": h.url, "models": ["http-only"]})
-        async with gateway(backends) as (_g, addr):
+        async with gateway(backends, "grpc") as (_g, addr):
             assert await _answered_by(addr, 3) == {"w1": 3}
             async with grpc.aio.insecure_channel(addr) as channel:
                 stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -297,8 +317,14 @@ async def test_a_model_learned_from_the_workers_index_is_served_over_grpc(
         assert await _answered_by(addr, 4) == {"w0": 2, "w1": 2}
 
 
-async def test_metadata_config_statistics_and_index(workers: list[BackgroundWorker]) -> None:
-    async with gateway(specs(workers)) as (g, addr), grpc.aio.insecure_channel(addr) as channel:
+@FORWARDS
+async def test_metadata_config_statistics_and_index(
+    workers: list[BackgroundWorker], forward: str
+) -> None:
+    async with (
+        gateway(specs(workers), forward) as (g, addr),
+        grpc.aio.insecure_channel(addr) as channel,
+    ):
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         call = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="em"), timeout=30)
         meta = await call
@@ -359,7 +385,8 @@ async def test_metadata_config_statistics_and_index(workers: list[BackgroundWork
         assert "does not unload" in (err.value.details() or "")
 
 
-async def test_no_healthy_backend_is_unavailable() -> None:
+@FORWARDS
+async def test_no_healthy_backend_is_unavailable(forward: str) -> None:
     backends = [
         {
             "name": "gone",
@@ -368,7 +395,10 @@ async def test_no_healthy_backend_is_unavailable() -> None:
             "models": ["em"],
         }
     ]
-    async with gateway(backends) as (_g, addr), grpc.aio.insecure_channel(addr) as channel:
+    async with (
+        gateway(backends, forward) as (_g, addr),
+        grpc.aio.insecure_channel(addr) as channel,
+    ):
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         for rpc, req in (
             (stub.ModelMetadata, service_pb2.ModelMetadataRequest(name="em")),
@@ -396,7 +426,7 @@ class _Recorder(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[
         return service_pb2.ModelInferResponse(model_name=request.model_name)
 
 
-async def test_client_grpc_deadline_is_forwarded_as_the_request_deadline(
+async def test_client_grpc_deadline_is_relayed_as_the_request_deadline(
     workers: list[BackgroundWorker],
 ) -> None:
     recorder = _Recorder()
@@ -408,7 +438,7 @@ async def test_client_grpc_deadline_is_forwarded_as_the_request_deadline(
         backends = specs(workers)[:1]
         backends[0]["grpc_url"] = f"127.0.0.1:{port}"
         async with (
-            gateway(backends) as (_g, addr),
+            gateway(backends, "grpc") as (_g, addr),
             grpc.aio.insecure_channel(addr) as channel,
         ):
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
@@ -480,7 +510,10 @@ async def test_request_and_answer_bytes_are_relayed_unchanged(
             + b"\x2a\x0d" + b"\x0a\x01x\x12\x04FP32\x1a\x02\x01\x04"  # inputs[0]
             + b"\xf8\x06\x05"  # field 111, unknown
         )  # fmt: skip
-        async with gateway(backends) as (_g, addr), grpc.aio.insecure_channel(addr) as channel:
+        async with (
+            gateway(backends, "grpc") as (_g, addr),
+            grpc.aio.insecure_channel(addr) as channel,
+        ):
             call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
             got = await call(sent, timeout=30)
     finally:

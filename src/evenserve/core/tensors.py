@@ -1,6 +1,10 @@
 """KServe v2 tensor datatypes: the one table of wire names -> numpy dtypes.
 
 BF16 and BYTES have no numpy dtype and are not accepted on the wire.
+
+``CONTENTS_FIELD``: the typed ``contents`` field of a gRPC ``InferTensorContents`` that holds
+each datatype (FP16 and BF16 have none: raw contents only), for both gRPC fronts (the
+worker's, and the gateway's codec).
 """
 
 from __future__ import annotations
@@ -24,3 +28,21 @@ DATATYPES: Mapping[str, np.dtype[Any]] = {
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
 }
+
+#: The typed ``contents`` field of each datatype in KServe v2's gRPC messages (FP16 and BF16
+#: have none: raw contents only; BYTES is ``bytes_contents``, which has no numpy dtype).
+CONTENTS_FIELD: Mapping[str, str] = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+#: Every typed contents field (a tensor's values are in one of them).
+ALL_CONTENTS_FIELDS = (*sorted(set(CONTENTS_FIELD.values())), "bytes_contents")

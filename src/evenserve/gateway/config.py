@@ -11,6 +11,8 @@ gateway:                      # the front door
   # record: {path: requests.jsonl, max_mb: 64, keep: 4, window: 200000}   # the request log
   # replicas: 2                # gateways in front of the same workers (design 0013)
   # reuse_port: true           # SO_REUSEPORT: those gateways share one port
+  # grpc_port: 8001            # also serve KServe v2 over gRPC
+  # grpc_forward: http         # how gRPC inference reaches a backend (http, grpc): below
 workers:                      # devices ``evenserve up`` starts one worker on each
   repo: models                # model repository (relative to this file)
   base_port: 8101             # device i listens on base_port + i unless it names a port
@@ -22,6 +24,11 @@ backends:                     # servers started elsewhere (Triton, MLServer, oth
     url: http://127.0.0.1:8000
     models: [resnet50]          # optional: what it hosts at startup (default: learned)
     signals: {source: prometheus, url: http://127.0.0.1:8002/metrics, mapping: triton}
+  - name: mlserver0
+    url: http://127.0.0.1:8080
+    grpc_url: 127.0.0.1:8081    # its gRPC endpoint
+    grpc_forward: grpc          # its HTTP API has no binary tensor extension: relay gRPC
+    signals: {source: none}
 ```
 
 The gateway routes to every worker device plus every listed backend. Which models each one
@@ -32,6 +39,12 @@ backend loads or unloads at run time need no config change. A backend's ``models
 given, is the set expected at startup (profiles are looked up for them at once) and stands
 until its index first answers, or for good when it has no index (404/405). Everything is
 validated on load; an error names the field by its dotted path.
+
+With ``gateway.grpc_port`` the gateway also serves gRPC; a backend's ``grpc_forward`` (else
+``gateway.grpc_forward``) says how a gRPC inference call reaches it: ``http`` (the default)
+translates it to KServe v2 HTTP with the binary tensor extension, sent to its ``url``
+(Triton, evenserve workers); ``grpc`` relays it as it came to its ``grpc_url`` (required
+then), for servers whose HTTP API lacks the binary extension (MLServer).
 """
 
 from __future__ import annotations
@@ -79,6 +92,9 @@ def _check_model(v: str) -> str:
 
 #: A model name, as the gateway routes it (``core.wire.split_model_path``).
 ModelName = Annotated[str, AfterValidator(_check_model)]
+#: How the gateway's gRPC front sends a backend its ModelInfer calls: translated to KServe
+#: v2 HTTP (``http``, to its ``url``) or relayed as they came (``grpc``, to its ``grpc_url``).
+GrpcForward = Literal["http", "grpc"]
 DEFAULT_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
 #: The shortest admin token accepted (from the file or the environment); a generated one has 32.
 MIN_TOKEN_LENGTH = 16
@@ -190,6 +206,13 @@ class GatewaySection(Strict):
     port: int = Field(default=8000, ge=0, le=65535)
     grpc_port: int | None = Field(
         default=None, ge=0, le=65535, description="also serve KServe v2 over gRPC (0: any port)"
+    )
+    grpc_forward: GrpcForward = Field(
+        default="http",
+        description="how the gRPC front sends ModelInfer (and model metadata and config) to a "
+        "backend whose own grpc_forward is not set: http (translated to KServe v2 HTTP with "
+        "the binary tensor extension, sent to its url over the HTTP data plane) or grpc "
+        "(relayed as bytes to its grpc_url; a backend without one takes no gRPC inference)",
     )
     routing: Any = "queue-aware"
     seed: int = 0
@@ -350,7 +373,15 @@ class BackendSpec(Strict):
     name: Name
     url: str = Field(min_length=1, description="base URL of the KServe v2 HTTP API")
     grpc_url: str | None = Field(
-        default=None, description="host:port of its KServe v2 gRPC API (gRPC goes only there)"
+        default=None,
+        description="host:port of its KServe v2 gRPC API (used with grpc_forward: grpc)",
+    )
+    grpc_forward: GrpcForward | None = Field(
+        default=None,
+        description="how the gateway's gRPC front reaches it: http (its url, with the binary "
+        "tensor extension: Triton, evenserve workers) or grpc (its grpc_url, relayed as "
+        "bytes: servers whose HTTP API lacks the binary extension, such as MLServer); "
+        "default: gateway.grpc_forward",
     )
     models: list[ModelName] | None = Field(
         default=None,
@@ -395,6 +426,19 @@ class BackendSpec(Strict):
         if v is not None and not (re.match(r"^[^/\s]+:\d+$", v) and int(v.rsplit(":")[-1]) < 65536):
             raise ValueError(f"expected host:port, port in 0..65535, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _grpc_forward_has_its_endpoint(self) -> BackendSpec:
+        if self.grpc_forward == "grpc" and self.grpc_url is None:
+            raise ValueError(
+                "grpc_forward: grpc needs grpc_url (the backend's gRPC host:port), or use http"
+            )
+        return self
+
+    def forwards_grpc(self, default: str) -> bool:
+        """Whether the gRPC front relays ModelInfer to this backend over gRPC (else it is
+        translated to HTTP); ``default``: ``gateway.grpc_forward``."""
+        return (self.grpc_forward or default) == "grpc"
 
 
 class DeviceEntry(DeviceOptions, QueueOptions):

@@ -55,7 +55,7 @@ from tritonclient.grpc import service_pb2
 from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
 from evenserve.core.errors import ConfigError
-from evenserve.core.tensors import DATATYPES
+from evenserve.core.tensors import ALL_CONTENTS_FIELDS, CONTENTS_FIELD, DATATYPES
 from evenserve.httpio.grpc_service import Handler, add_service
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.runtime.base import Array
@@ -81,21 +81,6 @@ CONTROL_CODES = {
     503: grpc.StatusCode.UNAVAILABLE,
     500: grpc.StatusCode.INTERNAL,
 }
-#: The typed ``contents`` field of each datatype (FP16 has none: raw contents only).
-CONTENTS_FIELD = {
-    "BOOL": "bool_contents",
-    "INT8": "int_contents",
-    "INT16": "int_contents",
-    "INT32": "int_contents",
-    "INT64": "int64_contents",
-    "UINT8": "uint_contents",
-    "UINT16": "uint_contents",
-    "UINT32": "uint_contents",
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-}
-ALL_CONTENTS_FIELDS = (*sorted(set(CONTENTS_FIELD.values())), "bytes_contents")
 #: The gRPC status of each refusal.
 REFUSAL_CODES = {
     wire.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,

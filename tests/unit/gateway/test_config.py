@@ -163,6 +163,42 @@ def test_errors_name_the_field(raw: Any, needle: str) -> None:
     assert needle in error_of(raw)
 
 
+def test_grpc_forward_is_http_unless_the_gateway_or_a_backend_says_grpc() -> None:
+    raw = cluster(
+        backends=[
+            {"name": "a", "url": "http://h:1", "models": ["m"]},
+            {"name": "b", "url": "http://h:2", "grpc_url": "h:3", "grpc_forward": "grpc"},
+            {"name": "c", "url": "http://h:4", "grpc_url": "h:5", "grpc_forward": "http"},
+        ]
+    )
+    c = parse_cluster(raw, Path(".")).config
+    assert c.gateway.grpc_forward == "http"
+    a, b, cc = c.backends
+    assert [x.forwards_grpc(c.gateway.grpc_forward) for x in (a, b, cc)] == [False, True, False]
+    raw["gateway"] = {"grpc_forward": "grpc"}
+    c = parse_cluster(raw, Path(".")).config
+    # The gateway's setting is every backend's default; a backend's own setting wins.
+    assert [x.forwards_grpc(c.gateway.grpc_forward) for x in c.backends] == [True, True, False]
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (
+            cluster(backends=[{"name": "b", "url": "http://h:1", "grpc_forward": "grpc"}]),
+            "backends.0: Value error, grpc_forward: grpc needs grpc_url",
+        ),
+        (
+            cluster(backends=[{"name": "b", "url": "http://h:1", "grpc_forward": "h2"}]),
+            "backends.0.grpc_forward",
+        ),
+        (cluster(gateway={"grpc_forward": "HTTP"}), "gateway.grpc_forward"),
+    ],
+)
+def test_a_bad_grpc_forward_names_the_field(raw: Any, needle: str) -> None:
+    assert needle in error_of(raw)
+
+
 def test_prometheus_source_defaults_to_triton_mapping_and_presets_take_overrides() -> None:
     raw = cluster(
         backends=[

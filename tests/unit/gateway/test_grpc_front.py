@@ -137,3 +137,58 @@ def test_every_rpc_has_a_handler_and_unknown_names_are_refused() -> None:
         service_handlers({"ModelInfre": serve})
     with pytest.raises(ValueError, match="ServerLive"):
         service_handlers({}, raw=("ServerLive",))
+
+
+# -- an HTTP answer as the gRPC answer (the relayed path's HTTP hosts) --------------------------
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+
+from evenserve.gateway.forwarder import Reply  # noqa: E402
+from evenserve.gateway.grpc_front import CODE_OF_STATUS, code_of, grpc_reply  # noqa: E402
+
+
+def _binary_answer(datatype: str, blob: bytes) -> Reply:
+    head = (
+        b'{"model_name": "m", "outputs": [{"name": "y", "datatype": "%s", "shape": [1, 2], '
+        b'"parameters": {"binary_data_size": %d}}]}' % (datatype.encode(), len(blob))
+    )
+    headers = {"inference-header-content-length": str(len(head))}
+    return Reply(200, headers, head + blob)
+
+
+def test_an_http_answer_becomes_a_grpc_reply_the_dispatcher_judges() -> None:
+    y = np.array([1.5, 2.5], dtype="<f4").tobytes()
+    got = grpc_reply(_binary_answer("FP32", y), True, "b0")
+    assert (got.status, got.code) == (200, grpc.StatusCode.OK)
+    assert list(service_pb2.ModelInferResponse.FromString(got.response).raw_output_contents) == [y]
+    half = grpc_reply(_binary_answer("FP16", bytes(4)), False, "b0")
+    assert (half.status, half.code) == (200, grpc.StatusCode.INVALID_ARGUMENT)
+    assert "'FP16' has no typed contents" in half.message
+    bad = grpc_reply(Reply(200, {}, b"<html>"), True, "b0")
+    assert bad.code == grpc.StatusCode.INTERNAL and bad.message.startswith("backend b0 ")
+    full = grpc_reply(
+        Reply(
+            429,
+            {"x-evenserve-reason": "queue-full", "retry-after": "2"},
+            b'{"error": "queue-full: model m"}',
+        ),
+        True,
+        "b0",
+    )
+    assert (full.status, full.reason, full.code) == (
+        429,
+        "queue-full",
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    )
+    assert full.message == "queue-full: model m"
+    assert dict(full.trailing) == {"x-evenserve-reason": "queue-full", "retry-after": "2"}
+
+
+def test_every_http_status_has_the_workers_grpc_status() -> None:
+    assert code_of(503) == grpc.StatusCode.UNAVAILABLE
+    assert code_of(418) == code_of(502) == grpc.StatusCode.INTERNAL
+    assert {s: c.name for s, c in CODE_OF_STATUS.items()} == {
+        400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 413: "RESOURCE_EXHAUSTED",
+        422: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED",
+        503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED",
+    }  # fmt: skip
