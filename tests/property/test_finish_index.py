@@ -17,6 +17,7 @@ import pytest
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample, RequestInfo
 from evenserve.policy.routing import ROUTING, Router
+from evenserve.policy.routing.finish_index import FinishIndex
 from evenserve.policy.routing.work import settled_finish_s
 
 GB = 1024.0**3
@@ -76,6 +77,28 @@ def _sample(rng: random.Random, now: float, models: frozenset[str], calm: bool) 
         ),
         **extra,
     )
+
+
+def _check_index(model: str, ix: FinishIndex) -> None:
+    """What a refreshed index holds: settled finishes in order, the busy and stale ones in
+    order of theirs, every busy one due in the heap, and each quick position's kept figures
+    (by queued counts) the settled finish at those counts."""
+    for p, placed in enumerate(ix.placed):
+        if placed:
+            assert ix.finish[p] == settled_finish_s(model, ix.views[p])
+            assert p in ix.at[ix.finish[p]]
+        else:
+            assert ix.quick[p] is None
+    assert ix.keys == sorted(ix.at) and all(t == sorted(t) for t in ix.at.values())
+    assert ix.busy_order == sorted((ix.finish[p], p) for p in ix.busy)
+    assert ix.stale_order == sorted((ix.finish[p], p) for p in ix.stale)
+    assert {(t, p) for p, t in ix.busy.items()} <= set(ix.busy_due)
+    for p, q in enumerate(ix.quick):
+        if q is not None:
+            memo, counts = q
+            assert counts is ix.views[p].queued_by_model
+            f = memo.get(tuple(counts.values()))
+            assert f is None or f == settled_finish_s(model, ix.views[p])
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
@@ -138,9 +161,7 @@ def test_indexed_decisions_are_the_full_pass(spec: Any, seed: int) -> None:
             indexed += before
             for model_ix, ix in fast._indexes.items():
                 if not ix.dirty:  # what the index holds is the settled finish, exactly
-                    for p, placed in enumerate(ix.placed):
-                        if placed:
-                            assert ix.finish[p] == settled_finish_s(model_ix, ix.views[p])
+                    _check_index(model_ix, ix)
             if a is not None:
                 for r in (fast, ref):
                     r.sent(a.name, model, now)

@@ -20,19 +20,28 @@ exactly 0.0 once it has run out. So:
   (a rotation's pick is a bisect away), are at the front;
 - ``busy``: fresh backends whose sampled busy time may not have aged away yet. Their settled
   finish is a lower bound of the exact one (floating-point addition is monotone), so a
-  policy computes the exact finish (``predicted_finish_s``) only where the bound could tie
-  or beat the best; each decision moves those whose busy time ran out into the order, and
-  ``quick`` remembers them until their next load report (it stays out: the clock only
-  goes forward; a decision at an earlier time than one already made is left to the
-  policy's full pass);
+  policy reads them in order of it (``busy_order``) and computes the exact finish
+  (``predicted_finish_s``) only while the bound could tie or beat the best. Each is in
+  ``busy_due`` by when its busy time runs out (sample time plus busy time; the exact test,
+  ``aged_busy_s`` = 0.0, is made when that comes), so a decision moves those whose busy time
+  ran out into the order without looking at the others; ``quick`` then holds them until
+  their next load report (it stays out: the clock only goes forward; a decision at an
+  earlier time than one already made is left to the policy's full pass);
 - ``stale``: backends with stale signals: their finish is the settled one (own in-flight
-  counts, no busy time), kept apart because least-expected-work adds its stale penalty;
+  counts, no busy time), kept apart (in order too, ``stale_order``) because
+  least-expected-work adds its stale penalty;
 - ``bad``: backends whose finish would take the fallback cost (no profile for the model, or
   a queued model without one): that cost is the least any candidate learned, a figure over
   all of them, so while any is bad the index declines and the policy's full pass decides.
 
 Decisions are identical to the full pass (the same floats compared, ties broken by the same
-rotation): the index only skips backends that cannot be the answer. ``sig_dirty`` marks the
+rotation): the index only skips backends that cannot be the answer. A backend in ``quick``
+changes by its own sends and answers only, which move its queued counts and nothing else its
+finish depends on (profiles, batch caps and freshness change with a load report, staleness
+or a model change, which take it out of ``quick``); so ``quick`` keeps per backend its
+settled finishes by those counts (``queued_by_model``'s values, in its order: between two
+such events the router only adds a model at its end or changes a count), and a send or an
+answer that brings the counts back to ones seen costs one lookup. ``sig_dirty`` marks the
 positions whose utilization, memory or SLO changed (load reports, staleness), for a policy
 that keeps figures of its own per backend (queue-aware's score terms).
 """
@@ -42,11 +51,15 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
+from heapq import heappop, heappush
 from typing import Any
 
 from evenserve.core.profile import LatencyProfile, Table
 from evenserve.core.types import BackendView
 from evenserve.policy.routing.work import aged_busy_s, backlog_s, own_share_s
+
+#: Settled finishes a ``quick`` position keeps by queued counts, at most (then it starts over).
+QUICK_MEMO = 1024
 
 
 class FinishIndex:
@@ -54,19 +67,21 @@ class FinishIndex:
         "at",
         "bad",
         "busy",
+        "busy_due",
+        "busy_order",
         "cells",
         "dirty",
         "finish",
         "keys",
         "model",
         "now_s",
-        "own_of",
         "owner",
         "owner_state",
         "placed",
         "quick",
         "sig_dirty",
         "stale",
+        "stale_order",
         "views",
     )
 
@@ -86,15 +101,22 @@ class FinishIndex:
         self.keys: list[float] = []
         #: Per finish in ``keys``, the positions that have it, in order.
         self.at: dict[float, list[int]] = {}
-        self.busy: set[int] = set()
+        #: Busy positions: when their busy time runs out (inf: it never ages, no sample time).
+        self.busy: dict[int, float] = {}
+        #: (settled finish, position) of the busy ones, in order.
+        self.busy_order: list[tuple[float, int]] = []
+        #: (runs out at, position), a heap; an entry is current while ``busy`` says the same.
+        self.busy_due: list[tuple[float, int]] = []
         #: Positions in the order whose busy time had aged away at a decision since their
         #: backend's last load report, profile or batch size change (the Router's ``_touch``
-        #: with ``signals`` takes them out), with the own share there by this model's count
-        #: (``own_of``, from its profile and batch cap there): a send or an
-        #: answer moves them through a short path.
-        self.quick: set[int] = set()
-        self.own_of: list[Mapping[int, float]] = [{} for _ in range(n)]
+        #: with ``signals`` takes them out), each with its settled finishes by queued counts
+        #: and its ``queued_by_model`` (see the module's last paragraph); None for the others.
+        self.quick: list[tuple[dict[tuple[float, ...], float], Mapping[str, float]] | None] = [
+            None
+        ] * n
         self.stale: set[int] = set()
+        #: (settled finish, position) of the stale ones, in order.
+        self.stale_order: list[tuple[float, int]] = []
         self.bad: set[int] = set()
         self.dirty: set[int] = set(range(n))
         self.sig_dirty: set[int] = set(range(n))
@@ -140,77 +162,104 @@ class FinishIndex:
         if now_s < self.now_s:
             return False
         self.now_s = now_s
-        if self.dirty:
-            model = self.model
+        dirty = self.dirty
+        if dirty:
             views = self.views
-            cells = self.cells
             finish = self.finish
             keys, at = self.keys, self.at
-            quick, own_of = self.quick, self.own_of
-            for p in self.dirty:
-                b = views[p]
-                if p in quick:  # the common case, kept short (see ``quick``)
-                    counts = b.queued_by_model
-                    cell = cells[p]
-                    backlog = cell[0]
-                    if backlog is None:  # work.backlog_s(b, counts, 0.0, None), inlined
-                        parts = cell[1]
-                        if parts is None:
-                            parts = cell[1] = queue_parts_by_model(b)
-                        backlog = 0.0
-                        for m, q in counts.items():
-                            # round(q) is 0 below 0.5, whose parts add 0.0 twice: the sum
-                            # is the one that skips them.
-                            by_q = parts.get(m)
-                            if by_q is None:  # a model without a profile: the slow path
-                                backlog = None
-                                break
-                            full_s, rest_s = by_q[round(q)]
-                            backlog += full_s
-                            backlog += rest_s
+            quick = self.quick
+            for p in dirty:
+                q = quick[p]
+                if q is not None:  # the common case, kept short (see ``quick``)
+                    memo, counts = q
+                    seen = tuple(counts.values())
+                    f = memo.get(seen)
+                    if f is None:
+                        f = self._quick_finish(p, counts)
+                        if f is None:  # a model without a profile: the slow path
+                            self._recompute(p, views[p], now_s)
+                            continue
+                        if len(memo) >= QUICK_MEMO:
+                            memo.clear()
+                        memo[seen] = f
+                    old = finish[p]
+                    if f != old:  # it moves in the order (_unplace, _place inlined)
+                        tied = at[old]
+                        if len(tied) == 1:
+                            del at[old]
+                            del keys[bisect_left(keys, old)]
                         else:
-                            cell[0] = backlog
-                    if backlog is not None and backlog == backlog:
-                        # + work.own_share_s, inlined.
-                        f = backlog + own_of[p][round(counts.get(model, 0.0))]
-                        old = finish[p]
-                        if f != old:  # it moves in the order (_unplace, _place inlined)
-                            tied = at[old]
-                            if len(tied) == 1:
-                                del at[old]
-                                del keys[bisect_left(keys, old)]
-                            else:
-                                del tied[bisect_left(tied, p)]
-                            finish[p] = f
-                            into = at.get(f)
-                            if into is None:
-                                at[f] = [p]
-                                insort(keys, f)
-                            else:
-                                insort(into, p)
-                        continue
-                self._recompute(p, b, now_s)
-            self.dirty.clear()
+                            del tied[bisect_left(tied, p)]
+                        finish[p] = f
+                        into = at.get(f)
+                        if into is None:
+                            at[f] = [p]
+                            insort(keys, f)
+                        else:
+                            insort(into, p)
+                    continue
+                self._recompute(p, views[p], now_s)
+            dirty.clear()
         if self.bad:
             return False
-        busy = self.busy
-        if busy:
-            views = self.views
-            for p in [p for p in busy if aged_busy_s(views[p], now_s) <= 0.0]:
-                busy.discard(p)
-                self._settle(p, views[p], self.finish[p])
+        due = self.busy_due
+        if due and due[0][0] <= now_s:
+            self._expire_busy(now_s)
         return True
+
+    def _quick_finish(self, p: int, counts: Mapping[str, float]) -> float | None:
+        """A ``quick`` position's settled finish (``work.settled_finish_s``, inlined), or
+        None where a counted model has no profile (the slow path decides)."""
+        cell = self.cells[p]
+        backlog = cell[0]
+        if backlog is None:  # work.backlog_s(b, counts, 0.0, None), inlined
+            parts = cell[1]
+            if parts is None:
+                parts = cell[1] = queue_parts_by_model(self.views[p])
+            backlog = 0.0
+            for m, q in counts.items():
+                # round(q) is 0 below 0.5, whose parts add 0.0 twice: the sum is the one
+                # that skips them.
+                by_q = parts.get(m)
+                if by_q is None:
+                    return None
+                full_s, rest_s = by_q[round(q)]
+                backlog += full_s
+                backlog += rest_s
+            cell[0] = backlog
+        elif backlog != backlog:
+            return None
+        b = self.views[p]
+        model = self.model
+        prof = b.profiles[model]  # a quick position has one (else it is bad)
+        cap = b.max_batch_size.get(model, 1)
+        # + work.own_share_s, inlined.
+        f: float = backlog + prof.own_share[round(counts.get(model, 0.0)) % (cap if cap > 1 else 1)]
+        return f
+
+    def _expire_busy(self, now_s: float) -> None:
+        """The busy positions whose busy time may have run out by ``now_s``: those that
+        have (``aged_busy_s`` is 0.0) move into the order."""
+        due, busy, views = self.busy_due, self.busy, self.views
+        while due and due[0][0] <= now_s:
+            t, p = heappop(due)
+            if busy.get(p) != t:
+                continue  # an entry of an earlier stay in ``busy``
+            b = views[p]
+            if aged_busy_s(b, now_s) <= 0.0:
+                del busy[p]
+                f = self.finish[p]
+                order = self.busy_order
+                del order[bisect_left(order, (f, p))]
+                self._settle(p, b, f)
+            else:  # its figure was a rounding ahead: look again at the next decision
+                t = busy[p] = math.nextafter(now_s, math.inf)
+                heappush(due, (t, p))
 
     def _settle(self, p: int, b: BackendView, f: float) -> None:
         """``p``'s exact finish is its settled one, ``f``: into the order, and ``quick``."""
         self._place(p, f)
-        prof = b.profiles.get(self.model)
-        assert prof is not None  # else it is bad
-        cap = b.max_batch_size.get(self.model, 1)
-        div = cap if cap > 1 else 1
-        shares = prof.own_share
-        self.own_of[p] = Table(lambda q: shares[q % div])
-        self.quick.add(p)
+        self.quick[p] = ({}, b.queued_by_model)
 
     def _recompute(self, p: int, b: BackendView, now_s: float) -> None:
         """Position ``p`` changed: its settled finish, and where it belongs (order, busy,
@@ -226,18 +275,32 @@ class FinishIndex:
         )
         if self.placed[p]:
             self._unplace(p)
-        else:
-            self.busy.discard(p)
+        elif p in self.busy:
+            del self.busy[p]
+            order = self.busy_order
+            del order[bisect_left(order, (self.finish[p], p))]
+        elif p in self.stale:
             self.stale.discard(p)
+            order = self.stale_order
+            del order[bisect_left(order, (self.finish[p], p))]
+        else:
             self.bad.discard(p)
-        self.quick.discard(p)
+        self.quick[p] = None
         if f != f:  # the fallback cost (or a NaN figure): the full pass decides
             self.bad.add(p)
         elif fresh and (b.busy_remaining_s <= 0.0 or aged_busy_s(b, now_s) <= 0.0):
             self._settle(p, b, f)
         else:
             self.finish[p] = f
-            (self.busy if fresh else self.stale).add(p)
+            if fresh:
+                at = b.sampled_at_s
+                t = math.inf if at is None else at + b.busy_remaining_s
+                self.busy[p] = t
+                heappush(self.busy_due, (t, p))
+                insort(self.busy_order, (f, p))
+            else:
+                self.stale.add(p)
+                insort(self.stale_order, (f, p))
 
     def first_tied(self, best: float, start: int) -> tuple[int, int]:
         """Among the positions in the order whose finish is ``best``: the first at or after

@@ -73,7 +73,8 @@ class LeastExpectedWork:
         if not ix.refresh(now_s):
             return None
         keys = ix.keys
-        if not ix.busy and not ix.stale:  # every backend settled: the order alone answers
+        busy, stale = ix.busy_order, ix.stale_order
+        if not busy and not stale:  # every backend settled: the order alone answers
             self._tick += 1
             tied = ix.at[keys[0]]
             if len(tied) == 1:
@@ -83,18 +84,22 @@ class LeastExpectedWork:
         best = keys[0] if keys else math.inf
         extra: list[tuple[float, int]] = []
         views = ix.views
-        finish = ix.finish
-        for p in ix.busy:
-            if finish[p] <= best:  # else its exact finish is above the best too
-                k = predicted_finish_s(request.model, views[p], now_s, self._fallback_s)
-                if k != k:
-                    return None  # NaN: the full pass decides
-                extra.append((k, p))
-                if k < best:
-                    best = k
+        # In order of their lower bounds, while one could tie or beat the best (the rest's
+        # exact finishes are above it too).
+        for bound, p in busy:
+            if bound > best:
+                break
+            k = predicted_finish_s(request.model, views[p], now_s, self._fallback_s)
+            if k != k:
+                return None  # NaN: the full pass decides
+            extra.append((k, p))
+            if k < best:
+                best = k
         pen = self._penalty_s
-        for p in ix.stale:
-            k = finish[p] + pen
+        for f, p in stale:  # in order: f + pen only grows
+            k = f + pen
+            if k > best:
+                break
             extra.append((k, p))
             if k < best:
                 best = k

@@ -279,7 +279,7 @@ class Router:
             ix.dirty.add(p)
             if signals:
                 ix.sig_dirty.add(p)
-                ix.quick.discard(p)
+                ix.quick[p] = None
 
     def update_max_batch_size(self, name: str, caps: Mapping[str, int]) -> None:
         """Merge ``caps`` into what the router knows of how ``name`` batches each model
