@@ -1,5 +1,6 @@
 """Each candidate's predicted finish, kept in order: least-expected-work and queue-aware
-decide in amortized constant time per decision instead of O(backends).
+decide with work for the backends that changed since the last decision (a bisect each) instead
+of a pass over every candidate.
 
 Theory of operation. The Router keeps one FinishIndex per model it was asked to route with
 a policy that reads it (``choose_indexed``), over that model's candidate list (positions are

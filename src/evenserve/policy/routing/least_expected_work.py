@@ -15,8 +15,8 @@ penalty(b) is ``stale_penalty_ms`` when b's signals are stale (it may be failing
 A queued model without a profile or a learned figure costs ``fallback_item_ms`` per request.
 Params: ``fallback_item_ms`` (10), ``stale_penalty_ms`` (50).
 
-The Router decides through ``choose_indexed`` (the same answer in amortized constant time,
-``routing.finish_index``); ``choose`` is the full pass over the candidates.
+The Router decides through ``choose_indexed`` (the same answer from an index kept per
+model, ``routing.finish_index``); ``choose`` is the full pass over the candidates.
 """
 
 from __future__ import annotations
