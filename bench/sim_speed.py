@@ -12,12 +12,50 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 from evenserve.report.summary import summarize
 from evenserve.sim.cluster import simulate
 from evenserve.sim.loader import parse_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def scenario(
+    requests: int, devices: int, routing: str, batching: str, seed: int
+) -> tuple[float, dict[str, Any]]:
+    """The bench's scenario (simulated seconds, raw scenario): ``requests`` expected
+    arrivals over ``devices`` devices."""
+    # Per device at batch 8: resnet 2.29 ms/8, bert 3.63 ms/8 -> with a 70/30 mix one device
+    # serves about 3,100 req/s; drive 70 % of that.
+    rate_total = 0.7 * 3100.0 * devices
+    duration_s = requests / rate_total
+    half = devices // 2
+    raw = {
+        "name": "sim-speed",
+        "seed": seed,
+        "duration_s": duration_s,
+        "warmup_s": 0.0,
+        "profile_sets": {"a10": str(ROOT / "profiles" / "a10-trt-fp16")},
+        "devices": [
+            {"name": "both", "count": half, "models": ["resnet50", "bert-base"]},
+            {"name": "resnet", "count": devices - half, "models": ["resnet50"]},
+        ],
+        "models": {"resnet50": {"slo_ms": 50}, "bert-base": {"slo_ms": 50}},
+        "workload": {
+            "type": "open-loop",
+            "rates_rps": {"resnet50": 0.7 * rate_total, "bert-base": 0.3 * rate_total},
+        },
+        "arms": {
+            "bench": {
+                "routing": routing,
+                "batching": {"policy": batching, "max_batch_size": 8, "max_batch_delay_ms": 2}
+                if batching == "fixed-window"
+                else batching,
+            }
+        },
+    }
+    return duration_s, raw
 
 
 def main() -> None:
@@ -29,35 +67,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
 
-    # Per device at batch 8: resnet 2.29 ms/8, bert 3.63 ms/8 -> with a 70/30 mix one device
-    # serves about 3,100 req/s; drive 70 % of that.
-    rate_total = 0.7 * 3100.0 * args.devices
-    duration_s = args.requests / rate_total
-    half = args.devices // 2
-    raw = {
-        "name": "sim-speed",
-        "seed": args.seed,
-        "duration_s": duration_s,
-        "warmup_s": 0.0,
-        "profile_sets": {"a10": str(ROOT / "profiles" / "a10-trt-fp16")},
-        "devices": [
-            {"name": "both", "count": half, "models": ["resnet50", "bert-base"]},
-            {"name": "resnet", "count": args.devices - half, "models": ["resnet50"]},
-        ],
-        "models": {"resnet50": {"slo_ms": 50}, "bert-base": {"slo_ms": 50}},
-        "workload": {
-            "type": "open-loop",
-            "rates_rps": {"resnet50": 0.7 * rate_total, "bert-base": 0.3 * rate_total},
-        },
-        "arms": {
-            "bench": {
-                "routing": args.routing,
-                "batching": {"policy": args.batching, "max_batch_size": 8, "max_batch_delay_ms": 2}
-                if args.batching == "fixed-window"
-                else args.batching,
-            }
-        },
-    }
+    duration_s, raw = scenario(args.requests, args.devices, args.routing, args.batching, args.seed)
     loaded = parse_scenario(raw, ROOT, "bench")
     t0 = time.perf_counter()
     rec = simulate(loaded, "bench")

@@ -55,6 +55,21 @@ class ProfileFile(Strict):
         return self
 
 
+class Table(dict[Any, Any]):
+    """``table[key]`` is ``fn(key)``, computed on the first lookup and kept: a lookup that
+    hits is one dict read, no Python call."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def __missing__(self, key: Any) -> Any:
+        value = self[key] = self._fn(key)
+        return value
+
+
 @dataclass(frozen=True)
 class LatencyProfile:
     """Interpolating view of a profile; cheap to query in hot loops."""
@@ -73,10 +88,16 @@ class LatencyProfile:
     _latency_s: dict[int, float] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
-    #: queue_parts_s by (requests, batch cap), filled as they are asked for.
-    _queue_s: dict[tuple[int, int], tuple[float, float]] = field(
-        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    #: ``queue_parts_s`` and ``own_share_s`` as tables, filled as they are asked for: a
+    #: lookup that hits is one dict read, no Python call (routers read them per request).
+    queue_parts: Mapping[tuple[int, int], tuple[float, float]] = field(
+        init=False, repr=False, compare=False, hash=False
     )
+    own_share: Mapping[int, float] = field(init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "queue_parts", Table(self._queue_parts))
+        object.__setattr__(self, "own_share", Table(self._own_share))
 
     @classmethod
     def from_points(
@@ -148,19 +169,22 @@ class LatencyProfile:
         """Seconds to run ``queued`` requests as full batches of ``cap`` and then one partial
         batch, as the two terms ``(floor(q / cap) * t(cap), t(q mod cap))`` (0 for none):
         kept apart so that a sum of them adds in the same order as the terms themselves."""
-        key = (queued, cap)
-        s = self._queue_s.get(key)
-        if s is None:
-            if queued <= 0:
-                s = (0.0, 0.0)
-            else:
-                full, rest = divmod(queued, cap if cap > 1 else 1)
-                s = (
-                    full * self.latency_s(cap) if full else 0.0,
-                    self.latency_s(rest) if rest else 0.0,
-                )
-            self._queue_s[key] = s
-        return s
+        return self.queue_parts[queued, cap]
+
+    def _queue_parts(self, key: tuple[int, int]) -> tuple[float, float]:
+        queued, cap = key
+        if queued <= 0:
+            return (0.0, 0.0)
+        full, rest = divmod(queued, cap if cap > 1 else 1)
+        return (full * self.latency_s(cap) if full else 0.0, self.latency_s(rest) if rest else 0.0)
+
+    def own_share_s(self, rest: int) -> float:
+        """What one more request adds to a partial batch of ``rest``: ``t(rest + 1) -
+        t(rest)`` (``t(0) = 0``)."""
+        return self.own_share[rest]
+
+    def _own_share(self, rest: int) -> float:
+        return self.latency_s(rest + 1) - (self.latency_s(rest) if rest else 0.0)
 
     def batch_memory_bytes(self, batch: int) -> float:
         """Working memory of one batch, in bytes (weights excluded)."""

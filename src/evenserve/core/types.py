@@ -138,3 +138,17 @@ class WaitUntil:
 
 
 BatchDecision = Dispatch | WaitUntil
+
+#: Dispatch decisions by size, made once (they are immutable: policies answer with these on
+#: every decision instead of a new object each time).
+_DISPATCH: dict[int, Dispatch] = {}
+#: WaitUntil() (no wake-up wanted).
+NO_WAKE = WaitUntil()
+
+
+def dispatch(n: int) -> Dispatch:
+    """``Dispatch(n)``, the same object for the same ``n``."""
+    d = _DISPATCH.get(n)
+    if d is None:
+        d = _DISPATCH[n] = Dispatch(n)
+    return d

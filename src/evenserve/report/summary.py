@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections import Counter
 from typing import Any
 
@@ -59,8 +60,10 @@ def _r(x: float, nd: int = 6) -> float:
 def latency_figures(lat_ms: np.ndarray) -> dict[str, float | None]:
     if lat_ms.size == 0:
         return {"p50": None, "p95": None, "p99": None, "max": None, "mean": None}
+    # One partition for every percentile: the same figures as one call each.
+    values = np.percentile(lat_ms, list(PERCENTILES.values()))
     out: dict[str, float | None] = {
-        k: _r(float(np.percentile(lat_ms, q))) for k, q in PERCENTILES.items()
+        k: _r(float(v)) for k, v in zip(PERCENTILES, values, strict=True)
     }
     out["max"] = _r(float(lat_ms.max()))
     out["mean"] = _r(float(lat_ms.mean()))
@@ -223,17 +226,26 @@ def device_diagnostics(tr: DeviceTrace, t0: float, t1: float) -> dict[str, Any]:
         return dict(tr.measured_diagnostics)
     window = max(t1 - t0, 1e-9)
     n = len(tr.batch_models)
-    sel = [i for i in range(n) if t0 <= tr.busy_start_s[i] < t1]
+    # The batches that started in the window, selected with numpy; every sum and max below
+    # is Python's own over the selected values, in start order (the figures of a loop).
+    start = np.asarray(tr.busy_start_s[:n], dtype=float)
+    sel = (start >= t0) & (start < t1)
+    any_sel = bool(sel.any())
+    models = np.asarray(tr.batch_models, dtype=object)
+    sizes_all = np.asarray(tr.batch_sizes[:n], dtype=np.int64)
+    caps_all = np.maximum(np.asarray(tr.batch_cap[:n], dtype=np.int64), 1)
+    held_all = np.asarray(tr.batch_held_s[:n], dtype=float)
     inst = max(1, tr.instances)
     per_model: dict[str, Any] = {}
-    for m in sorted(set(tr.models) | {tr.batch_models[i] for i in sel}):
-        mine = [i for i in sel if tr.batch_models[i] == m]
-        sizes = [tr.batch_sizes[i] for i in mine]
-        caps = [max(1, tr.batch_cap[i]) for i in mine]
-        held = [tr.batch_held_s[i] for i in mine]
+    in_window = set(models[sel].tolist()) if any_sel else set()
+    for m in sorted(set(tr.models) | in_window):
+        mine = sel & (models == m) if m in in_window else None
+        sizes = sizes_all[mine].tolist() if mine is not None else []
+        caps = caps_all[mine].tolist() if mine is not None else []
+        held = held_all[mine].tolist() if mine is not None else []
         prof = tr.profiles.get(m)
         per_model[m] = {
-            "batches": len(mine),
+            "batches": len(sizes),
             "mean_batch_size": _r(sum(sizes) / len(sizes)) if sizes else None,
             "cap": max(caps) if caps else None,
             "fill": _r(sum(b / c for b, c in zip(sizes, caps, strict=True)) / len(sizes))
@@ -243,7 +255,7 @@ def device_diagnostics(tr: DeviceTrace, t0: float, t1: float) -> dict[str, Any]:
             "held_fraction": _r(sum(held) / (window * inst)),
             "profile": None if prof is None else {"batches": prof[0], "latency_ms": prof[1]},
         }
-    if not sel:
+    if not any_sel:
         return {
             "models": list(tr.models),
             "held_idle_fraction": None,
@@ -253,13 +265,15 @@ def device_diagnostics(tr: DeviceTrace, t0: float, t1: float) -> dict[str, Any]:
             "per_model": per_model,
             "burst": burst_figures(tr, t0, t1),
         }
-    took = sum(tr.busy_end_s[i] - tr.busy_start_s[i] for i in sel)
-    staging = sum(tr.batch_staging_s[i] for i in sel)
-    expected = sum(tr.batch_expected_s[i] for i in sel)
-    mem = [tr.batch_memory_fraction[i] for i in sel if not math.isnan(tr.batch_memory_fraction[i])]
+    end = np.asarray(tr.busy_end_s[:n], dtype=float)
+    took = sum((end[sel] - start[sel]).tolist())
+    staging = sum(np.asarray(tr.batch_staging_s[:n], dtype=float)[sel].tolist())
+    expected = sum(np.asarray(tr.batch_expected_s[:n], dtype=float)[sel].tolist())
+    fractions = np.asarray(tr.batch_memory_fraction[:n], dtype=float)[sel]
+    mem = fractions[~np.isnan(fractions)].tolist()
     return {
         "models": list(tr.models),
-        "held_idle_fraction": _r(sum(tr.batch_held_s[i] for i in sel) / (window * inst)),
+        "held_idle_fraction": _r(sum(held_all[sel].tolist()) / (window * inst)),
         "observed_vs_profile": _r((took - staging) / expected) if expected > 0 else None,
         "staging_fraction": _r(staging / took) if took > 0 else None,
         "memory_peak_fraction": _r(max(mem)) if mem else None,
@@ -272,15 +286,24 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
     t0, t1 = rec.warmup_s, rec.end_s
     window = t1 - t0
     log = rec.requests
+    n = len(log)
     model = np.asarray(log.model, dtype=object)
     arr = np.asarray(log.arrival_s, dtype=float)
     fin = np.asarray(log.finish_s, dtype=float)
-    dropped = np.asarray([r is not None for r in log.drop_reason], dtype=bool)
+    reasons_all = log.drop_reason
+    dropped = (
+        np.zeros(n, dtype=bool)
+        if reasons_all.count(None) == len(reasons_all)
+        else np.fromiter(map(operator.is_not, reasons_all, itertools.repeat(None)), bool, n)
+    )
     done = ~np.isnan(fin)
     lat_ms = (fin - arr) * 1000.0
     measured = arr >= t0
     fin_in_window = done & (fin >= t0) & (fin <= t1)
-    slo_ms = np.asarray([rec.slo_ms.get(m, math.inf) for m in log.model], dtype=float)
+    is_model = {m: model == m for m in rec.slo_ms}
+    slo_ms = np.full(n, math.inf)  # a model without an SLO: inf
+    for m, slo in rec.slo_ms.items():
+        slo_ms[is_model[m]] = slo
     in_slo = lat_ms <= slo_ms
     # Decided: completed, dropped, or unfinished at the end but already older than the SLO.
     # A request of a model without an SLO (inf) is never decided: it has no attainment.
@@ -297,7 +320,7 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
         )
 
     def counts(g: np.ndarray) -> dict[str, Any]:
-        reasons = Counter(r for r, k in zip(log.drop_reason, g, strict=True) if k and r is not None)
+        reasons = Counter(reasons_all[i] for i in np.flatnonzero(g & dropped).tolist())
         return {
             "arrived": int(g.sum()),
             "completed": int((g & done).sum()),
@@ -308,7 +331,7 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
 
     models_out: dict[str, Any] = {}
     for m in sorted(rec.slo_ms):
-        is_m = model == m
+        is_m = is_model[m]
         throughput, latency, attainment = served(is_m)
         has_slo = math.isfinite(rec.slo_ms[m])
         models_out[m] = {
@@ -333,7 +356,10 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
         sel = qd[(qt >= t0) & (qt <= t1)]
         mean_q = float(sel.mean()) if sel.size else 0.0
         max_q = float(sel.max()) if sel.size else 0.0
-        bs = [b for b, s in zip(tr.batch_sizes, tr.busy_start_s, strict=False) if s >= t0]
+        nb = min(len(tr.batch_sizes), len(tr.busy_start_s))
+        bs = np.asarray(tr.batch_sizes[:nb], dtype=np.int64)[
+            np.asarray(tr.busy_start_s[:nb], dtype=float) >= t0
+        ].tolist()
         devices_out[tr.name] = {
             "utilization": _r(min(1.0, max(0.0, u))),
             "mean_queue_depth": _r(mean_q),

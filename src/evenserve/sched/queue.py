@@ -142,7 +142,6 @@ class RequestQueue(Generic[R]):
         self,
         r: R,
         now_s: float,
-        *,
         profile: LatencyProfile | None = None,
         busy_remaining_s: float = 0.0,
     ) -> Offer[R]:
@@ -152,7 +151,21 @@ class RequestQueue(Generic[R]):
             and now_s + busy_remaining_s + profile.latency_s(1) > r.deadline_s
         ):
             return Offer(False, DEADLINE_INFEASIBLE)
-        if self.max_len is None or len(self.items) < self.max_len:
+        items = self.items
+        if self.max_len is None or len(items) < self.max_len:
+            # _insert's first case, inlined: in order, one class, no deadline.
+            if (
+                self._keys is None
+                and r.deadline_s is None
+                and items
+                and r.priority == self._fifo_class
+            ):
+                last = items[-1]
+                if r.arrival_s > last.arrival_s or (
+                    r.arrival_s == last.arrival_s and r.request_id >= last.request_id
+                ):
+                    items.append(r)
+                    return ADMITTED  # type: ignore[return-value]
             self._insert(r)
             return ADMITTED  # type: ignore[return-value]
         evicted: R | None = None

@@ -26,6 +26,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -38,6 +39,9 @@ from evenserve.policy.batching import BatchingPolicy
 from evenserve.policy.batching.base import BatchingPolicyBase
 from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S, RateEstimator
 from evenserve.sched.queue import ADMITTED, RequestQueue
+
+_ITEMS = operator.attrgetter("items")
+_ONE = {1}
 
 #: Queue options when none are given: unbounded (per model bounds aside), no class rules.
 NO_QUEUE_OPTIONS = QueueOptions()
@@ -177,7 +181,9 @@ class QueueSet(Generic[R]):
         self._track_rates = options.class_headroom is not None
         #: Whether the deadline watch runs (a device drives it; shared queues have none).
         self.watches = watch_deadlines
-        self._watch: list[tuple[float, int, R]] = []
+        #: The deadline watch: (hopeless at, sequence, request), a heap (empty: no request
+        #: with a deadline is queued).
+        self.deadlines: list[tuple[float, int, R]] = []
         self._seq = itertools.count()
         self.waiting = 0
         self.stats_since_s = stats_since_s
@@ -233,7 +239,7 @@ class QueueSet(Generic[R]):
         mq = self.queues[r.model]
         if self.ignore_priority:
             r.priority = ONLINE
-        res = mq.queue.offer(r, now, profile=mq.profile, busy_remaining_s=busy_remaining_s)
+        res = mq.queue.offer(r, now, mq.profile, busy_remaining_s)
         if res is not ADMITTED:
             for gone in res.expired:  # a full queue first lets go of hopeless requests
                 self._leave(gone, now, DEADLINE_EXPIRED)
@@ -243,17 +249,18 @@ class QueueSet(Generic[R]):
                 self._leave(res.evicted, now, SHED)
         # _depth(now, 1), inlined: this is the per-request path.
         since = self.stats_since_s
+        waiting = self.waiting
         if now > since:
             last = self._depth_t
-            self.depth_area += self.waiting * (now - (last if last > since else since))
+            self.depth_area += waiting * (now - (last if last > since else since))
         self._depth_t = now
-        self.waiting += 1
-        if self.waiting > self.depth_max and now >= since:
-            self.depth_max = self.waiting
+        self.waiting = waiting = waiting + 1
+        if waiting > self.depth_max and now >= since:
+            self.depth_max = waiting
         if r.deadline_s is not None and self.watches:
             # Hopeless once deadline - lead < now: the first double after deadline - lead.
             at = math.nextafter(r.deadline_s - mq.lead_s, math.inf)
-            heapq.heappush(self._watch, (at, next(self._seq), r))
+            heapq.heappush(self.deadlines, (at, next(self._seq), r))
         if mq.hears_arrivals:
             mq.policy.on_arrival(now)
         if self._track_rates:
@@ -270,7 +277,7 @@ class QueueSet(Generic[R]):
     @property
     def watch_at(self) -> float:
         """When the next queued request becomes hopeless (inf: none has a deadline)."""
-        w = self._watch
+        w = self.deadlines
         if not w:
             return math.inf
         while w and w[0][2].state != QUEUED:
@@ -279,7 +286,7 @@ class QueueSet(Generic[R]):
 
     def watch(self, now: float) -> None:
         """Drop (``deadline-expired``) every queued request that is hopeless by ``now``."""
-        w = self._watch
+        w = self.deadlines
         while w and w[0][0] <= now:
             _, _, r = heapq.heappop(w)
             if r.state == QUEUED and self.queues[r.model].queue.remove(r):
@@ -303,16 +310,21 @@ class QueueSet(Generic[R]):
         items_q = mq.queue.items
         n = min(max(1, n), len(items_q))  # a policy answering Dispatch(0) must not stall
         cap = mq.cap
-        k = 0
-        items = 0
-        for r in items_q:
-            size = r.items
-            if k and items + size > cap:
-                break
-            items += size
-            k += 1
-            if k == n:
-                break
+        k = n if n < cap else (cap if cap > 1 else 1)
+        # One item each (the usual case), and the next would go over the cap: k of them.
+        if set(map(_ITEMS, items_q[:k])) == _ONE and (k == n or items_q[k].items > 0):
+            items = k
+        else:
+            k = 0
+            items = 0
+            for r in items_q:
+                size = r.items
+                if k and items + size > cap:
+                    break
+                items += size
+                k += 1
+                if k == n:
+                    break
         taken = mq.queue.pop(k)
         if mq.hears_dispatches:
             mq.policy.on_dispatch(k, now)

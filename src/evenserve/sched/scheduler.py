@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Generic, TypeVar
@@ -59,6 +60,7 @@ from evenserve.sched.queues import (
 from evenserve.sched.slots import Slots
 
 R = TypeVar("R", bound=QueuedRequest)
+_ARRIVAL = operator.attrgetter("arrival_s")
 
 #: ``offer``'s answer while the device drains (the worker answers 503).
 DRAINING = "draining"
@@ -116,6 +118,11 @@ class DeviceScheduler(Generic[R]):
         self.batches_started = 0
         self.memory = MemoryAccount(self._weights_bytes(), memory_total_bytes)
         self._watch = queues.watches
+        #: The queues' deadline watch (empty: nothing to watch, the calls are skipped).
+        self._deadlines = queues.deadlines
+        #: Whether batches share the device (several instances): only then do starts and
+        #: ends move the announced end (``Slots.announce``).
+        self._announces = self.slots.instances > 1
         self._plan_wake = math.inf
         self._timers: list[float] = []
         self._planning = False
@@ -290,7 +297,7 @@ class DeviceScheduler(Generic[R]):
             return self._offer_loading(r, now)
         if r.deadline_s is None:
             reason = self.queues.offer(r, now)
-            if reason is None and self._free:
+            if reason is None and self._free and not self._keeps_wait(r, now):
                 self._plan(now)
             return reason
         reason = self.queues.offer(r, now, self.busy_remaining_s(now))
@@ -300,6 +307,24 @@ class DeviceScheduler(Generic[R]):
             else:
                 self._ensure_timer()
         return reason
+
+    def _keeps_wait(self, r: R, now: float) -> bool:
+        """Whether planning after ``r`` joined the queue would answer what the last plan did:
+        one model served directly, its policy's wait stands (``arrivals_keep_wait``: the
+        same head, still short of a full batch, before the wake-up already asked for), no
+        deadlines to expire. Then the plan is skipped (the arrival path of a device waiting
+        on its batching window)."""
+        if not self._direct or self._planning or not now < self._plan_wake:
+            return False
+        h = self._serving[0]
+        q = h.mq.queue
+        items = q.items
+        return (
+            getattr(h.policy, "arrivals_keep_wait", False)
+            and items[0] is not r
+            and len(items) < h.policy.max_batch_size
+            and not q.with_deadline
+        )
 
     def _offer_loading(self, r: R, now: float) -> str | None:
         """Queue a request of a model that is loading (it waits for ``loaded``)."""
@@ -344,7 +369,7 @@ class DeviceScheduler(Generic[R]):
         elif at_s in timers:
             timers.remove(at_s)
             heapq.heapify(timers)
-        if self._watch:
+        if self._watch and self._deadlines:
             self.queues.watch(now)
         if self._loading:
             self._expire_loads(now)
@@ -403,7 +428,8 @@ class DeviceScheduler(Generic[R]):
                 self._plan_once(now)
         finally:
             self._planning = False
-        self.slots.announce()
+        if self._announces:
+            self.slots.announce()
         self._ensure_timer()
 
     def _plan_once(self, now: float) -> None:
@@ -454,7 +480,7 @@ class DeviceScheduler(Generic[R]):
             if headroom is not None:
                 h.view.arrival_rate_rps = h.mq.rate.rate_at(now)
         nb = next_batch(
-            ((h.view, h.policy) for h in serving if h.view.requests or headroom is not None),
+            [(h.view, h.policy) for h in serving if h.view.requests or headroom is not None],
             now,
             starvation_s=None if drain else qs.starvation_s,
             class_headroom=headroom,
@@ -473,7 +499,7 @@ class DeviceScheduler(Generic[R]):
         inst = self._free.pop(0)
         batch = Batch(h.mq.name, taken, items, inst, now, solo, mem, self.batches_started)
         if taken:
-            oldest = min(r.arrival_s for r in taken)
+            oldest = min(map(_ARRIVAL, taken))
             since = self.slots.free_since[inst]
             batch.held_s = max(0.0, now - (oldest if oldest > since else since))
         batch.cap = h.mq.policy.max_batch_size
@@ -484,7 +510,7 @@ class DeviceScheduler(Generic[R]):
 
     def _ensure_timer(self) -> None:
         need = self._plan_wake
-        if self._watch:
+        if self._watch and self._deadlines:
             w = self.queues.watch_at
             if w < need:
                 need = w

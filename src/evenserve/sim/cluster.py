@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import RequestLog, RunRecords
@@ -60,6 +61,8 @@ from evenserve.workload import (
 
 NAN = math.nan
 GIB = 1024.0**3
+#: Requests the log's outcome columns grow by at a time (``Simulation._grow_log``).
+LOG_CHUNK = 4096
 
 
 class Simulation:
@@ -76,6 +79,8 @@ class Simulation:
         self.seed = sc.seed if seed is None else seed
         self.loop = EventLoop()
         self.log = RequestLog()
+        #: Requests the log's outcome columns have room for (``_grow_log``).
+        self._log_room = 0
         self.warmup_s = sc.warmup_s
         self.end_s = sc.duration_s
         #: What an answer costs on its way back (the scenario's request_overhead_ms): the
@@ -99,7 +104,9 @@ class Simulation:
         self._next_gateway = 0
         self._slo = {m: spec.slo_ms for m, spec in sc.models.items()}
         self._users: ClosedLoopUsers | None = None
-        self._open_arrival_cb = self._open_arrival  # one bound method for every event
+        #: One bound method for every open-loop arrival event (``_open_arrival``, or
+        #: ``_open_arrival_routed`` with its stream's class and deadline resolved).
+        self._open_arrival_cb: Callable[[Any], None] = self._open_arrival
         self.central: CentralQueue | None = None
         self.placement: SimPlacement | None = None
         if self.arm.routing == CENTRAL_QUEUE:
@@ -113,6 +120,7 @@ class Simulation:
                 self._arrive = self._gateway_arrival
             else:
                 self._arrive = self._routed_arrival
+                self._open_arrival_cb = self._open_arrival_routed
 
     def model_setup(self, model: str, profile: LatencyProfile | None) -> ModelSetup:
         """How ``model`` is queued on a device with ``profile`` (its own policy object)."""
@@ -221,17 +229,26 @@ class Simulation:
             deadline_s = None if rel is None else now + rel
         else:
             deadline_s = now + deadline_ms / 1000.0
-        log = self.log  # RequestLog.add, inlined
+        log = self.log  # RequestLog.add, inlined (see _grow_log)
         idx = len(log.model)
         log.model.append(model)
         log.priority.append(prio)
         log.arrival_s.append(now)
-        log.finish_s.append(NAN)
-        log.device.append("")
-        log.drop_reason.append(None)
+        if idx >= self._log_room:
+            self._grow_log()
         # Positional, as SimRequest lists its fields (a million per benchmark run); the id is
         # the log index + 1.
         return SimRequest(idx + 1, model, now, prio, deadline_s, 1, QUEUED, idx, user)
+
+    def _grow_log(self) -> None:
+        """Room in the log's outcome columns (finish, device, drop reason) for the next
+        LOG_CHUNK requests, filled as unfinished: one length check per request instead of
+        three appends. ``run`` trims them to the requests that arrived."""
+        log = self.log
+        log.finish_s.extend([NAN] * LOG_CHUNK)
+        log.device.extend([""] * LOG_CHUNK)
+        log.drop_reason.extend([None] * LOG_CHUNK)
+        self._log_room += LOG_CHUNK
 
     def _start_open_loop(self, wl: OpenLoop) -> None:
         for st in open_loop_streams(wl):
@@ -239,6 +256,15 @@ class Simulation:
             t = proc.next_after(0.0)
             if t < self.end_s:
                 arg = (st.model, proc, st.priority, st.deadline_ms)
+                if self._open_arrival_cb == self._open_arrival_routed:
+                    # Its class and relative deadline (seconds), resolved once.
+                    m = st.model
+                    arg = (
+                        m,
+                        proc,
+                        self._priority[m] if st.priority is None else st.priority,
+                        self._deadline_s[m] if st.deadline_ms is None else st.deadline_ms / 1000.0,
+                    )
                 self.loop.at(t, self._open_arrival_cb, arg)
 
     def _open_arrival(self, arg: tuple[str, PoissonProcess, int | None, float | None]) -> None:
@@ -247,6 +273,40 @@ class Simulation:
         t = proc.next_after(self.loop.now)
         if t < self.end_s:
             self.loop.at(t, self._open_arrival_cb, arg)
+
+    def _open_arrival_routed(self, arg: tuple[str, PoissonProcess, int, float | None]) -> None:
+        """``_open_arrival`` with ``_new_request`` and ``_routed_arrival`` inlined: the
+        benchmark's per-request path (one router, no placement). ``arg`` carries the
+        stream's class and relative deadline in seconds, resolved."""
+        m, proc, prio, rel_s = arg
+        loop = self.loop
+        now = loop.now
+        deadline_s = None if rel_s is None else now + rel_s
+        log = self.log
+        idx = len(log.model)
+        log.model.append(m)
+        log.priority.append(prio)
+        log.arrival_s.append(now)
+        if idx >= self._log_room:
+            self._grow_log()
+        r = SimRequest(idx + 1, m, now, prio, deadline_s, 1, QUEUED, idx, -1)
+        router = self.router
+        assert router is not None
+        if self.refusals and router.refusal(m, now) is not None:
+            self.drop(r, OVERLOADED, None)
+        else:
+            view = router.choose(r, now)
+            if view is None:
+                self.drop(r, NO_BACKEND, None)
+            else:
+                name = view.name
+                router.sent(name, m, now)
+                reason = self.by_name[name].sched.offer(r, now)
+                if reason is not None:
+                    self.drop(r, reason, name)
+        t = proc.next_after(now)
+        if t < self.end_s:
+            loop.at(t, self._open_arrival_cb, arg)
 
     def _start_closed_loop(self, wl: ClosedLoop) -> None:
         self._users = ClosedLoopUsers.for_workload(wl, self.seed)
@@ -396,6 +456,10 @@ class Simulation:
         else:
             self._start_trace(wl)
         self.loop.run(self.end_s)
+        log = self.log
+        n = len(log.model)
+        del log.finish_s[n:], log.device[n:], log.drop_reason[n:]
+        self._log_room = n
         end = self.end_s
         central_max = central_mean = None
         if self.central is not None:

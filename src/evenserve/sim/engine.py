@@ -6,31 +6,33 @@ function of its inputs and seed.
 
 from __future__ import annotations
 
-import heapq
+import itertools
 from collections.abc import Callable
+from heapq import heappop, heappush
 from typing import Any
 
 
 class EventLoop:
-    __slots__ = ("_heap", "_seq", "now")
+    __slots__ = ("_count", "_heap", "now")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Callable[[Any], None], Any]] = []
-        self._seq = 0
+        self._count = itertools.count(1)
         self.now = 0.0
 
     def at(self, t_s: float, fn: Callable[[Any], None], arg: Any = None) -> None:
-        if t_s < self.now:
-            t_s = self.now
-        self._seq += 1
-        heapq.heappush(self._heap, (t_s, self._seq, fn, arg))
+        now = self.now
+        heappush(self._heap, (now if t_s < now else t_s, next(self._count), fn, arg))
 
     def run(self, until_s: float) -> None:
         """Process events with time <= until_s in order; leave later ones in the heap."""
         heap = self._heap
-        pop = heapq.heappop
-        while heap and heap[0][0] <= until_s:
-            t, _, fn, arg = pop(heap)
+        pop = heappop
+        while heap:
+            t, _, fn, arg = ev = pop(heap)
+            if not t <= until_s:
+                heappush(heap, ev)
+                break
             self.now = t
             fn(arg)
         self.now = max(self.now, until_s)

@@ -295,9 +295,7 @@ class SimPlacement:
         view = self.controller.devices[name]
         ready = [] if pd.stopping or not view.active else self.controller.ready_models(name)
         router.set_models(name, ready, profiles={m: d.profiles[m] for m in ready})
-        mbs = router.view(name).max_batch_size
-        if isinstance(mbs, dict):
-            mbs.update({m: d.sched.max_batch_size[m] for m in ready})
+        router.update_max_batch_size(name, {m: d.sched.max_batch_size[m] for m in ready})
 
     def _note_memory(self, pd: _Device) -> None:
         used = pd.sim_device.sched.memory.weights_bytes

@@ -28,7 +28,15 @@ class BatchingPolicy(Protocol):
 
 
 class BatchingPolicyBase:
-    """No-op hooks for policies that keep no state."""
+    """No-op hooks for policies that keep no state.
+
+    ``arrivals_keep_wait``: True for a policy whose answer, once it is ``WaitUntil(t)``, stays
+    that while the same request heads the queue, fewer than ``max_batch_size`` wait and the
+    clock is before ``t`` (fixed-window: its wait is the head's window). A scheduler may
+    then skip asking it again on such an arrival.
+    """
+
+    arrivals_keep_wait = False
 
     def on_arrival(self, now_s: float) -> None:
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from evenserve.core.types import BatchDecision, Dispatch, QueueView, WaitUntil
+from evenserve.core.types import NO_WAKE, BatchDecision, QueueView, WaitUntil, dispatch
 from evenserve.policy.batching.base import BATCHING, BatchingPolicyBase
 from evenserve.policy.registry import PolicyParams
 
@@ -18,13 +18,14 @@ def window_decision(
     queue: QueueView, now_s: float, max_batch: int, delay_s: float
 ) -> BatchDecision:
     """Full batch now; else everything once the oldest waited ``delay_s``; else wait till then."""
-    n = len(queue)
+    requests = queue.requests
+    n = len(requests)
     if n == 0:
-        return WaitUntil()
+        return NO_WAKE
     if n >= max_batch:
-        return Dispatch(max_batch)
-    due = queue.requests[0].arrival_s + delay_s
-    return Dispatch(n) if now_s >= due else WaitUntil(due)
+        return dispatch(max_batch)
+    due = requests[0].arrival_s + delay_s
+    return dispatch(n) if now_s >= due else WaitUntil(due)
 
 
 class FixedWindowParams(PolicyParams):
@@ -34,13 +35,32 @@ class FixedWindowParams(PolicyParams):
 
 @BATCHING.register("fixed-window", FixedWindowParams, "dispatch when full or oldest waited delay")
 class FixedWindow(BatchingPolicyBase):
+    arrivals_keep_wait = True  # its wait is the head's window (BatchingPolicyBase)
+
     def __init__(self, params: FixedWindowParams) -> None:
         self.params = params
         self._delay_s = params.max_batch_delay_ms / 1000.0
+        #: The last WaitUntil answered: while the same request heads the queue, the same
+        #: wake-up (asked per arrival to a device waiting on its window).
+        self._wait = NO_WAKE
 
     @property
     def max_batch_size(self) -> int:
         return self.params.max_batch_size
 
     def decide(self, queue: QueueView, now_s: float) -> BatchDecision:
-        return window_decision(queue, now_s, self.params.max_batch_size, self._delay_s)
+        # window_decision, with the last WaitUntil kept.
+        requests = queue.requests
+        n = len(requests)
+        if n == 0:
+            return NO_WAKE
+        max_batch = self.params.max_batch_size
+        if n >= max_batch:
+            return dispatch(max_batch)
+        due = requests[0].arrival_s + self._delay_s
+        if now_s >= due:
+            return dispatch(n)
+        wait = self._wait
+        if wait.t_s != due:
+            wait = self._wait = WaitUntil(due)
+        return wait

@@ -14,10 +14,15 @@ Formula: pick argmin_b finish(b) + penalty(b), ties rotating, where finish(b) is
 penalty(b) is ``stale_penalty_ms`` when b's signals are stale (it may be failing), else 0.
 A queued model without a profile or a learned figure costs ``fallback_item_ms`` per request.
 Params: ``fallback_item_ms`` (10), ``stale_penalty_ms`` (50).
+
+The Router decides through ``choose_indexed`` (the same answer from an index kept per
+model, ``routing.finish_index``); ``choose`` is the full pass over the candidates.
 """
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from pydantic import Field
@@ -25,6 +30,7 @@ from pydantic import Field
 from evenserve.core.types import BackendView, RequestInfo
 from evenserve.policy.registry import PolicyParams
 from evenserve.policy.routing.base import ROUTING, rotating_argmin
+from evenserve.policy.routing.finish_index import FinishIndex, rotate_ties
 from evenserve.policy.routing.work import optimistic_cost_s, predicted_finish_s
 
 
@@ -56,3 +62,48 @@ class LeastExpectedWork:
             for b in backends
         ]
         return backends[rotating_argmin(keys, self._tick)]
+
+    def choose_indexed(
+        self, request: RequestInfo, ix: FinishIndex, now_s: float
+    ) -> BackendView | None:
+        """``choose`` over ``ix``'s candidates, from the index: the least settled finish,
+        exact finishes only for the busy backends whose settled (lower-bound) figure could
+        tie or beat it, and the stale ones' settled finish plus the penalty; ties rotate as
+        in ``choose``. None (nothing done) when the index cannot answer."""
+        if not ix.refresh(now_s):
+            return None
+        keys = ix.keys
+        busy, stale = ix.busy_order, ix.stale_order
+        if not busy and not stale:  # every backend settled: the order alone answers
+            self._tick += 1
+            tied = ix.at[keys[0]]
+            if len(tied) == 1:
+                return ix.views[tied[0]]
+            i = bisect_left(tied, self._tick % len(ix.views))  # the first at or after start
+            return ix.views[tied[i] if i < len(tied) else tied[0]]
+        best = keys[0] if keys else math.inf
+        extra: list[tuple[float, int]] = []
+        views = ix.views
+        # In order of their lower bounds, while one could tie or beat the best (the rest's
+        # exact finishes are above it too).
+        for bound, p in busy:
+            if bound > best:
+                break
+            k = predicted_finish_s(request.model, views[p], now_s, self._fallback_s)
+            if k != k:
+                return None  # NaN: the full pass decides
+            extra.append((k, p))
+            if k < best:
+                best = k
+        pen = self._penalty_s
+        for f, p in stale:  # in order: f + pen only grows
+            k = f + pen
+            if k > best:
+                break
+            extra.append((k, p))
+            if k < best:
+                best = k
+        self._tick += 1
+        start = self._tick % len(views)
+        ge, lo = ix.first_tied(best, start)
+        return views[rotate_ties(ge, lo, extra, best, start)]

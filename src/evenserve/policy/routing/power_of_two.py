@@ -26,6 +26,7 @@ class PowerOfTwo:
     def __init__(self, params: PowerOfTwoParams, rng: random.Random) -> None:
         self.params = params
         self._rng = rng
+        self._choices = params.choices
 
     def choose(
         self, request: RequestInfo, backends: Sequence[BackendView], now_s: float
@@ -33,9 +34,28 @@ class PowerOfTwo:
         n = len(backends)
         if n == 1:
             return backends[0]
-        k = min(self.params.choices, n)
+        k = self._choices if self._choices < n else n
         if k == 2:  # the common case, without tuples (it is on the simulator's request path)
-            i, j = two_distinct(self._rng, n)
+            # two_distinct(self._rng, n), inlined.
+            bits = n.bit_length()
+            getrandbits = self._rng.getrandbits
+            i = getrandbits(bits)
+            while i >= n:
+                i = getrandbits(bits)
+            if n <= 21:
+                m = n - 1
+                mbits = m.bit_length()
+                j = getrandbits(mbits)
+                while j >= m:
+                    j = getrandbits(mbits)
+                if j == i:
+                    j = m
+            else:
+                j = i
+                while j == i:
+                    j = getrandbits(bits)
+                    while j >= n:
+                        j = getrandbits(bits)
             a, b = backends[i], backends[j]
             ka, kb = a.queue_depth + a.in_flight, b.queue_depth + b.in_flight
             return b if kb < ka or (kb == ka and b.in_flight < a.in_flight) else a

@@ -26,6 +26,16 @@ policies see a device that slowed down as slow; once its samples stop carrying a
 figures (learning turned off there), that model's profile is the base one again.
 ``refusal`` is the front door's overload rule (``routing.refusal``).
 
+Decisions without a pass over every candidate. A policy with ``choose_indexed``
+(least-expected-work, queue-aware) decides from a finish index per model
+(``routing.finish_index``): each candidate's predicted finish kept in order and recomputed
+only for the backends that changed since the last decision (the router marks them on every
+send, answer, load report, staleness and profile or batch-size change: ``_touch``), with the
+same answer as the policy's full pass over the candidates (``choose``), which decides where
+the index cannot (retries with ``exclude``, a backend that needs the fallback cost, a clock
+that went back, an overloaded backend for queue-aware). The views are the router's: change
+them only through its methods, or the indexes miss the change.
+
 Several gateways in front of the same workers (``replicas``, the gateway's
 ``gateway.replicas``, the simulator arm's ``gateways``; design 0013). Each router hears every
 backend's load report but only its own sends. With ``replicas = N`` > 1 a router counts each
@@ -45,11 +55,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.profile_learning import learned_profile
 from evenserve.core.types import BackendView, LoadSample, RequestInfo
 from evenserve.policy.routing.base import RoutingPolicy
+from evenserve.policy.routing.finish_index import FinishIndex
 from evenserve.policy.routing.refusal import refusal
 
 #: Weight of the newest answer in a backend's learned seconds per request.
@@ -85,6 +97,13 @@ class _BackendState:
     #: per model, the learned figures its view's profile was last rebuilt from.
     base_profiles: dict[str, LatencyProfile] = field(default_factory=dict)
     learned_from: dict[str, tuple[float, Mapping[int, float]]] = field(default_factory=dict)
+    #: The finish indexes this backend is in, and its position in each (``_touch``), and
+    #: what they share (``FinishIndex.cells``): its queued work (cleared on every change)
+    #: and its batch times by model and queued requests (cleared when its profiles or
+    #: batch caps may have changed).
+    slots: list[tuple[FinishIndex, int]] = field(default_factory=list)
+    marks: list[tuple[set[int], int]] = field(default_factory=list)
+    cell: list[Any] = field(default_factory=lambda: [None, None])
 
 
 #: How much of the other gateways' sends a router adds to its own (``peer_weight``).
@@ -121,6 +140,9 @@ class Router:
         self.learn_alpha = learn_alpha
         self._backends: dict[str, _BackendState] = {}
         self._by_model: dict[str, list[BackendView]] = {}
+        #: Per model, the finish index over its candidates (built at the first decision of
+        #: a policy that reads one; dropped when the candidates change).
+        self._indexes: dict[str, FinishIndex] = {}
 
     # -- membership -------------------------------------------------------------------------
     def add_backend(
@@ -194,12 +216,16 @@ class Router:
         st.models = new
         if changed:
             self._rebuild()
+        else:
+            self._touch(st, True)
 
     def models_of(self, name: str) -> frozenset[str]:
         return self._backends[name].models
 
     def set_policy(self, policy: RoutingPolicy) -> None:
         self.policy = policy
+        #: The policy's decision from a finish index (``routing.finish_index``), if it has one.
+        self._indexed = getattr(policy, "choose_indexed", None)
 
     def set_healthy(self, name: str, healthy: bool) -> None:
         st = self._backends[name]
@@ -222,11 +248,48 @@ class Router:
     def _rebuild(self) -> None:
         by_model: dict[str, list[BackendView]] = {}
         for st in self._backends.values():
+            st.slots = []
+            st.marks = []
+            st.cell[0] = st.cell[1] = None
             if not st.healthy:
                 continue
             for m in sorted(st.models):
                 by_model.setdefault(m, []).append(st.view)
         self._by_model = by_model
+        self._indexes = {}
+
+    def _index(self, model: str, cands: list[BackendView]) -> FinishIndex:
+        ix = self._indexes.get(model)
+        if ix is None:
+            states = [self._backends[v.name] for v in cands]
+            ix = self._indexes[model] = FinishIndex(model, cands, [st.cell for st in states])
+            for p, st in enumerate(states):
+                st.slots.append((ix, p))
+                st.marks.append((ix.dirty, p))
+        return ix
+
+    @staticmethod
+    def _touch(st: _BackendState, signals: bool = False) -> None:
+        """``st``'s view changed: its finish indexes recompute it (``signals``: its
+        utilization, memory or SLO may have changed too)."""
+        st.cell[0] = None
+        if signals:
+            st.cell[1] = None
+        for ix, p in st.slots:
+            ix.dirty.add(p)
+            if signals:
+                ix.sig_dirty.add(p)
+                ix.quick[p] = None
+
+    def update_max_batch_size(self, name: str, caps: Mapping[str, int]) -> None:
+        """Merge ``caps`` into what the router knows of how ``name`` batches each model
+        (the simulator's placement, when a model becomes ready there before a report says
+        so)."""
+        st = self._backends[name]
+        mbs = st.view.max_batch_size
+        if isinstance(mbs, dict):
+            mbs.update(caps)
+        self._touch(st, True)
 
     # -- signals ----------------------------------------------------------------------------
     def observe(self, name: str, sample: LoadSample) -> None:
@@ -240,6 +303,8 @@ class Router:
         if sample.profile_scale or st.learned_from:
             self._learn(st, sample)
         self._refresh(st)
+        if st.slots:
+            self._touch(st, True)
 
     def _learn(self, st: _BackendState, sample: LoadSample) -> None:
         """Profiles that learn: the backend reports each model's learned scale and smoothed
@@ -317,6 +382,7 @@ class Router:
                 v.busy_remaining_s = 0.0
                 v.queued_by_model = {}
                 stale.append(name)
+                self._touch(st, True)
         return stale
 
     def signal_age_s(self, name: str, now_s: float) -> float | None:
@@ -328,6 +394,16 @@ class Router:
         self, request: RequestInfo, now_s: float, exclude: Iterable[str] = ()
     ) -> BackendView | None:
         """The policy's pick among healthy hosts of the model (None if there are none)."""
+        indexed = self._indexed
+        if indexed is not None and not exclude:
+            ix = self._indexes.get(request.model)
+            if ix is None:
+                cands = self._by_model.get(request.model)
+                if not cands:
+                    return None
+                ix = self._index(request.model, cands)
+            view = indexed(request, ix, now_s)  # None: the index cannot answer this one
+            return view if view is not None else self.policy.choose(request, ix.views, now_s)
         cands = self._by_model.get(request.model)
         if not cands:
             return None
@@ -367,6 +443,11 @@ class Router:
         qbm = v.queued_by_model
         if isinstance(qbm, dict):
             qbm[model] = qbm.get(model, 0.0) + r
+        marks = st.marks
+        if marks:
+            st.cell[0] = None
+            for dirty, p in marks:
+                dirty.add(p)
 
     def done(self, name: str, model: str, n: int = 1, now_s: float | None = None) -> None:
         """``n`` requests of ``model`` sent to ``name`` finished (answered or failed); with
@@ -387,36 +468,57 @@ class Router:
         v = st.view
         sends = st.sends.get(model)
         if sends:
-            alpha = self.learn_alpha
-            est = st.estimate
-            for _ in range(n if n < len(sends) else len(sends)):
-                sent_s, ahead = sends.popleft()
-                if now_s is not None:
+            k = n if n < len(sends) else len(sends)
+            popleft = sends.popleft
+            if now_s is None:
+                for _ in range(k):
+                    popleft()
+            elif k > 0:
+                # The running mean, then EWMA, of latency / (in flight at the send + 1); the
+                # first answer starts it at its own figure.
+                alpha = self.learn_alpha
+                value, count = st.estimate.get(model, (0.0, 0))
+                for _ in range(k):
+                    sent_s, ahead = popleft()
                     x = (now_s - sent_s) / (ahead + 1)
-                    prev, count = est.get(model, (x, 0))
+                    if not count:
+                        value = x
                     count += 1
-                    w = 1.0 / count if 1.0 / count > alpha else alpha
-                    value = prev + w * (x - prev)
-                    est[model] = (value, count)
-                    if count >= LEARN_MIN_ANSWERS:
-                        st.learned[model] = value
+                    w = 1.0 / count
+                    if w <= alpha:
+                        w = alpha
+                    value = value + w * (x - value)
+                st.estimate[model] = (value, count)
+                if count >= LEARN_MIN_ANSWERS:
+                    st.learned[model] = value
         ifm = st.in_flight_by_model
         mine = ifm.get(model, 0)
         k = n if n < mine else mine  # never more of a model than were sent
+        fresh = v.signals_fresh
         if k > 0:
             ifm[model] = mine - k
             v.in_flight -= k
-            if not v.signals_fresh:
-                v.queue_depth = max(0.0, v.queue_depth - k)
-        if v.signals_fresh and st.sent_since_sample > 0:
+            if not fresh:
+                q = v.queue_depth - k
+                v.queue_depth = q if q > 0.0 else 0.0
+        since = st.sent_since_sample
+        if fresh and since > 0:
             r = self.send_weight
-            k = n if n < st.sent_since_sample else st.sent_since_sample
-            st.sent_since_sample -= k
-            v.queue_depth = max(0.0, v.queue_depth - k * r)
-            mine = st.sent_by_model.get(model, 0)
+            k = n if n < since else since
+            st.sent_since_sample = since - k
+            q = v.queue_depth - k * r
+            v.queue_depth = q if q > 0.0 else 0.0
+            sbm = st.sent_by_model
+            mine = sbm.get(model, 0)
             if mine > 0:
                 k = k if k < mine else mine
-                st.sent_by_model[model] = mine - k
+                sbm[model] = mine - k
                 qbm = v.queued_by_model
                 if isinstance(qbm, dict) and model in qbm:
-                    qbm[model] = max(0.0, qbm[model] - k * r)
+                    q = qbm[model] - k * r
+                    qbm[model] = q if q > 0.0 else 0.0
+        marks = st.marks
+        if marks:
+            st.cell[0] = None
+            for dirty, p in marks:
+                dirty.add(p)

@@ -33,6 +33,7 @@ counted), so it errs on the side of serving.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from evenserve.core.profile import LatencyProfile
@@ -53,7 +54,7 @@ def queue_work_s(
     return full_s + rest_s
 
 
-def _aged_busy_s(b: BackendView, now_s: float) -> float:
+def aged_busy_s(b: BackendView, now_s: float) -> float:
     at = b.sampled_at_s
     left = b.busy_remaining_s - (now_s - at if at is not None and now_s > at else 0.0)
     return left if left > 0.0 else 0.0
@@ -82,29 +83,60 @@ def predicted_finish_s(model: str, b: BackendView, now_s: float, fallback_item_s
         cost = b.latency_per_request_s.get(model, fallback_item_s)
         n = b.queue_depth if b.queue_depth > b.in_flight else float(b.in_flight)
         return (n + 1.0) * cost
-    profiles = b.profiles
-    caps = b.max_batch_size
-    counts: Mapping[str, float]
     if b.signals_fresh:
         counts = b.queued_by_model
-        backlog = _aged_busy_s(b, now_s)
+        backlog = backlog_s(b, counts, aged_busy_s(b, now_s), fallback_item_s)
     else:
         counts = b.in_flight_by_model
-        backlog = 0.0
+        backlog = backlog_s(b, counts, 0.0, fallback_item_s)
+    return backlog + own_share_s(model, prof, b, counts)
+
+
+def settled_finish_s(model: str, b: BackendView) -> float | None:
+    """``predicted_finish_s`` of a backend with a profile for ``model`` once its sampled busy
+    time has aged away (fresh signals), or with stale ones (then it is exact, and the same at
+    any time): the same sums in the same order, from a backlog of 0.0. A lower bound of the
+    finish while busy time remains (floating-point addition is monotone). None where the
+    figure would take the fallback cost (no profile for ``model``, or a queued model
+    without one), which depends on the other candidates: ``routing.finish_index`` then
+    leaves the decision to the policy's full pass."""
+    prof = b.profiles.get(model)
+    if prof is None:
+        return None
+    counts = b.queued_by_model if b.signals_fresh else b.in_flight_by_model
+    backlog = backlog_s(b, counts, 0.0, None)
+    return None if backlog != backlog else backlog + own_share_s(model, prof, b, counts)
+
+
+def backlog_s(
+    b: BackendView, counts: Mapping[str, float], backlog: float, fallback_item_s: float | None
+) -> float:
+    """``backlog`` (the aged busy time) plus each counted model's queued work, added in
+    ``counts``' order; NaN when a counted model has no profile and no ``fallback_item_s``
+    is given (the figure would need it)."""
+    profiles = b.profiles
+    caps = b.max_batch_size
     for m, q in counts.items():
         if q >= 0.5:
             p = profiles.get(m)
             if p is None:
+                if fallback_item_s is None:
+                    return math.nan
                 backlog += round(q) * b.latency_per_request_s.get(m, fallback_item_s)
             else:
-                full_s, rest_s = p.queue_parts_s(round(q), caps.get(m, 1))
+                full_s, rest_s = p.queue_parts[round(q), caps.get(m, 1)]
                 backlog += full_s
                 backlog += rest_s
-    # Its own share: work_r(q + 1) - work_r(q) = t(rest + 1) - t(rest), rest = q mod B_r.
-    cap = caps.get(model, 1)
-    rest = round(counts.get(model, 0.0)) % (cap if cap > 1 else 1)
-    own = prof.latency_s(rest + 1) - (prof.latency_s(rest) if rest else 0.0)
-    return backlog + own
+    return backlog
+
+
+def own_share_s(
+    model: str, prof: LatencyProfile, b: BackendView, counts: Mapping[str, float]
+) -> float:
+    """A request's own share of its batch: work_r(q + 1) - work_r(q) = t(rest + 1) - t(rest),
+    rest = q mod B_r."""
+    cap = b.max_batch_size.get(model, 1)
+    return prof.own_share[round(counts.get(model, 0.0)) % (cap if cap > 1 else 1)]
 
 
 def predicted_wait_s(
@@ -115,7 +147,7 @@ def predicted_wait_s(
     is none (stale signals, or a queued model without a profile)."""
     if not b.signals_fresh or model not in b.profiles:
         return None
-    wait = _aged_busy_s(b, now_s)
+    wait = aged_busy_s(b, now_s)
     for m, q in (b.queued_by_model if queued is None else queued).items():
         if q <= 0:
             continue
