@@ -17,6 +17,7 @@ import pytest
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample, RequestInfo
 from evenserve.policy.routing import ROUTING, Router
+from evenserve.policy.routing import router as router_module
 from evenserve.policy.routing.finish_index import FinishIndex
 from evenserve.policy.routing.work import settled_finish_s
 
@@ -103,7 +104,11 @@ def _check_index(model: str, ix: FinishIndex) -> None:
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
 @pytest.mark.parametrize("seed", range(12))
-def test_indexed_decisions_are_the_full_pass(spec: Any, seed: int) -> None:
+def test_indexed_decisions_are_the_full_pass(
+    spec: Any, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every candidate count through the index (the router skips it below a threshold).
+    monkeypatch.setattr(router_module, "INDEX_MIN_CANDIDATES", 1)
     rng = random.Random(seed)
     n = rng.choice([1, 2, 5, 16, 40])
     # Some runs with gaps (a backend without a profile), overloads and tight SLOs, where the
@@ -167,3 +172,20 @@ def test_indexed_decisions_are_the_full_pass(spec: Any, seed: int) -> None:
                     r.sent(a.name, model, now)
                 out.append((a.name, model, step))
     assert decisions > 500 and indexed > 400
+
+
+def test_few_candidates_are_decided_without_an_index() -> None:
+    """Below ``INDEX_MIN_CANDIDATES`` hosts the full pass decides and no index is kept (no
+    upkeep on sends and answers); at it, the index is built."""
+    k = router_module.INDEX_MIN_CANDIDATES
+    built = {}
+    for n in (k - 1, k):
+        r = Router(ROUTING.build("least-expected-work", random.Random(0)))
+        for i in range(n):
+            r.add_backend(f"d{i}", ["a"], profiles={"a": PROFILES["a"]})
+        for i in range(3):
+            picked = r.choose(RequestInfo(request_id=i, model="a", arrival_s=0.0), 0.0)
+            assert picked is not None
+            r.sent(picked.name, "a", 0.0)
+        built[n] = "a" in r._indexes
+    assert built == {k - 1: False, k: True}

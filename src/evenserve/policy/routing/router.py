@@ -106,6 +106,11 @@ class _BackendState:
     cell: list[Any] = field(default_factory=lambda: [None, None])
 
 
+#: A model with fewer candidates than this is decided by the policy's full pass, without a
+#: finish index (its upkeep on every send and answer costs more than a pass over a few
+#: backends; the decisions are the same either way).
+INDEX_MIN_CANDIDATES = 8
+
 #: How much of the other gateways' sends a router adds to its own (``peer_weight``).
 PEER_WEIGHT = 0.75
 
@@ -401,6 +406,8 @@ class Router:
                 cands = self._by_model.get(request.model)
                 if not cands:
                     return None
+                if len(cands) < INDEX_MIN_CANDIDATES:  # the full pass is cheaper
+                    return self.policy.choose(request, cands, now_s)
                 ix = self._index(request.model, cands)
             view = indexed(request, ix, now_s)  # None: the index cannot answer this one
             return view if view is not None else self.policy.choose(request, ix.views, now_s)
