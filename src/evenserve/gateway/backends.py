@@ -72,6 +72,8 @@ class BackendState:
     models_version: int | None = None
     index_version: int | None = None
     index_read_s: float = -math.inf
+    #: When its load was last probed (``Poller.load_due``).
+    load_sent_s: float = -math.inf
 
     @property
     def device_name(self) -> str:

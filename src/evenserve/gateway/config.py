@@ -107,6 +107,13 @@ class SignalsConfig(Strict):
         default=500.0, gt=0, description="older samples count as unknown, not idle"
     )
     timeout_ms: float = Field(default=500.0, gt=0, description="one poll's time limit")
+    idle_interval_ms: float = Field(
+        default=250.0,
+        gt=0,
+        description="load poll period of an idle backend (nothing queued, running or in "
+        "flight from this gateway; at most half of stale_after_ms); interval_ms once it "
+        "is not, and always with replicas > 1",
+    )
 
 
 class HealthConfig(Strict):

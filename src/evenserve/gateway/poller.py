@@ -36,8 +36,11 @@ tick, each probe a task of its own so that a slow backend delays no other).
 - The signal period's tick also calls ``Router.expire``: a backend whose newest sample is
   older than ``signals.stale_after_ms`` has unknown signals (never "idle").
 Probes use one persistent keep-alive connection per backend (``httpio.client.HttpClient``)
-apart from the data plane: 4 backends polled every 100 ms cost well under 1 % of a core
-(``bench/vs_nginx.py``'s ``idle`` scenario: an idle gateway's CPU).
+apart from the data plane; the load probe goes by callback on it, without a task
+(``send_load``). An idle backend (nothing queued, running or in flight from this gateway)
+is polled every ``signals.idle_interval_ms`` instead of every tick (``load_due``), and an
+index probe that is not due starts no task: an idle gateway with 4 backends takes under
+1 % of a core (``bench/vs_nginx.py``'s ``idle`` scenario).
 """
 
 from __future__ import annotations
@@ -68,6 +71,26 @@ Fetch = Callable[[str, float], Awaitable[Reply]]
 #: The body the index probe posts: every model, whatever its state (``{"ready": true}``
 #: would hide the LOADING ones).
 INDEX_BODY = b"{}"
+
+
+class _Sent:
+    """A load probe sent by callback (``Poller.send_load``): done once its answer, or its
+    failure, has been judged."""
+
+    __slots__ = ("finished",)
+
+    def __init__(self) -> None:
+        self.finished = False
+
+    def done(self) -> bool:
+        return self.finished
+
+
+#: A probe in progress, as ``Poller._tick`` holds it.
+_Running = _Sent | asyncio.Task[None]
+#: A probe not sent at a tick (not due).
+_DONE = _Sent()
+_DONE.finished = True
 
 
 class BadIndex(ValueError):
@@ -150,6 +173,8 @@ class Poller:
         self.answering = 0
         #: Backends without models configured whose index answered 404/405 (warned once).
         self._no_index: set[str] = set()
+        #: Per load URL, its GET's head (``send_load``).
+        self._load_heads: dict[str, bytes] = {}
 
     def _client(self, url: str) -> HttpClient:
         c = self._clients.get(url)
@@ -173,18 +198,22 @@ class Poller:
         sent_s = self.clock.now()
         try:
             reply = await self.fetch(url, timeout_ms / 1000.0)
-        except ConnectFailed as exc:
+        except HttpClientError as exc:
+            self._failed(st, exc, sent_s)
+            return None
+        st.misses = 0
+        return reply
+
+    def _failed(self, st: BackendState, exc: HttpClientError, sent_s: float) -> None:
+        """A probe sent at ``sent_s`` got no answer: a refused connection ejects at once,
+        anything else is a miss."""
+        if isinstance(exc, ConnectFailed):
             if str(exc) == "connect-refused":
                 self.registry.eject(st.spec.name, "connect-refused")
             else:
                 self._missed(st, f"connect {exc}", sent_s)
-            return None
-        except HttpClientError as exc:
-            lost = "timeout" if isinstance(exc, TimeoutError) else "connection-lost"
-            self._missed(st, lost, sent_s)
-            return None
-        st.misses = 0
-        return reply
+            return
+        self._missed(st, "timeout" if isinstance(exc, TimeoutError) else "connection-lost", sent_s)
 
     def _missed(self, st: BackendState, reason: str, sent_s: float) -> None:
         """A probe sent at ``sent_s`` got no answer in time (module docstring)."""
@@ -217,11 +246,52 @@ class Poller:
 
     # -- one probe of each kind (also used directly by tests) -------------------------------
     async def probe_load(self, st: BackendState) -> None:
-        name = st.spec.name
         url = st.spec.signals.url or st.spec.url + LOAD_PATH
         resp = await self._get(st, url, self.cfg.signals.timeout_ms)
-        if resp is None:
-            return
+        if resp is not None:
+            self._load_answered(st, resp)
+
+    def send_load(self, st: BackendState) -> _Sent | None:
+        """``probe_load`` without a task or a coroutine, over an idle kept connection (the
+        HTTP client's callback path): what an idle gateway spends most of its time on. None
+        (nothing sent) when the probes are not over HTTP (a test's ``fetch``) or no idle
+        connection is ready: then ``probe_load`` runs as a task."""
+        if self.fetch != self._http_get:
+            return None
+        url = st.spec.signals.url or st.spec.url + LOAD_PATH
+        origin, path = _split(url)
+        client = self._client(origin)
+        head = self._load_heads.get(url)
+        if head is None:
+            head = self._load_heads[url] = client.head("GET", path, {}, 0)
+        sent = _Sent()
+        callback = partial(self._load_back, st, sent, self.clock.now())
+        if not client.send_cb(head, b"", callback, self.cfg.signals.timeout_ms / 1000.0):
+            return None
+        return sent
+
+    def _load_back(
+        self,
+        st: BackendState,
+        sent: _Sent,
+        sent_s: float,
+        reply: Reply | None,
+        exc: BaseException | None,
+    ) -> None:
+        sent.finished = True
+        try:
+            if reply is None:
+                if not isinstance(exc, HttpClientError):
+                    raise RuntimeError("load probe failed") from exc
+                self._failed(st, exc, sent_s)
+                return
+            st.misses = 0
+            self._load_answered(st, reply)
+        except Exception:  # a bug in one probe must not stop polling
+            log.exception("probe failed")
+
+    def _load_answered(self, st: BackendState, resp: Reply) -> None:
+        name = st.spec.name
         if resp.status != 200:
             self.registry.eject(name, f"load endpoint answered {resp.status}")
             return
@@ -275,11 +345,7 @@ class Poller:
         name = st.spec.name
         version = st.models_version
         now = self.clock.now()
-        if (
-            version is not None
-            and version == st.index_version
-            and now - st.index_read_s < INDEX_REFRESH_S
-        ):
+        if not self.index_due(st, now):
             return
         epoch = self.registry.index_epochs.get(name, 0)
         try:
@@ -313,6 +379,36 @@ class Poller:
         if self.registry.on_index_read is not None:
             self.registry.on_index_read(name)
 
+    @staticmethod
+    def index_due(st: BackendState, now_s: float) -> bool:
+        """Whether ``st``'s index is to be read (``probe_index``'s rule)."""
+        version = st.models_version
+        return not (
+            version is not None
+            and version == st.index_version
+            and now_s - st.index_read_s < INDEX_REFRESH_S
+        )
+
+    def load_due(self, st: BackendState, now_s: float) -> bool:
+        """Whether ``st``'s load is to be probed at this tick: always, unless it is idle as
+        far as the gateway can tell (healthy, its last report without queued, running or busy
+        work, nothing of this gateway's in flight there) and no other gateway sends there
+        (``gateway.replicas`` is 1: the others' sends are seen only in reports), in which
+        case once every
+        ``signals.idle_interval_ms`` (kept under half of ``stale_after_ms``, so an idle
+        backend's signals never go stale between probes). A send there makes it due at the
+        next tick again."""
+        sig = self.cfg.signals
+        router = self.registry.router
+        if st.healthy and router.replicas == 1:
+            v = router.view(st.spec.name)
+            if v.in_flight == 0 and v.queue_depth <= 0.0 and v.busy_remaining_s <= 0.0:
+                idle_s = min(sig.idle_interval_ms, sig.stale_after_ms / 2.0) / 1000.0
+                if now_s - st.load_sent_s < idle_s:
+                    return False
+        st.load_sent_s = now_s
+        return True
+
     def _probes(self, st: BackendState) -> list[tuple[float, Probe]]:
         """A backend's probes with their periods (seconds), by its signal source; every
         backend's index is read on the health period."""
@@ -339,20 +435,42 @@ class Poller:
         except Exception:  # a bug in one probe must not stop polling
             log.exception("probe failed")
 
-    async def _tick(self, period_s: float, probes: list[Probe], expire: bool) -> None:
+    def _spawn(self, probe: Probe) -> asyncio.Task[None]:
+        t = asyncio.get_running_loop().create_task(self._guarded(probe))
+        self._probing.add(t)
+        t.add_done_callback(self._probing.discard)
+        return t
+
+    def _starter(self, st: BackendState, probe: Probe) -> Callable[[], _Running]:
+        """How ``_tick`` starts ``probe``: the load probe by callback where it can
+        (``send_load``), every other one as a task."""
+        func = getattr(probe, "func", None)
+        if func == self.probe_load:
+
+            def start_load() -> _Running:
+                if not self.load_due(st, self.clock.now()):
+                    return _DONE
+                return self.send_load(st) or self._spawn(probe)
+
+            return start_load
+        if func == self.probe_index:  # most ticks have nothing to read: no task for them
+            return lambda: self._spawn(probe) if self.index_due(st, self.clock.now()) else _DONE
+        return lambda: self._spawn(probe)
+
+    async def _tick(
+        self, period_s: float, probes: list[Callable[[], _Running]], expire: bool
+    ) -> None:
         """Every ``period_s``: start each probe whose previous one has finished (a backend
         slow to answer delays no other's), and with ``expire`` age out stale signals. One
         wake-up per period for all the backends that share it, not one per backend."""
         loop = asyncio.get_running_loop()
-        running: list[asyncio.Task[None] | None] = [None] * len(probes)
+        running: list[_Running | None] = [None] * len(probes)
         next_t = loop.time()
         while True:
-            for i, probe in enumerate(probes):
+            for i, start in enumerate(probes):
                 t = running[i]
                 if t is None or t.done():
-                    t = running[i] = loop.create_task(self._guarded(probe))
-                    self._probing.add(t)
-                    t.add_done_callback(self._probing.discard)
+                    running[i] = start()
             if expire:
                 self.registry.router.expire(self.clock.now())
             next_t += period_s
@@ -364,10 +482,10 @@ class Poller:
 
     def start(self) -> None:
         spawn = asyncio.get_running_loop().create_task
-        by_period: dict[float, list[Probe]] = {}
+        by_period: dict[float, list[Callable[[], _Running]]] = {}
         for st in self.registry.states.values():
             for period_s, probe in self._probes(st):
-                by_period.setdefault(period_s, []).append(probe)
+                by_period.setdefault(period_s, []).append(self._starter(st, probe))
         signals_s = self.cfg.signals.interval_ms / 1000.0
         by_period.setdefault(signals_s, [])
         for period_s, probes in by_period.items():

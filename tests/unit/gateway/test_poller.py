@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import random
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.poller import Poller
 from evenserve.httpio.client import ConnectFailed, Reply, ResponseTimeout
+from evenserve.httpio.server import HttpServer, Request, Response, json_response
 from evenserve.policy.routing import ROUTING
 
 TRITON_TEXT = (
@@ -227,3 +230,146 @@ async def test_a_backend_answering_requests_is_not_ejected_for_slow_probes() -> 
         clock.advance(0.1)
         await p.probe_load(reg.states["a"])
     assert not reg.is_healthy("a")
+
+
+async def until(cond: Any, cap_s: float = 30.0) -> None:
+    """Wait for ``cond()`` (a bound on a broken run, not a timing assertion)."""
+    deadline = time.monotonic() + cap_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def test_load_probes_over_http_go_by_callback_and_a_silent_backend_is_missed() -> None:
+    """Over real HTTP the load probe is sent on the kept connection by callback, without a
+    task per probe (what an idle gateway spends its time on), and judged as the task path
+    judges it: a report observed; a backend that stops answering is a miss, then ejected."""
+    state = {"silent": False}
+    held: list[asyncio.Future[None]] = []
+
+    async def handler(req: Request) -> Response:
+        if state["silent"]:
+            f = asyncio.get_running_loop().create_future()
+            held.append(f)
+            await f  # never answered while the test runs
+        rep = LoadReport(
+            timestamp_s=time.time(), device="emulated:x", queue_depth=3, in_flight=1,
+            queued_by_model={"m": 3}, utilization=0.5, utilization_window_s=1.0, ready=True,
+        )  # fmt: skip
+        return json_response(rep.model_dump_json().encode())
+
+    srv = HttpServer(handler)
+    await srv.start("127.0.0.1", 0)
+    raw = {
+        "gateway": {
+            "signals": {"interval_ms": 20, "timeout_ms": 100},
+            "health": {"interval_ms": 100000, "misses": 2},
+        },
+        "backends": [{"name": "a", "url": f"http://127.0.0.1:{srv.port}", "models": ["m"]}],
+    }
+    cluster = parse_cluster(raw, Path("."))
+    clock = FakeClock(10.0)
+    reg = BackendRegistry.build(
+        cluster.backends(), ROUTING.build("queue-aware", random.Random(0)), clock,
+        window=3, stale_after_s=60.0,
+    )  # fmt: skip
+    p = Poller(reg, cluster.config.gateway, clock)
+    sent: list[object] = []
+    send_load = p.send_load
+
+    def counting(st: Any) -> Any:
+        out = send_load(st)
+        sent.append(out)
+        return out
+
+    p.send_load = counting  # type: ignore[method-assign]
+    p.start()
+    try:
+        await until(lambda: sum(x is not None for x in sent) >= 3)
+        assert reg.states["a"].healthy
+        assert reg.router.view("a").queued_by_model.get("m") == 3.0
+        tasks_before = len(p._probing)
+        assert tasks_before == 0  # the callback path holds no task
+        state["silent"] = True
+        await until(lambda: not reg.states["a"].healthy)
+        assert "timeout" in reg.states["a"].last_error
+    finally:
+        await p.stop()
+        for f in held:
+            f.cancel()
+        await srv.stop(1.0)
+
+
+async def test_an_idle_backend_is_probed_every_idle_interval_and_a_busy_one_every_tick() -> None:
+    p, reg, clock, be = setup({"source": "evenserve"})
+    st = reg.states["a"]
+    be.queue = 0
+    await p.probe_load(st)  # healthy, nothing queued there
+    assert p.load_due(st, clock.now())
+    for _ in range(2):  # within the idle period (250 ms): not probed
+        clock.advance(0.1)
+        assert not p.load_due(st, clock.now())
+    clock.advance(0.05)
+    assert p.load_due(st, clock.now())
+    # Work of this gateway's in flight there: every tick.
+    reg.router.sent("a", "m", clock.now())
+    clock.advance(0.1)
+    assert p.load_due(st, clock.now())
+    clock.advance(0.1)
+    assert p.load_due(st, clock.now())
+    reg.router.done("a", "m")
+    clock.advance(0.1)
+    assert not p.load_due(st, clock.now())
+    # A report with queued work there (another client's): every tick.
+    be.queue = 2
+    await p.probe_load(st)
+    clock.advance(0.1)
+    assert p.load_due(st, clock.now())
+    # An ejected backend: every tick.
+    be.queue = 0
+    await p.probe_load(st)
+    reg.eject("a", "test")
+    clock.advance(0.1)
+    assert p.load_due(st, clock.now())
+
+
+async def test_the_idle_period_stays_under_half_the_staleness_bound() -> None:
+    p, reg, clock, be = setup({"source": "evenserve"})
+    p.cfg = p.cfg.model_copy(
+        update={"signals": p.cfg.signals.model_copy(update={"stale_after_ms": 300.0})}
+    )
+    st = reg.states["a"]
+    be.queue = 0
+    await p.probe_load(st)
+    assert p.load_due(st, clock.now())
+    clock.advance(0.1)
+    assert not p.load_due(st, clock.now())
+    clock.advance(0.06)  # 160 ms > 300 / 2
+    assert p.load_due(st, clock.now())
+
+
+async def test_a_tick_starts_no_task_for_an_index_that_is_not_due() -> None:
+    p, reg, clock, _be = setup({"source": "evenserve"})
+    st = reg.states["a"]
+    await p.probe_load(st)  # its report carries no models version: the index is read
+    assert p.index_due(st, clock.now())
+    st.models_version = st.index_version = 7
+    st.index_read_s = clock.now()
+    assert not p.index_due(st, clock.now())
+    start = p._starter(st, functools.partial(p.probe_index, st))
+    assert start().done() and not p._probing
+    clock.advance(11.0)  # INDEX_REFRESH_S later: read again
+    t = start()
+    assert p._probing == {t}
+    await t
+
+
+async def test_with_several_gateways_every_backend_is_probed_every_tick() -> None:
+    p, reg, clock, be = setup({"source": "evenserve"})
+    reg.router.replicas = 2  # the others' sends show only in reports
+    st = reg.states["a"]
+    be.queue = 0
+    await p.probe_load(st)
+    assert p.load_due(st, clock.now())
+    clock.advance(0.1)
+    assert p.load_due(st, clock.now())
