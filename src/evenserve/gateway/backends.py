@@ -72,6 +72,10 @@ class BackendState:
     models_version: int | None = None
     index_version: int | None = None
     index_read_s: float = -math.inf
+    #: Index reads started and the latest one applied, by start order (an older read's
+    #: answer that comes in after a newer one's is dropped: ``Poller.probe_index``).
+    index_started: int = 0
+    index_applied: int = 0
     #: When its load was last probed (``Poller.load_due``).
     load_sent_s: float = -math.inf
 

@@ -348,6 +348,8 @@ class Poller:
         if not self.index_due(st, now):
             return
         epoch = self.registry.index_epochs.get(name, 0)
+        st.index_started += 1
+        started = st.index_started
         try:
             resp = await self.index(
                 st.spec.url + REPOSITORY_INDEX_PATH, self.cfg.health.timeout_ms / 1000.0
@@ -372,6 +374,9 @@ class Poller:
         except BadIndex as exc:
             st.last_error = f"index: {exc}"
             return
+        if started < st.index_applied:
+            return  # a read started after this one was applied first: this one is older
+        st.index_applied = started
         if self.registry.index_epochs.get(name, 0) != epoch:
             return  # the gateway changed it meanwhile (placement): this read is stale
         st.index_version, st.index_read_s = version, now

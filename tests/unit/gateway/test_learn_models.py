@@ -3,6 +3,7 @@ driven directly on a FakeClock, against a fake index that a test changes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -332,3 +333,32 @@ async def test_on_index_read_is_called_after_each_index_applied_and_not_after_a_
     index.entries["b"] = "READY"
     await p.probe_index(st)
     assert seen[-1] == ("gpu0", {"a": "READY", "b": "READY"})
+
+
+async def test_an_older_index_read_answered_after_a_newer_one_is_dropped() -> None:
+    """Two reads of one backend's index overlap (a tick's and another's) and the older one's
+    answer comes in last: it must not undo what the newer one showed."""
+    index = Index({"a": "READY"})
+    p, reg, _clock, st = setup(None, index)
+    gates: list[asyncio.Future[None]] = []
+
+    async def post(url: str, timeout_s: float) -> Reply:
+        held = dict(index.entries)  # what the backend held when it answered
+        gate = asyncio.get_running_loop().create_future()
+        gates.append(gate)
+        await gate
+        body = json.dumps([{"name": m, "version": "1", "state": s} for m, s in held.items()])
+        return Reply(200, {}, body.encode(), 0)
+
+    p.index = post
+    older = asyncio.ensure_future(p.probe_index(st))
+    await asyncio.sleep(0)
+    index.entries = {"a": "READY", "b": "READY"}
+    newer = asyncio.ensure_future(p.probe_index(st))
+    await asyncio.sleep(0)
+    gates[1].set_result(None)
+    await newer
+    assert routed(reg, "b") == ["gpu0"]
+    gates[0].set_result(None)
+    await older
+    assert routed(reg, "b") == ["gpu0"]  # not back to [a] alone
