@@ -24,18 +24,28 @@ What it refuses, and how (RFC 9113; gRPC's HTTP/2 protocol document):
   cannot be (DATA or HEADERS on stream 0, SETTINGS or PING on a stream, a PUSH_PROMISE, a
   CONTINUATION not following its HEADERS, a new stream id not above the last, DATA on a
   stream never opened): GOAWAY PROTOCOL_ERROR; a header block HPACK cannot decode, or whose
-  compressed size passes twice ``max_header_list_bytes``: GOAWAY COMPRESSION_ERROR, or
+  compressed or decoded size passes ``hard_header_list_bytes`` (four times
+  ``max_header_list_bytes``, at least 64 KiB): GOAWAY COMPRESSION_ERROR, or
   ENHANCE_YOUR_CALM (the decoder's table would be out of step with the client's after
-  either); DATA beyond a window we gave: GOAWAY FLOW_CONTROL_ERROR. Every connection
-  error closes the connection after its GOAWAY; calls in flight on it are cancelled;
+  either; under that size the block is decoded and the call alone refused, below); DATA
+  beyond a window we gave: GOAWAY FLOW_CONTROL_ERROR. Every connection error closes the
+  connection after its GOAWAY; calls in flight on it are cancelled;
 - a stream over ``max_concurrent_streams`` (advertised in SETTINGS): RST_STREAM
   REFUSED_STREAM (a client may retry it: nothing of it was handled);
 - a decoded header list over ``max_header_list_bytes`` (also advertised): RESOURCE_EXHAUSTED;
   a method other than POST, a content-type that is not gRPC's, no path: the call answered
-  with its gRPC status (INTERNAL, UNIMPLEMENTED for an unknown path, as grpcio does); a
-  compressed message: UNIMPLEMENTED; a message over ``max_message_bytes``:
-  RESOURCE_EXHAUSTED as soon as the DATA passes it (the rest of the stream is dropped, its
-  flow control still counted); not exactly one message: INTERNAL.
+  with its gRPC status (INTERNAL, UNIMPLEMENTED for an unknown path or an RPC not served,
+  streaming ones included, as grpcio does), once the client has sent its first DATA or
+  ended its side (grpc's Python client fails a call whose status comes before its first
+  message is sent, as INTERNAL); a compressed message: UNIMPLEMENTED; a message over
+  ``max_message_bytes``: RESOURCE_EXHAUSTED as soon as its prefix gives its size, and
+  RST_STREAM NO_ERROR (the rest of the stream is ignored, its flow control still
+  counted); not exactly one message: INTERNAL;
+- frames on a stream already answered or reset are ignored (RFC 9113 5.1); DATA or HEADERS
+  after a stream's END_STREAM: GOAWAY STREAM_CLOSED; a client that resets more than
+  ``FREE_RESETS`` streams and more than it had answered ("rapid reset": each opened stream
+  may have sent a request to a backend): GOAWAY ENHANCE_YOUR_CALM; a client that does not
+  read what it is sent is not read from until it does (its PINGs cannot queue answers).
 
 Flow control both ways: the windows we give (``window_bytes`` per stream and for the
 connection) are topped up as DATA is read, once half is used; our DATA is cut to the
@@ -82,6 +92,10 @@ COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x9, 0xB
 S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS = 0x1, 0x2, 0x3
 S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE = 0x4, 0x5, 0x6
 MAX_WINDOW = (1 << 31) - 1
+#: Streams a client may reset before its resets are weighed against its answered calls, and
+#: the share of those it may reset beyond them (more: GOAWAY ENHANCE_YOUR_CALM).
+FREE_RESETS = 100
+MAX_RESET_SHARE = 1
 DEFAULT_WINDOW = 65535
 DEFAULT_FRAME = 16384
 # gRPC status codes (grpc's ``StatusCode`` values).
@@ -115,6 +129,11 @@ class Limits:
     window_bytes: int = 16 * 1024 * 1024
     preface_timeout_s: float = 10.0
     max_connections: int = 4096
+
+    @property
+    def hard_header_list_bytes(self) -> int:
+        """A header block over this (compressed or decoded) is a connection error."""
+        return max(4 * self.max_header_list_bytes, 64 * 1024)
 
 
 class Abort(Exception):
@@ -203,6 +222,7 @@ class Call:
         "metadata",
         "path",
         "recv_window",
+        "refusal",
         "send_window",
         "sid",
         "task",
@@ -226,9 +246,13 @@ class Call:
         self.ended = False
         self.task: asyncio.Task[None] | None = None
         self.trailing: tuple[tuple[str, str], ...] = ()
+        #: The status the call is to be answered with once the client has sent a message.
+        self.refusal: tuple[int, str] | None = None
 
     # -- what a handler uses (grpcio's ServicerContext's names) ---------------------------
-    async def abort(self, code: Any, details: str) -> NoReturn:
+    async def abort(self, code: Any, details: str = "", trailing_metadata: Any = ()) -> NoReturn:
+        if trailing_metadata:
+            self.trailing = tuple(trailing_metadata)
         raise Abort(status_value(code), details)
 
     def set_trailing_metadata(self, metadata: Any) -> None:
@@ -254,11 +278,12 @@ class H2Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.preface = True
-        self.decoder = hpack.Decoder(max_header_list_size=2 * limits.max_header_list_bytes)
+        self.decoder = hpack.Decoder(max_header_list_size=limits.hard_header_list_bytes)
         self.calls: dict[int, Call] = {}
         self.last_sid = 0
-        #: Streams whose rest of DATA is dropped (refused mid-body), with their window used.
-        self.dropped: set[int] = set()
+        #: Calls answered, and streams the client reset (``MAX_RESET_SHARE``).
+        self.answered = 0
+        self.resets = 0
         # A header block being read: its stream, flags of its HEADERS, the fragments.
         self.block_sid = 0
         self.block_flags = 0
@@ -305,6 +330,16 @@ class H2Connection(asyncio.Protocol):
         self.out.append(self.window_update(0, lim.window_bytes - DEFAULT_WINDOW))
         self.flush()
         self.preface_timer = self.loop.call_later(lim.preface_timeout_s, self.preface_late)
+
+    def pause_writing(self) -> None:
+        """The client does not read what we write: stop reading what it sends (PINGs and
+        SETTINGS would otherwise queue answers without bound) until it does."""
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
 
     def preface_late(self) -> None:
         if self.preface and self.transport is not None:
@@ -484,11 +519,17 @@ class H2Connection(asyncio.Protocol):
             raise ConnectionError_(FRAME_SIZE_ERROR, "RST_STREAM not 4 bytes")
         if sid > self.last_sid:
             raise ConnectionError_(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
-        self.dropped.discard(sid)
         call = self.calls.pop(sid, None)
         self.blocked.pop(sid, None)
-        if call is not None and call.task is not None:
+        if call is None:
+            return
+        if call.task is not None:
             call.task.cancel()
+        self.resets += 1
+        if self.resets > FREE_RESETS and self.resets > self.answered * MAX_RESET_SHARE:
+            # Streams opened and reset at once cost the server (a handler may have sent
+            # the request on) and the client nothing ("rapid reset").
+            raise ConnectionError_(ENHANCE_YOUR_CALM, "too many streams reset")
         self.server.idle(self)
 
     def on_headers(self, flags: int, sid: int, payload: bytes) -> None:
@@ -515,7 +556,7 @@ class H2Connection(asyncio.Protocol):
         if block is None or sid != self.block_sid:
             raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
         block += payload
-        if len(block) > 2 * self.limits.max_header_list_bytes:
+        if len(block) > self.limits.hard_header_list_bytes:
             raise ConnectionError_(ENHANCE_YOUR_CALM, "header block over the limit")
         if flags & END_HEADERS:
             self.block = None
@@ -529,16 +570,22 @@ class H2Connection(asyncio.Protocol):
             raise ConnectionError_(ENHANCE_YOUR_CALM, "header list over the limit") from None
         except (HPACKError, ValueError, IndexError) as exc:
             raise ConnectionError_(COMPRESSION_ERROR, f"header block: {exc}") from None
-        call = self.calls.get(sid)
-        if call is not None or sid in self.dropped:  # trailers: they end the stream
+        if sid <= self.last_sid:  # trailers of an open stream, or a block on a closed one
+            call = self.calls.get(sid)
+            if call is None:
+                return  # a stream answered or reset: its frames are ignored (RFC 9113 5.1)
+            if call.ended:
+                raise ConnectionError_(STREAM_CLOSED, "HEADERS after the end of the stream")
             if not flags & END_STREAM:
                 raise ConnectionError_(PROTOCOL_ERROR, "trailers without END_STREAM")
-            self.dropped.discard(sid)
-            if call is not None:
+            call.ended = True
+            if call.refusal is not None:
+                self.refuse(call, *call.refusal)
+            else:
                 self.end_of_request(call)
             return
-        if sid <= self.last_sid or not sid & 1:
-            raise ConnectionError_(PROTOCOL_ERROR, "a stream id not above the last, or even")
+        if not sid & 1:
+            raise ConnectionError_(PROTOCOL_ERROR, "a stream id that is even")
         self.last_sid = sid
         if len(self.calls) >= self.limits.max_concurrent_streams or self.goaway_received:
             self.reset(sid, REFUSED_STREAM)
@@ -569,17 +616,25 @@ class H2Connection(asyncio.Protocol):
         if timeout is not None:
             call.deadline = self.loop.time() + timeout
         call.metadata = tuple(meta)
+        refusal: tuple[int, str] | None = None
         if size > self.limits.max_header_list_bytes:
-            self.refuse(call, RESOURCE_EXHAUSTED, "header list over the server's limit")
+            refusal = RESOURCE_EXHAUSTED, "header list over the server's limit"
         elif method != b"POST":
-            self.refuse(call, INTERNAL, f"method {method.decode('latin-1')!r} is not POST")
+            refusal = INTERNAL, f"method {method.decode('latin-1')!r} is not POST"
         elif not (ctype == b"application/grpc" or ctype.startswith(b"application/grpc+")):
-            self.refuse(call, INTERNAL, "content-type is not application/grpc")
+            refusal = INTERNAL, "content-type is not application/grpc"
         elif call.path not in self.handlers:
             why = self.server.refused.get(call.path) or f"Method not found: {call.path}"
-            self.refuse(call, UNIMPLEMENTED, why)
+            refusal = UNIMPLEMENTED, why
+        if refusal is None:
+            if call.ended:
+                self.end_of_request(call)
         elif call.ended:
-            self.end_of_request(call)
+            self.refuse(call, *refusal)
+        else:
+            # Answered at its first DATA (or its end): grpc's Python client fails a call as
+            # INTERNAL when its status comes before it has sent its first message.
+            call.refusal = refusal
 
     def on_data_head(self, flags: int, sid: int, length: int) -> None:
         """A DATA frame of ``length`` bytes begins: its windows counted, its payload's call
@@ -594,15 +649,15 @@ class H2Connection(asyncio.Protocol):
         if call is None or call.ended:
             if sid > self.last_sid:
                 raise ConnectionError_(PROTOCOL_ERROR, "DATA on an idle stream")
-            if self.data_end:
-                self.dropped.discard(sid)
-            elif sid not in self.dropped:
-                self.reset(sid, STREAM_CLOSED)
-                self.dropped.add(sid)
-            return
+            if call is not None:  # DATA after END_STREAM
+                raise ConnectionError_(STREAM_CLOSED, "DATA after the end of the stream")
+            return  # a stream answered or reset: ignored, its window counted
         call.recv_window -= length
         if call.recv_window < 0:
             raise ConnectionError_(FLOW_CONTROL_ERROR, "DATA over a stream's window")
+        if call.refusal is not None:
+            self.refuse(call, *call.refusal)
+            return
         self.data_call = call
         if not length:
             self.payload(memoryview(b""))
@@ -650,6 +705,7 @@ class H2Connection(asyncio.Protocol):
                     RESOURCE_EXHAUSTED,
                     f"received message larger than max ({size} vs. "
                     f"{self.limits.max_message_bytes})",
+                    reset=True,
                 )
                 return
             msg = call.message = bytearray(size)
@@ -715,11 +771,16 @@ class H2Connection(asyncio.Protocol):
         if self.out:
             self.flush()
 
-    def refuse(self, call: Call, code: int, message: str) -> None:
-        """``call`` answered with a status before its handler ran."""
+    def refuse(self, call: Call, code: int, message: str, reset: bool = False) -> None:
+        """``call`` answered with a status before its handler ran; what the client still
+        sends on it is ignored. With ``reset``, a client still sending is also told to stop
+        (RST_STREAM NO_ERROR, RFC 9113 8.1): for a message over the limit. Not otherwise:
+        grpc's Python client fails a streaming call whose stream is reset while it writes
+        (INTERNAL) even after its status came."""
         self.answer(call, None, code, message)
-        if not call.ended:  # the client may stop sending (RFC 9113 8.1)
-            self.reset(call.sid, NO_ERROR)
+        if not call.ended:
+            if reset:
+                self.reset(call.sid, NO_ERROR)
             call.ended = True
 
     def trailers(self, call: Call, code: int, message: str) -> bytes:
@@ -791,6 +852,7 @@ class H2Connection(asyncio.Protocol):
         self.flush()
 
     def close_stream(self, call: Call) -> None:
+        self.answered += 1
         self.calls.pop(call.sid, None)
         if not self.calls:
             self.server.idle(self)
@@ -855,6 +917,7 @@ class GrpcH2Server:
     def idle(self, conn: H2Connection) -> None:
         """``conn`` has no call in flight: closed if the server is stopping."""
         if self.stopping is not None and not conn.calls and conn.transport is not None:
+            conn.flush()  # the last answer, then the close
             conn.transport.close()
         if self.stopping is not None and not any(c.calls for c in self.connections):
             self.stopping.set()
