@@ -12,7 +12,8 @@ the direct path has none). Through the gateway a gRPC call reaches the worker as
 gateway's ``grpc_forward`` says: by default (the gateway's own default, no key written)
 translated to HTTP with the binary tensor extension, so the worker serves it over HTTP;
 ``--grpc-forward grpc`` relays it as bytes to the worker's gRPC endpoint instead (the key is
-written only when the option is given, so the script runs against older gateways too).
+written only when the option is given, so the script runs against older gateways too);
+``--grpc-server grpcio`` or ``h2`` chooses what serves the gateway's gRPC port (likewise).
 Payloads (``--payload``, comma-separated):
 
 - ``tiny``: one FP32 [1, 4] tensor (16 bytes);
@@ -537,6 +538,11 @@ def main() -> None:
         choices=("http", "grpc"),
         help="gateway.grpc_forward (default: not written, the gateway's own default)",
     )
+    ap.add_argument(
+        "--grpc-server",
+        choices=("h2", "grpcio"),
+        help="gateway.grpc_server (default: not written, the gateway's own default)",
+    )
     ap.add_argument("--serve-floor-echo", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--serve-floor-proxy", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -574,6 +580,8 @@ def main() -> None:
             }  # fmt: skip
             if args.grpc_forward is not None:
                 cfg["gateway"]["grpc_forward"] = args.grpc_forward
+            if args.grpc_server is not None:
+                cfg["gateway"]["grpc_server"] = args.grpc_server
             path = tmp / "gateway.yaml"
             path.write_text(json.dumps(cfg))
             procs.append(start([*EVENSERVE, "gateway", "--config", str(path)], tmp / "gw.log"))
@@ -607,10 +615,12 @@ def main() -> None:
     show(results, args.rounds)
     forward = args.grpc_forward or "default"
     print(f"load average (1 min) before {load0[0]:.2f}, after {load1[0]:.2f}; "
-          f"{os.cpu_count()} CPUs; gateway.grpc_forward {forward}")  # fmt: skip
+          f"{os.cpu_count()} CPUs; gateway.grpc_forward {forward}; "
+          f"gateway.grpc_server {args.grpc_server or 'default'}")  # fmt: skip
     out = {
         "host_cpus": os.cpu_count(),
         "grpc_forward": args.grpc_forward,
+        "grpc_server": args.grpc_server,
         "load_avg_1m": [load0[0], load1[0]],
         "rounds": args.rounds,
         "duration_s": args.duration,

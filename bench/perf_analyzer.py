@@ -127,6 +127,11 @@ def main() -> None:
     ap.add_argument("--interval-ms", type=int, default=3000, help="measurement window")
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--logs", type=Path, help="keep the process and perf_analyzer logs here")
+    ap.add_argument(
+        "--grpc-server",
+        choices=("h2", "grpcio"),
+        help="gateway.grpc_server (default: not written, the gateway's own default)",
+    )
     args = ap.parse_args()
     if not args.perf_analyzer.exists():
         raise SystemExit(
@@ -157,6 +162,8 @@ def main() -> None:
                               "grpc_url": f"127.0.0.1:{g}", "models": [MODEL]}
                              for i, (p, g) in enumerate(workers)],
             }  # fmt: skip
+            if args.grpc_server is not None:
+                cfg["gateway"]["grpc_server"] = args.grpc_server
             cfg_path = tmp / "gateway.yaml"
             cfg_path.write_text(json.dumps(cfg))
             procs.append(start([*EVENSERVE, "gateway", "--config", str(cfg_path)], tmp / "gw.log"))

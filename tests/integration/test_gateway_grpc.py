@@ -33,6 +33,16 @@ from evenserve.worker.service import WorkerOptions, WorkerService  # noqa: E402
 from .fake_v2 import FakeBackend, serving  # noqa: E402
 from .worker_repo import write_repo  # noqa: E402
 
+#: What serves the gateway's gRPC port in this test (every test runs against both).
+SERVER = ["h2"]
+
+
+@pytest.fixture(autouse=True, params=["h2", "grpcio"])
+def grpc_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    SERVER[0] = request.param
+    yield request.param
+    SERVER[0] = "h2"
+
 
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BackgroundWorker]]:
@@ -73,6 +83,7 @@ async def gateway(
             "routing": "round-robin",
             "grpc_port": 0,
             "grpc_forward": forward,
+            "grpc_server": SERVER[0],
             "signals": {"interval_ms": 50, "stale_after_ms": 10_000, "timeout_ms": 10_000},
             "health": {"interval_ms": 50, "timeout_ms": 10_000},
         },

@@ -153,6 +153,17 @@ class EchoBackend:
         return Response(h + b"".join(blobs), headers=headers)
 
 
+#: What serves the gateway's gRPC port in this test (every test runs against both).
+SERVER = ["h2"]
+
+
+@pytest.fixture(autouse=True, params=["h2", "grpcio"])
+def grpc_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    SERVER[0] = request.param
+    yield request.param
+    SERVER[0] = "h2"
+
+
 @contextlib.asynccontextmanager
 async def gateway(backends: list[dict[str, Any]], **gw: Any) -> AsyncIterator[tuple[Gateway, Any]]:
     """A gateway over ``backends`` (no load signals: readiness and in-flight counts) and a
@@ -161,6 +172,7 @@ async def gateway(backends: list[dict[str, Any]], **gw: Any) -> AsyncIterator[tu
         "gateway": {
             "routing": "round-robin",
             "grpc_port": 0,
+            "grpc_server": SERVER[0],
             "health": {"interval_ms": 50, "timeout_ms": 10_000},
             **gw,
         },

@@ -13,6 +13,7 @@ gateway:                      # the front door
   # reuse_port: true           # SO_REUSEPORT: those gateways share one port
   # grpc_port: 8001            # also serve KServe v2 over gRPC
   # grpc_forward: http         # how gRPC inference reaches a backend (http, grpc): below
+  # grpc_server: h2            # what serves grpc_port: h2 (our own HTTP/2) or grpcio
 workers:                      # devices ``evenserve up`` starts one worker on each
   repo: models                # model repository (relative to this file)
   base_port: 8101             # device i listens on base_port + i unless it names a port
@@ -95,6 +96,7 @@ ModelName = Annotated[str, AfterValidator(_check_model)]
 #: How the gateway's gRPC front sends a backend its ModelInfer calls: translated to KServe
 #: v2 HTTP (``http``, to its ``url``) or relayed as they came (``grpc``, to its ``grpc_url``).
 GrpcForward = Literal["http", "grpc"]
+GrpcServer = Literal["h2", "grpcio"]
 DEFAULT_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
 #: The shortest admin token accepted (from the file or the environment); a generated one has 32.
 MIN_TOKEN_LENGTH = 16
@@ -220,6 +222,12 @@ class GatewaySection(Strict):
         "backend whose own grpc_forward is not set: http (translated to KServe v2 HTTP with "
         "the binary tensor extension, sent to its url over the HTTP data plane) or grpc "
         "(relayed as bytes to its grpc_url; a backend without one takes no gRPC inference)",
+    )
+    grpc_server: GrpcServer = Field(
+        default="h2",
+        description="what serves the gRPC port: h2 (the gateway's own HTTP/2 listener, "
+        "cleartext with prior knowledge, unary RPCs; a fraction of grpcio's CPU per call) "
+        "or grpcio (grpcio's asyncio server)",
     )
     routing: Any = "queue-aware"
     seed: int = 0

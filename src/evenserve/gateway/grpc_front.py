@@ -74,7 +74,8 @@ from evenserve.gateway.dispatcher import Answer, Dispatcher, GrpcReply
 from evenserve.gateway.forwarder import ForwardError, Reply, ResponseTimeout, Unreachable
 from evenserve.gateway.stats import collect_all_stats, collect_model_stats
 from evenserve.httpio.client import parse_headers
-from evenserve.httpio.grpc_service import SERVICE, Handler, add_service
+from evenserve.httpio.grpc_h2 import GrpcH2Server, Limits
+from evenserve.httpio.grpc_service import SERVICE, Handler, add_service, unary_handlers
 
 S = grpc.StatusCode
 #: The HTTP counterpart of a backend's gRPC status, for the dispatcher's rules.
@@ -531,8 +532,8 @@ class GatewayServicer:
             except ValueError as exc:
                 await context.abort(S.INVALID_ARGUMENT, str(exc))
             hosts = self.registry.hosts_of(model)
-            if any(n in relays for n in hosts):
-                return await self._infer_relayed(raw, model, hosts, context)
+            if any(n in relays for n in hosts):  # (grpcio's channel sends bytes only)
+                return await self._infer_relayed(bytes(raw), model, hosts, context)
         try:
             req, raws = codec.parse_request(raw)
         except codec.CodecError as exc:
@@ -705,25 +706,52 @@ def grpc_reply(reply: Reply, raw_outputs: bool, name: str) -> GrpcReply:
 
 
 class GatewayGrpcServer:
-    """grpcio's asyncio server with the gateway's servicer, on the running loop."""
+    """The gateway's gRPC listener, on the running loop, with the gateway's servicer:
+    ``kind`` ``h2`` (the default), the project's own HTTP/2 server (``httpio.grpc_h2``), or
+    ``grpcio``, grpcio's asyncio server. The same servicer and limits either way: requests up
+    to ``forward.max_body_mb``."""
 
     def __init__(
-        self, registry: BackendRegistry, dispatcher: Dispatcher, host: str, port: int
+        self,
+        registry: BackendRegistry,
+        dispatcher: Dispatcher,
+        host: str,
+        port: int,
+        kind: str = "h2",
     ) -> None:
+        self.host = host
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.wanted_port = port
         self.port = 0
+        self.kind = kind
         fwd = dispatcher.cfg.forward
+        max_body = int(fwd.max_body_mb * 1024 * 1024)
         self.servicer = GatewayServicer(registry, dispatcher, fwd.request_timeout_s)
-        self.server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", int(fwd.max_body_mb * 1024 * 1024)),
-                ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0),
-            ]
-        )
-        add_service(self.server, self.servicer.rpcs(), raw=GatewayServicer.RAW)
+        self.server: Any = None
+        self.h2: GrpcH2Server | None = None
+        if kind == "grpcio":
+            self.server = grpc.aio.server(
+                options=[
+                    ("grpc.max_receive_message_length", max_body),
+                    ("grpc.max_send_message_length", -1),
+                    ("grpc.so_reuseport", 0),
+                ]
+            )
+            add_service(self.server, self.servicer.rpcs(), raw=GatewayServicer.RAW)
+        elif kind == "h2":
+            handlers, refused = unary_handlers(self.servicer.rpcs(), raw=GatewayServicer.RAW)
+            self.h2 = GrpcH2Server(handlers, Limits(max_message_bytes=max_body), refused)
+        else:
+            raise ConfigError(f"gateway.grpc_server: {kind!r} is not grpcio or h2")
 
     async def start(self) -> None:
+        if self.h2 is not None:
+            try:
+                self.port = await self.h2.start(self.host, self.wanted_port)
+            except OSError as exc:
+                raise ConfigError(f"gateway.grpc_port: cannot bind {self.address}: {exc}") from None
+            self.servicer.open()
+            return
         try:
             port = self.server.add_insecure_port(self.address)
         except RuntimeError as exc:
@@ -735,5 +763,8 @@ class GatewayGrpcServer:
         await self.server.start()
 
     async def stop(self, grace_s: float) -> None:
-        await self.server.stop(grace_s)
+        if self.h2 is not None:
+            await self.h2.stop(grace_s)
+        else:
+            await self.server.stop(grace_s)
         await self.servicer.aclose()

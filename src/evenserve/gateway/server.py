@@ -271,7 +271,11 @@ class Gateway:
             from evenserve.gateway.grpc_front import GatewayGrpcServer  # the grpc extra
 
             self.grpc = GatewayGrpcServer(
-                self.registry, self.dispatcher, self.host, self.cfg.grpc_port
+                self.registry,
+                self.dispatcher,
+                self.host,
+                self.cfg.grpc_port,
+                self.cfg.grpc_server,
             )
             await self.grpc.start()
 

@@ -106,6 +106,41 @@ def _parsing(fn: Handler, request_class: Any) -> Handler:
     return parsed
 
 
+def unary_handlers(
+    impl: Mapping[str, Handler], raw: Collection[str] = ()
+) -> tuple[dict[str, Handler], dict[str, str]]:
+    """The service for the project's own HTTP/2 server (``httpio.grpc_h2``): the handler of
+    each RPC ``impl`` serves, by path (bytes in, bytes out: a parsed RPC's request parsed,
+    INVALID_ARGUMENT when it is not its message, and its response serialized), and the
+    UNIMPLEMENTED message of every other RPC of the service, by path (answered as soon as
+    its headers are read, streaming ones included). ValueError as ``service_handlers``."""
+    table = {m.name: m for m in methods()}
+    unknown = sorted(set(impl) - set(table)) + sorted(set(raw) - set(impl))
+    if unknown:
+        raise ValueError(f"not RPCs of {SERVICE} served here: {', '.join(unknown)}")
+    handlers: dict[str, Handler] = {}
+    refused: dict[str, str] = {}
+    for name, m in table.items():
+        path = f"/{SERVICE}/{name}"
+        fn = impl.get(name)
+        if fn is None:
+            refused[path] = not_served_message(name)
+        elif m.client_streaming or m.server_streaming:
+            raise ValueError(f"{name}: only unary RPCs are served")
+        elif name in raw:
+            handlers[path] = fn
+        else:
+            handlers[path] = _serializing(_parsing(fn, getattr(service_pb2, m.input_type.name)))
+    return handlers, refused
+
+
+def _serializing(fn: Handler) -> Handler:
+    async def serialized(raw: Any, context: Any) -> bytes:
+        return bytes((await fn(raw, context)).SerializeToString())
+
+    return serialized
+
+
 def add_service(server: Any, impl: Mapping[str, Handler], raw: Collection[str] = ()) -> None:
     """Serve the service on grpcio's asyncio ``server`` (``service_handlers``)."""
     handlers = service_handlers(impl, raw)

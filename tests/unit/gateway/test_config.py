@@ -175,8 +175,10 @@ def test_grpc_forward_is_http_unless_the_gateway_or_a_backend_says_grpc() -> Non
     assert c.gateway.grpc_forward == "http"
     a, b, cc = c.backends
     assert [x.forwards_grpc(c.gateway.grpc_forward) for x in (a, b, cc)] == [False, True, False]
-    raw["gateway"] = {"grpc_forward": "grpc"}
+    assert c.gateway.grpc_server == "h2"  # the gateway's own HTTP/2 listener
+    raw["gateway"] = {"grpc_forward": "grpc", "grpc_server": "grpcio"}
     c = parse_cluster(raw, Path(".")).config
+    assert c.gateway.grpc_server == "grpcio"
     # The gateway's setting is every backend's default; a backend's own setting wins.
     assert [x.forwards_grpc(c.gateway.grpc_forward) for x in c.backends] == [True, True, False]
 
@@ -193,6 +195,7 @@ def test_grpc_forward_is_http_unless_the_gateway_or_a_backend_says_grpc() -> Non
             "backends.0.grpc_forward",
         ),
         (cluster(gateway={"grpc_forward": "HTTP"}), "gateway.grpc_forward"),
+        (cluster(gateway={"grpc_server": "grpc"}), "gateway.grpc_server"),
     ],
 )
 def test_a_bad_grpc_forward_names_the_field(raw: Any, needle: str) -> None:
