@@ -75,7 +75,13 @@ from evenserve.gateway.forwarder import ForwardError, Reply, ResponseTimeout, Un
 from evenserve.gateway.stats import collect_all_stats, collect_model_stats
 from evenserve.httpio.client import parse_headers
 from evenserve.httpio.grpc_h2 import GrpcH2Server, Limits
-from evenserve.httpio.grpc_service import SERVICE, Handler, add_service, unary_handlers
+from evenserve.httpio.grpc_service import (
+    SERVED_RPCS,
+    SERVICE,
+    Handler,
+    add_service,
+    unary_handlers,
+)
 
 S = grpc.StatusCode
 #: The HTTP counterpart of a backend's gRPC status, for the dispatcher's rules.
@@ -304,19 +310,7 @@ class _Channel:
 
 class GatewayServicer:
     #: The RPCs served; every other answers UNIMPLEMENTED (``httpio.grpc_service``).
-    RPCS = (
-        "ServerLive",
-        "ServerReady",
-        "ModelReady",
-        "ServerMetadata",
-        "ModelMetadata",
-        "ModelConfig",
-        "ModelStatistics",
-        "RepositoryIndex",
-        "RepositoryModelLoad",
-        "RepositoryModelUnload",
-        "ModelInfer",
-    )
+    RPCS = SERVED_RPCS
     #: The RPCs taken and answered as bytes.
     RAW = ("ModelInfer",)
 

@@ -23,6 +23,20 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 SERVICE = "inference.GRPCInferenceService"
+#: The RPCs the worker's and the gateway's fronts serve; every other answers UNIMPLEMENTED.
+SERVED_RPCS = (
+    "ServerLive",
+    "ServerReady",
+    "ModelReady",
+    "ServerMetadata",
+    "ModelMetadata",
+    "ModelConfig",
+    "ModelStatistics",
+    "RepositoryIndex",
+    "RepositoryModelLoad",
+    "RepositoryModelUnload",
+    "ModelInfer",
+)
 #: An implemented RPC: (request, context) -> response (messages, or bytes for a raw RPC).
 Handler = Callable[[Any, Any], Awaitable[Any]]
 #: Why an RPC that is not served is not, for its UNIMPLEMENTED message.

@@ -56,7 +56,7 @@ from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
 from evenserve.core.errors import ConfigError
 from evenserve.core.tensors import ALL_CONTENTS_FIELDS, CONTENTS_FIELD, DATATYPES
-from evenserve.httpio.grpc_service import Handler, add_service
+from evenserve.httpio.grpc_service import SERVED_RPCS, Handler, add_service
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.runtime.base import Array
 from evenserve.worker.driver import BatchFailedError, DrainingError, RefusedError
@@ -271,19 +271,7 @@ class InferenceServicer:
     """Triton's GRPCInferenceService over a WorkerService."""
 
     #: The RPCs served; every other answers UNIMPLEMENTED (``httpio.grpc_service``).
-    RPCS = (
-        "ServerLive",
-        "ServerReady",
-        "ModelReady",
-        "ServerMetadata",
-        "ModelMetadata",
-        "ModelConfig",
-        "ModelStatistics",
-        "RepositoryIndex",
-        "RepositoryModelLoad",
-        "RepositoryModelUnload",
-        "ModelInfer",
-    )
+    RPCS = SERVED_RPCS
 
     def __init__(self, service: WorkerService) -> None:
         self.service = service
