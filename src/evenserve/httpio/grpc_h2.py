@@ -37,7 +37,9 @@ What it refuses, and how (RFC 9113; gRPC's HTTP/2 protocol document):
   with its gRPC status (INTERNAL, UNIMPLEMENTED for an unknown path or an RPC not served,
   streaming ones included, as grpcio does), once the client has sent its first DATA or
   ended its side (grpc's Python client fails a call whose status comes before its first
-  message is sent, as INTERNAL); a compressed message: UNIMPLEMENTED; a message over
+  message is sent, as INTERNAL), or ``REFUSAL_WAIT_S`` after its headers if it sends
+  nothing (a stream opened before its first request is not left waiting); a compressed
+  message: UNIMPLEMENTED; a message over
   ``max_message_bytes``: RESOURCE_EXHAUSTED as soon as its prefix gives its size, and
   RST_STREAM NO_ERROR (the rest of the stream is ignored, its flow control still
   counted); not exactly one message: INTERNAL;
@@ -96,6 +98,9 @@ MAX_WINDOW = (1 << 31) - 1
 #: the share of those it may reset beyond them (more: GOAWAY ENHANCE_YOUR_CALM).
 FREE_RESETS = 100
 MAX_RESET_SHARE = 1
+#: How long a call refused before its handler runs waits for its client's first message
+#: before it is answered anyway (``Connection.refuse_waiting``).
+REFUSAL_WAIT_S = 0.2
 DEFAULT_WINDOW = 65535
 DEFAULT_FRAME = 16384
 # gRPC status codes (grpc's ``StatusCode`` values).
@@ -633,8 +638,11 @@ class H2Connection(asyncio.Protocol):
             self.refuse(call, *refusal)
         else:
             # Answered at its first DATA (or its end): grpc's Python client fails a call as
-            # INTERNAL when its status comes before it has sent its first message.
+            # INTERNAL when its status comes before it has sent its first message. A client
+            # that sends nothing (a stream opened before its first request) is answered
+            # after REFUSAL_WAIT_S all the same: never left waiting.
             call.refusal = refusal
+            self.loop.call_later(REFUSAL_WAIT_S, self.refuse_waiting, call)
 
     def on_data_head(self, flags: int, sid: int, length: int) -> None:
         """A DATA frame of ``length`` bytes begins: its windows counted, its payload's call
@@ -769,6 +777,12 @@ class H2Connection(asyncio.Protocol):
         else:
             self.answer(call, answer, OK, "")
         if self.out:
+            self.flush()
+
+    def refuse_waiting(self, call: Call) -> None:
+        """A refused call whose client has sent nothing since: answered now."""
+        if call.refusal is not None and not call.ended and self.calls.get(call.sid) is call:
+            self.refuse(call, *call.refusal)
             self.flush()
 
     def refuse(self, call: Call, code: int, message: str, reset: bool = False) -> None:
