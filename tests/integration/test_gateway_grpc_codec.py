@@ -41,6 +41,7 @@ from evenserve.worker.server import BackgroundWorker  # noqa: E402
 from evenserve.worker.service import WorkerOptions, WorkerService  # noqa: E402
 
 from .fake_v2 import serving  # noqa: E402
+from .grpc_servers import SERVER, grpc_server  # noqa: E402, F401
 from .worker_repo import write_repo  # noqa: E402
 
 S = grpc.StatusCode
@@ -151,17 +152,6 @@ class EchoBackend:
         if blobs:
             headers["inference-header-content-length"] = str(len(h))
         return Response(h + b"".join(blobs), headers=headers)
-
-
-#: What serves the gateway's gRPC port in this test (every test runs against both).
-SERVER = ["h2"]
-
-
-@pytest.fixture(autouse=True, params=["h2", "grpcio"])
-def grpc_server(request: pytest.FixtureRequest) -> Iterator[str]:
-    SERVER[0] = request.param
-    yield request.param
-    SERVER[0] = "h2"
 
 
 @contextlib.asynccontextmanager
