@@ -9,7 +9,8 @@ worker's, and the gateway's codec).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,3 +47,16 @@ CONTENTS_FIELD: Mapping[str, str] = {
 }
 #: Every typed contents field (a tensor's values are in one of them).
 ALL_CONTENTS_FIELDS = (*sorted(set(CONTENTS_FIELD.values())), "bytes_contents")
+
+
+def contents_error(contents: Any, field: str, datatype: str, shape: Sequence[int]) -> str | None:
+    """Why a gRPC input's ``contents`` cannot be read as ``datatype`` of ``shape`` from its
+    typed ``field`` (another field given, or not the shape's element count); None if it can.
+    The worker's gRPC front and the gateway's codec both check inputs by it."""
+    for other in ALL_CONTENTS_FIELDS:
+        if other != field and len(getattr(contents, other)):
+            return f"{other} given for datatype {datatype} (use {field})"
+    n, expected = len(getattr(contents, field)), math.prod(shape)
+    if n != expected:
+        return f"contents hold {n} elements, shape {list(shape)} needs {expected}"
+    return None

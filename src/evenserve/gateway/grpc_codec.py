@@ -49,7 +49,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
 from evenserve.core import wire
-from evenserve.core.tensors import ALL_CONTENTS_FIELDS, CONTENTS_FIELD, DATATYPES
+from evenserve.core.tensors import CONTENTS_FIELD, DATATYPES, contents_error
 
 BINARY_CONTENT_TYPE = "application/octet-stream"
 HEADER_LENGTH = wire.HEADER_LENGTH_HEADER.lower()
@@ -290,15 +290,10 @@ def typed_bytes(name: str, datatype: str, contents: Any, shape: list[int]) -> by
         raise CodecError(
             f"input {shown}: {wire.shown(datatype)} has no typed contents; use raw_input_contents"
         )
-    for other in ALL_CONTENTS_FIELDS:
-        if other != field and len(getattr(contents, other)):
-            raise CodecError(f"input {shown}: {other} given for datatype {datatype} (use {field})")
+    why = contents_error(contents, field, datatype, shape)
+    if why is not None:
+        raise CodecError(f"input {shown}: {why}")
     values = getattr(contents, field)
-    expected = math.prod(shape)
-    if len(values) != expected:
-        raise CodecError(
-            f"input {shown}: contents hold {len(values)} elements, shape {shape} needs {expected}"
-        )
     if field == "bytes_contents":
         return b"".join(_LENGTH.pack(len(v)) + v for v in values)
     want = DATATYPES[datatype]

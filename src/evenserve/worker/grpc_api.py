@@ -55,7 +55,7 @@ from tritonclient.grpc import service_pb2
 from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
 from evenserve.core.errors import ConfigError
-from evenserve.core.tensors import ALL_CONTENTS_FIELDS, CONTENTS_FIELD, DATATYPES
+from evenserve.core.tensors import CONTENTS_FIELD, DATATYPES, contents_error
 from evenserve.httpio.grpc_service import SERVED_RPCS, Handler, add_service
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.runtime.base import Array
@@ -127,15 +127,10 @@ def _typed_array(name: str, dt: str, contents: Any, shape: list[int]) -> Array:
     field = CONTENTS_FIELD.get(dt)
     if field is None:
         raise ProtocolError(f"input {name!r}: {dt} has no typed contents; use raw_input_contents")
-    for other in ALL_CONTENTS_FIELDS:
-        if other != field and len(getattr(contents, other)):
-            raise ProtocolError(f"input {name!r}: {other} given for datatype {dt} (use {field})")
+    why = contents_error(contents, field, dt, shape)
+    if why is not None:
+        raise ProtocolError(f"input {name!r}: {why}")
     values = getattr(contents, field)
-    expected = math.prod(shape)
-    if len(values) != expected:
-        raise ProtocolError(
-            f"input {name!r}: contents hold {len(values)} elements, shape {shape} needs {expected}"
-        )
     want = DATATYPES[dt]
     if want.kind in "iu" and want.itemsize < 4:
         raw = np.array(values, dtype=np.int64)
