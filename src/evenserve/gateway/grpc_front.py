@@ -69,8 +69,9 @@ from evenserve import __version__
 from evenserve.core import wire
 from evenserve.core.errors import ConfigError
 from evenserve.gateway import grpc_codec as codec
+from evenserve.gateway.answers import Answer, GrpcReply
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.dispatcher import Answer, Dispatcher, GrpcReply
+from evenserve.gateway.dispatcher import Dispatcher
 from evenserve.gateway.forwarder import ForwardError, Reply, ResponseTimeout, Unreachable
 from evenserve.gateway.stats import collect_all_stats, collect_model_stats
 from evenserve.httpio.client import parse_headers
@@ -643,7 +644,9 @@ class GatewayServicer:
                 return backend_failure(exc)
             return GrpcReply(200, None, S.OK, response=response)
 
-        ans = await self.dispatcher.infer_grpc(model, send, without)
+        ans = await self.dispatcher.infer_grpc(
+            model, send, without, dict(forward_metadata(meta, context.time_remaining()))
+        )
         return await self._relay(ans, context)
 
     @staticmethod

@@ -38,9 +38,10 @@ from evenserve.core.errors import ProfileError
 from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.core.requestlog import Recorder, RecordSettings, parse_log_query
 from evenserve.gateway.admin import AdminAPI
+from evenserve.gateway.answers import Answer
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import BackendSpec, LoadedCluster
-from evenserve.gateway.dispatcher import Answer, Dispatcher
+from evenserve.gateway.dispatcher import Dispatcher
 from evenserve.gateway.params_api import GatewayParams
 from evenserve.gateway.placement import (
     DeviceSetup,
