@@ -36,13 +36,12 @@ Placement (``gateway.placement``: ``self.placement``, a ``gateway.placement.Plac
 None otherwise, and then each hook below is one ``is None`` test): a catalogue model no
 backend has is known (not 404); every admitted request is an ``arrival``, every try a
 ``sent`` / ``done``; a request whose model has no READY healthy host takes the miss path
-first (``_miss``: wait for the load placement starts or has under way, 503 with Retry-After
+first (``miss``: wait for the load placement starts or has under way, 503 with Retry-After
 when it cannot be placed or the load failed or outlasted ``load_wait_ms``), then the tries.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -63,6 +62,8 @@ from evenserve.gateway.answers import (
 )
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.config import GatewaySection
+from evenserve.gateway.fast_path import FastPath
+from evenserve.gateway.forward import FORWARD_REQUEST_HEADERS, Forward, classify
 from evenserve.gateway.forwarder import (
     Forwarder,
     ForwardError,
@@ -72,8 +73,8 @@ from evenserve.gateway.forwarder import (
     Unreachable,
 )
 from evenserve.gateway.placement import PlacementDriver
-from evenserve.httpio.client import HttpClient, parse_headers
 from evenserve.httpio.client import Reply as HttpReply
+from evenserve.httpio.client import parse_headers
 from evenserve.metrics.gateway import GatewayMetrics
 from evenserve.policy.routing.dispatch import (
     CONNECT_REFUSED,
@@ -82,73 +83,10 @@ from evenserve.policy.routing.dispatch import (
     REFUSING_STATUSES,
     RESPONSE_TIMEOUT,
     FrontDoor,
-    Tries,
 )
-
-#: Request headers forwarded to the backend (lower case); others are hop-by-hop or ours.
-FORWARD_REQUEST_HEADERS = (
-    "content-type",
-    wire.HEADER_LENGTH_HEADER.lower(),
-    "content-encoding",
-    wire.PRIORITY_HEADER,
-    wire.DEADLINE_HEADER,
-)
-#: The head cache's size before it starts over (``Dispatcher._next_try``).
-FORWARD_HEADS = 1024
-_LENGTH_ZERO = b"content-length: 0\r\n\r\n"
-
 
 #: What one try's send gives: an HTTP Reply or a GrpcReply (both carry an HTTP ``status``).
 R = TypeVar("R", "Reply", "GrpcReply")
-
-
-class _Forward(Tries):
-    """One inference request on its way through the gateway: the rules' ``Tries`` and what
-    the drivers need to forward it and answer."""
-
-    __slots__ = ("answer", "body", "head_key", "headers", "model", "path", "relayed", "t0")
-
-    def __init__(
-        self,
-        req: RequestInfo,
-        path: str,
-        body: bytes,
-        headers: dict[str, str],
-        t0: float,
-        head_key: tuple[str | None, ...],
-    ) -> None:
-        self.req = req
-        self.attempt = 0
-        self.tried = []
-        self.failures = []
-        self.refused_by = None
-        self.model = req.model
-        self.path = path
-        self.body = body
-        self.headers = headers
-        self.t0 = t0
-        #: The forwarded headers' values (FORWARD_REQUEST_HEADERS' order): a key of its head.
-        self.head_key = head_key
-        #: The kept refusal (``FrontDoor.judge``), relayed when no try is left.
-        self.relayed: Answer | None = None
-        self.answer: Callable[[Answer], None] | None = None
-
-
-def classify(req: RequestInfo, priority: str | None, deadline_ms: str | None) -> None:
-    """The request's class and deadline from its headers' values, into ``req`` (the router
-    sees them); a value that does not parse is left to the worker to refuse."""
-    try:
-        p = wire.parse_priority(priority, wire.PRIORITY_HEADER)
-    except ValueError:
-        p = None
-    if p is not None:
-        req.priority = p
-    try:
-        ms = wire.parse_deadline_ms(deadline_ms, wire.DEADLINE_HEADER)
-    except ValueError:
-        ms = None
-    if ms is not None:
-        req.deadline_s = req.arrival_s + ms / 1000.0
 
 
 class Dispatcher:
@@ -185,16 +123,13 @@ class Dispatcher:
         self._ids = itertools.count(1)
         #: Each backend's ``x-evenserve-backend`` header line (relayed answers).
         self._backend_lines: dict[str, bytes] = {}
-        #: Forwarded request heads up to their Content-Length, by backend, path and forwarded
-        #: headers (a client sends few kinds of request): made once, not per request.
-        self._heads: dict[tuple[str, str, tuple[str | None, ...]], bytes] = {}
-        #: Each backend's pooled HTTP client (the fast path's).
-        self._clients: dict[str, HttpClient] = {}
+        #: The callback fast path (``gateway.fast_path``; the pooled forwarder's only).
+        self.fast_path = FastPath(self)
+        self.infer_fast = self.fast_path.infer
         self._decision = metrics.decision
         fwd_ = self.forwarder
         #: The relayed headers a pooled client's answer gives when they are read.
         self._keep = fwd_.keep if isinstance(fwd_, PooledForwarder) else None
-        self._tasks: set[asyncio.Task[None]] = set()
         #: The placement driver (``gateway.placement``), None without placement: then the
         #: request path is what it was (one ``is None`` test per hook).
         self.placement: PlacementDriver | None = None
@@ -208,25 +143,25 @@ class Dispatcher:
         await self.forwarder.aclose()
 
     # -- the hot path -----------------------------------------------------------------------
-    # One request is a _Forward: admitted (or answered at once), then tried on up to
-    # 1 + retries backends: ``_pick`` chooses one, the forward happens (awaited in ``infer``,
-    # by callback in ``infer_fast``), ``_settle`` judges its outcome (an answer, or try the
-    # next backend), ``_finish`` counts the answer. Both paths share every decision.
+    # One request is a Forward: admitted (or answered at once), then tried on up to
+    # 1 + retries backends: ``pick`` chooses one, the forward happens (awaited in ``infer``,
+    # by callback in ``infer_fast``), ``settle`` judges its outcome (an answer, or try the
+    # next backend), ``finish`` counts the answer. Both paths share every decision.
     async def infer(self, model: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        fw = self._admit(model, path, body, headers)
+        fw = self.admit(model, path, body, headers)
         if isinstance(fw, Answer):
-            return self._finish(model, fw, time.perf_counter())
-        if self._missing(model):
-            refused = await self._miss(fw)
+            return self.finish(model, fw, time.perf_counter())
+        if self.missing(model):
+            refused = await self.miss(fw)
             if refused is not None:
-                return self._finish(model, refused, fw.t0)
-        return await self._tries(fw, partial(self._send_http, fw), self._settle)
+                return self.finish(model, refused, fw.t0)
+        return await self._tries(fw, partial(self._send_http, fw), self.settle)
 
-    def _missing(self, model: str) -> bool:
+    def missing(self, model: str) -> bool:
         """Placement is on and no healthy host has ``model`` READY: the miss path first."""
         return self.placement is not None and not self.router.candidates(model)
 
-    async def _miss(self, fw: _Forward) -> Answer | None:
+    async def miss(self, fw: Forward) -> Answer | None:
         """Placement's miss path: no healthy host has the model READY. Wait for it to be
         loaded (where it loads, or where the policy loads it now); an Answer (503 with
         Retry-After) when it cannot be placed or its load did not end in time."""
@@ -247,31 +182,23 @@ class Dispatcher:
             {"retry-after": str(self._retry_after_s)},
         )
 
-    async def _miss_then_try(self, fw: _Forward) -> None:
-        assert fw.answer is not None
-        refused = await self._miss(fw)
-        if refused is not None:
-            fw.answer(self._finish(fw.model, refused, fw.t0))
-        else:
-            self._next_try(fw)
-
-    async def _send_http(self, fw: _Forward, name: str) -> Reply:
+    async def _send_http(self, fw: Forward, name: str) -> Reply:
         return await self.forwarder.request(
             "POST", self.registry.url(name), fw.path, fw.body, fw.headers
         )
 
     async def _tries(
         self,
-        fw: _Forward,
+        fw: Forward,
         send: Callable[[str], Awaitable[R]],
-        settle: Callable[[_Forward, str, R | None, ForwardError | None], Answer | None],
+        settle: Callable[[Forward, str, R | None, ForwardError | None], Answer | None],
     ) -> Answer:
         """The awaited tries of one request (HTTP or gRPC): pick, send, settle, until an
         answer or no backend is left."""
         while True:
-            name = self._pick(fw)
+            name = self.pick(fw)
             if name is None:
-                return self._finish(fw.model, self._exhausted(fw), fw.t0)
+                return self.finish(fw.model, self.exhausted(fw), fw.t0)
             got: R | None = None
             error: ForwardError | None = None
             try:
@@ -279,86 +206,10 @@ class Dispatcher:
             except ForwardError as exc:
                 error = exc
             finally:
-                self._done(name, fw.model, got)
+                self.done(name, fw.model, got)
             ans = settle(fw, name, got, error)
             if ans is not None:
-                return self._finish(fw.model, ans, fw.t0)
-
-    def infer_fast(
-        self,
-        model: str,
-        path: str,
-        body: bytes,
-        headers: Mapping[str, str],
-        answer: Callable[[Answer], None],
-    ) -> None:
-        """``infer`` without a task or coroutines (the server's fast path): ``answer`` is
-        called once with the Answer. Needs the pooled forwarder; a try that finds no idle
-        connection to its backend runs as a task (``_try_async``)."""
-        fw = self._admit(model, path, body, headers)
-        if isinstance(fw, Answer):
-            answer(self._finish(model, fw, time.perf_counter()))
-            return
-        fw.answer = answer
-        if self._missing(model):
-            task = asyncio.get_running_loop().create_task(self._miss_then_try(fw))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            return
-        self._next_try(fw)
-
-    def _next_try(self, fw: _Forward) -> None:
-        assert fw.answer is not None
-        name = self._pick(fw)
-        if name is None:
-            fw.answer(self._finish(fw.model, self._exhausted(fw), fw.t0))
-            return
-        client = self._clients.get(name)
-        if client is None:
-            fwd = self.forwarder
-            assert isinstance(fwd, PooledForwarder)
-            client = self._clients[name] = fwd.client(self.registry.url(name))
-        key = (name, fw.path, fw.head_key)
-        prefix = self._heads.get(key)
-        if prefix is None:
-            prefix = client.head("POST", fw.path, fw.headers, 0)[: -len(_LENGTH_ZERO)]
-            if len(self._heads) >= FORWARD_HEADS:
-                self._heads.clear()
-            self._heads[key] = prefix
-        head = b"%scontent-length: %d\r\n\r\n" % (prefix, len(fw.body))
-        if not client.send_cb(head, fw.body, partial(self._tried, fw, name)):
-            task = asyncio.get_running_loop().create_task(self._try_async(fw, name))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _try_async(self, fw: _Forward, name: str) -> None:
-        try:
-            reply = await self.forwarder.request(
-                "POST", self.registry.url(name), fw.path, fw.body, fw.headers
-            )
-        except ForwardError as exc:
-            self._tried(fw, name, None, exc)
-        else:
-            self._tried(fw, name, reply, None)
-
-    def _tried(
-        self,
-        fw: _Forward,
-        name: str,
-        reply: Reply | HttpReply | None,
-        error: BaseException | None,
-    ) -> None:
-        self._done(name, fw.model, reply)
-        if error is not None and not isinstance(error, ForwardError):
-            raise error  # not a forwarding failure: a bug, not an outcome
-        if error is not None:
-            error = PooledForwarder.sorted_error(error)
-        ans = self._settle(fw, name, reply, error)
-        if ans is None:
-            self._next_try(fw)
-        else:
-            assert fw.answer is not None
-            fw.answer(self._finish(fw.model, ans, fw.t0))
+                return self.finish(fw.model, ans, fw.t0)
 
     # -- gRPC ----------------------------------------------------------------------------------
     async def infer_grpc(
@@ -371,33 +222,33 @@ class Dispatcher:
         """``infer`` for a gRPC call: ``send(name)`` forwards it to backend ``name`` (a
         GrpcReply, or a ForwardError: Unreachable, ResponseTimeout); backends in ``exclude``
         (no gRPC endpoint) are never picked; ``headers``: the call's class and deadline as
-        their HTTP headers (``grpc_front.class_headers``)."""
-        fw = self._admit(model, "", b"", headers or {})
+        their HTTP headers (``grpc_status.forward_metadata``)."""
+        fw = self.admit(model, "", b"", headers or {})
         if isinstance(fw, Answer):
-            return self._finish(model, fw, time.perf_counter())
+            return self.finish(model, fw, time.perf_counter())
         fw.tried.extend(exclude)
-        if self._missing(model):
-            refused = await self._miss(fw)
+        if self.missing(model):
+            refused = await self.miss(fw)
             if refused is not None:
-                return self._finish(model, refused, fw.t0)
+                return self.finish(model, refused, fw.t0)
         return await self._tries(fw, send, self._settle_grpc)
 
     def _settle_grpc(
-        self, fw: _Forward, name: str, got: GrpcReply | None, error: ForwardError | None
+        self, fw: Forward, name: str, got: GrpcReply | None, error: ForwardError | None
     ) -> Answer | None:
-        """``_settle`` for a gRPC try: judged by its HTTP counterpart; the Answer it gives (or
+        """``settle`` for a gRPC try: judged by its HTTP counterpart; the Answer it gives (or
         keeps to relay) carries the gRPC answer itself."""
         reply = None
         if got is not None:
             reply = Reply(got.status, {wire.REASON_HEADER: got.reason} if got.reason else {}, b"")
         before = fw.relayed
-        ans = self._settle(fw, name, reply, error)
+        ans = self.settle(fw, name, reply, error)
         mine = ans if ans is not None else (fw.relayed if fw.relayed is not before else None)
         if mine is not None and got is not None:
             mine.grpc = got
         return ans
 
-    def _done(self, name: str, model: str, reply: Reply | HttpReply | GrpcReply | None) -> None:
+    def done(self, name: str, model: str, reply: Reply | HttpReply | GrpcReply | None) -> None:
         """The try on ``name`` is over; a served answer (below 400) teaches the router the
         backend's speed (a quick refusal must not make a host look fast)."""
         if reply is None:
@@ -411,9 +262,9 @@ class Dispatcher:
         if self.placement is not None:
             self.placement.done(model, name)
 
-    def _admit(
+    def admit(
         self, model: str, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> Answer | _Forward:
+    ) -> Answer | Forward:
         """The answer at once (unknown model, overload), or the request to forward."""
         t0 = time.perf_counter()
         now = self.clock.now()
@@ -430,9 +281,9 @@ class Dispatcher:
         req = RequestInfo(next(self._ids), model, now)
         if values[3] is not None or values[4] is not None:
             classify(req, values[3], values[4])
-        return _Forward(req, path, body, fwd_headers, t0, values)
+        return Forward(req, path, body, fwd_headers, t0, values)
 
-    def _pick(self, fw: _Forward) -> str | None:
+    def pick(self, fw: Forward) -> str | None:
         """The next backend to try (counted as sent), or None when none is left."""
         if fw.attempt > self.door.retries:  # no try left: no decision to time
             return None
@@ -450,8 +301,8 @@ class Dispatcher:
             self.placement.sent(fw.model, name)
         return name
 
-    def _settle(
-        self, fw: _Forward, name: str, reply: Reply | HttpReply | None, error: ForwardError | None
+    def settle(
+        self, fw: Forward, name: str, reply: Reply | HttpReply | None, error: ForwardError | None
     ) -> Answer | None:
         """One try's outcome: the answer, or None to try the next backend."""
         if error is not None:
@@ -476,7 +327,7 @@ class Dispatcher:
         fw.relayed = ans
         return None
 
-    def _failed(self, fw: _Forward, name: str, error: ForwardError) -> Answer | None:
+    def _failed(self, fw: Forward, name: str, error: ForwardError) -> Answer | None:
         """A try that got no answer, judged by the rules: None to try the next backend, or
         the 504 of a backend that has the request and did not answer."""
         if isinstance(error, Unreachable):
@@ -498,7 +349,7 @@ class Dispatcher:
             {wire.BACKEND_HEADER: name},
         )
 
-    def _exhausted(self, fw: _Forward) -> Answer:
+    def exhausted(self, fw: Forward) -> Answer:
         """Every try failed: the last backend's 429/503 as relayed, or the gateway's 503."""
         ref = self.door.exhausted(fw, partial(self._none_ready, fw.model))
         if ref is None:
@@ -511,7 +362,7 @@ class Dispatcher:
         states = self.registry.states_of(model)
         return "none is ready: " + ", ".join(f"{n} {s}" for n, s in states.items())
 
-    def _finish(self, model: str, ans: Answer, t0: float) -> Answer:
+    def finish(self, model: str, ans: Answer, t0: float) -> Answer:
         self.metrics.observe_request(ans.backend, model, ans.outcome, time.perf_counter() - t0)
         if ans.backend is not None and ans.raw is None:
             ans.headers[wire.BACKEND_HEADER] = ans.backend
