@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-from evenserve.core.wire import NO_BACKEND, OVERLOADED, REFUSAL_STATUS
+from evenserve.core.wire import NO_BACKEND, REFUSAL_STATUS
 from evenserve.policy.routing import Router
 from evenserve.policy.routing.dispatch import FrontDoor, Tries, first_try
 from evenserve.sched import DRAINING
@@ -63,14 +63,15 @@ class SimFront:
         done: Callable[[str, str], None] | None = None,
     ) -> None:
         self.routers = routers
-        known = sorted(models)
+        known = frozenset(models)
+        listed = sorted(known)
         self.doors = [
             FrontDoor(
                 r,
                 retries=retries,
                 refusals=refusals,
                 hosts_model=known.__contains__,
-                models=lambda: known,
+                models=lambda: listed,
             )
             for r in routers
         ]
@@ -100,9 +101,11 @@ class SimFront:
     def route(self, r: SimRequest, g: int, now: float) -> None:
         """Gateway ``g``'s rules for ``r``: admitted or refused, then its first try."""
         door = self.doors[g]
-        if self.refusals and door.admit(r.model, now) is not None:
-            self.drop(r, OVERLOADED, None)
-            return
+        if self.refusals:
+            refused = door.admit(r.model, now)
+            if refused is not None:  # overloaded (every model of a scenario is known)
+                self.drop(r, refused.reason or NO_BACKEND, None)
+                return
         name = first_try(door, r, now)
         if name is None:
             self.drop(r, NO_BACKEND, None)
