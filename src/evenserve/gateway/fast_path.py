@@ -15,26 +15,51 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from evenserve.gateway.answers import Answer
+from evenserve.gateway.answers import Answer, GrpcReply
+from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.forward import Forward
-from evenserve.gateway.forwarder import ForwardError, PooledForwarder, Reply
+from evenserve.gateway.forwarder import Forwarder, ForwardError, PooledForwarder, Reply
 from evenserve.httpio.client import HttpClient
 from evenserve.httpio.client import Reply as HttpReply
-
-if TYPE_CHECKING:
-    from evenserve.gateway.dispatcher import Dispatcher
 
 #: The head cache's size before it starts over (``FastPath._next_try``).
 FORWARD_HEADS = 1024
 _LENGTH_ZERO = b"content-length: 0\r\n\r\n"
 
 
+class Steps(Protocol):
+    """The dispatcher's steps every driver shares (``gateway.dispatcher.Dispatcher``)."""
+
+    registry: BackendRegistry
+    forwarder: Forwarder
+
+    def admit(
+        self, model: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> Answer | Forward: ...
+
+    def missing(self, model: str) -> bool: ...
+
+    async def miss(self, fw: Forward) -> Answer | None: ...
+
+    def pick(self, fw: Forward) -> str | None: ...
+
+    def done(self, name: str, model: str, reply: Reply | HttpReply | GrpcReply | None) -> None: ...
+
+    def settle(
+        self, fw: Forward, name: str, reply: Reply | HttpReply | None, error: ForwardError | None
+    ) -> Answer | None: ...
+
+    def exhausted(self, fw: Forward) -> Answer: ...
+
+    def finish(self, model: str, ans: Answer, t0: float) -> Answer: ...
+
+
 class FastPath:
     """One dispatcher's callback driver: its pooled clients and forwarded heads."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Steps) -> None:
         self.d = dispatcher
         #: Forwarded request heads up to their Content-Length, by backend, path and forwarded
         #: headers (a client sends few kinds of request): made once, not per request.
