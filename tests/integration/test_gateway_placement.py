@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.clock import FakeClock
 from evenserve.core.wire import BACKEND_HEADER
-from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.placement import DeviceSetup
 from evenserve.gateway.server import Gateway
 from evenserve.policy.placement import ModelInfo

@@ -63,11 +63,12 @@ import yaml
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from evenserve.cluster.file import LoadedCluster
+from evenserve.cluster.gateway_section import PlacementSettings
 from evenserve.core.clock import Clock
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.scenario import default_load_times_s
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.config import LoadedCluster, PlacementSettings
 from evenserve.metrics import names
 from evenserve.policy.placement import (
     AUTOSCALING,

@@ -55,12 +55,12 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
+from evenserve.cluster.gateway_section import GatewaySection
 from evenserve.core import wire
 from evenserve.core.clock import Clock
 from evenserve.core.load import LoadReport
 from evenserve.core.wire import HEALTH_READY_PATH, LOAD_PATH, METRICS_PATH, REPOSITORY_INDEX_PATH
 from evenserve.gateway.backends import STATES, BackendRegistry, BackendState, best_state
-from evenserve.gateway.config import GatewaySection
 from evenserve.gateway.prometheus_signals import PrometheusParseError, sample_from_text
 from evenserve.httpio.client import ConnectFailed, HttpClient, HttpClientError, Reply
 

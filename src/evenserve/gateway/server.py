@@ -32,6 +32,8 @@ from typing import Any
 import orjson
 
 from evenserve import __version__
+from evenserve.cluster.backend_spec import BackendSpec
+from evenserve.cluster.file import LoadedCluster
 from evenserve.core import wire
 from evenserve.core.clock import Clock, RealClock
 from evenserve.core.errors import ProfileError
@@ -39,7 +41,6 @@ from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.core.requestlog import Recorder, RecordSettings, parse_log_query
 from evenserve.gateway.admin import AdminAPI
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.config import BackendSpec, LoadedCluster
 from evenserve.gateway.dispatcher import Answer, Dispatcher
 from evenserve.gateway.params_api import GatewayParams
 from evenserve.gateway.placement import (

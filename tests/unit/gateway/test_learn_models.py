@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from evenserve.cluster.backend_spec import BackendSpec
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.clock import FakeClock
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample
 from evenserve.gateway.backends import BackendRegistry, BackendState
-from evenserve.gateway.config import BackendSpec, parse_cluster
 from evenserve.gateway.poller import BadIndex, Poller, parse_index
 from evenserve.httpio.client import ConnectFailed, Reply, ResponseTimeout
 from evenserve.policy.routing import ROUTING

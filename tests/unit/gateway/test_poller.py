@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.clock import FakeClock
 from evenserve.core.load import LoadReport
 from evenserve.core.wire import LOAD_PATH
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.poller import Poller
 from evenserve.httpio.client import ConnectFailed, Reply, ResponseTimeout
 from evenserve.httpio.server import HttpServer, Request, Response, json_response

@@ -7,16 +7,15 @@ from typing import Any
 import pytest
 import yaml
 
-from evenserve.core.errors import ConfigError
-from evenserve.gateway.config import (
+from evenserve.cluster.admin_token import (
     DEFAULT_TOKEN_ENV,
     MIN_TOKEN_LENGTH,
-    TRITON_MAPPING,
     AdminToken,
-    load_cluster,
-    parse_cluster,
     write_private,
 )
+from evenserve.cluster.file import load_cluster, parse_cluster
+from evenserve.cluster.prometheus_mapping import TRITON_MAPPING
+from evenserve.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 
