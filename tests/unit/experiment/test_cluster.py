@@ -19,7 +19,7 @@ from evenserve.experiment.cluster import (
     write_profile_sets,
 )
 from evenserve.experiment.scaling import scale_scenario
-from evenserve.gateway.placement import cluster_setup
+from evenserve.gateway.placement_catalogue import cluster_setup
 from evenserve.policy.batching import BATCHING
 from evenserve.sim.loader import LoadedScenario, load_scenario
 
