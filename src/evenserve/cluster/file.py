@@ -233,14 +233,10 @@ class LoadedCluster:
                 return cand
         return bundled_profile_set(name)
 
-    def admin_token(self) -> str | None:
+    def configured_admin_token(self) -> AdminToken | None:
         """The configured token: the file's ``gateway.admin.token``, else the environment
         variable ``gateway.admin.token_env`` names; None when neither is set. ConfigError
         naming the variable when its token is shorter than MIN_TOKEN_LENGTH."""
-        configured = self.configured_admin_token()
-        return None if configured is None else configured.value
-
-    def configured_admin_token(self) -> AdminToken | None:
         a = self.config.gateway.admin
         if a.token is not None:
             return AdminToken(a.token, "gateway.admin.token")

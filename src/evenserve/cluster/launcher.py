@@ -147,7 +147,7 @@ class Launcher:
             else:
                 from evenserve.cluster.ray_workers import actor_worker
 
-                worker = actor_worker(d, cmd, env, base_env, url, log, w.host, self.ray)
+                worker = actor_worker(d, cmd, env, base_env, url, log, w.host)
                 self.workers.append(worker)
         g = self.cluster.config.gateway
         genv = {

@@ -155,9 +155,8 @@ class RayPlacement:
     """``--ray ADDRESS`` (or ``auto``)."""
 
     address: str = "auto"
+    #: Whether this run started Ray (``connect``): ``stop_actors`` stops it then.
     started: bool = False
-    #: Actors made, per worker (the launcher's count of new actors, not Ray's restarts).
-    created: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -171,7 +170,6 @@ class ActorWorker:
     log_path: Path
     options: dict[str, Any]
     bind_host: str
-    placement: RayPlacement
     restarts: int = 0
     handle: Any = None
     last_info: dict[str, Any] = field(default_factory=dict)
@@ -202,7 +200,6 @@ class ActorWorker:
         self.handle = cls.options(**self.options).remote(
             self.argv, self.env, str(self.log_path), self.bind_host, launcher_node
         )
-        self.placement.created[self.name] = self.placement.created.get(self.name, 0) + 1
         self._fresh()
 
     def _fresh(self) -> None:
@@ -216,10 +213,6 @@ class ActorWorker:
         self.last_info = ray.get(self.handle.info.remote(), timeout=120.0)
         self.url = f"http://{self.last_info['address']}"
         return self.last_info
-
-    @property
-    def address(self) -> str:
-        return self.url.removeprefix("http://")
 
     @property
     def pid(self) -> int | None:
@@ -297,7 +290,6 @@ def actor_worker(
     url: str,
     log: Path,
     bind_host: str,
-    placement: RayPlacement,
 ) -> ActorWorker:
     """Device ``d``'s worker as a Ray actor, from its local command line ``cmd`` and
     environment ``env``: the arguments after the interpreter's (the actor's node runs its
@@ -306,7 +298,7 @@ def actor_worker(
     dev = argv[argv.index("--device") + 1]
     return ActorWorker(
         d.name, argv, actor_env(dev, env, base_env), url, log,
-        actor_options(d), bind_host, placement,
+        actor_options(d), bind_host,
     )  # fmt: skip
 
 

@@ -186,8 +186,7 @@ class Handle:
 
 
 def _actor(tmp_path: Path) -> ActorWorker:
-    a = ActorWorker("w", ["worker"], {}, "http://127.0.0.1:1", tmp_path / "w.log", {},
-                    "127.0.0.1", RayPlacement())  # fmt: skip
+    a = ActorWorker("w", ["worker"], {}, "http://127.0.0.1:1", tmp_path / "w.log", {}, "127.0.0.1")
     a.handle = Handle()
     return a
 
