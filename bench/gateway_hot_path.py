@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evenserve.gateway.config import parse_cluster
+from evenserve.cluster.file import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.httpio import client as http_client
 from evenserve.httpio.server import HttpServer, _Connection
