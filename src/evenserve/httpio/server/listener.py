@@ -137,7 +137,8 @@ class HttpServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop listening, answer every request already read, then close (the package's docstring)."""
+        """Stop listening, answer every request already read, then close (the package's
+        docstring)."""
         self.stopping = True
         if self._server is not None:
             self._server.close()
