@@ -44,7 +44,7 @@ from rich.table import Table
 from evenserve.core.profile import LatencyProfile, dump_profile, load_profile
 from evenserve.runtime.device import parse_device
 from evenserve.worker.app import Worker
-from evenserve.worker.driver import BatchResult, DriverObserver, RunningBatch
+from evenserve.worker.batch import BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker

@@ -18,7 +18,7 @@ from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.runtime.device import parse_device
 from evenserve.worker.app import Worker, WorkerServing
-from evenserve.worker.driver import BatchResult, DriverObserver, RunningBatch
+from evenserve.worker.batch import BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 

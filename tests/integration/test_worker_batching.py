@@ -29,7 +29,7 @@ import pytest
 from evenserve.core.profile import load_profile
 from evenserve.runtime.device import parse_device
 from evenserve.worker.app import Worker
-from evenserve.worker.driver import BatchResult, DriverObserver, RunningBatch
+from evenserve.worker.batch import BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker

@@ -225,7 +225,7 @@ async def test_requests_arriving_during_a_load_are_all_answered_after_it(
     load = asyncio.ensure_future(c.post("/v2/repository/models/em/load"))
     await _until(lambda: len(gate.slept) == 1, "em loads")
     calls = [asyncio.ensure_future(c.post("/v2/models/em/infer", json=X)) for _ in range(20)]
-    await _until(lambda: service.control.waiting_for_load("em") == 20, "the requests wait")
+    await _until(lambda: service.control.loads.waiting("em") == 20, "the requests wait")
     assert not any(f.done() for f in calls)
     gate.opened.set()
     assert (await load).status_code == 200
@@ -270,7 +270,7 @@ async def test_a_failed_load_answers_its_waiting_requests_503(
     load = asyncio.ensure_future(c.post("/v2/repository/models/em/load"))
     await _until(lambda: len(gate.slept) == 1, "em loads")
     calls = [asyncio.ensure_future(c.post("/v2/models/em/infer", json=X)) for _ in range(5)]
-    await _until(lambda: service.control.waiting_for_load("em") == 5, "the requests wait")
+    await _until(lambda: service.control.loads.waiting("em") == 5, "the requests wait")
     gate.opened.set()
     r = await load
     expected = "model 'em': load failed: RuntimeError: the weights are corrupt"
@@ -291,7 +291,7 @@ async def test_a_shutdown_answers_the_requests_waiting_for_a_load(
         load = asyncio.ensure_future(c.post("/v2/repository/models/em/load"))
         await _until(lambda: len(gate.slept) == 1, "em loads")
         call = asyncio.ensure_future(c.post("/v2/models/em/infer", json=X))
-        await _until(lambda: service.control.waiting_for_load("em") == 1, "the request waits")
+        await _until(lambda: service.control.loads.waiting("em") == 1, "the request waits")
         service.begin_drain()
         r = await call
         assert r.status_code == 503 and r.json()["error"] == "the worker is shutting down"
@@ -323,7 +323,7 @@ async def test_grpc_requests_wait_for_a_load_and_past_the_bound_get_unavailable(
 
     service = _service(tmp_path)
     await service.start()
-    server = GrpcServer(service, "127.0.0.1", 0)
+    server = GrpcServer(service.plane, "127.0.0.1", 0)
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -331,7 +331,7 @@ async def test_grpc_requests_wait_for_a_load_and_past_the_bound_get_unavailable(
             load = asyncio.ensure_future(service.control.request_load("em"))
             await _until(lambda: len(gate.slept) == 1, "em loads")
             calls = [stub.ModelInfer(_grpc_request("em"), timeout=60) for _ in range(8)]
-            await _until(lambda: service.control.waiting_for_load("em") == 8, "the requests wait")
+            await _until(lambda: service.control.loads.waiting("em") == 8, "the requests wait")
             gate.opened.set()
             await load
             for call in calls:
@@ -357,7 +357,7 @@ async def test_grpc_requests_wait_for_a_load_and_past_the_bound_get_unavailable(
             service.options.load_wait_s = 10.0
             gate.fail = "no disk"
             waiting = stub.ModelInfer(_grpc_request("em"), timeout=60)
-            await _until(lambda: service.control.waiting_for_load("em") == 1, "the request waits")
+            await _until(lambda: service.control.loads.waiting("em") == 1, "the request waits")
             gate.opened.set()
             with pytest.raises(ModelControlError):
                 await reload

@@ -439,7 +439,7 @@ async def test_while_loading_the_model_is_listed_loading_and_requests_wait_for_i
     await _until(lambda: service.models.state("pair").state == "LOADING", "loading")
     assert _states((await c.post(REPOSITORY_INDEX_PATH)).json())["pair"] == ("LOADING", None)
     infer = asyncio.ensure_future(c.post("/v2/models/pair/infer", json=PAIR))
-    await _until(lambda: service.control.waiting_for_load("pair") == 1, "the request waits")
+    await _until(lambda: service.control.loads.waiting("pair") == 1, "the request waits")
     assert (await c.get("/v2/models/pair/ready")).status_code == 503
     report = (await c.get(LOAD_PATH)).json()
     assert "pair" not in report["queued_by_model"] and report["loading_models"] == ["pair"]
@@ -512,24 +512,24 @@ async def test_poll_loads_new_folders_reloads_changed_ones_and_unloads_removed(
     shutil.rmtree(repo / "waits")
     shutil.rmtree(repo / "slow")
     service = await _started(_service(repo, ["em"], "poll"))
-    assert await service.control.poll_repository() == []  # nothing changed
+    assert await service.poller.poll() == []  # nothing changed
     write_repo(tmp_path, {"pair": MODELS["pair"]})
-    assert await service.control.poll_repository() == [("pair", "load")]
+    assert await service.poller.poll() == [("pair", "load")]
     assert service.models.state("pair").state == "READY"
     em_yaml = repo / "em" / "model.yaml"
     st = em_yaml.stat()
     em_yaml.write_text(yaml.safe_dump({**MODELS["em"], "max_batch_size": 8}))
     os.utime(em_yaml, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    assert await service.control.poll_repository() == [("em", "reload")]
+    assert await service.poller.poll() == [("em", "reload")]
     assert service.models["em"].entry.config.max_batch_size == 8
     shutil.rmtree(repo / "pair")
-    assert await service.control.poll_repository() == [("pair", "unload")]
+    assert await service.poller.poll() == [("pair", "unload")]
     assert service.models.state("pair").reason == "unloaded"
     # A broken folder is tried once, then again only when its model.yaml changes.
     (repo / "bad").mkdir()
     (repo / "bad" / "model.yaml").write_text("runtime: nope\n")
-    assert await service.control.poll_repository() == [("bad", "load failed")]
-    assert await service.control.poll_repository() == []
+    assert await service.poller.poll() == [("bad", "load failed")]
+    assert await service.poller.poll() == []
     assert service.models.state("bad").state == "UNAVAILABLE"
     await service.stop()
 
@@ -739,12 +739,12 @@ async def test_poll_reloads_a_triton_folder_when_its_config_pbtxt_changes(
     repo.mkdir()
     d = _triton_folder(repo)
     service = await _started(_service(repo, ["tiny_ts"], "poll"))
-    assert await service.control.poll_repository() == []
+    assert await service.poller.poll() == []
     pbtxt = d / "config.pbtxt"
     st = pbtxt.stat()
     pbtxt.write_text(TS_PBTXT.replace("max_batch_size: 4", "max_batch_size: 2"))
     os.utime(pbtxt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    assert await service.control.poll_repository() == [("tiny_ts", "reload")]
+    assert await service.poller.poll() == [("tiny_ts", "reload")]
     assert service.models["tiny_ts"].entry.config.max_batch_size == 2
-    assert await service.control.poll_repository() == []
+    assert await service.poller.poll() == []
     await service.stop()

@@ -26,12 +26,14 @@ from evenserve.core.requestlog import Recorder
 from evenserve.httpio.server import Request, Response
 from evenserve.runtime.host_pool import HostPool
 from evenserve.worker.admin import LiveParams, WorkerAdmin
+from evenserve.worker.batch import DriverObserver
 from evenserve.worker.dataplane import DataPlane
 from evenserve.worker.device import Device, gib
-from evenserve.worker.driver import BatchDriver, DriverObserver
+from evenserve.worker.driver import BatchDriver
 from evenserve.worker.http_api import WorkerApp
 from evenserve.worker.models.control import ModelControl, stamp
 from evenserve.worker.models.loading import build, load_runtime
+from evenserve.worker.models.poll import RepositoryPoller
 from evenserve.worker.models.registry import LOADING, READY, ModelRegistry, ModelState
 from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import ModelEntry
@@ -73,6 +75,7 @@ class Worker:
         self.telemetry = Telemetry(self.metrics, self.models)
         self.control = ModelControl(self.models, self.device, self.metrics, host_pool)
         self.control.mtimes.update(mtimes)
+        self.poller = RepositoryPoller(self.control)
         self.plane = DataPlane(self.models, self.control, self.device, self.telemetry)
         self.http = WorkerApp(self.plane, WorkerAdmin(self.params, options.admin_token))
         self._poller: asyncio.Task[None] | None = None
@@ -153,7 +156,7 @@ class Worker:
             self.models.states[n] = ModelState(READY, version=m.entry.config.version)
         self.models.ready = True
         if self.options.model_control == "poll":
-            self._poller = asyncio.ensure_future(self.control.poll_forever())
+            self._poller = asyncio.ensure_future(self.poller.run())
 
     def begin_drain(self) -> None:
         """Stop accepting inference; run what is queued now (called on SIGTERM/Ctrl-C)."""

@@ -41,11 +41,12 @@ from evenserve.core.requestlog import Recorder
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.runtime.base import Array
 from evenserve.worker.device import Device
-from evenserve.worker.driver import BatchFailedError, DrainingError, RefusedError
 from evenserve.worker.kserve import InferRequest, ModelSignature, ProtocolError, request_class
-from evenserve.worker.models.control import LoadWaitError, ModelControl
+from evenserve.worker.models.control import ModelControl
 from evenserve.worker.models.describe import model_config_json, model_metadata_json
+from evenserve.worker.models.loadwait import LoadWaitError
 from evenserve.worker.models.registry import LOADING, HostedModel, ModelRegistry
+from evenserve.worker.refusals import BatchFailedError, DrainingError, RefusedError
 from evenserve.worker.telemetry import Telemetry
 
 T = TypeVar("T")
@@ -170,7 +171,7 @@ class DataPlane:
         waited_s: float | None = None
         if name not in self.models and self.models.state(name).state == LOADING:
             try:
-                waited_s = await self.control.await_load(name)
+                waited_s = await self.control.loads.wait(name)
             except LoadWaitError as exc:
                 self.metrics.observe_request(name, wire.UNAVAILABLE.label, None)
                 return Answer(

@@ -13,8 +13,9 @@ from functools import partial
 
 from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.worker import DeviceSnapshot, WorkerMetrics
+from evenserve.worker.batch import BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.device import Device
-from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
+from evenserve.worker.driver import BatchDriver
 from evenserve.worker.models.registry import HostedModel, ModelRegistry
 
 

@@ -4,7 +4,7 @@
 ``poll``: the repository is rescanned every ``repository_poll_s`` (new folders load, removed
 ones unload, a changed model.yaml or variant.yaml reloads); ``none``: the models given are
 served for the worker's life. A model being loaded is LOADING: inference requests for it wait
-for the load (``await_load``, at most ``load_wait_s``). Error texts (and the states' reasons)
+for the load (``models.loadwait``, at most ``load_wait_s``). Error texts (and the states' reasons)
 name files relative to the repository (``public_text``).
 """
 
@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from evenserve.worker.models.loading import (
     load_model_runtime,
     release,
 )
+from evenserve.worker.models.loadwait import LoadWaits, LoadWatch
 from evenserve.worker.models.override import OVERRIDE_WHERE, ignored_override
 from evenserve.worker.models.registry import (
     LOADING,
@@ -63,38 +63,6 @@ class ModelControlError(EvenserveError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
-
-
-class LoadWaitError(EvenserveError):
-    """An inference request waited for its model's load in vain (503): the model is still
-    loading after ``--load-wait-ms`` (``retry_after_s`` set), or the load failed or the worker
-    began shutting down meanwhile (the message says which)."""
-
-    def __init__(self, message: str, waited_s: float, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.waited_s = waited_s
-        self.retry_after_s = retry_after_s
-
-
-class LoadWatch:
-    """One load in progress, for the requests waiting for it: set once it ends (``error``:
-    why it failed, None when the model is READY)."""
-
-    __slots__ = ("error", "event", "expected_s", "started_s", "waiting")
-
-    def __init__(self, expected_s: float | None) -> None:
-        self.event = asyncio.Event()
-        self.error: str | None = None
-        self.started_s = time.perf_counter()
-        #: How long the load should take, when the runtime says (emulated models).
-        self.expected_s = expected_s
-        #: Requests waiting for it now.
-        self.waiting = 0
-
-    def finish(self, error: str | None) -> None:
-        if not self.event.is_set():
-            self.error = error
-            self.event.set()
 
 
 def _config_file(directory: Path) -> Path:
@@ -136,7 +104,7 @@ class ModelControl:
         self.mtimes: dict[str, tuple[int | None, int | None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         #: The loads in progress, which inference requests may wait for.
-        self.loads: dict[str, LoadWatch] = {}
+        self.loads = LoadWaits(self.options, metrics.observe_load_wait)
 
     @property
     def driver(self) -> BatchDriver:
@@ -210,7 +178,7 @@ class ModelControl:
     ) -> dict[str, Any]:
         """Load (or reload) model ``name`` from its repository folder; ``override``: model.yaml
         fields replacing the file's top-level ones. The model is LOADING meanwhile (inference
-        requests for it wait for the load: ``await_load``), READY after. A model already
+        requests for it wait for the load: ``models.loadwait``), READY after. A model already
         loaded is reloaded: the new config is validated and its runtime built first, and its
         memory checked (a bad one, or one that does not fit, leaves the old model serving),
         then the old one is unloaded (drained: no request lost) and the new one loaded. On an
@@ -346,48 +314,9 @@ class ModelControl:
             self.models.states[name] = ModelState(UNAVAILABLE, f"load failed: {text}")
         return ModelControlError(f"model {name!r}: load failed: {text}", status)
 
-    # -- waiting for a load ------------------------------------------------------------------
-    def waiting_for_load(self, name: str) -> int:
-        """How many inference requests wait for the load of ``name`` now."""
-        watch = self.loads.get(name)
-        return 0 if watch is None else watch.waiting
-
-    async def await_load(self, name: str) -> float:
-        """Wait for the load of model ``name`` to end, at most ``load_wait_s``; the seconds
-        waited (0.0 at once when no load of it is in progress). LoadWaitError (503) when it
-        is still loading after the bound, when the load failed (its error), when the worker
-        began shutting down. The wait is observed in ``evenserve_load_wait_seconds``."""
-        watch = self.loads.get(name)
-        if watch is None:
-            return 0.0
-        bound = self.options.load_wait_s
-        t0 = time.perf_counter()
-        if not watch.event.is_set():
-            watch.waiting += 1
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(watch.event.wait(), max(bound, 0.0))
-            finally:
-                watch.waiting -= 1
-        waited = time.perf_counter() - t0
-        self.metrics.observe_load_wait(name, waited)
-        if not watch.event.is_set():
-            left = None
-            if watch.expected_s is not None:
-                left = watch.started_s + watch.expected_s - time.perf_counter()
-            raise LoadWaitError(
-                f"model {name!r} is still loading after {bound * 1000.0:g} ms",
-                waited,
-                retry_after_s=max(1.0, left or 1.0),
-            )
-        if watch.error is not None:
-            raise LoadWaitError(watch.error, waited)
-        return waited
-
     def begin_drain(self) -> None:
         """The requests waiting for a load are answered (the worker is shutting down)."""
-        for watch in self.loads.values():
-            watch.finish("the worker is shutting down")
+        self.loads.finish_all("the worker is shutting down")
 
     # -- unload ------------------------------------------------------------------------------
     async def unload_model(self, name: str) -> None:
@@ -425,54 +354,6 @@ class ModelControl:
         del runtime
         self.models.states[name] = ModelState(UNAVAILABLE, "unloaded", version)
         log.info("model %s unloaded", name)
-
-    # -- poll --------------------------------------------------------------------------------
-    async def poll_repository(self) -> list[tuple[str, str]]:
-        """One rescan of the repository (poll model control): load new folders, unload the
-        models whose folder is gone, reload those whose model.yaml (or config.pbtxt) changed.
-        A folder whose load failed is tried again once its config changes. Returns what it did:
-        (model, ``load`` | ``reload`` | ``unload`` | ``load failed``)."""
-        repo = self.options.repository
-        assert repo is not None
-        done: list[tuple[str, str]] = []
-        try:
-            folders = {d.name: d for d in model_folders(repo)}
-        except ConfigError as exc:
-            log.warning("repository poll: %s", exc)
-            return done
-        for name, d in folders.items():
-            mtime = stamp(d)
-            loaded = name in self.models
-            if name in self.mtimes and self.mtimes[name] == mtime:
-                continue
-            if not loaded and self.models.states.get(name, ModelState(UNAVAILABLE)).state != (
-                UNAVAILABLE
-            ):
-                continue  # loading or unloading: the next poll looks again
-            self.mtimes[name] = mtime
-            try:
-                await self.load_model(name)
-                done.append((name, "reload" if loaded else "load"))
-            except ModelControlError as exc:
-                log.warning("repository poll: %s", exc)
-                done.append((name, "load failed"))
-        for name in [n for n in self.models if n not in folders]:
-            try:
-                await self.unload_model(name)
-                done.append((name, "unload"))
-            except ModelControlError as exc:
-                log.warning("repository poll: %s", exc)
-        return done
-
-    async def poll_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.repository_poll_s)
-            if self.models.draining:
-                return
-            try:
-                await self.poll_repository()
-            except Exception:  # a poll must never end the poller
-                log.exception("repository poll failed")
 
     # -- the index ---------------------------------------------------------------------------
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
