@@ -30,6 +30,8 @@ Every request submitted is either refused at once or gets exactly one outcome on
 future: outputs, or a RefusedError (shed, deadline-expired), BatchFailedError, DrainingError.
 A request whose caller went away (future cancelled) leaves the queue at once and is never
 run. Every refusal is reported once to the observer with its reason (``REFUSAL_REASONS``).
+The errors and their messages are ``worker.refusals``'; what the driver hands its executor
+and observer (the pending request, a batch's result), ``worker.batch``'s.
 """
 
 from __future__ import annotations
