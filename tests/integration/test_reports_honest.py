@@ -120,4 +120,4 @@ def test_two_emulated_workers_on_one_profile_set_name_their_devices(tmp_path: Pa
     assert not any('device="emulated:' in line for line in labels[0] | labels[1])
     # Unnamed, the label stays the device string.
     plain = Worker(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
-    assert plain.device_name == "cpu"
+    assert plain.device.name == "cpu"
