@@ -20,7 +20,8 @@ service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 
 from evenserve.httpio.grpc_h2 import frames as h2  # noqa: E402
 from evenserve.httpio.grpc_h2.call import Call  # noqa: E402
-from evenserve.httpio.grpc_h2.server import GrpcH2Server, Limits  # noqa: E402
+from evenserve.httpio.grpc_h2.limits import Limits  # noqa: E402
+from evenserve.httpio.grpc_h2.server import GrpcH2Server  # noqa: E402
 from evenserve.httpio.grpc_service import unary_handlers  # noqa: E402
 
 ECHO = "/test.Echo/Echo"

@@ -14,8 +14,9 @@ hpack = pytest.importorskip("hpack")
 
 from evenserve.httpio.grpc_h2 import frames as h2  # noqa: E402
 from evenserve.httpio.grpc_h2.call import RESPONSE_HEADERS, Call, parse_timeout, percent_encode  # noqa: E402
+from evenserve.httpio.grpc_h2.limits import Limits  # noqa: E402
 from evenserve.httpio.grpc_h2.reading import FREE_RESETS  # noqa: E402
-from evenserve.httpio.grpc_h2.server import GrpcH2Server, H2Connection, Limits  # noqa: E402
+from evenserve.httpio.grpc_h2.server import GrpcH2Server, H2Connection  # noqa: E402
 
 PATH = "/test.Echo/Echo"
 

@@ -62,18 +62,22 @@ grpcio's servicer context is to a handler (``abort``, ``set_trailing_metadata``,
 A handler that raises anything else answers UNKNOWN (logged: that is a bug).
 
 The package, by what each module holds: ``frames`` (HTTP/2's wire: frame types, flags, error
-codes, SETTINGS, a frame's head, HPACK's encoding of the few fields written), ``call`` (one
-call as its handler sees it, and gRPC's statuses, timeouts and messages), ``writing`` (a
-connection's output: answers framed under the client's windows, resets, GOAWAY),
+codes, SETTINGS, a frame's head, HPACK's encoding of the few fields written), ``limits``
+(what a connection may ask), ``call`` (one call as its handler sees it, and gRPC's statuses,
+timeouts and messages), ``writing`` (a connection's output: answers framed under the
+client's windows, resets, GOAWAY; ``Listener``, what a connection sees of its server),
 ``calls`` (a header block opens a call or refuses it; a whole request runs its handler),
 ``reading`` (the client's frames read, flow control counted, DATA into its call's message)
 and ``server`` (the connection as an asyncio protocol, and the listener). A connection is
 one object, ``H2Connection``, whose class is built in layers, one per module: ``Writing``,
 then ``Calls``, then ``Reading``, then the protocol; a call from one layer to another is a
-plain method call on ``self``, as it was when the class was written in one module.
+plain method call on ``self``, as it was when the class was written in one module. The
+layers know the listener and a call knows its connection only by protocols (``Listener``,
+``call.Side``), so no module imports one above it.
 """
 
 from evenserve.httpio.grpc_h2.call import Call, Handler
-from evenserve.httpio.grpc_h2.server import GrpcH2Server, Limits
+from evenserve.httpio.grpc_h2.limits import Limits
+from evenserve.httpio.grpc_h2.server import GrpcH2Server
 
 __all__ = ["Call", "GrpcH2Server", "Handler", "Limits"]

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from evenserve.httpio.grpc_h2.frames import hpack_int, literal
+from evenserve.httpio.grpc_h2.limits import Limits
 
-if TYPE_CHECKING:
-    from evenserve.httpio.grpc_h2.writing import Writing
+
+class Side(Protocol):
+    """What a call reads of its connection (``writing.Writing``)."""
+
+    limits: Limits
+    loop: asyncio.AbstractEventLoop
+
 
 # gRPC status codes (grpc's ``StatusCode`` values).
 OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT = 0, 1, 2, 3
@@ -92,7 +98,7 @@ class Call:
         "trailing",
     )
 
-    def __init__(self, conn: Writing, sid: int, path: str, send_window: int) -> None:
+    def __init__(self, conn: Side, sid: int, path: str, send_window: int) -> None:
         self.conn = conn
         self.sid = sid
         self.path = path

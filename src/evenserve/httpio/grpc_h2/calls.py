@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
 import hpack
 from hpack.exceptions import HPACKError, OversizedHeaderListError
@@ -33,10 +32,7 @@ from evenserve.httpio.grpc_h2.frames import (
     STREAM_CLOSED,
     ConnectionError_,
 )
-from evenserve.httpio.grpc_h2.writing import Writing
-
-if TYPE_CHECKING:
-    from evenserve.httpio.grpc_h2.server import GrpcH2Server
+from evenserve.httpio.grpc_h2.writing import Listener, Writing
 
 log = logging.getLogger("evenserve.grpc")
 
@@ -48,7 +44,7 @@ REFUSAL_WAIT_S = 0.2
 class Calls(Writing):
     """The calls of one client connection (the module's docstring)."""
 
-    def __init__(self, server: GrpcH2Server) -> None:
+    def __init__(self, server: Listener) -> None:
         super().__init__(server)
         self.handlers = server.handlers
         self.decoder = hpack.Decoder(max_header_list_size=self.limits.hard_header_list_bytes)

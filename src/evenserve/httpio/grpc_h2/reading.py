@@ -6,7 +6,6 @@ into its call's message as it arrives, whatever the chunking of the reads."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from evenserve.httpio.grpc_h2.call import RESOURCE_EXHAUSTED, Call
 from evenserve.httpio.grpc_h2.calls import Calls
@@ -40,9 +39,7 @@ from evenserve.httpio.grpc_h2.frames import (
     ConnectionError_,
     frame_head,
 )
-
-if TYPE_CHECKING:
-    from evenserve.httpio.grpc_h2.server import GrpcH2Server
+from evenserve.httpio.grpc_h2.writing import Listener
 
 #: Streams a client may reset before its resets are weighed against its answered calls, and
 #: the share of those it may reset beyond them (more: GOAWAY ENHANCE_YOUR_CALM).
@@ -53,7 +50,7 @@ MAX_RESET_SHARE = 1
 class Reading(Calls):
     """The input side of one client connection (the module's docstring)."""
 
-    def __init__(self, server: GrpcH2Server) -> None:
+    def __init__(self, server: Listener) -> None:
         super().__init__(server)
         self.buf = bytearray()
         self.preface = True

@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import cast
 
 from evenserve.httpio.grpc_h2.call import Handler
@@ -24,32 +23,15 @@ from evenserve.httpio.grpc_h2.frames import (
     SETTINGS,
     frame_head,
 )
+from evenserve.httpio.grpc_h2.limits import Limits
 from evenserve.httpio.grpc_h2.reading import Reading
 from evenserve.httpio.grpc_h2.writing import Writing
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What a connection may ask of the server (the package's docstring)."""
-
-    max_message_bytes: int = 4 * 1024 * 1024
-    max_header_list_bytes: int = 16 * 1024
-    max_concurrent_streams: int = 256
-    #: The MAX_FRAME_SIZE advertised (frames up to it are read).
-    max_frame_bytes: int = 1 << 20
-    #: The window given to each stream and to the connection.
-    window_bytes: int = 16 * 1024 * 1024
-    preface_timeout_s: float = 10.0
-    max_connections: int = 4096
-
-    @property
-    def hard_header_list_bytes(self) -> int:
-        """A header block over this (compressed or decoded) is a connection error."""
-        return max(4 * self.max_header_list_bytes, 64 * 1024)
-
-
 class H2Connection(Reading, asyncio.Protocol):
     """One client connection (the package's docstring)."""
+
+    server: GrpcH2Server
 
     # -- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

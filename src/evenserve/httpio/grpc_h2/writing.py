@@ -7,13 +7,14 @@ windows we may send into, what is waiting to be written."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from evenserve.httpio.grpc_h2.call import (
     OK,
     RESPONSE_HEADERS,
     STATUS_OK,
     Call,
+    Handler,
     percent_encode,
 )
 from evenserve.httpio.grpc_h2.frames import (
@@ -29,15 +30,24 @@ from evenserve.httpio.grpc_h2.frames import (
     frame_head,
     literal,
 )
+from evenserve.httpio.grpc_h2.limits import Limits
 
-if TYPE_CHECKING:
-    from evenserve.httpio.grpc_h2.server import GrpcH2Server
+
+class Listener(Protocol):
+    """What a connection reads of its listener (``server.GrpcH2Server``)."""
+
+    handlers: dict[str, Handler]
+    refused: dict[str, str]
+    limits: Limits
+    loop: asyncio.AbstractEventLoop
+
+    def idle(self, conn: Writing) -> None: ...
 
 
 class Writing:
     """The output side of one client connection (the package's docstring)."""
 
-    def __init__(self, server: GrpcH2Server) -> None:
+    def __init__(self, server: Listener) -> None:
         self.server = server
         self.limits = server.limits
         self.loop = server.loop

@@ -37,12 +37,14 @@ request already read be answered (then close its connection), and after ``timeou
 what is left.
 
 The package: ``messages`` (what a handler gets and returns, and a response's head as bytes),
+``limits`` (``Limits``, and ``Listener``: what a connection sees of its server),
 ``connection`` (one client connection: the head and body read under the limits, requests
 handed to the handler in order, answers written) and ``listener`` (``HttpServer``: the
-listening socket, the connections' deadlines swept, the graceful stop; ``Limits``).
+listening socket, the connections' deadlines swept, the graceful stop).
 """
 
-from evenserve.httpio.server.listener import HttpServer, Limits, raise_descriptor_limit
+from evenserve.httpio.server.limits import Limits
+from evenserve.httpio.server.listener import HttpServer, raise_descriptor_limit
 from evenserve.httpio.server.messages import (
     JSON,
     FastHandler,

@@ -9,10 +9,11 @@ import asyncio
 import logging
 from collections import deque
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import httptools
 
+from evenserve.httpio.server.limits import Listener
 from evenserve.httpio.server.messages import (
     Request,
     Response,
@@ -20,9 +21,6 @@ from evenserve.httpio.server.messages import (
     error_bytes,
     json_response,
 )
-
-if TYPE_CHECKING:
-    from evenserve.httpio.server.listener import HttpServer
 
 log = logging.getLogger("evenserve.http")
 #: How long a refused request's remaining input is read and dropped before closing.
@@ -57,7 +55,7 @@ class _Refuse(Exception):
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: Listener) -> None:
         self.server = server
         self.limits = server.limits
         self.max_head = server.limits.max_header_bytes

@@ -9,35 +9,10 @@ import contextlib
 import resource
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from evenserve.httpio.server.connection import LINGER_S, Connection
+from evenserve.httpio.server.limits import Limits
 from evenserve.httpio.server.messages import FastHandler, Handler, refresh_date
-
-
-def _default_max_connections() -> int:
-    """Client connections a process accepts: its descriptor limit less a reserve of 256 for
-    its own outgoing connections, files and the listening sockets."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(64, min(16384, soft - 256))
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 128
-    max_body_bytes: int = 256 * 1024 * 1024
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    keepalive_timeout_s: float = 15.0
-    #: How often connections are checked against their deadlines (at most half the
-    #: shortest timeout).
-    sweep_s: float = 0.5
-    max_connections: int = 0  # 0: the descriptor limit less a reserve
-    max_pipelined: int = 16
-
-    def connections(self) -> int:
-        return self.max_connections or _default_max_connections()
 
 
 def raise_descriptor_limit() -> int:
