@@ -43,10 +43,11 @@ from rich.table import Table
 
 from evenserve.core.profile import LatencyProfile, dump_profile, load_profile
 from evenserve.runtime.device import parse_device
-from evenserve.worker.driver import BatchResult, DriverObserver, RunningBatch
+from evenserve.worker.app import Worker
+from evenserve.worker.batch import BatchResult, DriverObserver, RunningBatch
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "bert-base"
@@ -99,7 +100,7 @@ def measure(clients: int, per_client: int, scale: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="evenserve-batching-") as tmp:
         set_dir, prof = scaled_profiles(Path(tmp), scale)
         entries = load_repository(ROOT / "examples" / "models" / "emulated", [MODEL])
-        service = WorkerService(
+        service = Worker(
             entries,
             WorkerOptions(device=parse_device(f"emulated:{set_dir}"), profiles_dir=Path(tmp)),
         )

@@ -5,13 +5,12 @@ from __future__ import annotations
 import httpx
 
 from evenserve.httpio.server import Request
-from evenserve.worker.http_api import create_app
-from evenserve.worker.service import WorkerService
+from evenserve.worker.app import Worker
 
 
-def worker_client(service: WorkerService, **client: object) -> httpx.AsyncClient:
-    """``service``'s WorkerApp (its lifecycle the caller's) behind an httpx client."""
-    app = create_app(service, manage_lifecycle=False)
+def worker_client(service: Worker, **client: object) -> httpx.AsyncClient:
+    """``service``'s HTTP front (its lifecycle the caller's) behind an httpx client."""
+    app = service.http
 
     async def handler(r: httpx.Request) -> httpx.Response:
         req = Request(

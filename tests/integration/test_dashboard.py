@@ -16,13 +16,14 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from evenserve.gateway.config import parse_cluster
+from evenserve.cluster.file import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.metrics import names
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 from tests.integration.fake_v2 import serving
 
 from .worker_repo import write_repo
@@ -109,7 +110,7 @@ def _body(x: float) -> dict[str, object]:
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundWorker]:
     repo = write_repo(tmp_path_factory.mktemp("dash"))
     w = BackgroundWorker(
-        WorkerService(load_repository(repo, ["em"]), WorkerOptions(device=parse_device("cpu")))
+        Worker(load_repository(repo, ["em"]), WorkerOptions(device=parse_device("cpu")))
     )
     w.start()
     yield w

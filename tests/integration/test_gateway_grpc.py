@@ -22,13 +22,14 @@ triton_aio = pytest.importorskip("tritonclient.grpc.aio")
 service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 service_pb2_grpc = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
 
+from evenserve.cluster.file import parse_cluster  # noqa: E402
 from evenserve.core.wire import BACKEND_HEADER  # noqa: E402
-from evenserve.gateway.config import parse_cluster  # noqa: E402
 from evenserve.gateway.server import Gateway  # noqa: E402
 from evenserve.runtime.device import parse_device  # noqa: E402
+from evenserve.worker.app import Worker  # noqa: E402
+from evenserve.worker.options import WorkerOptions  # noqa: E402
 from evenserve.worker.repository import load_repository  # noqa: E402
 from evenserve.worker.server import BackgroundWorker  # noqa: E402
-from evenserve.worker.service import WorkerOptions, WorkerService  # noqa: E402
 
 from .fake_v2 import FakeBackend, serving  # noqa: E402
 from .grpc_servers import SERVER, grpc_server  # noqa: E402, F401
@@ -41,7 +42,7 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Backgroun
     with contextlib.ExitStack() as stack:
         out = []
         for _ in range(2):
-            svc = WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
+            svc = Worker(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
             out.append(stack.enter_context(BackgroundWorker(svc, grpc_port=0)))
         yield out
 
@@ -346,7 +347,7 @@ async def test_metadata_config_statistics_and_index(
             assert "'nope'" in (err.value.details() or "")
 
         def counts() -> list[int]:
-            return [w.service.stats["em"].inference_count for w in workers]
+            return [w.worker.models["em"].stats.inference_count for w in workers]
 
         before = counts()
         for _ in range(4):  # round-robin: two requests of 3 rows on each worker
@@ -358,7 +359,7 @@ async def test_metadata_config_statistics_and_index(
         )
         (entry,) = stats.model_stats
         assert entry.name == "em" and entry.inference_count == sum(after)
-        summed = sum(w.service.stats["em"].success.count for w in workers)
+        summed = sum(w.worker.models["em"].stats.success.count for w in workers)
         assert entry.inference_stats.success.count == summed
         assert entry.inference_stats.queue.count >= 4
         assert sum(b.compute_infer.count for b in entry.batch_stats) == entry.execution_count

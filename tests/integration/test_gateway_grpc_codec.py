@@ -31,14 +31,15 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
+from evenserve.cluster.file import parse_cluster  # noqa: E402
 from evenserve.core.tensors import CONTENTS_FIELD, DATATYPES  # noqa: E402
 from evenserve.core.wire import BACKEND_HEADER, LOAD_WAIT_HEADER, REASON_HEADER  # noqa: E402
-from evenserve.gateway.config import parse_cluster  # noqa: E402
 from evenserve.gateway.server import Gateway  # noqa: E402
 from evenserve.runtime.device import parse_device  # noqa: E402
+from evenserve.worker.app import Worker  # noqa: E402
+from evenserve.worker.options import WorkerOptions  # noqa: E402
 from evenserve.worker.repository import load_repository  # noqa: E402
 from evenserve.worker.server import BackgroundWorker  # noqa: E402
-from evenserve.worker.service import WorkerOptions, WorkerService  # noqa: E402
 
 from .fake_v2 import serving  # noqa: E402
 from .grpc_servers import SERVER, grpc_server  # noqa: E402, F401
@@ -534,7 +535,7 @@ async def test_a_model_on_backends_of_both_kinds_is_served_by_each_its_own_way()
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundWorker]:
     repo = write_repo(tmp_path_factory.mktemp("gw-grpc-codec"))
-    svc = WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
+    svc = Worker(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
     with BackgroundWorker(svc, grpc_port=0) as w:
         yield w
 

@@ -16,14 +16,15 @@ grpc = pytest.importorskip("grpc")
 service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 service_pb2_grpc = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
 
+from evenserve.cluster.file import parse_cluster  # noqa: E402
 from evenserve.core.wire import BACKEND_HEADER  # noqa: E402
-from evenserve.gateway.config import parse_cluster  # noqa: E402
-from evenserve.gateway.placement import DeviceSetup  # noqa: E402
+from evenserve.gateway.placement_catalogue import DeviceSetup  # noqa: E402
 from evenserve.gateway.server import Gateway  # noqa: E402
 from evenserve.policy.placement import ModelInfo  # noqa: E402
 from evenserve.runtime.device import parse_device  # noqa: E402
+from evenserve.worker.app import Worker  # noqa: E402
+from evenserve.worker.options import WorkerOptions  # noqa: E402
 from evenserve.worker.server import BackgroundWorker  # noqa: E402
-from evenserve.worker.service import WorkerOptions, WorkerService  # noqa: E402
 
 from .fake_v2 import serving  # noqa: E402
 from .worker_repo import write_repo  # noqa: E402
@@ -36,7 +37,7 @@ def worker(tmp_path: Path) -> Iterator[BackgroundWorker]:
     repo = write_repo(tmp_path)
     opts = WorkerOptions(device=parse_device("cpu"), model_control="explicit", repository=repo)
     with contextlib.ExitStack() as stack:
-        yield stack.enter_context(BackgroundWorker(WorkerService([], opts), grpc_port=0))
+        yield stack.enter_context(BackgroundWorker(Worker([], opts), grpc_port=0))
 
 
 async def test_grpc_and_http_misses_load_on_a_real_worker(worker: BackgroundWorker) -> None:

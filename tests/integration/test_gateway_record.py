@@ -16,14 +16,15 @@ import yaml
 from typer.testing import CliRunner
 
 from evenserve.cli.main import app
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.requestlog import Recorder, RecordSettings
 from evenserve.experiment.record import pull_log
-from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 from evenserve.workload.trace import read_trace
 from tests.integration.fake_v2 import serving
 
@@ -45,7 +46,7 @@ def worker(worker_log: Path) -> Iterator[BackgroundWorker]:
     repo = write_repo(root)
     rec = Recorder(RecordSettings(path=worker_log, window=0, flush_s=0.05))
     w = BackgroundWorker(
-        WorkerService(load_repository(repo, ["em"]), WorkerOptions(device=parse_device("cpu"))),
+        Worker(load_repository(repo, ["em"]), WorkerOptions(device=parse_device("cpu"))),
         recorder=rec,
     )
     w.start()

@@ -16,9 +16,9 @@ grpc = pytest.importorskip("grpc")
 service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 service_pb2_grpc = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
 
+from evenserve.cluster.file import parse_cluster  # noqa: E402
 from evenserve.core.types import RequestInfo  # noqa: E402
 from evenserve.core.wire import DEADLINE_HEADER, OFFLINE, ONLINE, PRIORITY_HEADER  # noqa: E402
-from evenserve.gateway.config import parse_cluster  # noqa: E402
 from evenserve.gateway.server import Gateway  # noqa: E402
 
 from .fake_v2 import FakeBackend, serving  # noqa: E402

@@ -9,13 +9,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from evenserve.gateway.config import parse_cluster
+from evenserve.cluster.file import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.gateway.stats import aggregate_model_stats
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 from tests.integration.fake_v2 import serving
 
 from .worker_repo import write_repo
@@ -27,9 +28,7 @@ TOKEN = "stats-test-token-0123"
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[BackgroundWorker]]:
     repo = write_repo(tmp_path_factory.mktemp("repo"))
     ws = [
-        BackgroundWorker(
-            WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
-        )
+        BackgroundWorker(Worker(load_repository(repo), WorkerOptions(device=parse_device("cpu"))))
         for _ in range(2)
     ]
     for w in ws:

@@ -20,9 +20,10 @@ from evenserve.loadgen.spec import LoadSpec
 from evenserve.loadgen.target import TargetError, error_lines
 from evenserve.report.summary import summarize
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 from evenserve.workload import ClosedLoopUsers, user_rng
 
 from .fake_v2 import FakeBackend, serving
@@ -32,7 +33,7 @@ from .worker_repo import MODELS, write_repo
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundWorker]:
     repo = write_repo(tmp_path_factory.mktemp("lg"), {"em": MODELS["em"], "pair": MODELS["pair"]})
-    service = WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
+    service = Worker(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
     with BackgroundWorker(service) as w:
         yield w
 

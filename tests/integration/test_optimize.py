@@ -266,14 +266,15 @@ def test_broken_variant_file_is_a_clear_error(tiny_bert: Path) -> None:
 def test_worker_serves_the_chosen_variant(tiny_bert: Path) -> None:
     import httpx
 
+    from evenserve.worker.app import Worker
+    from evenserve.worker.options import WorkerOptions
     from evenserve.worker.repository import load_repository
     from evenserve.worker.server import BackgroundWorker
-    from evenserve.worker.service import WorkerOptions, WorkerService
 
     report = optimize(load_model(tiny_bert), CPU, _options(variants=["onnxruntime"]))
     assert report.chosen is not None
     entries = load_repository(tiny_bert.parent, [tiny_bert.name])
-    service = WorkerService(entries, WorkerOptions(device=CPU, cpu_threads=1))
+    service = Worker(entries, WorkerOptions(device=CPU, cpu_threads=1))
     ids = np.arange(10, dtype=np.int64).reshape(1, 10) % 100
     body = {
         "inputs": [
@@ -282,7 +283,7 @@ def test_worker_serves_the_chosen_variant(tiny_bert: Path) -> None:
         ]
     }
     with BackgroundWorker(service) as w:
-        info = service.load_info[tiny_bert.name]
+        info = service.models[tiny_bert.name].load_info
         assert info["variant"] == report.chosen
         assert info["warmup_batch_sizes"] == list(range(1, 9))
         r = httpx.post(f"{w.url}/v2/models/{tiny_bert.name}/infer", json=body, timeout=30)

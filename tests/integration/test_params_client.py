@@ -18,9 +18,10 @@ from evenserve.httpio.params_client import (
     rollback_params,
 )
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 
 from .worker_repo import MODELS, write_repo
 
@@ -32,7 +33,7 @@ SMALL = {"policy": "fixed-window", "max_batch_size": 4, "max_batch_delay_ms": 1}
 def worker(tmp_path: Path) -> Iterator[BackgroundWorker]:
     repo = write_repo(tmp_path, {"em": MODELS["em"]})
     opts = WorkerOptions(device=parse_device("cpu"), admin_token=TOKEN)
-    with BackgroundWorker(WorkerService(load_repository(repo), opts)) as w:
+    with BackgroundWorker(Worker(load_repository(repo), opts)) as w:
         yield w
 
 

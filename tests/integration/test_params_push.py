@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from evenserve.gateway.config import parse_cluster
+from evenserve.cluster.file import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.runtime.device import parse_device
-from evenserve.worker.driver import BatchResult, DriverObserver, RunningBatch
-from evenserve.worker.http_api import create_app
+from evenserve.worker.app import Worker, WorkerServing
+from evenserve.worker.batch import BatchResult, DriverObserver, RunningBatch
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
-from evenserve.worker.service import WorkerOptions, WorkerService
 
 from .fake_v2 import FakeBackend, serving
 from .test_gateway_routing import TOKEN, wait_for
@@ -47,12 +47,12 @@ class Cluster:
     gateway: Gateway
     client: httpx.AsyncClient
     workers: dict[str, str]  # name -> url
-    services: dict[str, WorkerService]
+    services: dict[str, Worker]
     sizes: dict[str, Sizes]
 
 
-def service_for(repo: Path, token: str | None) -> WorkerService:
-    svc = WorkerService(
+def service_for(repo: Path, token: str | None) -> Worker:
+    svc = Worker(
         load_repository(repo), WorkerOptions(device=parse_device("cpu"), admin_token=token)
     )
     svc.load()
@@ -65,14 +65,14 @@ async def cluster(
 ) -> AsyncIterator[Cluster]:
     repo = write_repo(tmp_path, {m: MODELS[m] for m in models})
     async with contextlib.AsyncExitStack() as stack:
-        services: dict[str, WorkerService] = {}
+        services: dict[str, Worker] = {}
         urls: dict[str, str] = {}
         sizes: dict[str, Sizes] = {}
         for name in ("w1", "w2"):
             svc = services[name] = service_for(repo, TOKEN)
             sizes[name] = Sizes()
             svc.add_observer(sizes[name])
-            urls[name] = (await stack.enter_async_context(serving(create_app(svc)))).url
+            urls[name] = (await stack.enter_async_context(serving(WorkerServing(svc)))).url
         backends: list[dict[str, Any]] = [
             {"name": n, "url": u, "models": list(models)} for n, u in urls.items()
         ]
@@ -174,7 +174,7 @@ async def test_a_put_changes_routing_on_the_gateway_and_batching_on_the_workers(
         )
         for svc in c.services.values():
             assert svc.driver.sched.max_batch_size == {"em": 16}
-            assert svc.batching_specs["em"]["max_batch_delay_ms"] == 2
+            assert svc.models["em"].batching_spec["max_batch_delay_ms"] == 2
         got = (await c.client.get("/admin/params", headers=AUTH)).json()
         assert got["params"] == got["history"][0]["params"]
         assert got["backends"] == {"w1": 4, "w2": 4}
@@ -362,7 +362,7 @@ async def test_token_rules_on_the_gateway_and_the_worker(tmp_path: Path) -> None
     repo = write_repo(tmp_path / "off", {"em": MODELS["em"]})
     svc = service_for(repo, None)
     async with (
-        serving(create_app(svc)) as s,
+        serving(WorkerServing(svc)) as s,
         httpx.AsyncClient(base_url=s.url, timeout=60) as w,
     ):
         r = await w.get("/admin/params", headers=AUTH)

@@ -20,9 +20,10 @@ from evenserve.experiment.target_bench import TargetBench, resolve_slos, run_tar
 from evenserve.loadgen.spec import LoadSpec
 from evenserve.report.plots import plot_utilization
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 
 from .worker_repo import MODELS, write_repo
 
@@ -34,7 +35,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundWorke
         tmp_path_factory.mktemp("honest"),
         {"em": {**MODELS["em"], "slo_ms": 40}, "pair": MODELS["pair"]},
     )
-    service = WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
+    service = Worker(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
     with BackgroundWorker(service) as w:
         yield w
 
@@ -106,7 +107,7 @@ def test_two_emulated_workers_on_one_profile_set_name_their_devices(tmp_path: Pa
     (profiles / "em.yaml").write_text((repo / "em" / "profile.yaml").read_text())
     labels = []
     for name in ("gpu0", "gpu1"):
-        service = WorkerService(
+        service = Worker(
             load_repository(repo),
             WorkerOptions(device=parse_device(f"emulated:{profiles}"), name=name),
         )
@@ -118,5 +119,5 @@ def test_two_emulated_workers_on_one_profile_set_name_their_devices(tmp_path: Pa
     assert labels[0] and labels[1]
     assert not any('device="emulated:' in line for line in labels[0] | labels[1])
     # Unnamed, the label stays the device string.
-    plain = WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
-    assert plain.device_name == "cpu"
+    plain = Worker(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
+    assert plain.device.name == "cpu"

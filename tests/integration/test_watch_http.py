@@ -12,13 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
+from evenserve.cluster.file import parse_cluster
 from evenserve.experiment.watch import Figures, HttpWatchClient, Params, Record, WatchPolicy
-from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 from tests.integration.fake_v2 import serving
 
 from .worker_repo import write_repo
@@ -31,7 +32,7 @@ N = 20
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundWorker]:
     repo = write_repo(tmp_path_factory.mktemp("w"))
     w = BackgroundWorker(
-        WorkerService(load_repository(repo, ["em"]), WorkerOptions(device=parse_device("cpu")))
+        Worker(load_repository(repo, ["em"]), WorkerOptions(device=parse_device("cpu")))
     )
     w.start()
     yield w

@@ -28,10 +28,11 @@ import pytest
 
 from evenserve.core.profile import load_profile
 from evenserve.runtime.device import parse_device
-from evenserve.worker.driver import BatchResult, DriverObserver, RunningBatch
+from evenserve.worker.app import Worker
+from evenserve.worker.batch import BatchResult, DriverObserver, RunningBatch
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 
 from .worker_repo import metric_samples
 
@@ -76,7 +77,7 @@ def binary_request(rng: np.random.Generator) -> tuple[bytes, dict[str, str]]:
 @pytest.fixture(scope="module")
 def run() -> Iterator[Run]:
     entries = load_repository(ROOT / "examples" / "models" / "emulated", ["bert-base"])
-    service = WorkerService(
+    service = Worker(
         entries,
         WorkerOptions(device=parse_device("emulated:a10-trt-fp16"), profiles_dir=ROOT / "profiles"),
     )

@@ -24,9 +24,10 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from evenserve.core.load import LoadReport  # noqa: E402
 from evenserve.core.wire import LOAD_PATH  # noqa: E402
 from evenserve.runtime.device import parse_device  # noqa: E402
+from evenserve.worker.app import Worker  # noqa: E402
+from evenserve.worker.options import WorkerOptions  # noqa: E402
 from evenserve.worker.repository import load_repository  # noqa: E402
 from evenserve.worker.server import BackgroundWorker  # noqa: E402
-from evenserve.worker.service import WorkerOptions, WorkerService  # noqa: E402
 
 from .worker_repo import MODELS, metric_samples, write_repo  # noqa: E402
 
@@ -36,7 +37,7 @@ BODY_LIMIT = 16 * 1024
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundWorker]:
     repo = write_repo(tmp_path_factory.mktemp("worker-grpc"))
-    service = WorkerService(
+    service = Worker(
         load_repository(repo),
         WorkerOptions(device=parse_device("cpu"), max_body_bytes=BODY_LIMIT),
     )
@@ -309,7 +310,7 @@ def test_statistics_and_metrics_count_grpc_requests(worker: BackgroundWorker, cl
 
 def test_graceful_stop_turns_grpc_unavailable(tmp_path: Any) -> None:
     repo = write_repo(tmp_path)
-    service = WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
+    service = Worker(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
     worker = BackgroundWorker(service, grpc_port=0).start()
     port = worker.grpc_port
     c = triton.InferenceServerClient(f"127.0.0.1:{port}")
@@ -329,7 +330,7 @@ def test_queue_full_is_resource_exhausted_and_the_stop_answers_the_queued(
     """Two calls fill the queue of ``waits`` (a static batch of 4 that never comes), a third
     is refused; stopping the worker drains the queue, so the two open calls are answered."""
     repo = write_repo(tmp_path, {"waits": MODELS["waits"]})
-    service = WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
+    service = Worker(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
     req = service_pb2.ModelInferRequest(model_name="waits")
     req.inputs.add(name="x", datatype="FP32", shape=[1, 4]).contents.fp32_contents.extend([0.0] * 4)
     worker = BackgroundWorker(service, grpc_port=0).start()

@@ -21,8 +21,9 @@ from evenserve.core.wire import repository_path
 from evenserve.runtime import emulated
 from evenserve.runtime.device import parse_device
 from evenserve.runtime.host_pool import HostPool
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
-from evenserve.worker.service import WorkerOptions, WorkerService
 from tests.app_client import worker_client
 
 from .worker_repo import MODELS, PROFILE, metric_samples, write_repo
@@ -47,8 +48,8 @@ def _repo(tmp_path: Path) -> Path:
     return write_repo(tmp_path, models)
 
 
-def _service(repo: Path, pool: Path | None, startup: list[str] | None = None) -> WorkerService:
-    return WorkerService(
+def _service(repo: Path, pool: Path | None, startup: list[str] | None = None) -> Worker:
+    return Worker(
         load_repository(repo, startup) if startup else [],
         WorkerOptions(
             device=parse_device("cpu"),
@@ -60,7 +61,7 @@ def _service(repo: Path, pool: Path | None, startup: list[str] | None = None) ->
     )
 
 
-async def _started(service: WorkerService) -> WorkerService:
+async def _started(service: Worker) -> Worker:
     service.load()
     await service.start()
     return service
@@ -69,7 +70,7 @@ async def _started(service: WorkerService) -> WorkerService:
 @pytest.fixture
 async def worker(
     tmp_path: Path, slept: list[float]
-) -> AsyncIterator[tuple[WorkerService, httpx.AsyncClient]]:
+) -> AsyncIterator[tuple[Worker, httpx.AsyncClient]]:
     service = await _started(_service(_repo(tmp_path), tmp_path / "pool"))
     async with worker_client(service, timeout=60) as c:
         yield service, c
@@ -77,20 +78,20 @@ async def worker(
 
 
 async def test_load_unload_load_again_is_warm_and_takes_the_warm_time(
-    worker: tuple[WorkerService, httpx.AsyncClient], slept: list[float]
+    worker: tuple[Worker, httpx.AsyncClient], slept: list[float]
 ) -> None:
     service, c = worker
     cold_s, warm_s = default_load_times_s(WEIGHTS)
     r = await c.post(repository_path("em", "load"))
     assert r.status_code == 200 and r.json()["load_source"] == "disk"
     assert slept == [cold_s]
-    assert service.host_pool is not None
-    (entry,) = service.host_pool.entries()
+    assert service.control.host_pool is not None
+    (entry,) = service.control.host_pool.entries()
     assert entry.model == "em" and entry.size_bytes == int(WEIGHTS)
-    assert service.host_pool.path(entry.key).stat().st_size == int(WEIGHTS)
+    assert service.control.host_pool.path(entry.key).stat().st_size == int(WEIGHTS)
 
     assert (await c.post(repository_path("em", "unload"))).status_code == 200
-    assert [e.model for e in service.host_pool.entries()] == ["em"]  # kept warm
+    assert [e.model for e in service.control.host_pool.entries()] == ["em"]  # kept warm
     r = await c.post(repository_path("em", "load"))
     assert r.status_code == 200 and r.json()["load_source"] == "host"
     assert slept == [cold_s, warm_s]
@@ -112,7 +113,7 @@ async def test_load_unload_load_again_is_warm_and_takes_the_warm_time(
 
 
 async def test_a_changed_config_loads_cold(
-    worker: tuple[WorkerService, httpx.AsyncClient], slept: list[float]
+    worker: tuple[Worker, httpx.AsyncClient], slept: list[float]
 ) -> None:
     _, c = worker
     await c.post(repository_path("em", "load"))
@@ -137,7 +138,7 @@ async def test_two_workers_share_the_pool(tmp_path: Path, slept: list[float]) ->
     repo, pool = _repo(tmp_path), tmp_path / "pool"
     a = await _started(_service(repo, pool, ["em"]))  # loaded at startup: cold, into the pool
     b = await _started(_service(repo, pool))
-    assert a.load_info["em"]["load_source"] == "disk"
+    assert a.models["em"].load_info["load_source"] == "disk"
     async with worker_client(a, timeout=60) as ca, worker_client(b, timeout=60) as cb:
         assert (await ca.post(repository_path("em", "unload"))).status_code == 200
         r = await cb.post(repository_path("em", "load"))
@@ -155,9 +156,9 @@ async def test_an_evicted_entry_is_written_again_at_the_unload(
     repo = write_repo(tmp_path, {"a": MODELS["em"], "b": MODELS["em"]})
     service = _service(repo, tmp_path / "pool")
     service.options.host_pool_bytes = 15 * MB
-    service.host_pool = HostPool(tmp_path / "pool", 15 * MB)
+    service.control.host_pool = HostPool(tmp_path / "pool", 15 * MB)
     await _started(service)
-    pool = service.host_pool
+    pool = service.control.host_pool
     async with worker_client(service, timeout=60) as c:
         await c.post(repository_path("a", "load"))
         await c.post(repository_path("b", "load"))
@@ -194,8 +195,8 @@ async def test_a_torch_model_reloads_from_the_pool(tmp_path: Path) -> None:
         assert (await c.post(repository_path("lin", "load"))).json()["load_source"] == "disk"
         want = (await c.post("/v2/models/lin/infer", json=body)).json()["outputs"]
         await c.post(repository_path("lin", "unload"))
-        assert service.host_pool is not None
-        (entry,) = service.host_pool.entries()
+        assert service.control.host_pool is not None
+        (entry,) = service.control.host_pool.entries()
         assert entry.size_bytes == (repo / "lin" / "m.pt").stat().st_size
         assert (await c.post(repository_path("lin", "load"))).json()["load_source"] == "host"
         assert (await c.post("/v2/models/lin/infer", json=body)).json()["outputs"] == want
@@ -203,11 +204,11 @@ async def test_a_torch_model_reloads_from_the_pool(tmp_path: Path) -> None:
 
 
 async def test_a_pool_removed_under_the_worker_never_fails_a_load(
-    worker: tuple[WorkerService, httpx.AsyncClient],
+    worker: tuple[Worker, httpx.AsyncClient],
 ) -> None:
     service, c = worker
-    assert service.host_pool is not None
-    shutil.rmtree(service.host_pool.directory)
+    assert service.control.host_pool is not None
+    shutil.rmtree(service.control.host_pool.directory)
     r = await c.post(repository_path("em", "load"))
     assert r.status_code == 200 and r.json()["load_source"] == "disk"
     assert (await c.post(repository_path("em", "unload"))).status_code == 200

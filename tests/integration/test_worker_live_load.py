@@ -23,8 +23,11 @@ from evenserve.core.scenario import COLD_LOAD_BYTES_PER_S, COLD_LOAD_FIXED_S
 from evenserve.core.wire import LOAD_PATH, LOAD_WAIT_HEADER, REPOSITORY_INDEX_PATH
 from evenserve.runtime import emulated
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.device import GIB
+from evenserve.worker.models.control import ModelControlError
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
-from evenserve.worker.service import GIB, ModelControlError, WorkerOptions, WorkerService
 from tests.app_client import worker_client
 
 from .worker_repo import MODELS, PROFILE, metric_samples, write_repo
@@ -77,7 +80,7 @@ def _repo(tmp_path: Path) -> tuple[Path, Path]:
 
 def _service(
     tmp_path: Path, device: str = "cpu", load_wait_s: float = 10.0, startup: list[str] | None = None
-) -> WorkerService:
+) -> Worker:
     repo, pset = _repo(tmp_path)
     dev = parse_device(f"emulated:{pset}" if device == "emulated" else device)
     opts = WorkerOptions(
@@ -87,11 +90,11 @@ def _service(
         repository=repo,
         load_wait_s=load_wait_s,
     )
-    return WorkerService(load_repository(repo, startup) if startup else [], opts)
+    return Worker(load_repository(repo, startup) if startup else [], opts)
 
 
 @pytest.fixture
-async def worker(tmp_path: Path) -> AsyncIterator[tuple[WorkerService, httpx.AsyncClient]]:
+async def worker(tmp_path: Path) -> AsyncIterator[tuple[Worker, httpx.AsyncClient]]:
     service = _service(tmp_path)
     await service.start()
     async with worker_client(service, timeout=60) as c:
@@ -108,7 +111,7 @@ async def _until(cond: Any, what: str) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
-def _load_waits(service: WorkerService, model: str) -> float:
+def _load_waits(service: Worker, model: str) -> float:
     page = service.metrics.render()[0].decode()
     samples = metric_samples(page, "evenserve_load_wait_seconds_count")
     return samples.get(f'evenserve_load_wait_seconds_count{{model="{model}"}}', 0.0)
@@ -122,23 +125,23 @@ def test_the_load_time_is_load_ms_else_derived_from_the_weights(tmp_path: Path, 
         yaml.safe_dump({**MODELS["em"], "emulated": {"profile": "profile.yaml", "load_ms": 250}})
     )
     entries = load_repository(repo, ["big", "small"])
-    service = WorkerService(
+    service = Worker(
         entries, WorkerOptions(device=parse_device(f"emulated:{pset}"), profiles_dir=None)
     )
     service.load()
     derived = COLD_LOAD_FIXED_S + WEIGHTS_MB["big"] * MB / COLD_LOAD_BYTES_PER_S
     assert sorted(gate.slept) == sorted([derived, 0.25])
-    assert service.descriptions["small"]["load_ms"] == 250.0
+    assert service.models["small"].description["load_ms"] == 250.0
 
 
 async def test_a_load_sleeps_in_the_loading_thread_while_the_loop_serves(
-    worker: tuple[WorkerService, httpx.AsyncClient], gate: Gate
+    worker: tuple[Worker, httpx.AsyncClient], gate: Gate
 ) -> None:
     service, c = worker
     gate.opened.set()
-    await service.load_model("em")
+    await service.control.load_model("em")
     gate.opened.clear()
-    load = asyncio.ensure_future(service.request_load("pair"))
+    load = asyncio.ensure_future(service.control.request_load("pair"))
     await _until(lambda: len(gate.slept) == 2, "the load sleeps")
     # The loop is not blocked: another model answers while pair loads.
     assert (await c.post("/v2/models/em/infer", json=X)).status_code == 200
@@ -204,11 +207,11 @@ async def test_a_reload_that_does_not_fit_leaves_the_old_model_serving(
     service = _service(tmp_path, "emulated", startup=["small"])
     service.load()
     await service.start()
-    await service.load_model("other")
+    await service.control.load_model("other")
     with pytest.raises(ModelControlError) as err:
-        await service.load_model("small", {"emulated": {"profile_name": "big"}})
+        await service.control.load_model("small", {"emulated": {"profile_name": "big"}})
     assert err.value.status == 400 and "not enough device memory" in str(err.value)
-    assert service.model_state("small").state == "READY"
+    assert service.models.state("small").state == "READY"
     async with worker_client(service, timeout=60) as c:
         assert (await c.post("/v2/models/small/infer", json=X)).status_code == 200
     await service.stop()
@@ -216,13 +219,13 @@ async def test_a_reload_that_does_not_fit_leaves_the_old_model_serving(
 
 # -- requests that wait for a load ---------------------------------------------------------------
 async def test_requests_arriving_during_a_load_are_all_answered_after_it(
-    worker: tuple[WorkerService, httpx.AsyncClient], gate: Gate
+    worker: tuple[Worker, httpx.AsyncClient], gate: Gate
 ) -> None:
     service, c = worker
     load = asyncio.ensure_future(c.post("/v2/repository/models/em/load"))
     await _until(lambda: len(gate.slept) == 1, "em loads")
     calls = [asyncio.ensure_future(c.post("/v2/models/em/infer", json=X)) for _ in range(20)]
-    await _until(lambda: service.waiting_for_load("em") == 20, "the requests wait")
+    await _until(lambda: service.control.loads.waiting("em") == 20, "the requests wait")
     assert not any(f.done() for f in calls)
     gate.opened.set()
     assert (await load).status_code == 200
@@ -233,7 +236,7 @@ async def test_requests_arriving_during_a_load_are_all_answered_after_it(
     # A request once it is READY waits for nothing: no header.
     r = await c.post("/v2/models/em/infer", json=X)
     assert r.status_code == 200 and LOAD_WAIT_HEADER not in r.headers
-    assert service.stats["em"].json()["inference_stats"]["success"]["count"] == 21
+    assert service.models["em"].stats.json()["inference_stats"]["success"]["count"] == 21
 
 
 async def test_past_the_bound_a_waiting_request_gets_503_with_retry_after(
@@ -260,21 +263,21 @@ async def test_past_the_bound_a_waiting_request_gets_503_with_retry_after(
 
 
 async def test_a_failed_load_answers_its_waiting_requests_503(
-    worker: tuple[WorkerService, httpx.AsyncClient], gate: Gate
+    worker: tuple[Worker, httpx.AsyncClient], gate: Gate
 ) -> None:
     service, c = worker
     gate.fail = "the weights are corrupt"
     load = asyncio.ensure_future(c.post("/v2/repository/models/em/load"))
     await _until(lambda: len(gate.slept) == 1, "em loads")
     calls = [asyncio.ensure_future(c.post("/v2/models/em/infer", json=X)) for _ in range(5)]
-    await _until(lambda: service.waiting_for_load("em") == 5, "the requests wait")
+    await _until(lambda: service.control.loads.waiting("em") == 5, "the requests wait")
     gate.opened.set()
     r = await load
     expected = "model 'em': load failed: RuntimeError: the weights are corrupt"
     assert r.status_code == 500 and r.json()["error"] == expected
     answers = [await f for f in calls]
     assert [(a.status_code, a.json()["error"]) for a in answers] == [(503, expected)] * 5
-    assert service.model_state("em").state == "UNAVAILABLE"
+    assert service.models.state("em").state == "UNAVAILABLE"
     assert (await c.post("/v2/models/em/infer", json=X)).status_code == 404
     assert _load_waits(service, "em") == 5.0
 
@@ -288,7 +291,7 @@ async def test_a_shutdown_answers_the_requests_waiting_for_a_load(
         load = asyncio.ensure_future(c.post("/v2/repository/models/em/load"))
         await _until(lambda: len(gate.slept) == 1, "em loads")
         call = asyncio.ensure_future(c.post("/v2/models/em/infer", json=X))
-        await _until(lambda: service.waiting_for_load("em") == 1, "the request waits")
+        await _until(lambda: service.control.loads.waiting("em") == 1, "the request waits")
         service.begin_drain()
         r = await call
         assert r.status_code == 503 and r.json()["error"] == "the worker is shutting down"
@@ -320,15 +323,15 @@ async def test_grpc_requests_wait_for_a_load_and_past_the_bound_get_unavailable(
 
     service = _service(tmp_path)
     await service.start()
-    server = GrpcServer(service, "127.0.0.1", 0)
+    server = GrpcServer(service.plane, "127.0.0.1", 0)
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            load = asyncio.ensure_future(service.request_load("em"))
+            load = asyncio.ensure_future(service.control.request_load("em"))
             await _until(lambda: len(gate.slept) == 1, "em loads")
             calls = [stub.ModelInfer(_grpc_request("em"), timeout=60) for _ in range(8)]
-            await _until(lambda: service.waiting_for_load("em") == 8, "the requests wait")
+            await _until(lambda: service.control.loads.waiting("em") == 8, "the requests wait")
             gate.opened.set()
             await load
             for call in calls:
@@ -341,8 +344,8 @@ async def test_grpc_requests_wait_for_a_load_and_past_the_bound_get_unavailable(
             # The bound: a reload held past it.
             service.options.load_wait_s = 0.02
             gate.opened.clear()
-            reload = asyncio.ensure_future(service.request_load("em"))
-            await _until(lambda: service.model_state("em").state == "LOADING", "em reloads")
+            reload = asyncio.ensure_future(service.control.request_load("em"))
+            await _until(lambda: service.models.state("em").state == "LOADING", "em reloads")
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await stub.ModelInfer(_grpc_request("em"), timeout=60)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -354,7 +357,7 @@ async def test_grpc_requests_wait_for_a_load_and_past_the_bound_get_unavailable(
             service.options.load_wait_s = 10.0
             gate.fail = "no disk"
             waiting = stub.ModelInfer(_grpc_request("em"), timeout=60)
-            await _until(lambda: service.waiting_for_load("em") == 1, "the request waits")
+            await _until(lambda: service.control.loads.waiting("em") == 1, "the request waits")
             gate.opened.set()
             with pytest.raises(ModelControlError):
                 await reload

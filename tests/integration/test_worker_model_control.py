@@ -22,9 +22,10 @@ import yaml
 
 from evenserve.core.wire import LOAD_PATH, REPOSITORY_INDEX_PATH, repository_path
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 from tests.app_client import worker_client
 
 from .worker_repo import MODELS, PROFILE, metric_samples, write_repo
@@ -63,9 +64,9 @@ def _service(
     startup: list[str] | None,
     mode: Mode = "explicit",
     drain_timeout_s: float = 30.0,
-) -> WorkerService:
+) -> Worker:
     entries = load_repository(repo, startup) if startup else []
-    return WorkerService(
+    return Worker(
         entries,
         WorkerOptions(
             device=parse_device("cpu"),
@@ -77,18 +78,18 @@ def _service(
     )
 
 
-def _client(service: WorkerService) -> httpx.AsyncClient:
+def _client(service: Worker) -> httpx.AsyncClient:
     return worker_client(service, timeout=60)
 
 
-async def _started(service: WorkerService) -> WorkerService:
+async def _started(service: Worker) -> Worker:
     await asyncio.to_thread(service.load)
     await service.start()
     return service
 
 
 @pytest.fixture
-async def explicit(tmp_path: Path) -> AsyncIterator[tuple[WorkerService, httpx.AsyncClient]]:
+async def explicit(tmp_path: Path) -> AsyncIterator[tuple[Worker, httpx.AsyncClient]]:
     service = await _started(_service(_repo(tmp_path), ["em"]))
     async with _client(service) as c:
         yield service, c
@@ -109,7 +110,7 @@ async def _until(cond: Any, what: str) -> None:
 
 
 async def test_the_index_lists_every_folder_with_its_state(
-    explicit: tuple[WorkerService, httpx.AsyncClient],
+    explicit: tuple[Worker, httpx.AsyncClient],
 ) -> None:
     _, c = explicit
     index = (await c.post(REPOSITORY_INDEX_PATH)).json()
@@ -128,7 +129,7 @@ async def test_the_index_lists_every_folder_with_its_state(
 
 
 async def test_load_serve_unload_and_what_follows(
-    explicit: tuple[WorkerService, httpx.AsyncClient],
+    explicit: tuple[Worker, httpx.AsyncClient],
 ) -> None:
     service, c = explicit
     assert (await c.post("/v2/models/pair/infer", json=PAIR)).status_code == 404
@@ -183,7 +184,7 @@ async def test_a_worker_may_start_with_no_model_and_serve_one_later(tmp_path: Pa
 
 
 async def test_the_config_override_replaces_fields_and_its_errors_name_them(
-    explicit: tuple[WorkerService, httpx.AsyncClient],
+    explicit: tuple[Worker, httpx.AsyncClient],
 ) -> None:
     service, c = explicit
     # Triton's shape: the config as a JSON string.
@@ -199,7 +200,7 @@ async def test_the_config_override_replaces_fields_and_its_errors_name_them(
     r = await c.post(repository_path("pair", "load"), json=body)
     assert r.status_code == 400
     assert "max_batch_size" in r.json()["error"] and "config override" in r.json()["error"]
-    assert service.model_state("pair").state == "READY"
+    assert service.models.state("pair").state == "READY"
     assert (await c.post("/v2/models/pair/infer", json=PAIR)).status_code == 200
     # ... and a model not loaded whose override is bad is UNAVAILABLE with the reason.
     body = {"parameters": {"config": json.dumps({"runtime": "nope"})}}
@@ -221,7 +222,7 @@ async def test_the_config_override_replaces_fields_and_its_errors_name_them(
 
 
 async def test_model_control_errors_name_no_absolute_path_of_the_repository(
-    explicit: tuple[WorkerService, httpx.AsyncClient], tmp_path: Path
+    explicit: tuple[Worker, httpx.AsyncClient], tmp_path: Path
 ) -> None:
     """Load errors and the index's reasons name files relative to the repository."""
     _, c = explicit
@@ -247,7 +248,7 @@ async def test_model_control_errors_name_no_absolute_path_of_the_repository(
 
 
 async def test_an_override_naming_a_missing_file_or_a_field_without_effect_is_400(
-    explicit: tuple[WorkerService, httpx.AsyncClient],
+    explicit: tuple[Worker, httpx.AsyncClient],
 ) -> None:
     """On a cpu device: an override's files must be in the model folder; a field this worker
     would ignore is refused, naming it; a refused load of a READY model leaves it serving."""
@@ -271,7 +272,7 @@ async def test_an_override_naming_a_missing_file_or_a_field_without_effect_is_40
         body = json.dumps({"parameters": {"config": override}})  # inf and nan as Python writes them
         r = await c.post(repository_path("em", "load"), content=body)
         assert r.status_code == 400 and r.json()["error"].startswith(names), (override, r.text)
-        assert service.model_state("em").state == "READY"
+        assert service.models.state("em").state == "READY"
     assert (await c.post("/v2/models/em/infer", json=X)).status_code == 200
     good = {"parameters": {"config": {"emulated": {"profile": "profile.yaml", "load_ms": 1}}}}
     assert (await c.post(repository_path("em", "load"), json=good)).status_code == 200
@@ -283,7 +284,7 @@ async def test_on_an_emulated_set_device_an_override_of_the_profile_file_is_400(
     """On emulated:SET the set gives each model its profile: an override naming a profile
     file (there or not) would be ignored, and is refused; profile_name is taken."""
     repo = write_repo(tmp_path, {"resnet50": MODELS["em"]})
-    service = WorkerService(
+    service = Worker(
         [],
         WorkerOptions(
             device=parse_device("emulated:linear-fast"),
@@ -305,7 +306,7 @@ async def test_on_an_emulated_set_device_an_override_of_the_profile_file_is_400(
         ):  # fmt: skip
             r = await c.post(url, json={"parameters": {"config": override}})
             assert r.status_code == 400 and r.json()["error"].startswith(names), r.text
-        assert service.model_state("resnet50").state == "UNAVAILABLE"
+        assert service.models.state("resnet50").state == "UNAVAILABLE"
         ok = {"parameters": {"config": {"emulated": {"profile_name": "resnet50"}}}}
         assert (await c.post(url, json=ok)).status_code == 200
     await service.stop()
@@ -339,7 +340,7 @@ async def test_an_override_that_batching_or_a_variant_would_replace_is_400(
 
 
 async def test_no_such_folder_is_404_and_a_bad_name_400(
-    explicit: tuple[WorkerService, httpx.AsyncClient],
+    explicit: tuple[Worker, httpx.AsyncClient],
 ) -> None:
     _, c = explicit
     r = await c.post(repository_path("nope", "load"))
@@ -350,7 +351,7 @@ async def test_no_such_folder_is_404_and_a_bad_name_400(
 
 
 async def test_unload_under_load_loses_no_request(
-    explicit: tuple[WorkerService, httpx.AsyncClient],
+    explicit: tuple[Worker, httpx.AsyncClient],
 ) -> None:
     service, c = explicit
     answered: Counter[str] = Counter()
@@ -376,7 +377,7 @@ async def test_unload_under_load_loses_no_request(
     clients = [asyncio.ensure_future(client()) for _ in range(8)]
     await _until(lambda: answered["200"] >= 20, "requests served before the unload")
     unload = asyncio.ensure_future(c.post(repository_path("em", "unload")))
-    await _until(lambda: service.model_state("em").state == "UNLOADING", "unloading")
+    await _until(lambda: service.models.state("em").state == "UNLOADING", "unloading")
     r = await c.post("/v2/models/em/infer", json=X)  # new requests are refused at once
     assert r.status_code == 503 and r.json()["error"] == "model 'em' is unloading"
     # The load report's per-model figures leave it out at once (no router sends it more).
@@ -393,7 +394,7 @@ async def test_unload_under_load_loses_no_request(
 
 
 async def test_requests_queued_at_the_unload_run_even_if_their_policy_would_wait(
-    explicit: tuple[WorkerService, httpx.AsyncClient],
+    explicit: tuple[Worker, httpx.AsyncClient],
 ) -> None:
     service, c = explicit
     assert (await c.post(repository_path("waits", "load"))).status_code == 200
@@ -423,22 +424,22 @@ async def test_past_the_drain_timeout_queued_requests_get_a_clear_503(tmp_path: 
 
 
 async def test_while_loading_the_model_is_listed_loading_and_requests_wait_for_it(
-    explicit: tuple[WorkerService, httpx.AsyncClient],
+    explicit: tuple[Worker, httpx.AsyncClient],
 ) -> None:
     service, c = explicit
     gate = threading.Event()
-    load_built = service._load_built
+    load_built = service.control.load_built
 
-    def slow_load(entry: Any, built: Any) -> Any:
+    def slow_load(built: Any) -> Any:
         gate.wait(60)
-        return load_built(entry, built)
+        return load_built(built)
 
-    service._load_built = slow_load  # type: ignore[method-assign]
+    service.control.load_built = slow_load  # type: ignore[method-assign]
     load = asyncio.ensure_future(c.post(repository_path("pair", "load")))
-    await _until(lambda: service.model_state("pair").state == "LOADING", "loading")
+    await _until(lambda: service.models.state("pair").state == "LOADING", "loading")
     assert _states((await c.post(REPOSITORY_INDEX_PATH)).json())["pair"] == ("LOADING", None)
     infer = asyncio.ensure_future(c.post("/v2/models/pair/infer", json=PAIR))
-    await _until(lambda: service.waiting_for_load("pair") == 1, "the request waits")
+    await _until(lambda: service.control.loads.waiting("pair") == 1, "the request waits")
     assert (await c.get("/v2/models/pair/ready")).status_code == 503
     report = (await c.get(LOAD_PATH)).json()
     assert "pair" not in report["queued_by_model"] and report["loading_models"] == ["pair"]
@@ -450,17 +451,17 @@ async def test_while_loading_the_model_is_listed_loading_and_requests_wait_for_i
 
 
 async def test_loads_and_unloads_of_one_model_are_serialized(
-    explicit: tuple[WorkerService, httpx.AsyncClient],
+    explicit: tuple[Worker, httpx.AsyncClient],
 ) -> None:
     service, c = explicit
     seen: list[str] = []
-    orig = service._install
+    orig = service.control.install
 
     def install(*a: Any) -> None:
-        seen.append(service.model_state("pair").state)
+        seen.append(service.models.state("pair").state)
         orig(*a)
 
-    service._install = install  # type: ignore[method-assign]
+    service.control.install = install  # type: ignore[method-assign]
     rs = await asyncio.gather(
         c.post(repository_path("pair", "load")),
         c.post(repository_path("pair", "unload")),
@@ -468,7 +469,7 @@ async def test_loads_and_unloads_of_one_model_are_serialized(
     )
     assert [r.status_code for r in rs] == [200, 200, 200]
     assert seen == ["LOADING", "LOADING"]
-    assert service.model_state("pair").state == "READY"
+    assert service.models.state("pair").state == "READY"
 
 
 @pytest.mark.parametrize(
@@ -511,25 +512,25 @@ async def test_poll_loads_new_folders_reloads_changed_ones_and_unloads_removed(
     shutil.rmtree(repo / "waits")
     shutil.rmtree(repo / "slow")
     service = await _started(_service(repo, ["em"], "poll"))
-    assert await service.poll_repository() == []  # nothing changed
+    assert await service.poller.poll() == []  # nothing changed
     write_repo(tmp_path, {"pair": MODELS["pair"]})
-    assert await service.poll_repository() == [("pair", "load")]
-    assert service.model_state("pair").state == "READY"
+    assert await service.poller.poll() == [("pair", "load")]
+    assert service.models.state("pair").state == "READY"
     em_yaml = repo / "em" / "model.yaml"
     st = em_yaml.stat()
     em_yaml.write_text(yaml.safe_dump({**MODELS["em"], "max_batch_size": 8}))
     os.utime(em_yaml, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    assert await service.poll_repository() == [("em", "reload")]
-    assert service.entries["em"].config.max_batch_size == 8
+    assert await service.poller.poll() == [("em", "reload")]
+    assert service.models["em"].entry.config.max_batch_size == 8
     shutil.rmtree(repo / "pair")
-    assert await service.poll_repository() == [("pair", "unload")]
-    assert service.model_state("pair").reason == "unloaded"
+    assert await service.poller.poll() == [("pair", "unload")]
+    assert service.models.state("pair").reason == "unloaded"
     # A broken folder is tried once, then again only when its model.yaml changes.
     (repo / "bad").mkdir()
     (repo / "bad" / "model.yaml").write_text("runtime: nope\n")
-    assert await service.poll_repository() == [("bad", "load failed")]
-    assert await service.poll_repository() == []
-    assert service.model_state("bad").state == "UNAVAILABLE"
+    assert await service.poller.poll() == [("bad", "load failed")]
+    assert await service.poller.poll() == []
+    assert service.models.state("bad").state == "UNAVAILABLE"
     await service.stop()
 
 
@@ -723,7 +724,7 @@ async def test_a_triton_folder_loads_with_triton_config_json_as_its_override(
         }
         body = {"parameters": {"config": json.dumps(config)}}
         assert (await c.post(repository_path("tiny_ts", "load"), json=body)).status_code == 200
-        assert service.entries["tiny_ts"].config.max_batch_size == 2
+        assert service.models["tiny_ts"].entry.config.max_batch_size == 2
         bad = {"parameters": {"config": json.dumps({"bogus": 1})}}
         r = await c.post(repository_path("tiny_ts", "load"), json=bad)
         assert r.status_code == 400 and "bogus" in r.json()["error"]
@@ -738,12 +739,12 @@ async def test_poll_reloads_a_triton_folder_when_its_config_pbtxt_changes(
     repo.mkdir()
     d = _triton_folder(repo)
     service = await _started(_service(repo, ["tiny_ts"], "poll"))
-    assert await service.poll_repository() == []
+    assert await service.poller.poll() == []
     pbtxt = d / "config.pbtxt"
     st = pbtxt.stat()
     pbtxt.write_text(TS_PBTXT.replace("max_batch_size: 4", "max_batch_size: 2"))
     os.utime(pbtxt, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    assert await service.poll_repository() == [("tiny_ts", "reload")]
-    assert service.entries["tiny_ts"].config.max_batch_size == 2
-    assert await service.poll_repository() == []
+    assert await service.poller.poll() == [("tiny_ts", "reload")]
+    assert service.models["tiny_ts"].entry.config.max_batch_size == 2
+    assert await service.poller.poll() == []
     await service.stop()

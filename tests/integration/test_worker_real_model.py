@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.profiler import build_runtime
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 
 pytest.importorskip("transformers")
 
@@ -26,7 +27,7 @@ TINY = Path(__file__).resolve().parents[2] / "examples" / "models" / "tiny"
 @pytest.fixture(scope="module")
 def worker() -> Iterator[BackgroundWorker]:
     entries = load_repository(TINY, ["tiny-bert", "tiny-resnet"])
-    service = WorkerService(entries, WorkerOptions(device=parse_device("cpu"), cpu_threads=1))
+    service = Worker(entries, WorkerOptions(device=parse_device("cpu"), cpu_threads=1))
     with BackgroundWorker(service) as w:
         yield w
 

@@ -28,9 +28,10 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EXAMPLE = ROOT / "examples" / "triton-repo" / "tiny_mlp" / "config.pbtxt"
@@ -87,7 +88,7 @@ def write_triton_repo(repo: Path) -> dict[str, Any]:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BackgroundWorker, Any]]:
     repo = tmp_path_factory.mktemp("triton-repo")
     made = write_triton_repo(repo)
-    service = WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
+    service = Worker(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
     with BackgroundWorker(service, grpc_port=0) as w:
         yield w, made
 
@@ -108,7 +109,7 @@ def test_onnx_infer_http_and_grpc_serves_the_highest_allowed_version(
     worker: BackgroundWorker,
 ) -> None:
     x = np.linspace(-1, 1, 3 * 16, dtype=np.float32).reshape(3, 16)
-    model_dir = Path(worker.service.entries["tiny_mlp"].directory)
+    model_dir = Path(worker.worker.models["tiny_mlp"].entry.directory)
     want = _expected(x, model_dir / "3" / "model.onnx")
     assert not np.allclose(want, _expected(x, model_dir / "2" / "model.onnx"))
 
@@ -212,7 +213,7 @@ def test_notes_are_logged_at_start_naming_model_and_field(
 ) -> None:
     write_triton_repo(tmp_path)
     with caplog.at_level(logging.WARNING, logger="evenserve.worker.service"):
-        WorkerService(load_repository(tmp_path), WorkerOptions(device=parse_device("cpu")))
+        Worker(load_repository(tmp_path), WorkerOptions(device=parse_device("cpu")))
     lines = [r.getMessage() for r in caplog.records]
     assert any(
         line.startswith("model 'tiny_ts': ") and "config.pbtxt: model_warmup: ignored" in line
@@ -230,8 +231,8 @@ def test_the_example_repository_loads(tmp_path: Path) -> None:
     (entry,) = load_repository(repo)
     assert (entry.name, entry.config.version, entry.config.runtime) == ("tiny_mlp", "1", "onnx")
     assert (entry.config.deadline_ms, entry.config.max_queue_size) == (2000.0, 256)
-    service = WorkerService([entry], WorkerOptions(device=parse_device("cpu")))
+    service = Worker([entry], WorkerOptions(device=parse_device("cpu")))
     service.load()
-    rt = service.runtimes["tiny_mlp"]
+    rt = service.models["tiny_mlp"].runtime
     out = rt.run({"INPUT0": np.ones((2, 16), np.float32)})
     assert out["OUTPUT0"].shape == (2, 4)

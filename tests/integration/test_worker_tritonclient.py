@@ -18,9 +18,10 @@ from tritonclient.utils import InferenceServerException
 from evenserve.core.load import LoadReport
 from evenserve.core.wire import LOAD_PATH
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
 from evenserve.worker.server import BackgroundWorker
-from evenserve.worker.service import WorkerOptions, WorkerService
 
 from .worker_repo import MODELS, metric_samples, write_repo
 
@@ -30,7 +31,7 @@ BODY_LIMIT = 16 * 1024
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundWorker]:
     repo = write_repo(tmp_path_factory.mktemp("worker"))
-    service = WorkerService(
+    service = Worker(
         load_repository(repo),
         WorkerOptions(device=parse_device("cpu"), max_body_bytes=BODY_LIMIT),
     )
@@ -196,7 +197,7 @@ def test_queue_full_is_429_with_retry_after(tmp_path: Path) -> None:
     third is refused. A worker of its own, so its shutdown can answer the two: no deadline
     has to outlast this machine's speed at sending the refused ones."""
     repo = write_repo(tmp_path, {"waits": MODELS["waits"]})
-    service = WorkerService(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
+    service = Worker(load_repository(repo), WorkerOptions(device=parse_device("cpu")))
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}]}
     statuses: list[int] = []
     with BackgroundWorker(service) as worker:

@@ -261,9 +261,10 @@ def worker(
 ) -> None:
     """Serve a model repository on one device over the KServe v2 protocol."""
     from evenserve.runtime.device import parse_device, select_visible_device
+    from evenserve.worker.app import Worker
+    from evenserve.worker.options import WorkerOptions
     from evenserve.worker.repository import load_repository, model_folders
     from evenserve.worker.server import make_server
-    from evenserve.worker.service import WorkerOptions, WorkerService
     from evenserve.worker.warmup import WarmupSpec, parse_warmup
 
     if max_body_bytes < 1:
@@ -371,18 +372,18 @@ def worker(
             warmup=warmup_spec,
             admin_token=worker_admin_token(admin_token_file),
         )
-        service = WorkerService(entries, options)
+        service = Worker(entries, options)
         if not schedule.constant and not any(
-            isinstance(rt, EmulatedRuntime) for rt in service.runtimes.values()
+            isinstance(m.runtime, EmulatedRuntime) for m in service.models.values()
         ):
             flag = "--slowdown" if slowdown != 1.0 else "--slowdown-phases"
             fail(f"{flag}: only emulated models can be slowed, and none is served here")
         if staging_ms_per_item > 0 and not any(
-            isinstance(rt, EmulatedRuntime) for rt in service.runtimes.values()
+            isinstance(m.runtime, EmulatedRuntime) for m in service.models.values()
         ):
             fail("--staging-ms-per-item: only emulated models stage slowly, and none is served")
         err_console.print(
-            f"evenserve worker: loading {', '.join(service.entries) or 'no models'} on "
+            f"evenserve worker: loading {', '.join(service.models) or 'no models'} on "
             f"{dev.name} (model control: {model_control}) ...",
             highlight=False,
         )
@@ -397,8 +398,8 @@ def worker(
     except OSError as exc:
         fail(f"--port: cannot bind {host}:{port}: {exc}")
     bound = sock.getsockname()[1]
-    for name, desc in service.descriptions.items():
-        batching_label = service.batching_specs[name]
+    for name, hosted in service.models.items():
+        desc, batching_label = hosted.description, hosted.batching_spec
         err_console.print(
             f"  {name}: {desc.get('runtime')} | batching {batching_label}", highlight=False
         )

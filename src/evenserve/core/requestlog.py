@@ -11,7 +11,8 @@ them) followed by what happened to it::
 of the arrival, ``seq`` the record's number (1, 2, ... in answer order; a pull resumes after
 one), ``latency_ms`` receive to answer, ``queue_ms`` / ``compute_ms`` the worker's figures
 (the ``x-evenserve-queue-ms`` / ``-compute-ms`` response headers; null when absent), ``backend``
-null when no backend answered. ``read_trace`` ignores the outcome keys, so a log replays as a
+null when no backend answered, ``transport`` (``http`` or ``grpc``) on the worker's lines
+only (its two fronts write one log). ``read_trace`` ignores the outcome keys, so a log replays as a
 ``trace`` workload as it is.
 
 Theory of operation. The request path calls ``Recorder.add``: one clock read, one counter step
@@ -51,8 +52,10 @@ MIB = 1024 * 1024
 #: What the request path appends (field order of ``Recorder.add``'s tuple): seq, arrival on
 #: the recorder's clock, arrival wall time, model, priority and deadline as the request gave
 #: them (text or number, None), backend, status, latency in seconds, queue and compute ms
-#: (text from a header, a number, or None).
-RawRecord = tuple[int, float, float, str, object, object, str | None, int, float, object, object]
+#: (text from a header, a number, or None), the transport (None: not told).
+RawRecord = tuple[
+    int, float, float, str, object, object, str | None, int, float, object, object, str | None
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +140,7 @@ _MEMO = _Memo()
 def encode_rest(raw: RawRecord) -> tuple[int, float, float, bytes]:
     """(seq, t on the recorder's clock, unix_s, the line after ``t_s``): the encoded record
     without its ``t_s``, so the line is ``{"t_s":T,`` + rest for any base of T."""
-    seq, t, unix_s, model, prio, deadline, backend, status, latency_s, q, c = raw
+    seq, t, unix_s, model, prio, deadline, backend, status, latency_s, q, c, transport = raw
     m = _MEMO
     model_js = m.model.get(model)
     if model_js is None:
@@ -151,7 +154,8 @@ def encode_rest(raw: RawRecord) -> tuple[int, float, float, bytes]:
     rest = (
         f'"model":{model_js}{p}{d},"seq":{seq},"backend":{b},"status":{status},'
         f'"latency_ms":{latency_s * 1000.0:.3f},"queue_ms":{_ms(q)},'
-        f'"compute_ms":{_ms(c)},"unix_s":{unix}}}'
+        f'"compute_ms":{_ms(c)},"unix_s":{unix}'
+        + ("}" if transport is None else f',"transport":"{transport}"}}')
     )
     return seq, t, float(unix), rest.encode()  # the cursor compares what a client reads
 
@@ -292,8 +296,10 @@ class Recorder:
         status: int,
         queue_ms: object = None,
         compute_ms: object = None,
+        transport: str | None = None,
     ) -> None:
-        """One answered request that arrived at ``t_s`` (``clock.now()``) and ``unix_s``."""
+        """One answered request that arrived at ``t_s`` (``clock.now()``) and ``unix_s``;
+        ``transport`` (``http``, ``grpc``) where the server has more than one."""
         self._buf.append(
             (
                 next(self._seq),
@@ -307,6 +313,7 @@ class Recorder:
                 self.clock.now() - t_s,
                 queue_ms,
                 compute_ms,
+                transport,
             )
         )
 

@@ -18,6 +18,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 from urllib.parse import unquote
 
@@ -182,13 +183,48 @@ DEADLINE_EXPIRED = "deadline-expired"
 #: (``load_wait``) for its model to finish loading.
 LOAD_TIMEOUT = "load-timeout"
 REFUSAL_REASONS = (QUEUE_FULL, SHED, DEADLINE_INFEASIBLE, DEADLINE_EXPIRED, LOAD_TIMEOUT)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one inference answer is told on each transport and counted: the HTTP status, the
+    gRPC status code's name (``grpc.StatusCode[grpc_code]``) and the ``outcome`` label of
+    ``evenserve_worker_requests_total`` (``metrics.names.OUTCOMES``)."""
+
+    http_status: int
+    grpc_code: str
+    label: str
+
+
+# -- the worker's outcome table (both its fronts answer from it) --------------------------------
+ANSWERED = Outcome(200, "OK", "success")
+#: A malformed request, a missing/unexpected/mistyped/misshapen input, a bad parameter.
+BAD_REQUEST = Outcome(400, "INVALID_ARGUMENT", "bad_request")
+#: A body over the limit (gRPC: grpcio refuses the message before the worker sees it).
+TOO_LARGE = Outcome(413, "RESOURCE_EXHAUSTED", "too_large")
+#: A Content-Encoding the worker does not decode (HTTP only).
+UNSUPPORTED_ENCODING = Outcome(415, "INVALID_ARGUMENT", "bad_request")
+#: No such model or version.
+MODEL_NOT_FOUND = Outcome(404, "NOT_FOUND", "not_found")
+#: Not ready, shutting down, the model loading, unloading or unloaded.
+UNAVAILABLE = Outcome(503, "UNAVAILABLE", "unavailable")
+#: The runtime failed.
+FAILED = Outcome(500, "INTERNAL", "error")
+#: Each refusal's outcome.
+REFUSAL_OUTCOMES: Mapping[str, Outcome] = {
+    QUEUE_FULL: Outcome(429, "RESOURCE_EXHAUSTED", "rejected_queue_full"),
+    SHED: Outcome(429, "RESOURCE_EXHAUSTED", "shed"),
+    DEADLINE_INFEASIBLE: Outcome(504, "DEADLINE_EXCEEDED", "deadline_infeasible"),
+    DEADLINE_EXPIRED: Outcome(504, "DEADLINE_EXCEEDED", "deadline_expired"),
+    LOAD_TIMEOUT: Outcome(503, "UNAVAILABLE", "unavailable"),
+}
 #: HTTP status of each refusal.
-REFUSAL_STATUS: Mapping[str, int] = {
-    QUEUE_FULL: 429,
-    SHED: 429,
-    DEADLINE_INFEASIBLE: 504,
-    DEADLINE_EXPIRED: 504,
-    LOAD_TIMEOUT: 503,
+REFUSAL_STATUS: Mapping[str, int] = {r: o.http_status for r, o in REFUSAL_OUTCOMES.items()}
+#: The outcome of a request refused as malformed, by the HTTP status its check gave.
+PROTOCOL_OUTCOMES: Mapping[int, Outcome] = {
+    400: BAD_REQUEST,
+    413: TOO_LARGE,
+    415: UNSUPPORTED_ENCODING,
 }
 #: Simulator-only drop reason: no device hosts the model (the gateway answers 503).
 NO_BACKEND = "no-backend"

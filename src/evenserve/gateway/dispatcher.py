@@ -48,6 +48,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import TypeVar
 
+from evenserve.cluster.gateway_section import GatewaySection
 from evenserve.core import wire
 from evenserve.core.clock import Clock
 from evenserve.core.types import RequestInfo
@@ -61,7 +62,6 @@ from evenserve.gateway.answers import (
     relayed_bytes,
 )
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.config import GatewaySection
 from evenserve.gateway.fast_path import FastPath
 from evenserve.gateway.forward import FORWARD_REQUEST_HEADERS, Forward, classify
 from evenserve.gateway.forwarder import (

@@ -15,7 +15,7 @@ is the translation, pure functions over messages and bytes (no I/O):
   and output ``parameters`` go as JSON values (a non-finite double as its text, ``nan``,
   ``inf``: JSON has no such number, and every parameter the worker reads refuses it so);
   ``id`` goes as it is. The request is checked as the worker's gRPC front checks what the
-  HTTP request cannot carry (``worker.grpc_api.parse_grpc_request``): raw contents for every
+  HTTP request cannot carry (``worker.grpc_codec.parse_grpc_request``): raw contents for every
   input or none, typed contents in the field of the input's datatype and as many as its
   shape needs, ``binary_data_output`` and each output's ``binary_data`` booleans, the same
   for every output. A ``CodecError`` (INVALID_ARGUMENT) names the field otherwise. Whether

@@ -7,7 +7,8 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
-from evenserve.gateway.placement import PlacementDriver, parse_scale_report
+from evenserve.gateway.device_scaling import parse_scale_report
+from evenserve.gateway.placement import PlacementDriver
 from evenserve.httpio.server import Request, Response, json_bytes, json_response
 
 Endpoint = Callable[[Request], Awaitable[Response]]

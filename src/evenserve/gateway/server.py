@@ -30,6 +30,8 @@ from typing import Any
 import orjson
 
 from evenserve import __version__
+from evenserve.cluster.backend_spec import BackendSpec
+from evenserve.cluster.file import LoadedCluster
 from evenserve.core import wire
 from evenserve.core.clock import Clock, RealClock
 from evenserve.core.errors import ProfileError
@@ -38,15 +40,11 @@ from evenserve.core.requestlog import Recorder, RecordSettings
 from evenserve.gateway.admin import AdminAPI
 from evenserve.gateway.answers import Answer
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.config import BackendSpec, LoadedCluster
 from evenserve.gateway.dispatcher import Dispatcher
 from evenserve.gateway.params_api import GatewayParams
-from evenserve.gateway.placement import (
-    DeviceSetup,
-    PlacementDriver,
-    cluster_setup,
-)
+from evenserve.gateway.placement import PlacementDriver
 from evenserve.gateway.placement_api import PlacementAPI
+from evenserve.gateway.placement_catalogue import DeviceSetup, cluster_setup
 from evenserve.gateway.poller import Poller
 from evenserve.gateway.request_log import RequestLogAPI, record_answer
 from evenserve.gateway.stats import collect_all_stats, collect_model_stats

@@ -9,7 +9,7 @@ own overshoot (an exponentially weighted mean, capped at 2 ms), sleeps that much
 covers the last stretch with a tight spin. The spin is the learned overshoot plus 50 us per
 batch, so a laptop hosting many emulated devices is not burnt by busy-waiting. The worker
 also shortens CPython's GIL switch interval while it serves emulated models (see
-``worker.service``), which bounds how late a device thread can wake up behind a busy HTTP
+``worker.device``), which bounds how late a device thread can wake up behind a busy HTTP
 thread.
 
 Several instances. When the worker runs more than one batch at once (``--instances``), its

@@ -35,6 +35,7 @@ from evenserve.httpio.bearer import (
     object_body,
 )
 from evenserve.httpio.server import Request, Response
+from evenserve.policy.batching import BATCHING
 from evenserve.policy.params import (
     Params,
     ParamStore,
@@ -44,7 +45,8 @@ from evenserve.policy.params import (
     parse_put_body,
     parse_rollback_body,
 )
-from evenserve.worker.service import WorkerService
+from evenserve.worker.device import Device
+from evenserve.worker.models.registry import ModelRegistry
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 #: The admin paths (each answers 404 "off" without a token).
@@ -52,27 +54,96 @@ PARAMS_PATH = "/admin/params"
 ROLLBACK_PATH = "/admin/params/rollback"
 
 
+class LiveParams:
+    """The parameters the worker runs with now, and how they change."""
+
+    def __init__(self, models: ModelRegistry, device: Device) -> None:
+        self.models = models
+        self.device = device
+        self.options = device.options
+        #: ``--learn-profiles`` as started (a params set's ``learn_profiles`` null goes back
+        #: to it); ``options.learn_profiles`` is what runs now.
+        self.startup_learn_profiles = device.options.learn_profiles
+
+    def params(self) -> Params:
+        return Params(
+            batching_per_model=self.models.batching_params(),
+            class_headroom=self.options.queue.class_headroom,
+            learn_profiles=self.options.learn_profiles,
+        )
+
+    def apply(
+        self,
+        batching_per_model: Mapping[str, Any] | None = None,
+        class_headroom: float | None = None,
+        *,
+        set_headroom: bool = False,
+        learn_profiles: bool | None = None,
+        set_learning: bool = False,
+        where: str = "params",
+    ) -> None:
+        """Batch each model named with its new spec, (``set_headroom``) use the class
+        headroom given and (``set_learning``) turn profiles that learn on or off
+        (``learn_profiles`` None: as the worker was started), from the scheduler's next
+        decision on: queued requests stay queued and are each answered once; running
+        batches run on. Every spec is checked before anything changes (ConfigError naming
+        the field: a model not served here, a policy's batch size over the model's
+        ``max_batch_size``). Call it on the worker's loop."""
+        built: dict[str, tuple[Any, Any]] = {}
+        for m, spec in (batching_per_model or {}).items():
+            hosted = self.models.get(m)
+            at = f"{where}.batching_per_model.{m}"
+            if hosted is None:
+                served = ", ".join(sorted(self.models)) or "none"
+                raise ConfigError(f"{at}: model {m!r} is not served here (models: {served})")
+            e = hosted.entry
+            full = e.batching_spec(spec)
+            policy = BATCHING.build(full, where=at)
+            if policy.max_batch_size > e.config.max_batch_size:
+                raise ConfigError(
+                    f"{at}.max_batch_size: the policy's batch size ({policy.max_batch_size}) "
+                    f"exceeds the model's max_batch_size ({e.config.max_batch_size})"
+                )
+            built[m] = (full, policy)
+        driver = self.device.driver
+        now = driver.clock.now() if driver is not None else 0.0
+        for m, (full, policy) in built.items():
+            self.models[m].policy = policy
+            self.models[m].batching_spec = full
+            if driver is not None:
+                with driver.lock:
+                    driver.sched.set_policy(m, policy, now)
+        if set_headroom:
+            self.options.queue = self.options.queue.model_copy(
+                update={"class_headroom": class_headroom}
+            )
+            if driver is not None:
+                with driver.lock:
+                    driver.sched.set_class_headroom(class_headroom, now)
+        if set_learning:
+            on = self.startup_learn_profiles if learn_profiles is None else learn_profiles
+            self.options.learn_profiles = on
+            if driver is not None:
+                with driver.lock:
+                    driver.sched.set_learn_profiles(on, now)
+
+
 class WorkerAdmin:
-    """The worker's ``/admin/params`` endpoints over a :class:`WorkerService`."""
+    """The worker's ``/admin/params`` endpoints over its :class:`LiveParams`."""
 
     def __init__(
         self,
-        service: WorkerService,
+        live: LiveParams,
         token: str | None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self.service = service
+        self.live = live
         self._token = None if token is None else token.encode()
         self.wall_clock = wall_clock
         self.store = ParamStore(self.live_params(), wall_clock())
 
     def live_params(self) -> Params:
-        svc = self.service
-        return Params(
-            batching_per_model=svc.batching_params(),
-            class_headroom=svc.options.queue.class_headroom,
-            learn_profiles=svc.options.learn_profiles,
-        )
+        return self.live.params()
 
     def guard(self, endpoint: Endpoint) -> Endpoint:
         async def wrapped(request: Request) -> Response:
@@ -109,8 +180,7 @@ class WorkerAdmin:
 
     def _apply(self, update: Mapping[str, Any], note: str, source: str) -> ParamVersion:
         """Apply a validated update on top of the current version and record it."""
-        svc = self.service
-        svc.apply_params(
+        self.live.apply(
             update.get("batching_per_model"),
             update.get("class_headroom"),
             set_headroom="class_headroom" in update,

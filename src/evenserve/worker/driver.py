@@ -30,6 +30,8 @@ Every request submitted is either refused at once or gets exactly one outcome on
 future: outputs, or a RefusedError (shed, deadline-expired), BatchFailedError, DrainingError.
 A request whose caller went away (future cancelled) leaves the queue at once and is never
 run. Every refusal is reported once to the observer with its reason (``REFUSAL_REASONS``).
+The errors and their messages are ``worker.refusals``'; what the driver hands its executor
+and observer (the pending request, a batch's result), ``worker.batch``'s.
 """
 
 from __future__ import annotations
@@ -39,108 +41,36 @@ import functools
 import itertools
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from evenserve.core.clock import Clock
-from evenserve.core.errors import EvenserveError
 from evenserve.core.options import DeviceOptions, QueueOptions
-from evenserve.core.wire import DEADLINE_EXPIRED, DEADLINE_INFEASIBLE, LOAD_TIMEOUT, SHED
 from evenserve.sched import (
     DRAINING,
     NO_QUEUE_OPTIONS,
     ONE_INSTANCE,
     QUEUED,
     UNLOADED,
-    Batch,
     DeviceScheduler,
     ModelQueue,
     ModelSetup,
-    QueuedRequest,
     scheduler_for,
 )
+from evenserve.worker.batch import (
+    BatchExecutor,
+    BatchResult,
+    DriverObserver,
+    PendingRequest,
+    RunningBatch,
+)
+from evenserve.worker.refusals import (
+    BatchFailedError,
+    DrainingError,
+    UnknownModelError,
+    refused_at_once,
+    refused_later,
+)
 from evenserve.worker.timer import Timer
-
-
-class UnknownModelError(EvenserveError):
-    pass
-
-
-class RefusedError(EvenserveError):
-    """The worker will not run this request. ``reason`` is one of ``core.wire``'s
-    REFUSAL_REASONS (its HTTP status: ``REFUSAL_STATUS``) and starts the message; refusals a
-    retry may cure (429) carry ``retry_after_s``."""
-
-    def __init__(self, reason: str, detail: str, retry_after_s: float | None = None) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.retry_after_s = retry_after_s
-
-
-class DrainingError(EvenserveError):
-    pass
-
-
-class BatchFailedError(EvenserveError):
-    pass
-
-
-@dataclass(slots=True, eq=False)
-class PendingRequest(QueuedRequest):
-    """A queued request: what the scheduler holds plus its payload and its caller's future."""
-
-    payload: Any = None
-    future: asyncio.Future[Any] | None = None
-    #: Set when its batch ends: seconds from arrival to the batch's start, and the batch's
-    #: compute time (the response headers x-evenserve-queue-ms / -compute-ms).
-    queue_s: float | None = None
-    compute_s: float | None = None
-
-
-@dataclass(slots=True)
-class BatchResult:
-    """What an executor reports for one batch: per-request outputs, or one error for all."""
-
-    outputs: Sequence[Any] | None
-    error: str | None = None
-    compute_input_s: float = 0.0
-    compute_infer_s: float = 0.0
-    compute_output_s: float = 0.0
-
-    @property
-    def compute_s(self) -> float:
-        return self.compute_input_s + self.compute_infer_s + self.compute_output_s
-
-
-RunningBatch = Batch[PendingRequest]
-
-
-class BatchExecutor(Protocol):
-    #: True when batches end at the scheduler's times (nothing runs): the driver then
-    #: honours ``end_at`` and asks the executor to ``complete`` the batch.
-    timed_by_scheduler: bool
-
-    def start(self, batch: RunningBatch, done: Callable[[BatchResult], None]) -> None:
-        """Start running a batch; call ``done`` once when it ends: on the device thread that
-        ran it (a threaded executor) or on the driver's loop (a scheduler-timed one)."""
-
-    def complete(self, batch: RunningBatch) -> None:
-        """(Scheduler-timed executors) the batch's time is up: call its ``done`` now."""
-
-
-class DriverObserver:
-    """Hooks for metrics and statistics (no-ops here)."""
-
-    def batch_started(self, batch: RunningBatch, now_s: float) -> None:
-        return None
-
-    def batch_finished(self, batch: RunningBatch, result: BatchResult, now_s: float) -> None:
-        return None
-
-    def request_dropped(self, model: str, reason: str, waited_s: float) -> None:
-        """A request that will not run: a refusal (REFUSAL_REASONS, counted once each),
-        ``cancelled`` (its caller went away) or ``shutdown``."""
-        return None
 
 
 class BatchDriver:
@@ -272,23 +202,7 @@ class BatchDriver:
             if reason == DRAINING:
                 raise DrainingError("the worker is shutting down and accepts no new requests")
             self.observer.request_dropped(model, reason, 0.0)
-            if reason == DEADLINE_INFEASIBLE:
-                assert req.deadline_s is not None
-                # Refused before anything changed: the same wait the scheduler weighed.
-                end = self.sched.busy_remaining_s(now) + self.sched.estimate_batch_s(model, 1)
-                raise RefusedError(
-                    reason,
-                    f"model {model!r}: the request's deadline is "
-                    f"{(req.deadline_s - now) * 1000:.1f} ms away, but even alone right after "
-                    f"the running batch it would end in {end * 1000:.1f} ms (latency profile)",
-                )
-            wait = self.sched.estimate_wait_s(model, now)
-            raise RefusedError(
-                reason,
-                f"model {model!r}: queue full ({len(mq.queue)} requests waiting); none is of a "
-                f"lower class than this one; retry after {wait:.3f} s",
-                wait,
-            )
+            raise refused_at_once(self.sched, req, reason, len(mq.queue), now)
         fut.add_done_callback(functools.partial(self._on_future_done, req))
         if self._model_waiters:  # planning may have expired an unloading model's last ones
             self._notify_if_idle()
@@ -313,7 +227,13 @@ class BatchDriver:
     def drop(self, request: PendingRequest, reason: str) -> None:
         now = self.clock.now()
         waited = now - request.arrival_s
-        self._post(self._settle_drop, request, reason, self._refusal(request, reason, now), waited)
+        self._post(
+            self._settle_drop,
+            request,
+            reason,
+            refused_later(self.sched, request, reason, now, self._submitting),
+            waited,
+        )
 
     def _settle_drop(
         self, request: PendingRequest, reason: str, error: Exception, waited: float
@@ -323,46 +243,6 @@ class BatchDriver:
         if fut is not None and not fut.done():
             fut.set_exception(error)
         self.observer.request_dropped(request.model, reason, waited)
-
-    def _refusal(self, request: PendingRequest, reason: str, now: float) -> Exception:
-        """The error a request dropped for ``reason`` gets (under ``lock``: it reads the
-        scheduler's estimates)."""
-        waited = now - request.arrival_s
-        model = request.model
-        if reason == SHED:
-            by = self._submitting
-            wait = self.sched.estimate_wait_s(model, now)
-            return RefusedError(
-                reason,
-                f"model {model!r}: the queue was full and this request (priority "
-                f"{request.priority}) was the lowest class; a request of priority "
-                f"{request.priority if by is None else by.priority} took its place. "
-                f"Retry after {wait:.3f} s",
-                wait,
-            )
-        if reason == DEADLINE_EXPIRED:
-            assert request.deadline_s is not None
-            deadline_ms = (request.deadline_s - request.arrival_s) * 1000
-            return RefusedError(
-                reason,
-                f"model {model!r}: the request can no longer finish by its deadline, so "
-                f"it will not run (waited {waited * 1000:.1f} ms in the queue, deadline "
-                f"{deadline_ms:.1f} ms after arrival)",
-            )
-        if reason == LOAD_TIMEOUT:
-            wait = self.sched.estimate_wait_s(model, now)
-            return RefusedError(
-                reason,
-                f"model {model!r} is loading and this request waited "
-                f"{waited * 1000:.1f} ms for it, the most a request waits for a load",
-                wait,
-            )
-        if reason == UNLOADED:
-            return DrainingError(
-                f"model {model!r} was unloaded before this request could run (it "
-                "waited past the unload's drain timeout)"
-            )
-        return DrainingError("the worker shut down before this request could run")
 
     def wake_at(self, t_s: float) -> None:
         self._post(self._timer_service.call_at, t_s, functools.partial(self._wake, t_s))

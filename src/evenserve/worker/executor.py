@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from evenserve.runtime.base import Array, Runtime
-from evenserve.worker.driver import BatchResult, RunningBatch
+from evenserve.worker.batch import BatchResult, RunningBatch
 
 Inputs = Mapping[str, Array]
 T = TypeVar("T")

@@ -41,37 +41,28 @@ UNAVAILABLE with the load's error if it fails); the trailing metadata
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2
 
 from evenserve import __version__ as evenserve_version
 from evenserve.core import wire
 from evenserve.core.errors import ConfigError
-from evenserve.core.tensors import CONTENTS_FIELD, DATATYPES, contents_error
 from evenserve.httpio.grpc_service import SERVED_RPCS, Handler, add_service
-from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.runtime.base import Array
-from evenserve.worker.driver import BatchFailedError, DrainingError, RefusedError
+from evenserve.worker.dataplane import Answer, DataPlane, NotServedError
+from evenserve.worker.grpc_codec import encode_grpc_response, parse_grpc_request
 from evenserve.worker.kserve import (
     InferRequest,
     ModelSignature,
     ProtocolError,
-    RequestedOutput,
-    check_shape,
-    class_parameters,
     config_override,
-    input_spec,
-    request_class,
 )
-from evenserve.worker.service import LOADING, LoadWaitError, ModelControlError, WorkerService
+from evenserve.worker.models.control import ModelControlError
 
 EXTENSIONS = ["statistics", "model_configuration", "model_repository", "evenserve_load"]
 #: The gRPC status of each model control error's HTTP status.
@@ -80,21 +71,6 @@ CONTROL_CODES = {
     404: grpc.StatusCode.NOT_FOUND,
     503: grpc.StatusCode.UNAVAILABLE,
     500: grpc.StatusCode.INTERNAL,
-}
-#: The gRPC status of each refusal.
-REFUSAL_CODES = {
-    wire.QUEUE_FULL: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    wire.SHED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    wire.DEADLINE_INFEASIBLE: grpc.StatusCode.DEADLINE_EXCEEDED,
-    wire.DEADLINE_EXPIRED: grpc.StatusCode.DEADLINE_EXCEEDED,
-    wire.LOAD_TIMEOUT: grpc.StatusCode.UNAVAILABLE,
-}
-REFUSAL_OUTCOMES = {
-    wire.QUEUE_FULL: "rejected_queue_full",
-    wire.SHED: "shed",
-    wire.DEADLINE_INFEASIBLE: "deadline_infeasible",
-    wire.DEADLINE_EXPIRED: "deadline_expired",
-    wire.LOAD_TIMEOUT: "unavailable",
 }
 
 
@@ -112,189 +88,55 @@ class GrpcError(Exception):
         self.metadata = tuple(metadata)
 
 
-def _parameter(p: Any) -> Any:
-    """An ``InferParameter``'s value (None when unset)."""
-    which = p.WhichOneof("parameter_choice")
-    return None if which is None else getattr(p, which)
+class _InferCodec:
+    """The protobuf codec of one ``ModelInfer`` call (``dataplane``)."""
+
+    __slots__ = ("context", "raw", "request")
+    transport = "grpc"
+
+    def __init__(self, request: Any, context: Any) -> None:
+        self.request = request
+        self.context = context
+        #: Answer with raw output contents (the request says, once decoded).
+        self.raw = True
+
+    def headers(self) -> Mapping[str, str]:
+        return {k.lower(): v for k, v in self.context.invocation_metadata() or ()}
+
+    async def decode(self, sig: ModelSignature) -> InferRequest:
+        req, self.raw = parse_grpc_request(self.request, sig)
+        return req
+
+    async def encode(
+        self, sig: ModelSignature, req: InferRequest, outputs: Mapping[str, Array]
+    ) -> Any:
+        return encode_grpc_response(sig, req.id, outputs, req.outputs, self.raw)
 
 
-def _parameters(params: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _parameter(v) for k, v in params.items()}
-
-
-def _typed_array(name: str, dt: str, contents: Any, shape: list[int]) -> Array:
-    """An input's typed contents as an array of ``shape``; ProtocolError naming it."""
-    field = CONTENTS_FIELD.get(dt)
-    if field is None:
-        raise ProtocolError(f"input {name!r}: {dt} has no typed contents; use raw_input_contents")
-    why = contents_error(contents, field, dt, shape)
-    if why is not None:
-        raise ProtocolError(f"input {name!r}: {why}")
-    values = getattr(contents, field)
-    want = DATATYPES[dt]
-    if want.kind in "iu" and want.itemsize < 4:
-        raw = np.array(values, dtype=np.int64)
-        info = np.iinfo(want)
-        if raw.size and (int(raw.min()) < info.min or int(raw.max()) > info.max):
-            raise ProtocolError(f"input {name!r}: a value is out of range for {dt}")
-        return raw.astype(want).reshape(shape)
-    return np.array(values, dtype=want).reshape(shape)
-
-
-def parse_grpc_request(
-    req: Any, sig: ModelSignature, metadata: Mapping[str, str]
-) -> tuple[InferRequest, bool]:
-    """A ``ModelInferRequest`` validated for model ``sig`` as the HTTP path validates a JSON
-    one, and whether to answer with raw contents; ProtocolError naming the field otherwise."""
-    params = _parameters(req.parameters)
-    if params.get("sequence_id") not in (None, 0, ""):
-        raise ProtocolError("parameters.sequence_id: sequence batching is not supported")
-    if not req.inputs:
-        raise ProtocolError("inputs: required, a non-empty list")
-    raw = list(req.raw_input_contents)
-    if raw and len(raw) != len(req.inputs):
-        raise ProtocolError(
-            f"raw_input_contents: {len(raw)} given for {len(req.inputs)} inputs "
-            "(raw contents are given for every input or for none)"
-        )
-    specs = {s.name: s for s in sig.inputs}
-    arrays: dict[str, Array] = {}
-    items: int | None = None
-    for i, t in enumerate(req.inputs):
-        name = t.name
-        spec = input_spec(sig, specs, name, arrays)
-        if t.datatype != spec.datatype:
-            raise ProtocolError(
-                f"input {name!r}: datatype {wire.shown(t.datatype)}, model {sig.name!r} expects "
-                f"{spec.datatype}"
-            )
-        shape = check_shape(name, spec, list(t.shape), sig.max_batch_size)
-        if items is None:
-            items = shape[0]
-        elif shape[0] != items:
-            raise ProtocolError(
-                f"input {name!r}: batch dimension {shape[0]} differs from the other inputs' {items}"
-            )
-        if raw:
-            if t.HasField("contents"):
-                raise ProtocolError(f"input {name!r}: both contents and raw_input_contents given")
-            expected = math.prod(shape) * spec.dtype.itemsize
-            if len(raw[i]) != expected:
-                raise ProtocolError(
-                    f"input {name!r}: raw_input_contents[{i}] holds {len(raw[i])} bytes but "
-                    f"shape {shape} of {spec.datatype} needs {expected}"
-                )
-            arr = np.frombuffer(raw[i], dtype=spec.dtype.newbyteorder("<"))
-            arrays[name] = arr.astype(spec.dtype, copy=False).reshape(shape)
-        else:
-            arrays[name] = _typed_array(name, spec.datatype, t.contents, shape)
-    missing = [s.name for s in sig.inputs if s.name not in arrays]
-    if missing:
-        raise ProtocolError(f"input {missing[0]!r}: missing (model {sig.name!r} needs it)")
-
-    binary_default = params.get("binary_data_output", True)
-    if not isinstance(binary_default, bool):
-        raise ProtocolError("parameters.binary_data_output: must be a boolean")
-    out_names = [o.name for o in sig.outputs]
-    requested: list[RequestedOutput] = []
-    for o in req.outputs:
-        if o.name not in out_names:
-            raise ProtocolError(
-                f"output {wire.shown(o.name)}: unknown; model {sig.name!r} gives "
-                f"{', '.join(repr(n) for n in out_names)}"
-            )
-        op = _parameters(o.parameters)
-        if op.get("classification"):
-            raise ProtocolError(f"output {o.name!r}: the classification extension is not supported")
-        b = op.get("binary_data", binary_default)
-        if not isinstance(b, bool):
-            raise ProtocolError(f"output {o.name!r}: binary_data must be a boolean")
-        requested.append(RequestedOutput(o.name, b))
-    if not requested:
-        requested = [RequestedOutput(n, binary_default) for n in out_names]
-    kinds = {r.binary for r in requested}
-    if len(kinds) > 1:
-        raise ProtocolError(
-            "outputs: raw_output_contents are used for every output or for none "
-            "(binary_data differs between outputs)"
-        )
-    priority, deadline_in_s = class_parameters(params)
-    assert items is not None
-    parsed = InferRequest(
-        id=req.id or None,
-        inputs={s.name: arrays[s.name] for s in sig.inputs},
-        items=items,
-        outputs=requested,
-        priority=priority,
-        deadline_in_s=deadline_in_s,
-        parameters=params,
-    )
-    return parsed, kinds == {True}
-
-
-def encode_grpc_response(
-    sig: ModelSignature,
-    request_id: str | None,
-    outputs: Mapping[str, Array],
-    requested: Sequence[RequestedOutput],
-    raw: bool,
-) -> Any:
-    """A ``ModelInferResponse``: raw output contents, or typed ones."""
-    specs = {s.name: s for s in sig.outputs}
-    resp = service_pb2.ModelInferResponse(
-        model_name=sig.name, model_version=sig.version, id=request_id or ""
-    )
-    for r in requested:
-        arr = np.ascontiguousarray(outputs[r.name])
-        dt = specs[r.name].datatype
-        out = resp.outputs.add(name=r.name, datatype=dt, shape=list(arr.shape))
-        if raw:
-            resp.raw_output_contents.append(
-                arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
-            )
-        else:
-            field = CONTENTS_FIELD.get(dt)
-            if field is None:
-                raise ProtocolError(
-                    f"output {r.name!r}: {dt} has no typed contents; ask for raw contents"
-                )
-            getattr(out.contents, field).extend(arr.reshape(-1).tolist())
-    return resp
+def _failure(answer: Answer[Any]) -> GrpcError:
+    """A failed answer: its status code (``core.wire``'s outcome table) and metadata."""
+    meta: list[tuple[str, str]] = []
+    if answer.reason is not None:
+        meta.append((wire.REASON_HEADER, answer.reason))
+    if answer.retry_after_s is not None:
+        meta.append(("retry-after", str(max(1, math.ceil(answer.retry_after_s)))))
+    if answer.load_wait_s is not None:
+        meta.append((wire.LOAD_WAIT_HEADER, _ms(answer.load_wait_s)))
+    return GrpcError(grpc.StatusCode[answer.outcome.grpc_code], answer.message, meta)
 
 
 class InferenceServicer:
-    """Triton's GRPCInferenceService over a WorkerService."""
+    """Triton's GRPCInferenceService over the worker's data plane."""
 
     #: The RPCs served; every other answers UNIMPLEMENTED (``httpio.grpc_service``).
     RPCS = SERVED_RPCS
 
-    def __init__(self, service: WorkerService) -> None:
-        self.service = service
-        self.metrics = service.metrics
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
 
     def rpcs(self) -> dict[str, Handler]:
         """Each served RPC's coroutine, by name."""
         return {name: getattr(self, name) for name in self.RPCS}
-
-    # -- helpers -------------------------------------------------------------------------------
-    def _signature(self, name: str, version: str) -> ModelSignature:
-        svc = self.service
-        sig = svc.signatures.get(name)
-        if sig is None and svc.model_state(name).state == LOADING:
-            raise GrpcError(grpc.StatusCode.UNAVAILABLE, f"model {name!r} is loading")
-        if sig is None:
-            raise GrpcError(
-                grpc.StatusCode.NOT_FOUND,
-                f"model {wire.shown_name(name)} is not served here "
-                f"(models: {', '.join(svc.signatures)})",
-            )
-        if version not in ("", sig.version):
-            raise GrpcError(
-                grpc.StatusCode.NOT_FOUND,
-                f"model {name!r} has no version {wire.shown_name(version)} "
-                f"(versions: {sig.version})",
-            )
-        return sig
 
     @staticmethod
     async def _abort(context: Any, err: GrpcError) -> None:
@@ -302,18 +144,20 @@ class InferenceServicer:
             context.set_trailing_metadata(err.metadata)
         await context.abort(err.code, err.message)
 
+    @staticmethod
+    async def _not_served(context: Any, exc: NotServedError) -> None:
+        await context.abort(grpc.StatusCode[exc.outcome.grpc_code], str(exc))
+
     # -- health and metadata -------------------------------------------------------------------
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return service_pb2.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return service_pb2.ServerReadyResponse(ready=self.service.ready)
+        return service_pb2.ServerReadyResponse(ready=self.plane.ready)
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
-        sig = self.service.signatures.get(request.name)
-        known = sig is not None and request.version in ("", sig.version)
         return service_pb2.ModelReadyResponse(
-            ready=known and self.service.model_ready(request.name)
+            ready=self.plane.model_ready(request.name, request.version)
         )
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
@@ -323,46 +167,35 @@ class InferenceServicer:
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         try:
-            self._signature(request.name, request.version)
-        except GrpcError as err:
-            await self._abort(context, err)
+            metadata = self.plane.model_metadata(request.name, request.version)
+        except NotServedError as exc:
+            await self._not_served(context, exc)
         return json_format.ParseDict(
-            self.service.model_metadata_json(request.name),
-            service_pb2.ModelMetadataResponse(),
-            ignore_unknown_fields=True,
+            metadata, service_pb2.ModelMetadataResponse(), ignore_unknown_fields=True
         )
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:
         try:
-            self._signature(request.name, request.version)
-        except GrpcError as err:
-            await self._abort(context, err)
+            config_json = self.plane.model_config(request.name, request.version)
+        except NotServedError as exc:
+            await self._not_served(context, exc)
         config = json_format.ParseDict(
-            self.service.model_config_json(request.name),
-            service_pb2.model__config__pb2.ModelConfig(),
-            ignore_unknown_fields=True,
+            config_json, service_pb2.model__config__pb2.ModelConfig(), ignore_unknown_fields=True
         )
         return service_pb2.ModelConfigResponse(config=config)
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:
-        stats = self.service.stats
-        if request.name:
-            try:
-                self._signature(request.name, request.version)
-            except GrpcError as err:
-                await self._abort(context, err)
-            chosen = [stats[request.name]]
-        else:
-            chosen = list(stats.values())
+        try:
+            stats = self.plane.statistics(request.name, request.version)
+        except NotServedError as exc:
+            await self._not_served(context, exc)
         return json_format.ParseDict(
-            {"model_stats": [s.json() for s in chosen]},
-            service_pb2.ModelStatisticsResponse(),
-            ignore_unknown_fields=True,
+            stats, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True
         )
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         resp = service_pb2.RepositoryIndexResponse()
-        for m in self.service.repository_index(bool(request.ready)):
+        for m in self.plane.repository_index(bool(request.ready)):
             resp.models.add(**m)
         return resp
 
@@ -381,7 +214,7 @@ class InferenceServicer:
                 if p.WhichOneof("parameter_choice") != "string_param":
                     raise ProtocolError("parameters['config']: expected string_param (JSON)")
                 override = config_override(p.string_param, "parameters['config']")
-            await self.service.request_load(request.model_name, override)
+            await self.plane.control.request_load(request.model_name, override)
         except ProtocolError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except ModelControlError as exc:
@@ -390,107 +223,31 @@ class InferenceServicer:
 
     async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
         try:
-            await self.service.request_unload(request.model_name)
+            await self.plane.control.request_unload(request.model_name)
         except ModelControlError as exc:
             await context.abort(CONTROL_CODES.get(exc.status, grpc.StatusCode.INTERNAL), str(exc))
         return service_pb2.RepositoryModelUnloadResponse()
 
     # -- inference -----------------------------------------------------------------------------
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        name = request.model_name
-        t0 = time.perf_counter()
-        wait_meta: list[tuple[str, str]] = []
-        if name not in self.service.signatures and self.service.model_state(name).state == (
-            LOADING
-        ):
-            try:
-                waited_s = await self.service.await_load(name)
-            except LoadWaitError as exc:
-                meta = [(wire.LOAD_WAIT_HEADER, _ms(exc.waited_s))]
-                if exc.retry_after_s is not None:
-                    meta.append(("retry-after", str(max(1, math.ceil(exc.retry_after_s)))))
-                self.metrics.observe_request(name, "unavailable", None)
-                await self._abort(context, GrpcError(grpc.StatusCode.UNAVAILABLE, str(exc), meta))
-            wait_meta = [(wire.LOAD_WAIT_HEADER, _ms(waited_s))]
-        try:
-            sig = self._signature(name, request.model_version)
-        except GrpcError as err:
-            if err.code == grpc.StatusCode.UNAVAILABLE:  # loading
-                self.metrics.observe_request(name, "unavailable", None)
-            else:
-                self.metrics.observe_request(UNKNOWN_MODEL_LABEL, "not_found", None)
-            err.metadata = (*err.metadata, *wait_meta)
-            await self._abort(context, err)
-        if not wait_meta:
-            t0 = time.perf_counter()
-        outcome = "error"
-        try:
-            response, outcome = await self._infer(request, context, sig)
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        finally:
-            self.service.count_infer(name, outcome, time.perf_counter() - t0)
-        if isinstance(response, GrpcError):
-            response.metadata = (*response.metadata, *wait_meta)
-            await self._abort(context, response)
-        if wait_meta:
-            context.set_trailing_metadata(wait_meta)
-        return response
-
-    async def _infer(self, request: Any, context: Any, sig: ModelSignature) -> tuple[Any, str]:
-        service = self.service
-        if service.draining or not service.ready:
-            err = GrpcError(
-                grpc.StatusCode.UNAVAILABLE, "the worker is not ready (loading or shutting down)"
-            )
-            return err, "unavailable"
-        try:
-            metadata = {k.lower(): v for k, v in context.invocation_metadata() or ()}
-            req, raw = parse_grpc_request(request, sig, metadata)
-            priority, deadline_in_s = request_class(req, metadata)
-        except ProtocolError as exc:
-            return GrpcError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)), "bad_request"
-        refusal = service.model_refusal(sig.name)  # no await from here to the submit
-        if refusal is not None:
-            return GrpcError(grpc.StatusCode.UNAVAILABLE, refusal), "unavailable"
-        try:
-            pending = service.driver.submit(
-                sig.name,
-                req.inputs,
-                items=req.items,
-                priority=priority,
-                deadline_in_s=deadline_in_s,
-            )
-            assert pending.future is not None
-            outputs = await pending.future
-        except RefusedError as exc:
-            meta = [(wire.REASON_HEADER, exc.reason)]
-            if exc.retry_after_s is not None:
-                meta.append(("retry-after", str(max(1, math.ceil(exc.retry_after_s)))))
-            return GrpcError(REFUSAL_CODES[exc.reason], str(exc), meta), REFUSAL_OUTCOMES[
-                exc.reason
-            ]
-        except DrainingError as exc:
-            return GrpcError(grpc.StatusCode.UNAVAILABLE, str(exc)), "unavailable"
-        except BatchFailedError as exc:
-            return GrpcError(grpc.StatusCode.INTERNAL, f"inference failed: {exc}"), "error"
-        try:
-            resp = encode_grpc_response(sig, req.id, outputs, req.outputs, raw)
-        except ProtocolError as exc:
-            return GrpcError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)), "bad_request"
-        return resp, "success"
+        answer = await self.plane.infer(
+            request.model_name, request.model_version, _InferCodec(request, context)
+        )
+        if answer.body is None:
+            await self._abort(context, _failure(answer))
+        if answer.load_wait_s is not None:
+            context.set_trailing_metadata([(wire.LOAD_WAIT_HEADER, _ms(answer.load_wait_s))])
+        return answer.body
 
 
 class GrpcServer:
     """grpcio's asyncio server with the servicer, on the running loop."""
 
-    def __init__(self, service: WorkerService, host: str, port: int) -> None:
-        self.service = service
+    def __init__(self, plane: DataPlane, host: str, port: int) -> None:
         self.host = host
         self.requested_port = port
         self.port = 0
-        limit = service.options.max_body_bytes
+        limit = plane.device.options.max_body_bytes
         self.server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),
@@ -498,7 +255,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        add_service(self.server, InferenceServicer(service).rpcs())
+        add_service(self.server, InferenceServicer(plane).rpcs())
 
     async def start(self) -> None:
         address = (

@@ -13,12 +13,11 @@ import socket
 
 from evenserve.core.requestlog import Recorder
 from evenserve.httpio.serving import Serving
-from evenserve.worker.http_api import create_app
-from evenserve.worker.service import WorkerService
+from evenserve.worker.app import Worker, WorkerServing
 
 
 def make_server(
-    service: WorkerService,
+    worker: Worker,
     sock: socket.socket,
     *,
     grpc_host: str = "127.0.0.1",
@@ -26,13 +25,12 @@ def make_server(
     recorder: Recorder | None = None,
 ) -> Serving:
     """The worker's server on a bound socket; ``run()`` serves until SIGTERM/SIGINT. With
-    ``grpc_port`` (0: any free port) it also serves KServe v2 over gRPC (``grpc_api``); with
+    ``grpc_port`` (0: any free port) it also serves KServe v2 over gRPC (``grpc_api``), the
+    HTTP front's sibling (``app.WorkerServing``); with
     ``recorder`` it writes the request log (``core.requestlog``)."""
-    app = create_app(service, grpc_host=grpc_host, grpc_port=grpc_port, recorder=recorder)
-    if recorder is not None:
-        service.metrics.count_record_drops(lambda: recorder.dropped)
+    app = WorkerServing(worker, grpc_host=grpc_host, grpc_port=grpc_port, recorder=recorder)
     return Serving(
-        app, sock=sock, limits=app.limits, drain_timeout_s=service.options.drain_timeout_s + 5
+        app, sock=sock, limits=app.limits, drain_timeout_s=worker.options.drain_timeout_s + 5
     )
 
 
@@ -54,21 +52,21 @@ class BackgroundWorker:
 
     def __init__(
         self,
-        service: WorkerService,
+        worker: Worker,
         host: str = "127.0.0.1",
         port: int = 0,
         *,
         grpc_port: int | None = None,
         recorder: Recorder | None = None,
     ) -> None:
-        self.service = service
+        self.worker = worker
         self.host = host
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.port: int = self._sock.getsockname()[1]
         self._server = make_server(
-            service, self._sock, grpc_host=host, grpc_port=grpc_port, recorder=recorder
+            worker, self._sock, grpc_host=host, grpc_port=grpc_port, recorder=recorder
         )
         self.grpc_port: int | None = grpc_port
 
@@ -77,7 +75,7 @@ class BackgroundWorker:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 60.0) -> BackgroundWorker:
-        self.service.load()
+        self.worker.load()
         self._server.start_thread(timeout_s, name="evenserve-worker-http")
         self.grpc_port = grpc_port_of(self._server)
         return self

@@ -30,11 +30,11 @@ from typing import Any
 
 import pytest
 
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.clock import FakeClock
 from evenserve.core.types import LoadSample
 from evenserve.core.wire import OVERLOADED, PRIORITY_HEADER, REASON_HEADER, REFUSAL_STATUS
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.dispatcher import Dispatcher
 from evenserve.gateway.forwarder import Reply
 from evenserve.metrics.gateway import GatewayMetrics

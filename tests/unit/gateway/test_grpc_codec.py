@@ -24,7 +24,7 @@ from evenserve.gateway import grpc_answer as acodec
 from evenserve.gateway import grpc_codec as codec
 from evenserve.runtime.base import TensorSpec
 from evenserve.worker import kserve
-from evenserve.worker.grpc_api import CONTENTS_FIELD as WORKER_CONTENTS_FIELD
+from evenserve.worker.grpc_codec import CONTENTS_FIELD as WORKER_CONTENTS_FIELD
 from evenserve.worker.kserve import ModelSignature
 
 

@@ -9,7 +9,7 @@ from evenserve.metrics import names
 from evenserve.metrics.nvml import GpuIdentity, NvmlSampler
 from evenserve.metrics.worker import DcgmLabels, DeviceSnapshot, WorkerMetrics
 from evenserve.runtime.device import parse_device
-from evenserve.worker.service import _dcgm_labels
+from evenserve.worker.device import dcgm_labels
 
 
 def test_names_carry_units_and_prefixes() -> None:
@@ -209,12 +209,12 @@ def test_identity_is_what_dcgm_exporter_labels_a_gpu_with() -> None:
     assert bare_mig is not None and bare_mig.identity() == GpuIdentity(None, None, None)
 
 
-def test_the_device_info_carries_dcgm_labels() -> None:
+def test_the_device_info_carriesdcgm_labels() -> None:
     fake = _FakeNamedNvml()
     sampler = NvmlSampler.open(0, module=fake)  # type: ignore[arg-type]
     cuda = parse_device("cuda:0")
     m = WorkerMetrics(
-        "cuda:0", ["m"], _snapshot, sampler, kind="cuda", dcgm=_dcgm_labels(cuda, sampler)
+        "cuda:0", ["m"], _snapshot, sampler, kind="cuda", dcgm=dcgm_labels(cuda, sampler)
     )
     page = m.render()[0].decode()
     assert (
@@ -225,8 +225,8 @@ def test_the_device_info_carries_dcgm_labels() -> None:
 
 
 def test_dcgm_labels_without_nvml() -> None:
-    assert _dcgm_labels(parse_device("cuda:2"), None) == DcgmLabels(gpu="2")
-    assert _dcgm_labels(parse_device(f"cuda:{MIG}"), None) == DcgmLabels()
-    assert _dcgm_labels(parse_device("cpu"), None) == DcgmLabels(model_name="cpu")
+    assert dcgm_labels(parse_device("cuda:2"), None) == DcgmLabels(gpu="2")
+    assert dcgm_labels(parse_device(f"cuda:{MIG}"), None) == DcgmLabels()
+    assert dcgm_labels(parse_device("cpu"), None) == DcgmLabels(model_name="cpu")
     em = parse_device("emulated:a10-trt-fp16#mig=3g.20gb")
-    assert _dcgm_labels(em, None) == DcgmLabels(model_name="emulated:a10-trt-fp16#mig=3g.20gb")
+    assert dcgm_labels(em, None) == DcgmLabels(model_name="emulated:a10-trt-fp16#mig=3g.20gb")

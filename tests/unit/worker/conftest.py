@@ -6,19 +6,19 @@ from typing import Any
 
 import pytest
 
-from evenserve.worker.service import WorkerService
+from evenserve.worker.app import Worker
 
 
 @pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch) -> list[WorkerService]:
+def served(monkeypatch: pytest.MonkeyPatch) -> list[Worker]:
     """The services ``evenserve worker`` would serve (the server is not run)."""
-    out: list[WorkerService] = []
+    out: list[Worker] = []
 
     class _Server:
         def run(self) -> None:
             return None
 
-    def make_server(service: WorkerService, sock: Any, **kw: Any) -> _Server:
+    def make_server(service: Worker, sock: Any, **kw: Any) -> _Server:
         out.append(service)
         sock.close()
         return _Server()

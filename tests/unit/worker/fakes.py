@@ -14,7 +14,8 @@ from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import LatencyProfile
 from evenserve.policy.batching import BATCHING
 from evenserve.sched import ModelSetup
-from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
+from evenserve.worker.batch import BatchResult, DriverObserver, RunningBatch
+from evenserve.worker.driver import BatchDriver
 from evenserve.worker.executor import VirtualExecutor
 from evenserve.worker.timer import TimerHandle
 

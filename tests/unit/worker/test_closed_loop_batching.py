@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from evenserve.core.profile import load_profile
-from evenserve.worker.driver import PendingRequest
+from evenserve.worker.batch import PendingRequest
 
 from .fakes import Harness, make_driver
 

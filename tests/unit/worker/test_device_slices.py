@@ -15,17 +15,18 @@ import pytest
 from evenserve.core.options import DeviceOptions
 from evenserve.runtime.device import parse_device
 from evenserve.runtime.emulated import EmulatedRuntime
-from evenserve.worker import service as service_module
+from evenserve.worker import device as device_module
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_repository
-from evenserve.worker.service import WorkerOptions, WorkerService
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "models" / "tiny"
 GIB = 1024.0**3
 MIG = "MIG-4f2d8c1e-93a7-5b11-8a3e-0123456789ab"
 
 
-def _worker(device: str, profiles_dir: Path | None = None, memory_gb: float = 8) -> WorkerService:
-    return WorkerService(
+def _worker(device: str, profiles_dir: Path | None = None, memory_gb: float = 8) -> Worker:
+    return Worker(
         load_repository(TINY, ["tiny-emulated"]),
         WorkerOptions(
             device=parse_device(device),
@@ -59,7 +60,7 @@ async def test_emulated_slices_report_their_own_memory_cap(
     w.load()
     await w.start()
     try:
-        report = w.load_report()
+        report = w.plane.load_report()
         assert report.memory_total_bytes == total_gib * GIB
         assert report.device == device
         assert report.device_kind == "emulated" and report.device_slice == kind_slice
@@ -78,15 +79,15 @@ def test_an_emulated_mig_slice_runs_at_its_compute_fraction(tmp_path: Path) -> N
     mig = _worker("emulated:toy#mig=3g.20gb", base)
     share = _worker("emulated:toy#share=1/2", base)
     for n in (1, 8):
-        full = whole.profiles["tiny-emulated"]
+        full = whole.models["tiny-emulated"].profile
         assert full is not None
         t = full.latency_s(n)
-        sliced = mig.profiles["tiny-emulated"]
+        sliced = mig.models["tiny-emulated"].profile
         assert sliced is not None and sliced.latency_s(n) == pytest.approx(t * 7 / 3)
-        rt = mig.runtimes["tiny-emulated"]
+        rt = mig.models["tiny-emulated"].runtime
         assert isinstance(rt, EmulatedRuntime)
         assert rt.profile.latency_s(n) == pytest.approx(t * 7 / 3)  # what it sleeps
-        shared = share.profiles["tiny-emulated"]
+        shared = share.models["tiny-emulated"].profile
         assert shared is not None and shared.latency_s(n) == pytest.approx(t)  # full speed
 
 
@@ -129,10 +130,10 @@ def test_a_mig_worker_reads_the_slices_memory_from_nvml(monkeypatch: pytest.Monk
     def no_torch(index: int) -> tuple[float, float]:
         raise AssertionError("a MIG slice's memory must come from NVML, not torch")
 
-    monkeypatch.setattr(service_module, "cuda_memory_bytes", no_torch)
+    monkeypatch.setattr(device_module, "cuda_memory_bytes", no_torch)
     w = _worker(f"cuda:{MIG}")
-    assert w.nvml is not None and w.nvml.mig_uuid == MIG
-    assert w.memory_bytes() == (5 * GIB, 20 * GIB)  # the slice's, not the GPU's 80 GiB
+    assert w.device.nvml is not None and w.device.nvml.mig_uuid == MIG
+    assert w.device.memory_bytes() == (5 * GIB, 20 * GIB)  # the slice's, not the GPU's 80 GiB
     assert fake.asked == [f"uuid:{MIG}", "memory:mig"]
     page = w.metrics.render()[0].decode()
     assert f'evenserve_gpu_memory_total_bytes{{gpu="{MIG}"}} 2.147483648e+10' in page
@@ -152,10 +153,10 @@ def test_a_share_worker_counts_its_own_memory_against_its_part(
         seen.append(index)
         return 20 * GIB, 24 * GIB  # every process on the GPU
 
-    monkeypatch.setattr(service_module, "cuda_memory_bytes", gpu)
-    monkeypatch.setattr(service_module, "cuda_process_memory_bytes", lambda index: 3 * GIB)
+    monkeypatch.setattr(device_module, "cuda_memory_bytes", gpu)
+    monkeypatch.setattr(device_module, "cuda_process_memory_bytes", lambda index: 3 * GIB)
     w = _worker("cuda:1#share=1/2")
-    assert w.memory_bytes() == (3 * GIB, 12 * GIB)
+    assert w.device.memory_bytes() == (3 * GIB, 12 * GIB)
     assert seen == [1]
     whole = _worker("cuda:1")
-    assert whole.memory_bytes() == (20 * GIB, 24 * GIB)
+    assert whole.device.memory_bytes() == (20 * GIB, 24 * GIB)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,12 +19,18 @@ from evenserve.runtime.device import parse_device
 from evenserve.runtime.emulated import EmulatedRuntime
 from evenserve.worker import executor
 from evenserve.worker.repository import load_repository
-from evenserve.worker.service import _Telemetry
+from evenserve.worker.stats import ModelStats
+from evenserve.worker.telemetry import Telemetry
 
 from .fakes import make_driver, profile
 from .test_model_control_cli import _repo
 
 FAST = profile("a", {1: 10.0, 4: 16.0, 8: 20.0})
+
+
+def _hosted(latency: Any) -> Any:
+    """What telemetry reads of a hosted model: its profile and its statistics."""
+    return SimpleNamespace(profile=latency, stats=ModelStats("a", "1"))
 
 
 def _snapshot() -> DeviceSnapshot:
@@ -57,7 +64,7 @@ def test_the_counters_exist_at_zero_from_the_models_load() -> None:
 async def test_a_static_batch_waiting_to_fill_counts_its_held_and_expected_seconds() -> None:
     h = make_driver({"a": {"policy": "static", "batch_size": 4}}, {"a": FAST})
     metrics = WorkerMetrics("gpu0", ["a"], _snapshot)
-    h.driver.observer = _Telemetry(metrics, {}, {"a": FAST})
+    h.driver.observer = Telemetry(metrics, {"a": _hosted(FAST)})
     for i in range(3):
         h.driver.submit("a", i)
     h.timer.advance_to(0.010)
@@ -78,7 +85,7 @@ async def test_a_greedy_policy_on_a_busy_device_holds_nothing_and_no_profile_exp
         {"a": FAST},
     )
     metrics = WorkerMetrics("gpu0", ["a"], _snapshot)
-    h.driver.observer = _Telemetry(metrics, {}, {"a": None})  # the model has no profile
+    h.driver.observer = Telemetry(metrics, {"a": _hosted(None)})  # the model has no profile
     for i in range(6):
         h.driver.submit("a", i)
     h.timer.run_until_idle()

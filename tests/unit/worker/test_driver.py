@@ -10,7 +10,7 @@ import pytest
 
 from evenserve.policy.batching import BATCHING
 from evenserve.sched import ModelSetup
-from evenserve.worker.driver import DrainingError, RefusedError, UnknownModelError
+from evenserve.worker.refusals import DrainingError, RefusedError, UnknownModelError
 from evenserve.worker.timer import TimerHandle
 
 from .fakes import make_driver, profile

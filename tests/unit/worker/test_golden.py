@@ -26,7 +26,8 @@ from evenserve.policy.batching import BATCHING
 from evenserve.sched import DeviceScheduler
 from evenserve.sim.cluster import Simulation
 from evenserve.sim.loader import load_scenario
-from evenserve.worker.driver import PendingRequest, RefusedError
+from evenserve.worker.batch import PendingRequest
+from evenserve.worker.refusals import RefusedError
 
 from .fakes import make_driver, profile
 

@@ -15,22 +15,23 @@ import yaml
 from evenserve.core.options import QueueOptions
 from evenserve.core.wire import LOAD_PATH
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_model, load_repository
-from evenserve.worker.service import WorkerOptions, WorkerService
 from tests.app_client import worker_client
 
 TINY = Path(__file__).resolve().parents[3] / "examples" / "models" / "tiny"
 BODY = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
 
 
-def _service() -> WorkerService:
-    return WorkerService(
+def _service() -> Worker:
+    return Worker(
         load_repository(TINY, ["tiny-emulated"]),
         WorkerOptions(device=parse_device("cpu"), max_body_bytes=4096),
     )
 
 
-def _client(service: WorkerService) -> httpx.AsyncClient:
+def _client(service: Worker) -> httpx.AsyncClient:
     return worker_client(service)
 
 
@@ -130,7 +131,7 @@ async def test_classes_deadlines_and_refusals_over_http(tmp_path: Path) -> None:
             }
         )
     )
-    service = WorkerService(
+    service = Worker(
         [load_model(d)],
         WorkerOptions(device=parse_device("cpu"), queue=QueueOptions(starvation_ms=60_000)),
     )

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from evenserve.runtime.torch_common import release_cuda_cache
-from evenserve.worker.service import ModelState, trim_memory
+from evenserve.worker.models.loading import trim_memory
+from evenserve.worker.models.registry import ModelState
 
 
 def test_trim_memory_is_guarded(monkeypatch: pytest.MonkeyPatch) -> None:

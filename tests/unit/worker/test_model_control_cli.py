@@ -12,7 +12,7 @@ import typer
 import yaml
 
 from evenserve.cli.worker_cmd import worker
-from evenserve.worker.service import WorkerService
+from evenserve.worker.app import Worker
 from tests.unit.worker.fakes import PROFILE
 
 EM = {
@@ -33,23 +33,23 @@ def _repo(tmp_path: Path, names: tuple[str, ...] = ("a", "b")) -> Path:
     return tmp_path / "repo"
 
 
-def test_explicit_loads_only_the_startup_set(tmp_path: Path, served: list[WorkerService]) -> None:
+def test_explicit_loads_only_the_startup_set(tmp_path: Path, served: list[Worker]) -> None:
     repo = _repo(tmp_path)
     worker(repo=repo, port=0, model_control="explicit", load_model=["b"])
     (svc,) = served
-    assert list(svc.entries) == ["b"]
+    assert list(svc.models) == ["b"]
     assert svc.options.model_control == "explicit" and svc.options.repository == repo
     worker(repo=repo, port=0, model_control="explicit", models="a")  # --models: the same
-    assert list(served[1].entries) == ["a"]
+    assert list(served[1].models) == ["a"]
     worker(repo=repo, port=0, model_control="explicit")  # nothing until a load
-    assert list(served[2].entries) == []
+    assert list(served[2].models) == []
 
 
-def test_none_and_poll_load_every_folder(tmp_path: Path, served: list[WorkerService]) -> None:
+def test_none_and_poll_load_every_folder(tmp_path: Path, served: list[Worker]) -> None:
     repo = _repo(tmp_path)
     worker(repo=repo, port=0)
     worker(repo=repo, port=0, model_control="poll", repository_poll_secs=2.5)
-    assert [list(s.entries) for s in served] == [["a", "b"], ["a", "b"]]
+    assert [list(s.models) for s in served] == [["a", "b"], ["a", "b"]]
     assert served[1].options.repository_poll_s == 2.5
     assert served[0].options.load_wait_s == 10.0  # --load-wait-ms 10000 by default
     worker(repo=repo, port=0, model_control="explicit", load_wait_ms=250)

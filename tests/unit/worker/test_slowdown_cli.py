@@ -15,13 +15,13 @@ from evenserve.cli.worker_cmd import worker
 from evenserve.core.slowdown import SlowdownSchedule
 from evenserve.runtime.device import parse_device
 from evenserve.runtime.emulated import EmulatedRuntime, EmulatedSlowdown
+from evenserve.worker.app import Worker
 from evenserve.worker.repository import load_repository
-from evenserve.worker.service import WorkerService
 
 from .test_model_control_cli import _repo
 
 
-def test_the_flags_reach_the_worker(tmp_path: Path, served: list[WorkerService]) -> None:
+def test_the_flags_reach_the_worker(tmp_path: Path, served: list[Worker]) -> None:
     repo = _repo(tmp_path)
     worker(repo=repo, port=0)  # plain
     worker(
@@ -35,9 +35,9 @@ def test_the_flags_reach_the_worker(tmp_path: Path, served: list[WorkerService])
     assert not plain.options.learn_profiles and plain.options.slowdown is None
     assert slowed.options.learn_profiles
     assert slowed.options.slowdown == SlowdownSchedule(1.5, ((1.0, 2.0, 3.0),))
-    rt = slowed.runtimes["a"]
+    rt = slowed.models["a"].runtime
     assert isinstance(rt, EmulatedRuntime) and rt.slowdown is not None
-    assert rt.slowdown is slowed.runtimes["b"].slowdown  # one origin for every model
+    assert rt.slowdown is slowed.models["b"].runtime.slowdown  # one origin for every model
 
 
 def test_an_emulated_batch_takes_its_profile_times_the_slowdown(tmp_path: Path) -> None:
@@ -53,12 +53,12 @@ def test_an_emulated_batch_takes_its_profile_times_the_slowdown(tmp_path: Path) 
     assert time.perf_counter() - t0 >= 0.020
 
 
-def test_staging_reaches_every_emulated_model(tmp_path: Path, served: list[WorkerService]) -> None:
+def test_staging_reaches_every_emulated_model(tmp_path: Path, served: list[Worker]) -> None:
     repo = _repo(tmp_path)
     worker(repo=repo, port=0, staging_ms_per_item=2.5)
     (w,) = served
     assert w.options.staging_s_per_item == 0.0025
-    for rt in w.runtimes.values():
+    for rt in (m.runtime for m in w.models.values()):
         assert isinstance(rt, EmulatedRuntime) and rt.staging_s_per_item == 0.0025
 
 

@@ -23,8 +23,11 @@ from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions
 from evenserve.runtime.base import Array
 from evenserve.runtime.device import parse_device
+from evenserve.worker.app import Worker
+from evenserve.worker.models.loading import build
+from evenserve.worker.models.registry import LOADING, READY
+from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import ModelEntry, load_model, load_repository
-from evenserve.worker.service import LOADING, READY, WorkerOptions, WorkerService
 from evenserve.worker.warmup import (
     VARIABLE_DIM,
     other_lengths,
@@ -194,32 +197,32 @@ def test_a_failing_batch_names_model_and_size(tmp_path: Path) -> None:
 
 
 # -- the service --------------------------------------------------------------------------
-def _service(tmp_path: Path, rt: FakeRuntime, warmup: Any = "all") -> WorkerService:
+def _service(tmp_path: Path, rt: FakeRuntime, warmup: Any = "all") -> Worker:
     repo = _repo(tmp_path)
-    service = WorkerService(
+    service = Worker(
         load_repository(repo, ["m"]),
         WorkerOptions(device=parse_device("cpu"), profiles_dir=None, warmup=warmup),
     )
-    service.runtimes["m"] = rt  # a runtime that really runs batches
+    service.models["m"].runtime = rt  # a runtime that really runs batches
     return service
 
 
 async def test_load_info_carries_the_warmup(tmp_path: Path) -> None:
     service = _service(tmp_path, FakeRuntime(), warmup=(1, 2, 8))
     service.load()
-    info = service.load_info["m"]
+    info = service.models["m"].load_info
     assert info["warmup_batch_sizes"] == [1, 2]
     assert set(info["warmup_first_ms"]) == {1, 2} and set(info["warmup_second_ms"]) == {1, 2}
     assert info["warmup_seconds"] >= 0 and info["load_source"] == "disk"
-    assert service.descriptions["m"]["warmup_batch_sizes"] == [1, 2]
-    assert service.stats["m"].load is not None
-    assert service.stats["m"].load["warmup_batch_sizes"] == [1, 2]
+    assert service.models["m"].description["warmup_batch_sizes"] == [1, 2]
+    assert service.models["m"].stats.load is not None
+    assert service.models["m"].stats.load["warmup_batch_sizes"] == [1, 2]
 
 
 async def test_warmup_runs_on_each_device_thread(tmp_path: Path) -> None:
     """A first call on a new thread costs extra: the warm-up runs where batches will."""
     rt = FakeRuntime()
-    service = WorkerService(
+    service = Worker(
         load_repository(_repo(tmp_path), ["m"]),
         WorkerOptions(
             device=parse_device("cpu"),
@@ -228,16 +231,16 @@ async def test_warmup_runs_on_each_device_thread(tmp_path: Path) -> None:
             run=DeviceOptions(instances=3),
         ),
     )
-    service.runtimes["m"] = rt
+    service.models["m"].runtime = rt
     service.load()
     assert rt.calls == [1, 1, 2, 2, 1, 1] * 3
     assert len(set(rt.threads)) == 3
     assert all(t.startswith("evenserve-device") for t in rt.threads)
     await service.start()
     try:
-        assert service._executor is not None
+        assert service.device.executor is not None
         pool_threads = set(
-            service._executor.on_each_thread(lambda: threading.current_thread().name)
+            service.device.executor.on_each_thread(lambda: threading.current_thread().name)
         )
         assert pool_threads == set(rt.threads)
     finally:
@@ -259,15 +262,16 @@ async def test_worker_not_ready_before_warmup_ends(tmp_path: Path) -> None:
     try:
         assert await asyncio.to_thread(rt.running.wait, 30)
         assert rt.loaded and not service.ready
-        assert service.model_state("m").state == LOADING and not service.model_ready("m")
-        assert "m" not in service.load_info
+        assert service.models.state("m").state == LOADING
+        assert not service.models.model_ready("m")
+        assert service.models["m"].load_info is None
     finally:
         gate.set()
         await loading
     assert rt.calls == [1, 1, 2, 2, 3, 3, 4, 4, 1, 1]
     await service.start()
     try:
-        assert service.ready and service.model_ready("m")
+        assert service.ready and service.models.model_ready("m")
     finally:
         service.begin_drain()
         await service.stop()
@@ -277,7 +281,7 @@ async def test_model_control_load_not_ready_before_warmup_ends(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo = _repo(tmp_path)
-    service = WorkerService(
+    service = Worker(
         [],
         WorkerOptions(
             device=parse_device("cpu"),
@@ -289,24 +293,26 @@ async def test_model_control_load_not_ready_before_warmup_ends(
     )
     gate = threading.Event()
     rt = FakeRuntime(gate=gate)
-    build = service._build_entry
     monkeypatch.setattr(
-        service, "_build_entry", lambda e: dataclasses.replace(build(e), runtime=rt)
+        "evenserve.worker.models.control.build",
+        lambda *a: dataclasses.replace(build(*a), runtime=rt),
     )
     service.load()
     await service.start()
     try:
-        loading = asyncio.ensure_future(service.load_model("m"))
+        loading = asyncio.ensure_future(service.control.load_model("m"))
         try:
             assert await asyncio.to_thread(rt.running.wait, 30)
-            assert service.model_state("m").state == LOADING and not service.model_ready("m")
+            assert service.models.state("m").state == LOADING and not service.models.model_ready(
+                "m"
+            )
         finally:
             gate.set()
         info = await loading
-        assert service.model_state("m").state == READY and service.model_ready("m")
+        assert service.models.state("m").state == READY and service.models.model_ready("m")
         assert rt.calls == [1, 1, 1, 1]
         assert info["warmup_batch_sizes"] == [1]
-        assert service.load_info["m"]["warmup_batch_sizes"] == [1]
+        assert service.models["m"].load_info["warmup_batch_sizes"] == [1]
     finally:
         service.begin_drain()
         await service.stop()
@@ -323,8 +329,8 @@ def test_cli_rejects_a_bad_warmup(
     assert "--warmup" in capsys.readouterr().err
 
 
-def test_cli_passes_the_warmup(tmp_path: Path, served: list[WorkerService]) -> None:
+def test_cli_passes_the_warmup(tmp_path: Path, served: list[Worker]) -> None:
     worker(repo=_repo(tmp_path), warmup="1,2,16", port=0, profiles_dir=tmp_path)
     assert served[0].options.warmup == (1, 2, 16)
     # an emulated model: not warmed up
-    assert served[0].load_info["m"]["warmup_batch_sizes"] == []
+    assert served[0].models["m"].load_info["warmup_batch_sizes"] == []

@@ -1,0 +1,353 @@
+"""One client connection of ``HttpServer``: the head and body read with httptools under the
+limits (431, 413, 400, 501, 408 as the package's docstring says), requests handed to the
+fast handler or the handler in order, one at a time, each answer written once, the
+lingering close after a refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from functools import partial
+from typing import cast
+
+import httptools
+
+from evenserve.httpio.server.limits import Listener
+from evenserve.httpio.server.messages import (
+    Request,
+    Response,
+    encode_head,
+    error_bytes,
+    json_response,
+)
+
+log = logging.getLogger("evenserve.http")
+#: How long a refused request's remaining input is read and dropped before closing.
+LINGER_S = 2.0
+#: ``Connection.head_left`` while no head is being read (a body, or a request being handled):
+#: more than any connection will carry, so the per-chunk comparison never fires.
+_NOT_IN_HEAD = 1 << 62
+
+
+def origin_form(target: bytes) -> bytes:
+    """A request target as a path (and query): an absolute-form target
+    (``http://host:port/p?q``, RFC 9112 3.2.2) becomes ``/p?q`` (``/`` when it has no path);
+    any other (a path, ``*``, an authority) is returned as it is."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return target
+    end = len(rest)
+    for c in (b"/", b"?", b"#"):
+        i = rest.find(c)
+        if 0 <= i < end:
+            end = i
+    path = rest[end:]
+    return path if path.startswith(b"/") else b"/" + path
+
+
+class _Refuse(Exception):
+    """Raised from a parser callback: answer ``status`` with ``message`` and close."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, server: Listener) -> None:
+        self.server = server
+        self.limits = server.limits
+        self.max_head = server.limits.max_header_bytes
+        self.max_headers = server.limits.max_headers
+        self.loop = server.loop
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reading_paused = False
+        self.stopping = False
+        self.lingering = False
+        # the request being read
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.head_bytes = 0
+        #: Bytes the head being read may still take, counted as they arrive (data_received);
+        #: _NOT_IN_HEAD from a head's end to the end of its request.
+        self.head_left = self.max_head
+        self.reading = False  # from a request's first byte to its last
+        self.body: list[bytes] = []
+        self.body_len = 0
+        # requests read, waiting for their turn; the one being handled
+        self.pending: deque[tuple[Request, bool]] = deque()
+        #: A request is being handled (its answer is due before the next one's).
+        self.busy = False
+        #: When this connection times out (the loop's clock; 0: not timed). The server's
+        #: sweep looks every ``Limits.sweep_s``: no timer is set per request.
+        self.deadline = 0.0
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
+        server = self.server
+        if len(server.connections) >= server.max_connections or server.stopping:
+            server.refused_connections += 1
+            self.transport.write(error_bytes(503, "too many connections"))
+            self.transport.close()
+            self.closed = True
+            return
+        server.connections.add(self)
+        self._arm(self.limits.header_timeout_s)
+
+    def eof_received(self) -> bool | None:
+        if self.lingering or self.reading or self.idle():
+            self._close()  # nothing due, or a request that can no longer complete
+            return None
+        self.stopping = True  # the client sent all it will: answer, then close
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._disarm()
+        self.server.connections.discard(self)
+        self.pending.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed or self.lingering:
+            return  # a refused request's rest is read and dropped (see _refuse)
+        n = len(data)
+        if n > self.head_left:
+            self._over_head(data)
+            return
+        self.head_left -= n
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Refuse) as exc:
+            self._parse_failed(exc)
+
+    def _over_head(self, data: bytes) -> None:
+        """A chunk longer than what the head being read may still take: feed the parser what
+        the head may take; if that ends the head, go on with the rest (a body, pipelined
+        requests), else the head is over the limit: 431, and the rest is not parsed.
+
+        The count of a head starts with the first chunk read after the request before it
+        ended. A pipelined head's first bytes, read in the same chunk as the end of the
+        request before it, are not counted here (its complete lines are, by ``on_url`` and
+        ``on_header``): such a head may pass the limit by at most that part of one chunk
+        before it is refused."""
+        view = memoryview(data)
+        while view:
+            k = self.head_left
+            if len(view) <= k:
+                self.head_left = k - len(view)
+                self._feed(view)
+                return
+            self.head_left = 0
+            if k:
+                self._feed(view[:k])
+            if self.closed or self.lingering:
+                return  # refused by the parser (malformed, a body over its limit...)
+            if self.head_left == 0:  # still in the same head, and at its limit
+                self._refuse(431, f"request head over the limit of {self.max_head} bytes")
+                return
+            view = view[k:]
+
+    def _feed(self, data: bytes | memoryview) -> None:
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Refuse) as exc:
+            self._parse_failed(exc)
+
+    def _parse_failed(self, exc: Exception) -> None:
+        if isinstance(exc, httptools.HttpParserUpgrade):
+            self._refuse(501, "protocol upgrades are not supported")
+            return
+        # An exception raised in a callback comes back wrapped by the parser.
+        r = exc if isinstance(exc, _Refuse) else exc.__context__
+        if isinstance(r, _Refuse):
+            self._refuse(r.status, str(r))
+        else:
+            self._refuse(400, f"malformed HTTP request: {exc}")
+
+    # -- httptools callbacks --------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = {}
+        self.head_bytes = 0
+        self.reading = True
+        self.body = []
+        self.body_len = 0
+        self._arm(self.limits.header_timeout_s)
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self._count(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # Called per header of every request: the checks are inlined.
+        self.head_bytes += len(name) + len(value) + 4
+        headers = self.headers
+        if self.head_bytes > self.max_head or len(headers) >= self.max_headers:
+            self._count(0)  # 431 naming the byte limit when that is what was passed
+            raise _Refuse(431, f"more than {self.max_headers} request headers")
+        key = name.decode("latin-1").lower()
+        if key in headers:
+            headers[key] = f"{headers[key]}, {value.decode('latin-1')}"
+        else:
+            headers[key] = value.decode("latin-1")
+
+    def _count(self, n: int) -> None:
+        self.head_bytes += n
+        if self.head_bytes > self.limits.max_header_bytes:
+            raise _Refuse(
+                431, f"request head over the limit of {self.limits.max_header_bytes} bytes"
+            )
+
+    def on_headers_complete(self) -> None:
+        self.head_left = _NOT_IN_HEAD
+        if self.parser.should_upgrade():
+            raise _Refuse(501, "protocol upgrades are not supported")
+        cl = self.headers.get("content-length")
+        limit = self.limits.max_body_bytes
+        if cl is not None and (len(cl) > 18 or (cl.isdigit() and int(cl) > limit)):
+            raise _Refuse(413, f"request body over the limit of {limit} bytes")
+        self._arm(self.limits.body_timeout_s)
+        if self.headers.get("expect", "").lower() == "100-continue" and self.transport:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self.body_len += len(body)
+        if self.body_len > self.limits.max_body_bytes:
+            raise _Refuse(413, f"request body over the limit of {self.limits.max_body_bytes} bytes")
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self.reading = False
+        self.head_left = self.max_head  # the next request's head begins
+        url = self.url
+        if not url.startswith(b"/"):
+            url = origin_form(url)
+        q = url.find(b"?")
+        path, query = (url, b"") if q < 0 else (url[:q], url[q + 1 :])
+        parts = self.body
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.body = []
+        method = self.parser.get_method().decode("latin-1")
+        req = Request(method, path.decode("latin-1"), query.decode("latin-1"), self.headers, body)
+        self.pending.append((req, self.parser.should_keep_alive()))
+        if len(self.pending) >= self.limits.max_pipelined and self.transport is not None:
+            self.transport.pause_reading()
+            self.reading_paused = True
+        if not self.busy:
+            self._next()
+
+    # -- handling -------------------------------------------------------------------------------
+    def _next(self) -> None:
+        if self.closed or not self.pending:
+            return
+        req, keep = self.pending.popleft()
+        if self.reading_paused and self.transport is not None:
+            self.transport.resume_reading()
+            self.reading_paused = False
+        self.busy = True
+        fast = self.server.fast
+        if fast is not None:
+            try:
+                taken = fast(req, partial(self._answer, req, keep))
+            except Exception:
+                log.exception("%s %s: the handler failed", req.method, req.path[:200])
+                self._answer(req, keep, json_response(b'{"error":"internal server error"}', 500))
+                return
+            if taken:
+                return
+        self.loop.create_task(self._handle(req, keep))
+
+    async def _handle(self, req: Request, keep: bool) -> None:
+        try:
+            resp = await self.server.handler(req)
+        except Exception:
+            log.exception("%s %s: the handler failed", req.method, req.path[:200])
+            resp = json_response(b'{"error":"internal server error"}', 500)
+        self._answer(req, keep, resp)
+
+    def _answer(self, req: Request, keep: bool, resp: Response) -> None:
+        """Write the answer to ``req`` (exactly once per request), then take the next one."""
+        self.busy = False
+        if self.closed or self.transport is None:
+            return  # the client went away; nothing to answer
+        keep = keep and not self.stopping
+        raw = resp.raw
+        if raw is not None:
+            n = resp.raw_head
+            if not keep:
+                raw = b"".join((raw[: n - 2], b"connection: close\r\n", raw[n - 2 :]))
+                n += 19
+            self.transport.write(raw[:n] if req.method == "HEAD" else raw)
+        else:
+            body = b"" if req.method == "HEAD" else resp.body
+            head = encode_head(resp.status, resp.headers, len(resp.body), not keep)
+            if len(body) < 65536:
+                self.transport.write(head + body)
+            else:
+                self.transport.writelines((head, body))
+        if not keep:
+            self._close()
+        elif self.pending:
+            self._next()
+        elif not self.deadline:
+            lim = self.limits
+            self._arm(lim.body_timeout_s if self.reading else lim.keepalive_timeout_s)
+
+    # -- timers and closing -----------------------------------------------------------------------
+    def _arm(self, after_s: float) -> None:
+        self.deadline = self.loop.time() + after_s
+
+    def _disarm(self) -> None:
+        self.deadline = 0.0
+
+    def timed_out(self) -> None:
+        """The sweep found this connection past its deadline."""
+        self.deadline = 0.0
+        if self.lingering:
+            self._close()
+            return
+        if self.busy or self.closed:
+            return
+        if self.reading:
+            self.server.timed_out += 1
+            self._refuse(408, "request not received in time")
+        else:
+            self._close()  # idle keep-alive connection
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` and close. What the client is still sending (a body over the
+        limit) is read and dropped for up to ``LINGER_S`` first, as nginx's lingering close
+        does: closing a socket with unread input resets it, and the client would lose the
+        answer."""
+        if self.transport is None or self.closed:
+            return
+        if self.busy or self.pending:
+            self._close()  # an earlier request's answer is due first: just close
+            return
+        self.transport.write(error_bytes(status, message))
+        hook = self.server.on_refusal
+        if hook is not None:
+            hook(status, origin_form(self.url).split(b"?")[0].decode("latin-1"))
+        self.lingering = True
+        self.reading = False
+        self.body = []
+        self._disarm()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._arm(LINGER_S)
+
+    def _close(self) -> None:
+        self._disarm()
+        if self.transport is not None and not self.closed:
+            self.closed = True
+            self.transport.close()
+        self.server.connections.discard(self)
+
+    def idle(self) -> bool:
+        return not self.busy and not self.pending and not self.reading
