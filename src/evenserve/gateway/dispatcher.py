@@ -2,8 +2,9 @@
 
 The rules themselves are ``policy.routing.dispatch`` (pure: the simulator's front runs them
 too); this module carries them out over the network, three ways for one set of decisions:
-the awaited HTTP path (``infer``), the callback fast path (``infer_fast``: no task or
-coroutine unless a try finds no idle connection) and gRPC (``infer_grpc``). For one request:
+the awaited HTTP path (``infer``), the callback fast path (``infer_fast``, in
+``gateway.fast_path``: no task or coroutine unless a try finds no idle connection) and gRPC
+(``infer_grpc``). For one request:
 
 1. Admission (``FrontDoor.admit``): 404 for an unknown model, 429 ``overloaded`` with
    Retry-After when the overload rule holds. The request's class and deadline
