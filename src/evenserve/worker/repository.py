@@ -50,12 +50,12 @@ from evenserve.core.options import ModelOptions
 from evenserve.core.profile import LatencyProfile, load_profile
 from evenserve.core.tensors import DATATYPES
 from evenserve.core.validation import Strict, format_validation_error, read_yaml, validate_document
-from evenserve.policy.batching import BATCHING, BatchingPolicy
-from evenserve.policy.registry import split_spec
+from evenserve.policy.batching import BatchingPolicy
 from evenserve.runtime.base import Runtime, RuntimeContext, TensorSpec
 from evenserve.runtime.device import DeviceTarget
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedParams
 from evenserve.runtime.factory import RUNTIME_PARAMS, create_runtime
+from evenserve.sched.setup import Batching, batching_setup
 from evenserve.worker import triton_config
 
 RuntimeName = Literal["emulated", "transformers", "torch", "onnx"]
@@ -63,6 +63,8 @@ RuntimeName = Literal["emulated", "transformers", "torch", "onnx"]
 MODEL_FILE = "model.yaml"
 #: The variant ``evenserve optimize`` chose, beside model.yaml.
 VARIANT_FILE = "variant.yaml"
+#: The batching of a model.yaml without one: work-conserving dynamic batching.
+DEFAULT_BATCHING: dict[str, Any] = {"policy": "fixed-window", "max_batch_delay_ms": 0}
 
 
 class SyntheticRange(Strict):
@@ -249,26 +251,21 @@ class ModelEntry:
             emulated_device=emulated_device,
         )
 
-    def batching_spec(self, override: Any = None) -> Any:
-        """The policy spec with the model's max_batch_size filled in where the policy has one."""
+    def batching(self, override: Any = None) -> Batching:
+        """The model's batching (``override``: the worker's ``--batching``; default
+        ``DEFAULT_BATCHING``) under the batch-cap rule (``sched.setup``): the model's
+        max_batch_size filled in where the policy has one, a larger batch refused."""
         spec = override if override is not None else self.config.batching
         if spec is None:
-            spec = {"policy": "fixed-window", "max_batch_delay_ms": 0}
-        name, raw = split_spec(spec, f"{self.source}: batching")
-        entry = BATCHING.entry(name, f"{self.source}: batching.policy")
-        if "max_batch_size" in entry.params_model.model_fields and "max_batch_size" not in raw:
-            raw["max_batch_size"] = self.config.max_batch_size
-        return {"policy": name, **raw}
+            spec = DEFAULT_BATCHING
+        return batching_setup(spec, self.config.max_batch_size, f"{self.source}: batching")
+
+    def batching_spec(self, override: Any = None) -> Any:
+        """The policy spec as the model runs it (``batching``)."""
+        return self.batching(override).spec
 
     def build_policy(self, override: Any = None) -> BatchingPolicy:
-        spec = self.batching_spec(override)
-        policy = BATCHING.build(spec, where=f"{self.source}: batching")
-        if policy.max_batch_size > self.config.max_batch_size:
-            raise ConfigError(
-                f"{self.source}: batching: the policy's batch size ({policy.max_batch_size}) "
-                f"exceeds max_batch_size ({self.config.max_batch_size})"
-            )
-        return policy
+        return self.batching(override).policy
 
     def latency_profile(self) -> LatencyProfile | None:
         if self.config.profile is None:

@@ -35,7 +35,6 @@ from evenserve.core.slowdown import SlowdownSchedule
 from evenserve.core.wire import REFUSAL_REASONS
 from evenserve.metrics.nvml import NvmlSampler
 from evenserve.metrics.worker import DcgmLabels, DeviceSnapshot, WorkerMetrics
-from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import spec_label
 from evenserve.runtime.base import Runtime
 from evenserve.runtime.device import DeviceTarget, host_memory_bytes
@@ -47,7 +46,7 @@ from evenserve.runtime.torch_common import (
     cuda_process_memory_bytes,
     release_cuda_cache,
 )
-from evenserve.sched import ModelSetup
+from evenserve.sched import ModelSetup, batching_setup
 from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.executor import ThreadedExecutor
 from evenserve.worker.kserve import ModelSignature
@@ -546,14 +545,7 @@ class WorkerService:
             if e is None:
                 served = ", ".join(sorted(self.entries)) or "none"
                 raise ConfigError(f"{at}: model {m!r} is not served here (models: {served})")
-            full = e.batching_spec(spec)
-            policy = BATCHING.build(full, where=at)
-            if policy.max_batch_size > e.config.max_batch_size:
-                raise ConfigError(
-                    f"{at}.max_batch_size: the policy's batch size ({policy.max_batch_size}) "
-                    f"exceeds the model's max_batch_size ({e.config.max_batch_size})"
-                )
-            built[m] = (full, policy)
+            built[m] = batching_setup(spec, e.config.max_batch_size, at)
         driver = self._driver
         now = self.clock.now()
         for m, (full, policy) in built.items():
