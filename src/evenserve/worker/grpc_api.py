@@ -67,10 +67,10 @@ from evenserve.worker.kserve import (
     RequestedOutput,
     check_shape,
     class_parameters,
-    config_override,
     input_spec,
     request_class,
 )
+from evenserve.worker.load_override import config_override
 from evenserve.worker.service import LOADING, LoadWaitError, ModelControlError, WorkerService
 
 EXTENSIONS = ["statistics", "model_configuration", "model_repository", "evenserve_load"]

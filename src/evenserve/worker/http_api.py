@@ -48,13 +48,12 @@ from evenserve.worker.kserve import (
     HEADER_LENGTH,
     ModelSignature,
     ProtocolError,
-    encode_infer_response,
-    error_body,
-    load_override,
     parse_header_length,
     parse_infer_request,
     request_class,
 )
+from evenserve.worker.kserve_encode import encode_infer_response, error_body
+from evenserve.worker.load_override import load_override
 from evenserve.worker.service import LOADING, LoadWaitError, ModelControlError, WorkerService
 
 if TYPE_CHECKING:

@@ -50,11 +50,11 @@ from evenserve.sched import ModelSetup, batching_setup
 from evenserve.worker.driver import BatchDriver, BatchResult, DriverObserver, RunningBatch
 from evenserve.worker.executor import ThreadedExecutor
 from evenserve.worker.kserve import ModelSignature
+from evenserve.worker.load_override import check_override_paths
 from evenserve.worker.repository import (
     MODEL_FILE,
     VARIANT_FILE,
     ModelEntry,
-    check_override_paths,
     load_model,
     model_folders,
 )
