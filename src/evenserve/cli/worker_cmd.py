@@ -11,11 +11,10 @@ from typing import Annotated, Any, Literal
 import typer
 
 from evenserve.cli.app import console, err_console, fail, parse_batch_sizes, read_token_file
-from evenserve.cli.flags import with_flags
+from evenserve.cli.flags import flags_of, with_flags
 from evenserve.core.errors import EvenserveError
 from evenserve.runtime.emulated import EmulatedRuntime
 from evenserve.worker.settings import WorkerSettings
-from evenserve.worker.settings import flags as worker_flags
 
 #: The variable a worker reads its admin token from (the launcher sets it; never a flag).
 ADMIN_TOKEN_ENV = "EVENSERVE_ADMIN_TOKEN"
@@ -42,7 +41,59 @@ def worker_admin_token(path: Path | None) -> str | None:
     return os.environ.get(ADMIN_TOKEN_ENV) or None
 
 
-@with_flags(worker_flags())
+#: The order ``evenserve worker --help`` lists the flags in (every flag once).
+FLAG_ORDER = (
+    "repo",
+    "device",
+    "name",
+    "port",
+    "host",
+    "instances",
+    "max_queue_per_model",
+    "max_body_bytes",
+    "batching",
+    "models",
+    "model_control",
+    "load_model",
+    "repository_poll_secs",
+    "load_wait_ms",
+    "profiles_dir",
+    "memory_gb",
+    "utilization_window_s",
+    "cpu_threads",
+    "drain_timeout_s",
+    "starvation_ms",
+    "class_headroom",
+    "ignore_priority",
+    "interference",
+    "host_pool",
+    "host_pool_gb",
+    "learn_profiles",
+    "slowdown",
+    "slowdown_phases",
+    "slowdown_origin_unix",
+    "staging_ms_per_item",
+    "warmup",
+    "port_file",
+    "grpc_port",
+    "record",
+    "record_max_mb",
+    "record_keep",
+    "log_level",
+    "admin_token_file",
+)
+#: What the worker's flag adds to a device or queue option's description.
+NOTES = {
+    "max_queue_per_model": "429; model.yaml may set its own",
+    "memory_gb": "24: an A10",
+    "class_headroom": "arrival rate x profile",
+    "interference": "with --instances > 1",
+}
+#: The flags' other names.
+ALIASES = {"max_queue_per_model": ("--max-queue",)}
+
+
+@with_flags(flags_of(WorkerSettings, FLAG_ORDER, NOTES, ALIASES))
 def worker(**flags: Any) -> None:
     """Serve a model repository on one device over the KServe v2 protocol."""
     from evenserve.runtime.device import select_visible_device

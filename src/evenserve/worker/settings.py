@@ -2,12 +2,11 @@
 once, with the device and queue options of ``core.options`` embedded as they are (``run``,
 ``queue``: the same names, bounds and errors as in scenario and cluster files).
 
-The command line is generated from them (``flags``): a field ``some_name`` is the flag
-``--some-name``, with the field's type and default and its description as the help, in the
-order ``--help`` lists them (``FLAG_ORDER``); a device or queue option's help is the
-description the files give it plus what the worker adds (``NOTES``). ``from_flags``
-validates flag values (an error names the flag) and ``to_options`` gives the
-``WorkerOptions`` the worker runs with.
+The command line is generated from them (``cli.flags``): a field ``some_name`` is the flag
+``--some-name``, with the field's type and default and its description as the help (a
+device or queue option's, the one the files give it). ``from_flags`` validates flag values
+(an error names the flag) and ``to_options`` gives the ``WorkerOptions`` the worker runs
+with.
 
 The admin token is not a setting: only the file it is read from is, and the token goes
 straight into the options (never into ``--help``, a repr or a log line).
@@ -16,13 +15,11 @@ straight into the options (never into ``--help``, a repr or a log line).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self, cast
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_core import PydanticUndefined
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, FlagOptions, QueueOptions
@@ -371,95 +368,3 @@ _EMBEDDED_FIELD: dict[str, str] = {
     **dict.fromkeys(DeviceOptions.model_fields, "run"),
     **dict.fromkeys(QueueOptions.model_fields, "queue"),
 }
-
-#: The order ``evenserve worker --help`` lists the flags in (every flag once).
-FLAG_ORDER = (
-    "repo",
-    "device",
-    "name",
-    "port",
-    "host",
-    "instances",
-    "max_queue_per_model",
-    "max_body_bytes",
-    "batching",
-    "models",
-    "model_control",
-    "load_model",
-    "repository_poll_secs",
-    "load_wait_ms",
-    "profiles_dir",
-    "memory_gb",
-    "utilization_window_s",
-    "cpu_threads",
-    "drain_timeout_s",
-    "starvation_ms",
-    "class_headroom",
-    "ignore_priority",
-    "interference",
-    "host_pool",
-    "host_pool_gb",
-    "learn_profiles",
-    "slowdown",
-    "slowdown_phases",
-    "slowdown_origin_unix",
-    "staging_ms_per_item",
-    "warmup",
-    "port_file",
-    "grpc_port",
-    "record",
-    "record_max_mb",
-    "record_keep",
-    "log_level",
-    "admin_token_file",
-)
-
-#: What the worker's flag adds to a device or queue option's description.
-NOTES = {
-    "max_queue_per_model": "429; model.yaml may set its own",
-    "memory_gb": "24: an A10",
-    "class_headroom": "arrival rate x profile",
-    "interference": "with --instances > 1",
-}
-#: More names of a flag.
-ALIASES = {"max_queue_per_model": ("--max-queue",)}
-
-
-@dataclass(frozen=True)
-class Flag:
-    """One command-line flag of a setting."""
-
-    #: The field's name (the parameter's).
-    name: str
-    #: Declarations beyond ``--name`` derived from the name (an alias leads with it).
-    decls: tuple[str, ...]
-    annotation: Any
-    #: None where the flag is required (``required``).
-    default: Any
-    required: bool
-    help: str
-
-
-def flags() -> list[Flag]:
-    """Every flag of ``WorkerSettings``, in ``FLAG_ORDER``."""
-    out: list[Flag] = []
-    for name in FLAG_ORDER:
-        group = _EMBEDDED_FIELD.get(name)
-        if group is None:
-            info = WorkerSettings.model_fields[name]
-            default = info.default
-            text = info.description or ""
-        else:
-            options = cast(type[FlagOptions], WorkerSettings.model_fields[group].annotation)
-            info = options.model_fields[name]
-            default = getattr(WorkerSettings.model_fields[group].default, name)
-            desc = info.description or ""
-            note = NOTES.get(name)
-            text = desc[:1].upper() + desc[1:] + (f" ({note})" if note else "") + "."
-        alias = ALIASES.get(name, ())
-        decls = ("--" + name.replace("_", "-"), *alias) if alias else ()
-        required = default is PydanticUndefined
-        out.append(
-            Flag(name, decls, info.annotation, None if required else default, required, text)
-        )
-    return out

@@ -11,21 +11,25 @@ import pytest
 from typer.testing import CliRunner
 
 from evenserve.cli.app import app
+from evenserve.cli.flags import flags_of
 from evenserve.cli.main import main  # noqa: F401  (registers the commands)
+from evenserve.cli.worker_cmd import ALIASES, FLAG_ORDER, NOTES
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, QueueOptions
-from evenserve.worker.settings import FLAG_ORDER, WorkerSettings, flags
+from evenserve.worker.settings import WorkerSettings
 
 
 def test_every_setting_is_one_flag_in_the_help_order() -> None:
     own = set(WorkerSettings.model_fields) - {"run", "queue"}
     assert set(FLAG_ORDER) == own | set(DeviceOptions.model_fields) | set(QueueOptions.model_fields)
     assert len(FLAG_ORDER) == len(set(FLAG_ORDER))
-    by_name = {f.name: f for f in flags()}
+    by_name = {f.name: f for f in flags_of(WorkerSettings, FLAG_ORDER, NOTES, ALIASES)}
     assert by_name["repo"].required
     assert by_name["max_queue_per_model"].default == 1024  # the worker's bound, not None
     assert by_name["max_queue_per_model"].decls == ("--max-queue-per-model", "--max-queue")
     assert by_name["memory_gb"].help.endswith("(24: an A10).")
+    with pytest.raises(ValueError, match="misses or repeats"):
+        flags_of(WorkerSettings, FLAG_ORDER[1:])
 
 
 def test_to_options_converts_the_units(tmp_path: Path) -> None:
