@@ -30,10 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evenserve.gateway.config import parse_cluster
+from evenserve.cluster.file import parse_cluster
 from evenserve.gateway.server import Gateway
-from evenserve.httpio import client as http_client
-from evenserve.httpio.server import HttpServer, _Connection
+from evenserve.httpio.client.connection import Connection as BackendConnection
+from evenserve.httpio.server import HttpServer
+from evenserve.httpio.server.connection import Connection
 
 BODY = json.dumps(
     {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
@@ -116,7 +117,7 @@ async def measure(requests: int, repeats: int, backends: int, routing: str) -> f
     for i in range(backends):
         c = forwarder.client(f"http://127.0.0.1:{9000 + i}")  # type: ignore[attr-defined]
         c._loop = loop
-        conn = http_client._Conn(c.keep, loop)
+        conn = BackendConnection(c.keep, loop)
         conn.connection_made(StubTransport(lambda _data, conn=conn: to_answer.append(conn)))
         c._all.add(conn)
         c._idle.append(conn)
@@ -126,7 +127,7 @@ async def measure(requests: int, repeats: int, backends: int, routing: str) -> f
     def client_write(_data: bytes) -> None:
         answered[0] += 1
 
-    client_conn = _Connection(server)
+    client_conn = Connection(server)
     client_conn.connection_made(StubTransport(client_write))
 
     def one() -> None:

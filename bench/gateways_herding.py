@@ -37,11 +37,11 @@ from typing import Any
 
 import yaml
 
+from evenserve.cluster.admin_token import DEFAULT_TOKEN_ENV
 from evenserve.experiment.cluster import arm_cluster, write_arm_cluster, write_profile_sets
 from evenserve.experiment.herding import model_hosts, run_herding, with_gateways
 from evenserve.experiment.load import scenario_load_spec
 from evenserve.experiment.scaling import scale_scenario
-from evenserve.gateway.config import DEFAULT_TOKEN_ENV
 from evenserve.loadgen.records import RunLabels, result_records
 from evenserve.loadgen.runner import run_load
 from evenserve.report.summary import summarize

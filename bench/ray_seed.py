@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from evenserve.cluster.ray_workers import ActorWorker
 from evenserve.experiment.cluster import arm_cluster, write_arm_cluster
 from evenserve.experiment.load import scenario_load_spec
 from evenserve.experiment.scenario_bench import (
@@ -45,7 +46,6 @@ from evenserve.experiment.scenario_bench import (
     plan_bench,
     run_repeat,
 )
-from evenserve.gateway.ray_workers import ActorWorker
 from evenserve.loadgen.runner import run_load
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from evenserve.gateway.config import parse_cluster
+from evenserve.cluster.file import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.metrics import names
 from evenserve.runtime.device import parse_device

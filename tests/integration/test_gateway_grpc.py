@@ -22,8 +22,8 @@ triton_aio = pytest.importorskip("tritonclient.grpc.aio")
 service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 service_pb2_grpc = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
 
+from evenserve.cluster.file import parse_cluster  # noqa: E402
 from evenserve.core.wire import BACKEND_HEADER  # noqa: E402
-from evenserve.gateway.config import parse_cluster  # noqa: E402
 from evenserve.gateway.server import Gateway  # noqa: E402
 from evenserve.runtime.device import parse_device  # noqa: E402
 from evenserve.worker.repository import load_repository  # noqa: E402

@@ -31,9 +31,9 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse, Response  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
+from evenserve.cluster.file import parse_cluster  # noqa: E402
 from evenserve.core.tensors import CONTENTS_FIELD, DATATYPES  # noqa: E402
 from evenserve.core.wire import BACKEND_HEADER, LOAD_WAIT_HEADER, REASON_HEADER  # noqa: E402
-from evenserve.gateway.config import parse_cluster  # noqa: E402
 from evenserve.gateway.server import Gateway  # noqa: E402
 from evenserve.runtime.device import parse_device  # noqa: E402
 from evenserve.worker.repository import load_repository  # noqa: E402

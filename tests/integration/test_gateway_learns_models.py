@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.wire import BACKEND_HEADER
-from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.server import Gateway
 from tests.integration.fake_v2 import FakeBackend, serving
 from tests.integration.test_gateway_routing import TOKEN, infer_body, wait_for

@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.clock import FakeClock
 from evenserve.core.wire import BACKEND_HEADER
-from evenserve.gateway.config import parse_cluster
-from evenserve.gateway.placement import DeviceSetup
+from evenserve.gateway.placement_catalogue import DeviceSetup
 from evenserve.gateway.server import Gateway
 from evenserve.policy.placement import ModelInfo
 from tests.integration.fake_v2 import FakeBackend, serving
@@ -145,7 +145,7 @@ async def test_rebalance_actions_are_carried_out_on_tick() -> None:
         clock.advance(10.0)
         g.placement.tick()
         await wait_for(lambda: f0.control_log == ["unload a"])
-        await wait_for(lambda: g.placement is not None and not g.placement._tasks)
+        await wait_for(lambda: g.placement is not None and not g.placement.ops.tasks)
         assert g.placement.controller.devices["f0"].models == {}
         assert g.registry.states["f0"].index == {}
 
@@ -161,7 +161,7 @@ async def test_a_burst_scales_up_a_spare_and_a_quiet_spell_drains_and_stops_it()
     ):
         drv = g.placement
         assert drv is not None
-        drv.wall = lambda: 1.7e9  # the ScaleUp's wall time, for a bench's burst clock
+        drv.scaling.wall = lambda: 1.7e9  # the ScaleUp's wall time, for a bench's burst clock
         # The spare is held out of routing: its probes do not admit it.
         await g.poller.probe_load(g.registry.states["f1"])
         assert not g.registry.is_healthy("f1")
@@ -172,9 +172,9 @@ async def test_a_burst_scales_up_a_spare_and_a_quiet_spell_drains_and_stops_it()
             clock.advance(0.1)
         drv.tick()
         assert drv.scale_requests() == [{"device": "f1", "action": "start"}]
-        assert drv.scale_decisions["up"] == 1
-        assert drv.last_scale_up_s is not None
-        assert abs(drv.last_scale_up_s - (clock.now() - t_first)) < 1e-9
+        assert drv.counters.scale_decisions["up"] == 1
+        assert drv.counters.last_scale_up_s is not None
+        assert abs(drv.counters.last_scale_up_s - (clock.now() - t_first)) < 1e-9
         view = await client.get("/admin/placement", headers=AUTH)
         assert view.json()["scale_ups_unix_s"] == [1.7e9]
         # The launcher started it; its first good probe admits it: device_ready.
@@ -242,7 +242,7 @@ async def test_a_scaled_down_device_is_stopped_only_once_its_requests_are_answer
         drv.tick()
         clock.advance(1.0)
         drv.tick()
-        assert drv.scale_decisions["down"] == 1
+        assert drv.counters.scale_decisions["down"] == 1
         assert not drv.controller.devices["f1"].active
         assert not g.registry.is_healthy("f1")
         # Its request is still running: not stopped yet; new requests go to f0 only.
@@ -260,7 +260,7 @@ def test_the_catalogue_comes_from_the_profiles_with_the_scenario_s_load_times(
 ) -> None:
     from evenserve.core.profile import LatencyProfile
     from evenserve.core.scenario import ModelSpec
-    from evenserve.gateway.placement import cluster_setup
+    from evenserve.gateway.placement_catalogue import cluster_setup
 
     for m in ("a", "b"):
         (tmp_path / "repo" / m).mkdir(parents=True)

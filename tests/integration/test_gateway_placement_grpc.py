@@ -16,9 +16,9 @@ grpc = pytest.importorskip("grpc")
 service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 service_pb2_grpc = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
 
+from evenserve.cluster.file import parse_cluster  # noqa: E402
 from evenserve.core.wire import BACKEND_HEADER  # noqa: E402
-from evenserve.gateway.config import parse_cluster  # noqa: E402
-from evenserve.gateway.placement import DeviceSetup  # noqa: E402
+from evenserve.gateway.placement_catalogue import DeviceSetup  # noqa: E402
 from evenserve.gateway.server import Gateway  # noqa: E402
 from evenserve.policy.placement import ModelInfo  # noqa: E402
 from evenserve.runtime.device import parse_device  # noqa: E402

@@ -70,7 +70,7 @@ async def test_a_request_waiting_for_a_load_on_a_lost_worker_is_placed_again() -
         assert f1.control_log == ["load a"]
         assert drv.controller.devices["f1"].models == {"a": "READY"}
         assert drv.controller.devices["f0"].models == {}
-        assert not drv._waiters
+        assert not drv.ops.waiters
 
 
 async def test_models_loaded_and_unloaded_by_hand_show_after_the_next_index_read() -> None:
@@ -89,7 +89,7 @@ async def test_models_loaded_and_unloaded_by_hand_show_after_the_next_index_read
         # Routed there, and placement knows it: no load for b.
         r = await client.post("/v2/models/b/infer", json=infer_body())
         assert r.status_code == 200 and r.headers[BACKEND_HEADER] == "f1"
-        assert drv.loads == {}
+        assert drv.counters.loads == {}
         # A second model by hand on f0 is over its 1 GiB (0.6 + 0.6): adopted, f0 full.
         async with httpx.AsyncClient(base_url=g.registry.url("f0")) as worker:
             assert (await worker.post("/v2/repository/models/c/load")).status_code == 200

@@ -16,9 +16,9 @@ import yaml
 from typer.testing import CliRunner
 
 from evenserve.cli.main import app
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.requestlog import Recorder, RecordSettings
 from evenserve.experiment.record import pull_log
-from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.runtime.device import parse_device
 from evenserve.worker.repository import load_repository

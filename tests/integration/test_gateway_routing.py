@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from evenserve.gateway.config import parse_cluster
+from evenserve.cluster.file import parse_cluster
 from evenserve.gateway.server import Gateway
 from tests.integration.fake_v2 import FakeBackend, Served, bound_socket, serving
 

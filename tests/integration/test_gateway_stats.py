@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from evenserve.gateway.config import parse_cluster
+from evenserve.cluster.file import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.gateway.stats import aggregate_model_stats
 from evenserve.runtime.device import parse_device

@@ -18,7 +18,9 @@ grpc = pytest.importorskip("grpc")
 hpack = pytest.importorskip("hpack")
 service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
 
-from evenserve.httpio import grpc_h2 as h2  # noqa: E402
+from evenserve.httpio.grpc_h2 import frames as h2  # noqa: E402
+from evenserve.httpio.grpc_h2.call import Call  # noqa: E402
+from evenserve.httpio.grpc_h2.server import GrpcH2Server, Limits  # noqa: E402
 from evenserve.httpio.grpc_service import unary_handlers  # noqa: E402
 
 ECHO = "/test.Echo/Echo"
@@ -34,7 +36,7 @@ class Held:
         self.cancelled = 0
         self.release = asyncio.Event()
 
-    async def __call__(self, raw: bytearray, call: h2.Call) -> bytes:
+    async def __call__(self, raw: bytearray, call: Call) -> bytes:
         self.started += 1
         try:
             await self.release.wait()
@@ -44,7 +46,7 @@ class Held:
         return bytes(raw)
 
 
-async def echo(raw: bytearray, call: h2.Call) -> bytes:
+async def echo(raw: bytearray, call: Call) -> bytes:
     """The request back; metadata ``x-code`` aborts with that status, ``x-trailer`` is
     sent back as trailing metadata."""
     meta = dict(call.invocation_metadata())
@@ -56,11 +58,11 @@ async def echo(raw: bytearray, call: h2.Call) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def server(**limits: Any) -> AsyncIterator[tuple[h2.GrpcH2Server, Held, int]]:
+async def server(**limits: Any) -> AsyncIterator[tuple[GrpcH2Server, Held, int]]:
     held = Held()
-    srv = h2.GrpcH2Server(
+    srv = GrpcH2Server(
         {ECHO: echo, HOLD: held},
-        h2.Limits(**{"max_message_bytes": 4 * 1024 * 1024, **limits}),
+        Limits(**{"max_message_bytes": 4 * 1024 * 1024, **limits}),
         {"/test.Echo/Stream": "streams are not served"},
     )
     port = await srv.start("127.0.0.1", 0)
@@ -139,7 +141,7 @@ async def test_tritonclient_through_the_gateway_service_table() -> None:
         return bytes(resp.SerializeToString())
 
     handlers, refused = unary_handlers({"ServerLive": live, "ModelInfer": infer}, ("ModelInfer",))
-    srv = h2.GrpcH2Server(handlers, h2.Limits(), refused)
+    srv = GrpcH2Server(handlers, Limits(), refused)
     port = await srv.start("127.0.0.1", 0)
     try:
 

@@ -23,8 +23,9 @@ import typer
 import yaml
 
 from evenserve.cli.main import app
+from evenserve.cluster.admin_token import DEFAULT_TOKEN_ENV
+from evenserve.cluster.file import load_cluster
 from evenserve.core import wire
-from evenserve.gateway.config import DEFAULT_TOKEN_ENV, load_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from evenserve.gateway.config import parse_cluster
+from evenserve.cluster.file import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.runtime.device import parse_device
 from evenserve.worker.driver import BatchResult, DriverObserver, RunningBatch

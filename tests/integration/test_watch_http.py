@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
+from evenserve.cluster.file import parse_cluster
 from evenserve.experiment.watch import Figures, HttpWatchClient, Params, Record, WatchPolicy
-from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.server import Gateway
 from evenserve.runtime.device import parse_device
 from evenserve.worker.repository import load_repository

@@ -59,7 +59,8 @@ def gateway(
     ] = None,
 ) -> None:
     """Run the gateway: KServe v2 HTTP API routing to the cluster's backends."""
-    from evenserve.gateway.config import load_cluster, write_private
+    from evenserve.cluster.admin_token import write_private
+    from evenserve.cluster.file import load_cluster
     from evenserve.gateway.server import Gateway, listening_socket, serve
 
     if port is not None and not 0 <= port <= 65535:
@@ -160,8 +161,8 @@ def up(
     turns it on (via the gateway's /admin/scale), stopped again after draining.
     With --ray, each worker runs as a Ray actor (GPU workers ask Ray for their GPU;
     a device's ray_node pins it), restarted by Ray if it dies."""
-    from evenserve.gateway.config import load_cluster
-    from evenserve.gateway.launcher import run_up
+    from evenserve.cluster.file import load_cluster
+    from evenserve.cluster.launcher import run_up
 
     try:
         cluster = load_cluster(config)

@@ -78,7 +78,7 @@ class DeviceTrace:
     #: Seconds the device was on (turned on to turned off; the cost a user pays), over the
     #: whole run; None when not known (a live run).
     active_s: float | None = None
-    #: The diagnosis figures (``report.summary.device_diagnostics``'s keys) measured some
+    #: The diagnosis figures (``report.device_figures.device_diagnostics``'s keys) measured some
     #: other way than per batch: a live run computes them from the worker's counters over
     #: the window (``loadgen.records``). None: computed from the per-batch records.
     measured_diagnostics: dict[str, Any] | None = None

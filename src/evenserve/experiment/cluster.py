@@ -37,13 +37,13 @@ from typing import Any
 
 import yaml
 
+from evenserve.cluster.file import parse_cluster
+from evenserve.cluster.launcher import Launcher
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions
 from evenserve.core.scenario import ArmSpec, DeviceSpec
 from evenserve.core.slowdown import phases_flag
 from evenserve.experiment.scaling import model_weights_bytes
-from evenserve.gateway.config import parse_cluster
-from evenserve.gateway.launcher import Launcher
 from evenserve.sim.loader import LoadedScenario
 
 
@@ -258,7 +258,7 @@ def arm_cluster(
     log_dir.mkdir(parents=True, exist_ok=True)
     placement = None
     if ray_address is not None:
-        from evenserve.gateway.ray_workers import RayPlacement, import_ray
+        from evenserve.cluster.ray_workers import RayPlacement, import_ray
 
         import_ray()
         placement = RayPlacement(ray_address)

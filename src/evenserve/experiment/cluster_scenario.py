@@ -1,7 +1,7 @@
 """A cluster file read back as a scenario: ``evenserve tune TRACE --cluster F``.
 
 The reverse of ``experiment.cluster.write_arm_cluster`` (scenario -> cluster): from a cluster
-file (``gateway.config``) a :class:`LoadedScenario` the simulator runs with a recorded trace
+file (``cluster.file``) a :class:`LoadedScenario` the simulator runs with a recorded trace
 as its workload.
 
 - Devices: one per worker device (``workers.devices[]``), with its models (default: every
@@ -31,11 +31,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from evenserve.cluster.file import LoadedCluster, load_cluster
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions
 from evenserve.core.slowdown import parse_slowdown_phases
 from evenserve.experiment.tune import replay_trace
-from evenserve.gateway.config import LoadedCluster, load_cluster
 from evenserve.runtime.device import parse_device
 from evenserve.sim.loader import LoadedScenario, parse_scenario
 from evenserve.worker.repository import ModelEntry, load_model

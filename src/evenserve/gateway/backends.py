@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from evenserve.cluster.backend_spec import BackendSpec
 from evenserve.core import wire
 from evenserve.core.clock import Clock
 from evenserve.core.profile import LatencyProfile
-from evenserve.gateway.config import BackendSpec
 from evenserve.policy.routing import ROUTING, Router, RoutingPolicy
 from evenserve.policy.routing.router import PEER_WEIGHT
 

@@ -66,11 +66,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
+from evenserve.cluster.gateway_section import GatewaySection
 from evenserve.core import wire
 from evenserve.core.clock import Clock
 from evenserve.core.types import RequestInfo
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.config import GatewaySection
 from evenserve.gateway.forwarder import (
     Forwarder,
     ForwardError,

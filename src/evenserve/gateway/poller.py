@@ -1,7 +1,8 @@
 """Signal and readiness polling: keeps the Router's view of every backend fresh and honest.
 
 Theory of operation. One loop per probe period (all backends that share it probe in the same
-tick, each probe a task of its own so that a slow backend delays no other).
+tick, each probe in flight on its own, a task or the load probe's callback, so that a slow
+backend delays no other).
 - ``evenserve`` backends (our workers): every ``signals.interval_ms`` (100 ms) GET the load
   endpoint (core.wire.LOAD_PATH). A 200 with ``ready: true`` is fed to ``Router.observe`` as a
   LoadSample stamped with the gateway's receive time (two processes' clocks are not comparable)
@@ -10,29 +11,13 @@ tick, each probe a task of its own so that a slow backend delays no other).
   map it through the configured mapping (prometheus_signals); readiness comes from a separate
   GET ``/v2/health/ready`` every ``health.interval_ms``.
 - ``none`` backends: readiness only; the router routes them on its own in-flight counts.
-- Ejection needs the backend's own evidence. A refused connection, a not-ready answer or a
-  bad load report ejects at once (with the reason); the next successful probe readmits it.
-  So a dead worker leaves routing within one period plus the connect failure (refused
-  connections fail in well under a millisecond on loopback), and a restarted one is back
-  within one period of becoming ready. A probe without an answer in time (a timeout, a lost
-  connection) is a *miss*: ``health.misses`` (2) in a row eject. A probe's time limit runs
-  from when it was sent, and an answer that came in time but that a busy gateway read late
-  still counts (``httpio.client``), so the gateway's own lag cannot eject a healthy backend.
-  Nor is a backend ejected for a miss while it is answering requests: one that answered a
-  forwarded request (any status) after the missed probe was sent is alive, only slow to
-  probe (a worker busy decoding large bodies; counted in ``answering``). A backend that
-  hangs answers nothing, and its next miss ejects it. And never all at once without
-  evidence: a miss does not eject while every other healthy backend has missed too (that is
-  the gateway starving, not every backend failing at once; a hung backend then still leaves
-  routing through the data plane's request timeout).
-- Every backend, whatever its source: every ``health.interval_ms`` POST its repository
-  index (``/v2/repository/index``, body ``{}``: every model with its state, Triton's shape
-  ``[{"name", "version", "state", "reason"}]``) and hand the states to
-  ``BackendRegistry.set_index``: READY models are routable there, others are known but not
-  (503, not 404; entries that say "not loaded" count as absent: 404). The index is
-  advisory, never health: a backend that does not answer it
-  (refused, timeout, a bad body) keeps its last known set and is not ejected for it; one
-  without the extension (404/405) keeps its configured ``models``.
+- Ejection needs the backend's own evidence: a not-ready answer or a bad load report ejects
+  at once (with the reason), and so does a refused connection; the next successful probe
+  readmits it. A probe without an answer in time is a miss, judged by ``probe_misses`` (the
+  gateway's own lag never ejects a healthy backend, nor does a miss while it answers
+  requests, nor do misses of every backend at once).
+- Every backend, whatever its source: every ``health.interval_ms`` read its repository index
+  (``repository_index``: what the gateway learns from it, advisory, never health).
 - The signal period's tick also calls ``Router.expire``: a backend whose newest sample is
   older than ``signals.stale_after_ms`` has unknown signals (never "idle").
 Probes use one persistent keep-alive connection per backend (``httpio.client.HttpClient``)
@@ -55,14 +40,15 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from evenserve.core import wire
+from evenserve.cluster.gateway_section import GatewaySection
 from evenserve.core.clock import Clock
 from evenserve.core.load import LoadReport
 from evenserve.core.wire import HEALTH_READY_PATH, LOAD_PATH, METRICS_PATH, REPOSITORY_INDEX_PATH
-from evenserve.gateway.backends import STATES, BackendRegistry, BackendState, best_state
-from evenserve.gateway.config import GatewaySection
+from evenserve.gateway.backends import BackendRegistry, BackendState
+from evenserve.gateway.probe_misses import MissJudge
 from evenserve.gateway.prometheus_signals import PrometheusParseError, sample_from_text
-from evenserve.httpio.client import ConnectFailed, HttpClient, HttpClientError, Reply
+from evenserve.gateway.repository_index import BadIndex, index_due, parse_index
+from evenserve.httpio.client import HttpClient, HttpClientError, Reply
 
 log = logging.getLogger("evenserve.gateway.poller")
 Probe = Callable[[], Awaitable[None]]
@@ -93,53 +79,6 @@ _DONE = _Sent()
 _DONE.finished = True
 
 
-class BadIndex(ValueError):
-    """A repository index answer that is not a list of ``{name, state}`` objects."""
-
-
-#: Reasons an UNAVAILABLE entry gives when the model is simply not loaded there (Triton's
-#: ``unloaded``; an evenserve worker's ``not loaded`` and ``unloaded``): the backend does not
-#: host it, so the gateway answers 404 for it as the backend itself does, not 503.
-NOT_LOADED_REASONS = frozenset({"unloaded", "not loaded"})
-
-
-def parse_index(body: bytes) -> dict[str, str]:
-    """A repository index answer as model -> state (the best over its versions; a state
-    Triton does not name counts as UNAVAILABLE; entries with an unroutable name are
-    skipped, and so are models that are not loaded: no state at all, as Triton lists a
-    folder never loaded, or UNAVAILABLE for a reason in ``NOT_LOADED_REASONS``). BadIndex
-    for an answer that is not such a list."""
-    try:
-        doc = wire.parse_json(body, "index")
-    except ValueError as exc:
-        raise BadIndex(str(exc)) from None
-    if not isinstance(doc, list):
-        raise BadIndex(f"expected a list, got {type(doc).__name__}")
-    found: dict[str, list[str]] = {}
-    for i, entry in enumerate(doc):
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise BadIndex(f"entry {i}: expected an object with a name")
-        name = entry["name"]
-        if not wire.is_safe_name(name):
-            continue
-        state = entry.get("state")
-        state = state.upper() if isinstance(state, str) else ""
-        reason = entry.get("reason")
-        if not state or (
-            state == "UNAVAILABLE"
-            and isinstance(reason, str)
-            and reason.strip().lower() in NOT_LOADED_REASONS
-        ):
-            continue
-        found.setdefault(name, []).append(state if state in STATES else "UNAVAILABLE")
-    return {m: best_state(states) for m, states in found.items()}
-
-
-#: How long a backend's index is trusted while its models version has not moved (a safety
-#: net: any change the version did not show is seen within this).
-INDEX_REFRESH_S = 10.0
-
-
 @functools.cache
 def _split(url: str) -> tuple[str, str]:
     """``http://host:port/p?q`` -> (``http://host:port``, ``/p?q``)."""
@@ -167,10 +106,8 @@ class Poller:
         self._clients: dict[str, HttpClient] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._probing: set[asyncio.Task[None]] = set()
-        #: Misses not acted on because every other backend missed too (the gateway's lag).
-        self.held = 0
-        #: Misses not acted on because the backend answered a request after the probe went.
-        self.answering = 0
+        #: Whether a probe without an answer ejects its backend (``probe_misses``).
+        self.judge = MissJudge(registry, cfg.health.misses)
         #: Backends without models configured whose index answered 404/405 (warned once).
         self._no_index: set[str] = set()
         #: Per load URL, its GET's head (``send_load``).
@@ -199,50 +136,10 @@ class Poller:
         try:
             reply = await self.fetch(url, timeout_ms / 1000.0)
         except HttpClientError as exc:
-            self._failed(st, exc, sent_s)
+            self.judge.failed(st, exc, sent_s)
             return None
         st.misses = 0
         return reply
-
-    def _failed(self, st: BackendState, exc: HttpClientError, sent_s: float) -> None:
-        """A probe sent at ``sent_s`` got no answer: a refused connection ejects at once,
-        anything else is a miss."""
-        if isinstance(exc, ConnectFailed):
-            if str(exc) == "connect-refused":
-                self.registry.eject(st.spec.name, "connect-refused")
-            else:
-                self._missed(st, f"connect {exc}", sent_s)
-            return
-        self._missed(st, "timeout" if isinstance(exc, TimeoutError) else "connection-lost", sent_s)
-
-    def _missed(self, st: BackendState, reason: str, sent_s: float) -> None:
-        """A probe sent at ``sent_s`` got no answer in time (module docstring)."""
-        st.misses += 1
-        st.last_error = reason
-        if st.misses < self.cfg.health.misses or not st.healthy:
-            return
-        if st.answered_s >= sent_s:  # it answered a request since: alive, slow to probe
-            self.answering += 1
-            if self.answering == 1 or self.answering % 100 == 0:
-                log.warning(
-                    "backend %s missed %d probes in a row but is answering requests: not "
-                    "ejected (%d times)",
-                    st.spec.name,
-                    st.misses,
-                    self.answering,
-                )
-            return
-        others = [o for o in self.registry.states.values() if o is not st and o.healthy]
-        if others and all(o.misses > 0 for o in others):
-            self.held += 1
-            if self.held == 1 or self.held % 100 == 0:
-                log.warning(
-                    "every backend missed its probe at once (%d times): the gateway is "
-                    "starved, not every backend down; none ejected",
-                    self.held,
-                )
-            return
-        self.registry.eject(st.spec.name, f"{reason} ({st.misses} probes in a row)")
 
     # -- one probe of each kind (also used directly by tests) -------------------------------
     async def probe_load(self, st: BackendState) -> None:
@@ -283,7 +180,7 @@ class Poller:
             if reply is None:
                 if not isinstance(exc, HttpClientError):
                     raise RuntimeError("load probe failed") from exc
-                self._failed(st, exc, sent_s)
+                self.judge.failed(st, exc, sent_s)
                 return
             st.misses = 0
             self._load_answered(st, reply)
@@ -345,7 +242,7 @@ class Poller:
         name = st.spec.name
         version = st.models_version
         now = self.clock.now()
-        if not self.index_due(st, now):
+        if not index_due(st, now):
             return
         epoch = self.registry.index_epochs.get(name, 0)
         st.index_started += 1
@@ -383,16 +280,6 @@ class Poller:
         self.registry.set_index(name, index)
         if self.registry.on_index_read is not None:
             self.registry.on_index_read(name)
-
-    @staticmethod
-    def index_due(st: BackendState, now_s: float) -> bool:
-        """Whether ``st``'s index is to be read (``probe_index``'s rule)."""
-        version = st.models_version
-        return not (
-            version is not None
-            and version == st.index_version
-            and now_s - st.index_read_s < INDEX_REFRESH_S
-        )
 
     def load_due(self, st: BackendState, now_s: float) -> bool:
         """Whether ``st``'s load is to be probed at this tick: always, unless it is idle as
@@ -461,7 +348,7 @@ class Poller:
 
             return start_load
         if func == self.probe_index:  # most ticks have nothing to read: no task for them
-            return lambda: self._spawn(probe) if self.index_due(st, self.clock.now()) else _DONE
+            return lambda: self._spawn(probe) if index_due(st, self.clock.now()) else _DONE
         return lambda: self._spawn(probe)
 
     async def _tick(

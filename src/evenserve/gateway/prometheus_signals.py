@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from evenserve.cluster.prometheus_mapping import MetricRef, PrometheusMapping
 from evenserve.core.types import LoadSample
-from evenserve.gateway.config import MetricRef, PrometheusMapping
 
 Series = list[tuple[dict[str, str], float]]
 

@@ -32,6 +32,8 @@ from typing import Any
 import orjson
 
 from evenserve import __version__
+from evenserve.cluster.backend_spec import BackendSpec
+from evenserve.cluster.file import LoadedCluster
 from evenserve.core import wire
 from evenserve.core.clock import Clock, RealClock
 from evenserve.core.errors import ProfileError
@@ -39,15 +41,11 @@ from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.core.requestlog import Recorder, RecordSettings, parse_log_query
 from evenserve.gateway.admin import AdminAPI
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.config import BackendSpec, LoadedCluster
+from evenserve.gateway.device_scaling import parse_scale_report
 from evenserve.gateway.dispatcher import Answer, Dispatcher
 from evenserve.gateway.params_api import GatewayParams
-from evenserve.gateway.placement import (
-    DeviceSetup,
-    PlacementDriver,
-    cluster_setup,
-    parse_scale_report,
-)
+from evenserve.gateway.placement import PlacementDriver
+from evenserve.gateway.placement_catalogue import DeviceSetup, cluster_setup
 from evenserve.gateway.poller import Poller
 from evenserve.gateway.stats import collect_all_stats, collect_model_stats
 from evenserve.httpio.server import Limits, Request, Response, json_bytes, json_response

@@ -13,7 +13,7 @@ run: target, mode, arm labels, window, SLOs, lag, errors, the send path's connec
   as the simulator samples them every signal interval); its busy time comes from the sampled
   busy-seconds counter; a backend whose scrapes never answered is no device of the records
   (its utilization was not measured: no figure, rather than 0 %);
-- a backend's diagnosis figures (``report.summary.device_diagnostics``'s keys) come from
+- a backend's diagnosis figures (``report.device_figures.device_diagnostics``'s keys) come from
   its counters' deltas over the window, each counter interpolated linearly at the window's
   edges (``measured_diagnostics``): held seconds / (window x instances), (compute seconds -
   input staging) / the profile's expected seconds, staging / compute seconds, the peak of
@@ -86,7 +86,7 @@ def _at(ts: list[float], vs: list[float], t: float) -> float:
 def measured_diagnostics(
     readings_t_s: list[float], readings: list[dict[str, Any]], t0: float, t1: float
 ) -> dict[str, Any] | None:
-    """``report.summary.device_diagnostics``'s figures from a worker's diagnosis readings
+    """``report.device_figures.device_diagnostics``'s figures from a worker's diagnosis readings
     (``loadgen.scrape.parse_diagnosis``) over ``[t0, t1]``; None with fewer than two."""
     if len(readings) < 2 or len(readings_t_s) != len(readings):
         return None

@@ -45,29 +45,17 @@ from typing import Any
 
 import numpy as np
 
-from evenserve.core.results import DeviceTrace, RunRecords
+from evenserve.core.results import RunRecords
 from evenserve.core.wire import PRIORITY_CLASSES
+from evenserve.report.device_figures import (
+    busy_in_window,
+    device_diagnostics,
+    queue_series,
+    utilization_series,
+)
+from evenserve.report.figures import latency_figures, rounded
 
-PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
 CDF_POINTS = 101
-
-
-def _r(x: float, nd: int = 6) -> float:
-    """Round for stable, readable JSON (NaN becomes None upstream)."""
-    return float(round(x, nd))
-
-
-def latency_figures(lat_ms: np.ndarray) -> dict[str, float | None]:
-    if lat_ms.size == 0:
-        return {"p50": None, "p95": None, "p99": None, "max": None, "mean": None}
-    # One partition for every percentile: the same figures as one call each.
-    values = np.percentile(lat_ms, list(PERCENTILES.values()))
-    out: dict[str, float | None] = {
-        k: _r(float(v)) for k, v in zip(PERCENTILES, values, strict=True)
-    }
-    out["max"] = _r(float(lat_ms.max()))
-    out["mean"] = _r(float(lat_ms.mean()))
-    return out
 
 
 def load_wait_figures(rec: RunRecords) -> dict[str, Any]:
@@ -82,9 +70,9 @@ def load_wait_figures(rec: RunRecords) -> dict[str, Any]:
     ms = w * 1000.0
     return {
         "requests": int(w.size),
-        "mean_ms": _r(float(ms.mean())),
-        "p99_ms": _r(float(np.percentile(ms, 99.0))),
-        "max_ms": _r(float(ms.max())),
+        "mean_ms": rounded(float(ms.mean())),
+        "p99_ms": rounded(float(np.percentile(ms, 99.0))),
+        "max_ms": rounded(float(ms.max())),
     }
 
 
@@ -111,174 +99,15 @@ def placement_figures(
     bound = np.asarray([rec.load_bound_s.get(log.model[i], math.nan) for i in sel], dtype=float)
     ratio = lat_ms[sel] / (bound * 1000.0)
     return {
-        "evictions_per_load": _r(rec.evictions / rec.loads) if rec.loads else None,
-        "resident": {"slo_attainment": _r(met / n_dec) if n_dec else None},
+        "evictions_per_load": rounded(rec.evictions / rec.loads) if rec.loads else None,
+        "resident": {"slo_attainment": rounded(met / n_dec) if n_dec else None},
         "cold": {
             "requests": int((cold & measured).sum()),
-            "p99_ms": _r(float(np.percentile(cold_lat, 99.0))) if cold_lat.size else None,
-            "p99_of_bound": _r(float(np.percentile(ratio, 99.0)))
+            "p99_ms": rounded(float(np.percentile(cold_lat, 99.0))) if cold_lat.size else None,
+            "p99_of_bound": rounded(float(np.percentile(ratio, 99.0)))
             if ratio.size and not np.isnan(ratio).any()
             else None,
         },
-    }
-
-
-def _busy_counter_at(tr: DeviceTrace, t: np.ndarray) -> np.ndarray:
-    """The sampled cumulative busy seconds at times ``t`` (linear between samples)."""
-    out: np.ndarray = np.interp(t, np.asarray(tr.busy_t_s), np.asarray(tr.busy_total_s))
-    return out
-
-
-def _sampled_busy(tr: DeviceTrace) -> bool:
-    return not tr.busy_start_s and len(tr.busy_t_s) >= 2
-
-
-def busy_in_window(tr: DeviceTrace, t0: float, t1: float) -> float:
-    if _sampled_busy(tr):
-        a, b = _busy_counter_at(tr, np.asarray([t0, t1]))
-        return float(max(0.0, b - a))
-    if not tr.busy_start_s:
-        return 0.0
-    s = np.asarray(tr.busy_start_s)
-    e = np.asarray(tr.busy_end_s)
-    busy = float(np.clip(np.minimum(e, t1) - np.maximum(s, t0), 0.0, None).sum())
-    return busy / max(1, tr.instances)
-
-
-def utilization_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list[float]:
-    edges = np.arange(t0, t1 + 1e-9, dt)
-    if edges.size < 2:
-        return []
-    if _sampled_busy(tr):
-        cum = _busy_counter_at(tr, edges)
-        widths = np.diff(edges)
-        return [_r(float(max(0.0, c) / w)) for c, w in zip(np.diff(cum), widths, strict=True)]
-    if not tr.busy_start_s:
-        return [0.0] * (edges.size - 1)
-    s = np.asarray(tr.busy_start_s)
-    e = np.asarray(tr.busy_end_s)
-    n = max(1, tr.instances)
-    return [
-        _r(float(np.clip(np.minimum(e, b) - np.maximum(s, a), 0.0, None).sum() / ((b - a) * n)))
-        for a, b in itertools.pairwise(edges)
-    ]
-
-
-def queue_series(tr: DeviceTrace, t0: float, t1: float, dt: float) -> list[float]:
-    edges = np.arange(t0, t1 + 1e-9, dt)
-    if edges.size < 2:
-        return []
-    t = np.asarray(tr.queue_t_s)
-    q = np.asarray(tr.queue_depth)
-    in_bins = (q[(t >= a) & (t < b)] for a, b in itertools.pairwise(edges))
-    return [_r(float(sel.mean())) if sel.size else 0.0 for sel in in_bins]
-
-
-#: Bins of the fine utilization reading (``burst``): short enough to see single batches.
-BURST_BIN_S = 0.05
-
-
-def _interval_busy_at(tr: DeviceTrace, t: np.ndarray) -> np.ndarray:
-    """Cumulative busy seconds (summed over instances) at times ``t``, from busy intervals:
-    piecewise linear, its slope the number of batches running."""
-    s = np.asarray(tr.busy_start_s, dtype=float)
-    e = np.asarray(tr.busy_end_s, dtype=float)
-    times = np.concatenate([s, e])
-    steps = np.concatenate([np.ones(s.size), -np.ones(e.size)])
-    order = np.argsort(times, kind="stable")
-    times, steps = times[order], steps[order]
-    running = np.cumsum(steps)
-    cum = np.concatenate([[0.0], np.cumsum(running[:-1] * np.diff(times))])
-    out: np.ndarray = np.interp(t, times, cum, left=0.0, right=float(cum[-1]))
-    return out
-
-
-def burst_figures(tr: DeviceTrace, t0: float, t1: float) -> dict[str, float] | None:
-    """The device's busy fraction in 50 ms bins: how many bins were idle (≤ 10 % busy) and
-    how many full (≥ 90 %). Peaks and valleys both common is the saw-tooth a batching
-    problem draws. None without busy intervals (a live scrape samples too coarsely)."""
-    if not tr.busy_start_s or t1 - t0 < 2 * BURST_BIN_S:
-        return None
-    edges = np.arange(t0, t1 + 1e-9, BURST_BIN_S)
-    u = np.diff(_interval_busy_at(tr, edges)) / (BURST_BIN_S * max(1, tr.instances))
-    return {
-        "bin_ms": BURST_BIN_S * 1000.0,
-        "idle_bins": _r(float((u <= 0.1).mean())),
-        "full_bins": _r(float((u >= 0.9).mean())),
-    }
-
-
-def device_diagnostics(tr: DeviceTrace, t0: float, t1: float) -> dict[str, Any]:
-    """What diagnosis reads of one device beyond its utilization and queue (the batches that
-    started in the window; ``DeviceTrace``'s per-batch records):
-    - held_idle_fraction: seconds an instance sat idle while a request waited for a batch to
-      form (``sched.Batch.held_s``, summed) / (window x instances);
-    - observed_vs_profile: the batches' measured seconds / their profile's expected seconds
-      (> 1: slower than its profile; input staging excluded);
-    - staging_fraction: input staging seconds / busy seconds;
-    - memory_peak_fraction: the most device memory in use when a batch started / the total;
-    - per_model: batches, mean size, the policy's cap, fill (mean of size / cap), mean held
-      ms per batch, and the model's profile here;
-    - burst: ``burst_figures``.
-    Figures a run did not record are None. A live device's figures come measured (from the
-    worker's counters: ``DeviceTrace.measured_diagnostics``), with the same keys."""
-    if tr.measured_diagnostics is not None:
-        return dict(tr.measured_diagnostics)
-    window = max(t1 - t0, 1e-9)
-    n = len(tr.batch_models)
-    # The batches that started in the window, selected with numpy; every sum and max below
-    # is Python's own over the selected values, in start order (the figures of a loop).
-    start = np.asarray(tr.busy_start_s[:n], dtype=float)
-    sel = (start >= t0) & (start < t1)
-    any_sel = bool(sel.any())
-    models = np.asarray(tr.batch_models, dtype=object)
-    sizes_all = np.asarray(tr.batch_sizes[:n], dtype=np.int64)
-    caps_all = np.maximum(np.asarray(tr.batch_cap[:n], dtype=np.int64), 1)
-    held_all = np.asarray(tr.batch_held_s[:n], dtype=float)
-    inst = max(1, tr.instances)
-    per_model: dict[str, Any] = {}
-    in_window = set(models[sel].tolist()) if any_sel else set()
-    for m in sorted(set(tr.models) | in_window):
-        mine = sel & (models == m) if m in in_window else None
-        sizes = sizes_all[mine].tolist() if mine is not None else []
-        caps = caps_all[mine].tolist() if mine is not None else []
-        held = held_all[mine].tolist() if mine is not None else []
-        prof = tr.profiles.get(m)
-        per_model[m] = {
-            "batches": len(sizes),
-            "mean_batch_size": _r(sum(sizes) / len(sizes)) if sizes else None,
-            "cap": max(caps) if caps else None,
-            "fill": _r(sum(b / c for b, c in zip(sizes, caps, strict=True)) / len(sizes))
-            if sizes
-            else None,
-            "held_ms_mean": _r(1000.0 * sum(held) / len(held)) if held else None,
-            "held_fraction": _r(sum(held) / (window * inst)),
-            "profile": None if prof is None else {"batches": prof[0], "latency_ms": prof[1]},
-        }
-    if not any_sel:
-        return {
-            "models": list(tr.models),
-            "held_idle_fraction": None,
-            "observed_vs_profile": None,
-            "staging_fraction": None,
-            "memory_peak_fraction": None,
-            "per_model": per_model,
-            "burst": burst_figures(tr, t0, t1),
-        }
-    end = np.asarray(tr.busy_end_s[:n], dtype=float)
-    took = sum((end[sel] - start[sel]).tolist())
-    staging = sum(np.asarray(tr.batch_staging_s[:n], dtype=float)[sel].tolist())
-    expected = sum(np.asarray(tr.batch_expected_s[:n], dtype=float)[sel].tolist())
-    fractions = np.asarray(tr.batch_memory_fraction[:n], dtype=float)[sel]
-    mem = fractions[~np.isnan(fractions)].tolist()
-    return {
-        "models": list(tr.models),
-        "held_idle_fraction": _r(sum(held_all[sel].tolist()) / (window * inst)),
-        "observed_vs_profile": _r((took - staging) / expected) if expected > 0 else None,
-        "staging_fraction": _r(staging / took) if took > 0 else None,
-        "memory_peak_fraction": _r(max(mem)) if mem else None,
-        "per_model": per_model,
-        "burst": burst_figures(tr, t0, t1),
     }
 
 
@@ -314,9 +143,9 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
         n_decided = int((g & decided).sum())
         attained = int((g & measured & done & in_slo).sum())
         return (
-            _r(float((g & fin_in_window).sum()) / window),
+            rounded(float((g & fin_in_window).sum()) / window),
             latency_figures(lat_ms[g & measured & done]),
-            _r(attained / n_decided) if n_decided else None,
+            rounded(attained / n_decided) if n_decided else None,
         )
 
     def counts(g: np.ndarray) -> dict[str, Any]:
@@ -339,7 +168,7 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
             "latency_ms": latency,
             "slo_ms": rec.slo_ms[m],
             "slo_attainment": attainment,
-            "goodput_rps": _r(float((is_m & fin_in_window & in_slo).sum()) / window)
+            "goodput_rps": rounded(float((is_m & fin_in_window & in_slo).sum()) / window)
             if has_slo
             else None,
             "completed": int((is_m & done).sum()),
@@ -361,14 +190,14 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
             np.asarray(tr.busy_start_s[:nb], dtype=float) >= t0
         ].tolist()
         devices_out[tr.name] = {
-            "utilization": _r(min(1.0, max(0.0, u))),
-            "mean_queue_depth": _r(mean_q),
-            "max_queue_depth": _r(max_q),
+            "utilization": rounded(min(1.0, max(0.0, u))),
+            "mean_queue_depth": rounded(mean_q),
+            "max_queue_depth": rounded(max_q),
             "exact_mean_queue_depth": None
             if tr.exact_mean_queue_depth is None
-            else _r(tr.exact_mean_queue_depth),
+            else rounded(tr.exact_mean_queue_depth),
             "exact_max_queue_depth": tr.exact_max_queue_depth,
-            "mean_batch_size": _r(sum(bs) / len(bs)) if bs else None,
+            "mean_batch_size": rounded(sum(bs) / len(bs)) if bs else None,
             "batches": len(bs),
             **device_diagnostics(tr, t0, t1),
         }
@@ -390,11 +219,11 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
         "models": models_out,
         "devices": devices_out,
         # No device measured (a live run that scraped nothing): None, not 0 % busy.
-        "utilization_mean": _r(float(np.mean(utils))) if utils else None,
-        "utilization_spread_pts": _r((max(utils) - min(utils)) * 100.0) if utils else None,
-        "max_queue_depth": _r(max_q_all),
+        "utilization_mean": rounded(float(np.mean(utils))) if utils else None,
+        "utilization_spread_pts": rounded((max(utils) - min(utils)) * 100.0) if utils else None,
+        "max_queue_depth": rounded(max_q_all),
         "requests": counts(everyone),
-        "device_seconds": None if rec.device_seconds is None else _r(rec.device_seconds),
+        "device_seconds": None if rec.device_seconds is None else rounded(rec.device_seconds),
         "loads": rec.loads,
         "warm_loads": rec.warm_loads,
         "evictions": rec.evictions,
@@ -418,14 +247,14 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
             }
     if rec.central_max_queue_depth is not None:
         out["central_queue"] = {
-            "max_queue_depth": _r(rec.central_max_queue_depth),
-            "mean_queue_depth": _r(rec.central_mean_queue_depth or 0.0),
+            "max_queue_depth": rounded(rec.central_max_queue_depth),
+            "mean_queue_depth": rounded(rec.central_mean_queue_depth or 0.0),
         }
     if timeseries:
         dt = rec.timeseries_interval_s
         out["timeseries"] = {
             "interval_s": dt,
-            "t_s": [_r(float(x)) for x in np.arange(t0, t1 - 1e-9, dt)],
+            "t_s": [rounded(float(x)) for x in np.arange(t0, t1 - 1e-9, dt)],
             "utilization": {tr.name: utilization_series(tr, t0, t1, dt) for tr in rec.devices},
             "queue_depth": {tr.name: queue_series(tr, t0, t1, dt) for tr in rec.devices},
         }
@@ -438,7 +267,7 @@ def summarize(rec: RunRecords, *, timeseries: bool = True) -> dict[str, Any]:
                 for c in classes
             }
         out["latency_cdf_ms"] = (
-            [_r(float(x)) for x in np.percentile(all_lat, np.linspace(0, 100, CDF_POINTS))]
+            [rounded(float(x)) for x in np.percentile(all_lat, np.linspace(0, 100, CDF_POINTS))]
             if all_lat.size
             else []
         )

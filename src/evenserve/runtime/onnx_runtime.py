@@ -5,7 +5,7 @@ say otherwise (``evenserve.runtime.onnx_export`` writes graphs with the declared
 and INT8 models are served as they are (no conversion here; declare FP16 inputs for an fp16
 graph). ``graph_optimization`` sets ONNX Runtime's graph optimization level (disabled, basic,
 extended or all, the default). ``describe()`` reports it and the graph's precision as read
-from the file at load time (``onnx_export.graph_precision``: int8 when it holds quantized
+from the file at load time (``onnx_precision.graph_precision``: int8 when it holds quantized
 weights and operators, fp16, or fp32).
 """
 
@@ -20,7 +20,7 @@ from pydantic import Field
 from evenserve.core.errors import ConfigError
 from evenserve.core.validation import Strict
 from evenserve.runtime.base import Array, RuntimeContext, output_array, require, warm_up
-from evenserve.runtime.onnx_export import graph_precision
+from evenserve.runtime.onnx_precision import graph_precision
 
 GraphOptimization = Literal["disabled", "basic", "extended", "all"]
 #: Each graph_optimization value's onnxruntime.GraphOptimizationLevel member.

@@ -3,8 +3,9 @@
 :class:`TorchModuleRuntime` holds one loaded ``torch.nn.Module`` on one device: the device
 and thread checks before loading, numpy <-> torch conversion at the declared precision, the
 inference-mode call with a device synchronisation, its parameter bytes and the provenance
-both report. Imported only by those runtimes (and the worker, for CUDA memory), and it imports
-torch only inside functions, so the core install never needs torch.
+both report (the weights' bytes and INT8 coverage are ``torch_weights``'). Imported only by
+those runtimes (and the worker, for CUDA memory), and it imports torch only inside
+functions, so the core install never needs torch.
 
 Cheaper variants of the same module (chosen per model by ``evenserve optimize``):
 
@@ -39,6 +40,7 @@ from pydantic import Field
 from evenserve.core.errors import ConfigError
 from evenserve.core.validation import Strict
 from evenserve.runtime.base import Array, RuntimeContext, TensorSpec, output_array, require
+from evenserve.runtime.torch_weights import dynamic_linears, matmul_weights, weight_bytes
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +133,7 @@ class TorchModuleRuntime:
 
     def _loaded(self, module: Any) -> None:
         self._module = module
-        self._resident = float(sum(_weight_bytes(self._torch, self._eager()).values()))
+        self._resident = float(sum(weight_bytes(self._torch, self._eager()).values()))
 
     def _eager(self) -> Any:
         """The module as built (a compiled one's original): parameters, hooks, evidence."""
@@ -156,7 +158,7 @@ class TorchModuleRuntime:
                     module, {torch.nn.Linear}, dtype=torch.qint8
                 )
             self._note(caught)
-            converted = _dynamic_linears(torch, module)
+            converted = dynamic_linears(torch, module)
             if converted == 0:
                 raise ConfigError(
                     f"model {self.ctx.model!r}: precision int8: the model has no nn.Linear "
@@ -221,8 +223,8 @@ class TorchModuleRuntime:
         own outputs stand in: ``activation_source`` says which (layers | outputs)."""
         torch = self._torch
         module = self._eager()
-        weights = _weight_bytes(torch, module)
-        quantized, dense = _matmul_weights(torch, module)
+        weights = weight_bytes(torch, module)
+        quantized, dense = matmul_weights(torch, module)
         layers: Counter[str] = Counter()
         outputs: Counter[str] = Counter()
 
@@ -327,55 +329,6 @@ class TorchModuleRuntime:
 
     def close(self) -> None:
         self._module = None
-
-
-def _weight_bytes(torch: Any, module: Any) -> dict[str, float]:
-    """Bytes of a module's parameters and buffers by dtype; dynamically quantized Linear
-    layers hold their weights packed (not as parameters): counted as qint8."""
-    out: dict[str, float] = {}
-
-    def add(dtype: Any, n: float) -> None:
-        key = str(dtype).removeprefix("torch.")
-        out[key] = out.get(key, 0.0) + n
-
-    for t in [*module.parameters(), *module.buffers()]:
-        add(t.dtype, float(t.numel() * t.element_size()))
-    linear = _dynamic_linear_class(torch)
-    if linear is not None:
-        for m in module.modules():
-            if isinstance(m, linear):
-                w = m.weight()
-                add(w.dtype, float(w.numel() * w.element_size()))
-                b = m.bias()
-                if b is not None:
-                    add(b.dtype, float(b.numel() * b.element_size()))
-    return out
-
-
-def _dynamic_linear_class(torch: Any) -> Any:
-    """torch's dynamically quantized Linear class (None where this torch has none)."""
-    dynamic = getattr(getattr(torch.ao.nn, "quantized", None), "dynamic", None)
-    return getattr(dynamic, "Linear", None)
-
-
-def _dynamic_linears(torch: Any, module: Any) -> int:
-    """How many of a module's layers are dynamically quantized Linear layers."""
-    linear = _dynamic_linear_class(torch)
-    return 0 if linear is None else sum(isinstance(m, linear) for m in module.modules())
-
-
-def _matmul_weights(torch: Any, module: Any) -> tuple[int, int]:
-    """(quantized, float) weight elements of a module's Linear and Conv layers."""
-    nn = torch.nn
-    dense_kinds = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
-    linear = _dynamic_linear_class(torch)
-    quantized = dense = 0
-    for m in module.modules():
-        if linear is not None and isinstance(m, linear):
-            quantized += int(m.weight().numel())
-        elif isinstance(m, dense_kinds):
-            dense += int(m.weight.numel())
-    return quantized, dense
 
 
 def _compile_cache(model_dir: Path, cache_dir: str | None) -> str | None:

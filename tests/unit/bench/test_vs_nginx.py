@@ -100,7 +100,7 @@ def test_repo_batches_with_a_2ms_window(tmp_path: Path) -> None:
 
 
 def test_cluster_files_validate(tmp_path: Path) -> None:
-    from evenserve.gateway.config import parse_cluster
+    from evenserve.cluster.file import parse_cluster
 
     repo = vs.write_repo(tmp_path / "repo", list(vs.MODELS))
     pset = vs.write_profile_set(tmp_path / "p", 1.0)

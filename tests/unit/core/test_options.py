@@ -10,10 +10,10 @@ import pytest
 import typer
 
 from evenserve.cli import worker_cmd
+from evenserve.cluster.workers_section import DeviceEntry
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions
 from evenserve.core.scenario import ArmSpec, DeviceSpec, ModelSpec
-from evenserve.gateway.config import DeviceEntry
 from evenserve.worker.model_config import ModelConfig
 
 

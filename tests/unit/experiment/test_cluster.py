@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from evenserve.cluster.file import load_cluster
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import load_profile_set
 from evenserve.core.scenario import default_load_times_s
@@ -18,8 +19,7 @@ from evenserve.experiment.cluster import (
     write_profile_sets,
 )
 from evenserve.experiment.scaling import scale_scenario
-from evenserve.gateway.config import load_cluster
-from evenserve.gateway.placement import cluster_setup
+from evenserve.gateway.placement_catalogue import cluster_setup
 from evenserve.sim.loader import LoadedScenario, load_scenario
 
 from .scenarios import REPO, scenario, write

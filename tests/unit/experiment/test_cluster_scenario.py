@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import yaml
 
+from evenserve.cluster.file import load_cluster
 from evenserve.core.errors import ConfigError
 from evenserve.experiment.cluster import write_arm_cluster, write_profile_sets
 from evenserve.experiment.cluster_scenario import cluster_scenario, replay_on_cluster
-from evenserve.gateway.config import load_cluster
 from evenserve.sched import batching_setup
 from evenserve.sim.loader import LoadedScenario, load_scenario
 from evenserve.workload import Arrival, write_trace

@@ -165,7 +165,7 @@ def test_same_seed_same_search(tmp_path: Path) -> None:
 
 
 def test_candidates_are_tried_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import evenserve.experiment.tune as tuning
+    import evenserve.experiment.tune.search as tuning
 
     loaded = tiny(tmp_path)
     cur = params_of(loaded)

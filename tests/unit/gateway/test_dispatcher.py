@@ -11,12 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.clock import FakeClock
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample
 from evenserve.core.wire import BACKEND_HEADER, OVERLOADED, REASON_HEADER
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.dispatcher import RELAY_RESPONSE_HEADERS, Dispatcher, GrpcReply
 from evenserve.metrics.gateway import GatewayMetrics
 from evenserve.policy.routing import ROUTING

@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent(
     for name in ("grpc", "tritonclient", "google.protobuf"):
         sys.modules[name] = None  # importing it raises ImportError
     from evenserve.cli.main import main  # noqa: F401
-    from evenserve.gateway.config import parse_cluster
+    from evenserve.cluster.file import parse_cluster
     from evenserve.gateway.server import Gateway
 
     raw = {"gateway": {"grpc_forward": "http"},

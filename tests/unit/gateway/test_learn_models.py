@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 
+from evenserve.cluster.backend_spec import BackendSpec
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.clock import FakeClock
 from evenserve.core.errors import ConfigError
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample
 from evenserve.gateway.backends import BackendRegistry, BackendState
-from evenserve.gateway.config import BackendSpec, parse_cluster
-from evenserve.gateway.poller import BadIndex, Poller, parse_index
+from evenserve.gateway.poller import Poller
+from evenserve.gateway.repository_index import BadIndex, parse_index
 from evenserve.httpio.client import ConnectFailed, Reply, ResponseTimeout
 from evenserve.policy.routing import ROUTING
 
@@ -292,7 +294,7 @@ async def test_the_gateways_index_readiness_and_404_follow_the_learned_states() 
 
 
 async def test_the_index_is_read_again_only_when_the_models_version_moved() -> None:
-    from evenserve.gateway.poller import INDEX_REFRESH_S
+    from evenserve.gateway.repository_index import INDEX_REFRESH_S
 
     index = Index({"a": "READY"})
     p, reg, clock, st = setup(["a"], index)

@@ -10,12 +10,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.clock import FakeClock
 from evenserve.core.load import LoadReport
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.wire import LOAD_PATH
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.poller import Poller
 from evenserve.httpio.client import Reply
 from evenserve.policy.routing import ROUTING

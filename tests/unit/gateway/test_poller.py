@@ -11,12 +11,13 @@ from typing import Any
 
 import httpx
 
+from evenserve.cluster.file import parse_cluster
 from evenserve.core.clock import FakeClock
 from evenserve.core.load import LoadReport
 from evenserve.core.wire import LOAD_PATH
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.config import parse_cluster
 from evenserve.gateway.poller import Poller
+from evenserve.gateway.repository_index import index_due
 from evenserve.httpio.client import ConnectFailed, Reply, ResponseTimeout
 from evenserve.httpio.server import HttpServer, Request, Response, json_response
 from evenserve.policy.routing import ROUTING
@@ -202,7 +203,7 @@ async def test_every_backend_missing_at_once_ejects_none() -> None:
     hung.update("abc")
     for _ in range(3):
         await p.probe_all()
-    assert all(reg.is_healthy(n) for n in "abc") and p.held > 0
+    assert all(reg.is_healthy(n) for n in "abc") and p.judge.held > 0
     # Only one backend misses while the others answer: that is evidence; it is ejected.
     hung.clear()
     await p.probe_all()
@@ -224,7 +225,7 @@ async def test_a_backend_answering_requests_is_not_ejected_for_slow_probes() -> 
         sent = clock.now()
         reg.states["a"].answered_s = sent + 0.05
         await p.probe_load(reg.states["a"])
-    assert reg.is_healthy("a") and p.answering > 0
+    assert reg.is_healthy("a") and p.judge.answering > 0
     # Hung for good: no answer after the next probes were sent -> ejected at the next misses.
     for _ in range(2):
         clock.advance(0.1)
@@ -352,10 +353,10 @@ async def test_a_tick_starts_no_task_for_an_index_that_is_not_due() -> None:
     p, reg, clock, _be = setup({"source": "evenserve"})
     st = reg.states["a"]
     await p.probe_load(st)  # its report carries no models version: the index is read
-    assert p.index_due(st, clock.now())
+    assert index_due(st, clock.now())
     st.models_version = st.index_version = 7
     st.index_read_s = clock.now()
-    assert not p.index_due(st, clock.now())
+    assert not index_due(st, clock.now())
     start = p._starter(st, functools.partial(p.probe_index, st))
     assert start().done() and not p._probing
     clock.advance(11.0)  # INDEX_REFRESH_S later: read again

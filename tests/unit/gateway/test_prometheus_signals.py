@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from evenserve.gateway.config import BackendSignals, PrometheusMapping
+from evenserve.cluster.backend_spec import BackendSignals
+from evenserve.cluster.prometheus_mapping import PrometheusMapping
 from evenserve.gateway.prometheus_signals import (
     PrometheusParseError,
     parse_samples,

@@ -12,7 +12,10 @@ import pytest
 
 hpack = pytest.importorskip("hpack")
 
-from evenserve.httpio import grpc_h2 as h2  # noqa: E402
+from evenserve.httpio.grpc_h2 import frames as h2  # noqa: E402
+from evenserve.httpio.grpc_h2.call import RESPONSE_HEADERS, Call, parse_timeout, percent_encode  # noqa: E402
+from evenserve.httpio.grpc_h2.reading import FREE_RESETS  # noqa: E402
+from evenserve.httpio.grpc_h2.server import GrpcH2Server, H2Connection, Limits  # noqa: E402
 
 PATH = "/test.Echo/Echo"
 
@@ -41,7 +44,7 @@ class FakeTransport:
         pass
 
 
-async def echo(raw: bytearray, call: h2.Call) -> bytes:
+async def echo(raw: bytearray, call: Call) -> bytes:
     await asyncio.sleep(0)
     return bytes(raw)
 
@@ -80,10 +83,10 @@ def frames(raw: bytes) -> list[tuple[int, int, int, bytes]]:
     return out
 
 
-def new_connection() -> tuple[h2.H2Connection, FakeTransport]:
-    server = h2.GrpcH2Server({PATH: echo}, h2.Limits(max_message_bytes=1 << 20))
+def new_connection() -> tuple[H2Connection, FakeTransport]:
+    server = GrpcH2Server({PATH: echo}, Limits(max_message_bytes=1 << 20))
     server.loop = asyncio.get_running_loop()
-    conn = h2.H2Connection(server)
+    conn = H2Connection(server)
     transport = FakeTransport()
     conn.connection_made(transport)  # type: ignore[arg-type]
     return conn, transport
@@ -110,7 +113,7 @@ async def test_any_chunking_gives_the_same_answers(chunking: str) -> None:
     bodies = {1: b"a" * 10, 3: bytes(range(256)) * 300, 5: b""}
     window = h2.S_INITIAL_WINDOW_SIZE.to_bytes(2, "big") + (1 << 20).to_bytes(4, "big")
     wire = h2.PREFACE + h2.frame_head(6, h2.SETTINGS, 0, 0) + window
-    wire += h2.H2Connection.window_update(0, 1 << 20)  # (answers over 64 KiB: the windows)
+    wire += H2Connection.window_update(0, 1 << 20)  # (answers over 64 KiB: the windows)
     for sid, body in bodies.items():
         wire += request(encoder, sid, body, frame=5000)
     wire += h2.frame_head(8, h2.PING, 0, 0) + b"pingpong"
@@ -145,7 +148,7 @@ async def test_rapid_reset_is_sent_away() -> None:
     assert transport.closed
     goaway = [p for k, _f, _s, p in frames(bytes(transport.written)) if k == h2.GOAWAY]
     assert int.from_bytes(goaway[0][4:8], "big") == h2.ENHANCE_YOUR_CALM
-    assert sid // 2 == h2.FREE_RESETS + 1
+    assert sid // 2 == FREE_RESETS + 1
     await asyncio.sleep(0)
 
 
@@ -153,7 +156,7 @@ def test_encodings() -> None:
     assert h2.hpack_int(10, 5, 0) == b"\x0a"
     assert h2.hpack_int(1337, 5, 0) == b"\x1f\x9a\x0a"  # RFC 7541 C.1.2
     fields = hpack.Decoder().decode(
-        h2.RESPONSE_HEADERS + h2.literal(b"grpc-message", h2.percent_encode("ünï 100%")),
+        RESPONSE_HEADERS + h2.literal(b"grpc-message", percent_encode("ünï 100%")),
         raw=False,
     )
     assert fields == [
@@ -161,5 +164,5 @@ def test_encodings() -> None:
         ("content-type", "application/grpc"),
         ("grpc-message", "%C3%BCn%C3%AF 100%25"),
     ]
-    assert h2.parse_timeout(b"5S") == 5.0 and h2.parse_timeout(b"250m") == 0.25
-    assert h2.parse_timeout(b"123456789S") is None and h2.parse_timeout(b"5x") is None
+    assert parse_timeout(b"5S") == 5.0 and parse_timeout(b"250m") == 0.25
+    assert parse_timeout(b"123456789S") is None and parse_timeout(b"5x") is None

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from evenserve.httpio.client import HttpClient, ResponseTimeout, _Conn
+from evenserve.httpio.client import HttpClient, ResponseTimeout
+from evenserve.httpio.client.connection import Connection
 from evenserve.httpio.server import (
     HttpServer,
     Limits,
@@ -298,8 +299,8 @@ async def test_a_deadline_met_late_by_a_busy_loop_looks_for_the_answer_once_more
 
     c = HttpClient("http://127.0.0.1:9", 1.0)
 
-    def pending() -> _Conn:
-        conn = _Conn(frozenset(), loop)
+    def pending() -> Connection:
+        conn = Connection(frozenset(), loop)
         conn.transport = _Transport()  # type: ignore[assignment]
         conn.fut = loop.create_future()
         conn.deadline = loop.time() - 1.0

@@ -23,10 +23,10 @@ ort = pytest.importorskip("onnxruntime")
 
 from evenserve.runtime.onnx_export import (  # noqa: E402
     export_onnx,
-    graph_precision,
     quantize_dynamic,
     quantize_static,
 )
+from evenserve.runtime.onnx_precision import graph_precision  # noqa: E402
 from evenserve.worker.profiler import build_runtime  # noqa: E402
 from evenserve.worker.repository import load_repository  # noqa: E402
 

@@ -7,16 +7,15 @@ from typing import Any
 import pytest
 import yaml
 
-from evenserve.core.errors import ConfigError
-from evenserve.gateway.config import (
+from evenserve.cluster.admin_token import (
     DEFAULT_TOKEN_ENV,
     MIN_TOKEN_LENGTH,
-    TRITON_MAPPING,
     AdminToken,
-    load_cluster,
-    parse_cluster,
     write_private,
 )
+from evenserve.cluster.file import load_cluster, parse_cluster
+from evenserve.cluster.prometheus_mapping import TRITON_MAPPING
+from evenserve.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -248,17 +247,18 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
 def test_admin_token_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_TOKEN", "s3cret-token-0123")
     c = parse_cluster(cluster(gateway={"admin": {"token_env": "MY_TOKEN"}}), Path("."))
-    assert c.admin_token() == "s3cret-token-0123"
+    assert c.configured_admin_token() == AdminToken("s3cret-token-0123", "$MY_TOKEN")
     assert c.resolve_admin_token() == AdminToken("s3cret-token-0123", "$MY_TOKEN")
     c = parse_cluster(cluster(gateway={"admin": {"token": "literal-token-0123"}}), Path("."))
-    assert c.admin_token() == "literal-token-0123"  # the file's token wins over the variable
+    # The file's token wins over the variable.
+    assert c.configured_admin_token() == AdminToken("literal-token-0123", "gateway.admin.token")
     assert c.resolve_admin_token().source == "gateway.admin.token"
 
 
 def test_no_token_configured_generates_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(DEFAULT_TOKEN_ENV, raising=False)
     c = parse_cluster(cluster(), Path("."))
-    assert c.admin_token() is None
+    assert c.configured_admin_token() is None
     token = c.resolve_admin_token()
     assert token.generated and len(token.value) >= MIN_TOKEN_LENGTH
     assert token.value != c.resolve_admin_token().value

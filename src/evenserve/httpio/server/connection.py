@@ -1,207 +1,35 @@
-"""An HTTP/1.1 server on an asyncio protocol and httptools: what the gateway and the worker run.
-
-Why not uvicorn + starlette: serving a tiny POST costs them 0.05-0.07 ms of CPU per request
-on this project's 2-core host, granian (Rust) 0.11 ms, this server 0.02-0.03 ms
-(bench/http_server_choice.py; design note 0007). This server does only what a KServe v2
-endpoint needs, per request: parse the head with httptools (the C parser uvicorn uses),
-read the body, call one handler, write one response. The handler gets a :class:`Request`
-with the whole body and returns a :class:`Response`; routing is the application's (a dict
-lookup and ``core.wire.split_model_path``).
-
-Limits, each answered as HTTP says (and then the connection is closed, since what follows on
-it cannot be trusted):
-- a request head (request line and headers) over ``max_header_bytes`` or with more than
-  ``max_headers`` headers: 431. The head's bytes are counted as they arrive, before the
-  parser sees them (httptools hands a header over only once its line is complete), so a head
-  that never ends, or one of 50 MiB, is refused as soon as it passes the limit: the rest is
-  neither parsed nor kept. One comparison per chunk read while a head is being read;
-- a ``Content-Length`` over ``max_body_bytes``: 413 at once, before any of the body is read;
-  a chunked body that grows over it: 413 as soon as it does (the rest is not read);
-- malformed HTTP: 400; an upgrade (websocket, h2c): 501;
-- a head not complete ``header_timeout_s`` after the connection opened or its previous
-  answer went out, or a body that stalls for ``body_timeout_s``: the connection is closed
-  (408 when nothing of the request is being handled); idle keep-alive connections are
-  closed after ``keepalive_timeout_s``;
-- connections beyond ``max_connections`` get a 503 and are closed at once, so a flood of
-  idle connections cannot take the file descriptors the process needs for its own backends.
-Request targets in absolute form (``GET http://host:port/path HTTP/1.1``, which RFC 9112
-3.2.2 says a server must accept) reach the handler as their path; ``*`` (``OPTIONS *``) is
-handed over as it is. A HEAD request is answered without the body its handler returns.
-A handler that raises answers 500 (logged once, with the traceback: that is a bug) and the
-connection stays usable. A client that goes away mid-request is not an error: nothing is
-logged. Pipelined requests are answered in order, one at a time; reading pauses when
-``max_pipelined`` are waiting.
-
-Graceful stop (:meth:`HttpServer.stop`): stop listening, close idle connections, let every
-request already read be answered (then close its connection), and after ``timeout_s`` close
-what is left.
-"""
+"""One client connection of ``HttpServer``: the head and body read with httptools under the
+limits (431, 413, 400, 501, 408 as the package's docstring says), requests handed to the
+fast handler or the handler in order, one at a time, each answer written once, the
+lingering close after a refusal."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-import math
-import resource
-import socket
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from email.utils import formatdate
 from functools import partial
-from http import HTTPStatus
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import httptools
+
+from evenserve.httpio.server.messages import (
+    Request,
+    Response,
+    encode_head,
+    error_bytes,
+    json_response,
+)
+
+if TYPE_CHECKING:
+    from evenserve.httpio.server.listener import HttpServer
 
 log = logging.getLogger("evenserve.http")
 #: How long a refused request's remaining input is read and dropped before closing.
 LINGER_S = 2.0
-#: ``_Connection.head_left`` while no head is being read (a body, or a request being handled):
+#: ``Connection.head_left`` while no head is being read (a body, or a request being handled):
 #: more than any connection will carry, so the per-chunk comparison never fires.
 _NOT_IN_HEAD = 1 << 62
-
-
-@dataclass(slots=True)
-class Request:
-    """One request as read: the path is as sent (still percent-encoded), without the query;
-    header names are lower case (a repeated header's values joined with ``", "``)."""
-
-    method: str
-    path: str
-    query: str
-    headers: dict[str, str]
-    body: bytes = b""
-
-
-@dataclass(slots=True)
-class Response:
-    status: int = 200
-    body: bytes = b""
-    headers: dict[str, str] | None = None
-    #: The whole answer as bytes, head and body, to send as it is (a proxy relaying an
-    #: upstream's answer); ``raw_head``: where its head ends. ``status`` and ``body`` still
-    #: describe it; ``headers`` are not used.
-    raw: bytes | None = None
-    raw_head: int = 0
-
-
-Handler = Callable[[Request], Awaitable[Response]]
-#: A request handler without a task: called with the request and the function that answers
-#: it; returns True when it took the request (then it calls that function exactly once, now
-#: or later, from the event loop), False to leave it to the (async) Handler. The gateway's
-#: forwarding path is one: a task and its coroutines cost more than the rest of a forward.
-FastHandler = Callable[[Request, Callable[[Response], None]], bool]
-
-JSON = "application/json"
-
-
-def json_response(
-    body: bytes, status: int = 200, headers: dict[str, str] | None = None
-) -> Response:
-    h = {"content-type": JSON}
-    if headers:
-        h.update(headers)
-    return Response(status, body, h)
-
-
-def json_bytes(obj: Any) -> bytes:
-    """``obj`` as compact JSON, never with a bare ``Infinity`` or ``NaN`` (JSON has neither:
-    RFC 8259 6; strict parsers refuse them): a float that is not finite is written ``null``.
-    What the servers answer in JSON is written with it."""
-    try:
-        return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
-    except ValueError:  # a non-finite float somewhere: the rare path
-        return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False).encode()
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
-
-
-def _default_max_connections() -> int:
-    """Client connections a process accepts: its descriptor limit less a reserve of 256 for
-    its own outgoing connections, files and the listening sockets."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(64, min(16384, soft - 256))
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    max_header_bytes: int = 64 * 1024
-    max_headers: int = 128
-    max_body_bytes: int = 256 * 1024 * 1024
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    keepalive_timeout_s: float = 15.0
-    #: How often connections are checked against their deadlines (at most half the
-    #: shortest timeout).
-    sweep_s: float = 0.5
-    max_connections: int = 0  # 0: the descriptor limit less a reserve
-    max_pipelined: int = 16
-
-    def connections(self) -> int:
-        return self.max_connections or _default_max_connections()
-
-
-def raise_descriptor_limit() -> int:
-    """Raise this process's soft limit on open files to its hard limit (as nginx's
-    ``worker_rlimit_nofile`` does); returns the soft limit in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    return soft
-
-
-def _status_line(status: int) -> bytes:
-    try:
-        phrase = HTTPStatus(status).phrase
-    except ValueError:
-        phrase = "Unknown"
-    return f"HTTP/1.1 {status} {phrase}\r\n".encode()
-
-
-_STATUS_LINES = {s.value: _status_line(s.value) for s in HTTPStatus}
-
-
-def _date_line() -> bytes:
-    return b"date: %s\r\n" % formatdate(usegmt=True).encode()
-
-
-#: The ``Date`` header line (RFC 9110 6.6.1: an origin server with a clock sends one), made
-#: once and renewed by every server's sweep (at most half a second old), not per response.
-_DATE = [_date_line()]
-
-
-def refresh_date() -> None:
-    _DATE[0] = _date_line()
-
-
-def encode_head(status: int, headers: dict[str, str] | None, length: int, close: bool) -> bytes:
-    line = _STATUS_LINES.get(status) or _status_line(status)
-    parts = [line, _DATE[0]]
-    if headers:
-        parts.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items())
-    parts.append(b"content-length: %d\r\n" % length)
-    if close:
-        parts.append(b"connection: close\r\n")
-    parts.append(b"\r\n")
-    return b"".join(parts)
-
-
-def _error_bytes(status: int, message: str) -> bytes:
-    body = json.dumps({"error": message}).encode()
-    return encode_head(status, {"content-type": JSON}, len(body), True) + body
 
 
 def origin_form(target: bytes) -> bytes:
@@ -228,7 +56,7 @@ class _Refuse(Exception):
         self.status = status
 
 
-class _Connection(asyncio.Protocol):
+class Connection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server = server
         self.limits = server.limits
@@ -266,7 +94,7 @@ class _Connection(asyncio.Protocol):
         server = self.server
         if len(server.connections) >= server.max_connections or server.stopping:
             server.refused_connections += 1
-            self.transport.write(_error_bytes(503, "too many connections"))
+            self.transport.write(error_bytes(503, "too many connections"))
             self.transport.close()
             self.closed = True
             return
@@ -504,7 +332,7 @@ class _Connection(asyncio.Protocol):
         if self.busy or self.pending:
             self._close()  # an earlier request's answer is due first: just close
             return
-        self.transport.write(_error_bytes(status, message))
+        self.transport.write(error_bytes(status, message))
         hook = self.server.on_refusal
         if hook is not None:
             hook(status, origin_form(self.url).split(b"?")[0].decode("latin-1"))
@@ -525,117 +353,3 @@ class _Connection(asyncio.Protocol):
 
     def idle(self) -> bool:
         return not self.busy and not self.pending and not self.reading
-
-
-class HttpServer:
-    """Serves ``handler`` on a listening socket (see the module docstring)."""
-
-    def __init__(
-        self,
-        handler: Handler,
-        limits: Limits | None = None,
-        on_refusal: Callable[[int, str], None] | None = None,
-        fast: FastHandler | None = None,
-    ) -> None:
-        self.handler = handler
-        #: Tried first for every request (see FastHandler).
-        self.fast = fast
-        #: Told of each request the server answered itself (status, path as far as read).
-        self.on_refusal = on_refusal
-        self.limits = limits or Limits()
-        self.max_connections = self.limits.connections()
-        self.connections: set[_Connection] = set()
-        self.refused_connections = 0
-        self.timed_out = 0
-        self.stopping = False
-        self._server: asyncio.Server | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._sweeper: asyncio.Task[None] | None = None
-
-    @property
-    def handling(self) -> int:
-        """Requests being handled now."""
-        return sum(c.busy for c in self.connections)
-
-    async def _sweep(self) -> None:
-        lim = self.limits
-        period = min(
-            lim.sweep_s,
-            lim.header_timeout_s / 2,
-            lim.body_timeout_s / 2,
-            lim.keepalive_timeout_s / 2,
-            LINGER_S / 2,
-        )
-        loop = self.loop
-        while True:
-            await asyncio.sleep(period)
-            refresh_date()
-            now = loop.time()
-            for c in [c for c in self.connections if c.deadline and c.deadline <= now]:
-                c.timed_out()
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        assert self._loop is not None, "start() first"
-        return self._loop
-
-    async def start(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        sock: socket.socket | None = None,
-        *,
-        reuse_port: bool = False,
-    ) -> None:
-        """Listen on ``sock``, else on ``host:port``; with ``reuse_port`` (SO_REUSEPORT)
-        several processes listen on the same port and the kernel splits the connections
-        among them (several gateways behind one address)."""
-        self._loop = asyncio.get_running_loop()
-        if sock is not None:
-            self._server = await self._loop.create_server(
-                lambda: _Connection(self), sock=sock, backlog=4096
-            )
-        else:
-            self._server = await self._loop.create_server(
-                lambda: _Connection(self),
-                host,
-                port,
-                backlog=4096,
-                reuse_address=True,
-                reuse_port=reuse_port or None,
-            )
-
-        self._sweeper = self._loop.create_task(self._sweep())
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop listening, answer every request already read, then close (module docstring)."""
-        self.stopping = True
-        if self._server is not None:
-            self._server.close()
-        for c in list(self.connections):
-            c.stopping = True
-            if c.idle():
-                c._close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while self.connections and loop.time() < deadline:
-            for c in list(self.connections):
-                if c.idle():
-                    c._close()
-            await asyncio.sleep(0.01)
-        for c in list(self.connections):
-            if c.transport is not None:
-                c.transport.abort()
-            c._close()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)

@@ -2,14 +2,12 @@
 
 Theory of operation. The worker is the same program with the same flags as without Ray: the
 launcher builds its command line once (``Launcher.plan``) and, with ``--ray``, hands the
-arguments after the interpreter to a small actor, ``WorkerHost``, instead of starting them
-itself. The actor runs ``<its node's python> -c CLI_BOOT <those arguments>`` as a subprocess
-on the node Ray placed it on, its output in the same log path (created on that node), and
-supervises it: ``poll`` (exit code or None), ``signal`` (SIGTERM drains, as locally),
-``ensure_running`` (start it again if it exited). Why a subprocess and not the worker's server
-inside the actor's process: the worker owns its event loop, its signal handlers and (on a
-GPU) its CUDA context; in a subprocess those are exactly what the local launcher runs, and a
-worker that crashes takes only itself down, not the actor that reports it.
+arguments after the interpreter to a small actor, ``ray_worker_host.WorkerHost``, instead of
+starting them itself. The actor runs ``<its node's python> -m evenserve <those arguments>`` as
+a subprocess on the node Ray placed it on, its output in the same log path (created on that
+node), and supervises it: ``poll`` (exit code or None), ``signal`` (SIGTERM drains, as
+locally), ``ensure_running`` (start it again if it exited). ``ActorWorker`` is the launcher's
+handle on such an actor, with the interface of a local process (``processes.WorkerProc``).
 
 Placement (``actor_options``, pure): a ``cuda`` device asks for its GPU (``num_gpus`` 1, a
 share ``#share=K/M`` K/M, so two shares fit one GPU) and runs as ``cuda:0`` on whichever GPU
@@ -29,9 +27,9 @@ What restarts what: an actor whose process dies (killed, its node lost) is resta
 (``max_restarts=-1``); its constructor starts the worker again. A worker that exits while its
 actor lives is restarted by the launcher's supervision loop, as a local process is
 (``workers.restart``): it ends that actor and makes a new one. An actor that is gone for
-good (Ray gave up on it) is made anew the same way. Either way the gateway's health polling ejects
-the backend while it does not answer and readmits it once it does. The worker subprocess
-dies with its actor (PR_SET_PDEATHSIG, SIGKILL: nothing is left holding its port).
+good (Ray gave up on it) is made anew the same way. Either way the gateway's health polling
+ejects the backend while it does not answer and readmits it once it does. The worker
+subprocess dies with its actor (PR_SET_PDEATHSIG, SIGKILL: nothing is left holding its port).
 
 Ray is optional (``pip install 'evenserve[ray]'``): this module imports it only inside the
 functions that need it, and the launcher imports this module only with ``--ray``.
@@ -40,19 +38,18 @@ functions that need it, and the launcher imports this module only with ``--ray``
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from evenserve.cluster.processes import WorkerProc, cli_cmd
+from evenserve.cluster.ray_worker_host import WorkerHost
+from evenserve.cluster.workers_section import DeviceEntry
 from evenserve.core.errors import ConfigError
-from evenserve.gateway.config import DeviceEntry
 from evenserve.runtime.device import parse_device
 
 #: What an emulated worker asks of a CPU: it sleeps through its batches, so four of them on
@@ -62,9 +59,6 @@ EMULATED_NUM_CPUS = 0.25
 NODE_PIN = 0.001
 #: The hint when ``--ray`` is given without Ray installed.
 RAY_MISSING = "--ray: Ray is not installed: pip install 'evenserve[ray]'"
-#: How a worker subprocess boots (the launcher's ``CLI_BOOT``; repeated here so the actor's
-#: node needs only this module).
-CLI_BOOT = "from evenserve.cli.main import main; main()"
 
 
 def import_ray() -> Any:
@@ -117,85 +111,6 @@ def actor_env(device: str, env: dict[str, str], base: dict[str, str]) -> dict[st
     return out
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-class WorkerHost:
-    """The actor's body (``ray.remote`` of it): runs one worker subprocess on its node.
-
-    ``argv``: the worker's arguments after the interpreter (``worker --repo ...``), as the
-    local launcher runs them. ``env``: added to the actor's environment. ``log_path``: where
-    the worker's output goes on this node. ``host``: the bind address when this actor is on
-    ``launcher_node`` (the launcher's node); elsewhere the node's IP. Plain Python: the
-    constructor starts the worker, so an actor Ray restarts starts it again."""
-
-    def __init__(
-        self, argv: list[str], env: dict[str, str], log_path: str, host: str, launcher_node: str
-    ) -> None:
-        import ray
-
-        ctx = ray.get_runtime_context()
-        self.node_id: str = ctx.get_node_id()
-        local = self.node_id == launcher_node
-        self.host = host if local else ray.util.get_node_ip_address()
-        self.argv = list(argv) if local or "--host" in argv else [*argv, "--host", self.host]
-        self.env = {**os.environ, **env}
-        self.log_path = Path(log_path)
-        self.port = _flag(self.argv, "--port")
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.log: IO[bytes] | None = None
-        self.starts = 0
-        self.ensure_running()
-
-    def ensure_running(self) -> int:
-        """Start the worker unless it runs; its pid."""
-        if self.popen is not None and self.popen.poll() is None:
-            return self.popen.pid
-        if self.log is not None:
-            self.log.close()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
-        preexec = _die_with_parent if sys.platform.startswith("linux") else None
-        self.popen = subprocess.Popen(
-            [sys.executable, "-c", CLI_BOOT, *self.argv],
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=preexec,
-        )
-        self.starts += 1
-        return self.popen.pid
-
-    def info(self) -> dict[str, Any]:
-        """Where the worker listens and who runs it (for the launcher and the gateway)."""
-        return {
-            "address": f"{self.host}:{self.port}",
-            "node_id": self.node_id,
-            "actor_pid": os.getpid(),
-            "pid": None if self.popen is None else self.popen.pid,
-            "starts": self.starts,
-        }
-
-    def poll(self) -> int | None:
-        """The worker's exit code, None while it runs."""
-        return None if self.popen is None else self.popen.poll()
-
-    def signal(self, sig: int) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.popen.send_signal(sig)
-
-
-def _flag(argv: list[str], name: str) -> str:
-    i = argv.index(name)
-    return argv[i + 1]
-
-
 def connect(address: str, say: Any = print) -> bool:
     """Join the Ray cluster at ``address`` (``auto``: the running one, else a new local one
     on this machine, no dashboard). True when this call started Ray (``disconnect`` stops
@@ -240,9 +155,8 @@ class RayPlacement:
     """``--ray ADDRESS`` (or ``auto``)."""
 
     address: str = "auto"
+    #: Whether this run started Ray (``connect``): ``stop_actors`` stops it then.
     started: bool = False
-    #: Actors made, per worker (the launcher's count of new actors, not Ray's restarts).
-    created: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -256,7 +170,6 @@ class ActorWorker:
     log_path: Path
     options: dict[str, Any]
     bind_host: str
-    placement: RayPlacement
     restarts: int = 0
     handle: Any = None
     last_info: dict[str, Any] = field(default_factory=dict)
@@ -287,7 +200,6 @@ class ActorWorker:
         self.handle = cls.options(**self.options).remote(
             self.argv, self.env, str(self.log_path), self.bind_host, launcher_node
         )
-        self.placement.created[self.name] = self.placement.created.get(self.name, 0) + 1
         self._fresh()
 
     def _fresh(self) -> None:
@@ -301,10 +213,6 @@ class ActorWorker:
         self.last_info = ray.get(self.handle.info.remote(), timeout=120.0)
         self.url = f"http://{self.last_info['address']}"
         return self.last_info
-
-    @property
-    def address(self) -> str:
-        return self.url.removeprefix("http://")
 
     @property
     def pid(self) -> int | None:
@@ -372,3 +280,42 @@ class ActorWorker:
         with contextlib.suppress(ray.exceptions.RayError):
             ray.kill(self.handle, no_restart=True)
         self.handle = None
+
+
+def actor_worker(
+    d: DeviceEntry,
+    cmd: list[str],
+    env: dict[str, str],
+    base_env: dict[str, str],
+    url: str,
+    log: Path,
+    bind_host: str,
+) -> ActorWorker:
+    """Device ``d``'s worker as a Ray actor, from its local command line ``cmd`` and
+    environment ``env``: the arguments after the interpreter's (the actor's node runs its
+    own), what the environment adds to the launcher's (``base_env``), the actor's options."""
+    argv = cmd[len(cli_cmd("")) :]
+    dev = argv[argv.index("--device") + 1]
+    return ActorWorker(
+        d.name, argv, actor_env(dev, env, base_env), url, log,
+        actor_options(d), bind_host,
+    )  # fmt: skip
+
+
+def actor_summary(p: WorkerProc) -> dict[str, Any]:
+    """What the ready file says of a worker's actor (its pid on its node, its node, its
+    starts); {} for a worker that is not an actor's."""
+    if not isinstance(p, ActorWorker):
+        return {}
+    i = p.last_info
+    return {"ray": {k: i.get(k) for k in ("actor_pid", "node_id", "starts")}}
+
+
+def stop_actors(workers: Sequence[WorkerProc], placement: RayPlacement) -> None:
+    """Every actor ended for good (once their workers stopped); Ray stopped when this run
+    started it."""
+    for p in workers:
+        if isinstance(p, ActorWorker):
+            p.kill_actor()
+    if placement.started:
+        disconnect()

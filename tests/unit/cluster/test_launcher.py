@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from evenserve.cluster.admin_token import DEFAULT_TOKEN_ENV
+from evenserve.cluster.file import load_cluster, parse_cluster
+from evenserve.cluster.launcher import Launcher
+from evenserve.cluster.processes import LaunchError
+from evenserve.cluster.worker_commands import device_arg, worker_env
 from evenserve.core.errors import ConfigError
-from evenserve.gateway.config import DEFAULT_TOKEN_ENV, load_cluster, parse_cluster
-from evenserve.gateway.launcher import Launcher, LaunchError, worker_env
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -36,8 +39,7 @@ def test_an_emulated_slice_keeps_its_part_when_its_profile_set_is_resolved(
     tmp_path: Path,
 ) -> None:
     cfg = ROOT / "examples" / "cluster-seed.yaml"
-    la = Launcher(load_cluster(cfg), cfg, tmp_path, python="py")
-    arg = la._device_arg("emulated:a10-trt-fp16#mig=3g.20gb")
+    arg = device_arg(load_cluster(cfg), "emulated:a10-trt-fp16#mig=3g.20gb")
     where, _, tail = arg.removeprefix("emulated:").partition("#")
     assert Path(where).is_dir() and Path(where).name == "a10-trt-fp16"
     assert tail == "mig=3g.20gb"

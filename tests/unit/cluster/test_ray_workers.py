@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from evenserve.cli.gateway_cmd import read_addresses
-from evenserve.core.errors import ConfigError
-from evenserve.gateway.config import DeviceEntry, load_cluster, parse_cluster
-from evenserve.gateway.launcher import Launcher, Proc, run_up
-from evenserve.gateway.ray_workers import (
+from evenserve.cluster.file import load_cluster, parse_cluster
+from evenserve.cluster.launcher import Launcher, run_up
+from evenserve.cluster.processes import Proc
+from evenserve.cluster.ray_workers import (
     EMULATED_NUM_CPUS,
     NODE_PIN,
     RAY_MISSING,
@@ -24,6 +24,8 @@ from evenserve.gateway.ray_workers import (
     actor_env,
     actor_options,
 )
+from evenserve.cluster.workers_section import DeviceEntry
+from evenserve.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
 SEED = ROOT / "examples" / "cluster-seed.yaml"
@@ -81,7 +83,7 @@ def test_each_actor_gets_the_local_launcher_s_worker_arguments(tmp_path: Path) -
     for lw, rw in zip(local.workers, ray.workers, strict=True):
         assert isinstance(lw, Proc) and isinstance(rw, ActorWorker)
         assert rw.name == lw.name and rw.url == lw.url and rw.log_path == lw.log_path
-        assert lw.cmd[:3] == ["py", "-c", lw.cmd[2]]
+        assert lw.cmd[:3] == ["py", "-m", "evenserve"]
         assert rw.argv == lw.cmd[3:]  # the interpreter is the actor's node's own
         assert rw.options == actor_options(dev("emulated:a10-trt-fp16"))
         assert rw.env["CUDA_VISIBLE_DEVICES"] == ""
@@ -142,8 +144,8 @@ def test_up_without_ray_never_imports_ray(tmp_path: Path) -> None:
     code = (
         "import sys; from pathlib import Path\n"
         "from evenserve.cli.main import main\n"
-        "from evenserve.gateway.config import load_cluster\n"
-        "from evenserve.gateway.launcher import Launcher\n"
+        "from evenserve.cluster.file import load_cluster\n"
+        "from evenserve.cluster.launcher import Launcher\n"
         f"la = Launcher(load_cluster(Path({str(SEED)!r})), Path({str(SEED)!r}), "
         f"Path({str(tmp_path)!r}))\n"
         "la.plan()\n"
@@ -184,8 +186,7 @@ class Handle:
 
 
 def _actor(tmp_path: Path) -> ActorWorker:
-    a = ActorWorker("w", ["worker"], {}, "http://127.0.0.1:1", tmp_path / "w.log", {},
-                    "127.0.0.1", RayPlacement())  # fmt: skip
+    a = ActorWorker("w", ["worker"], {}, "http://127.0.0.1:1", tmp_path / "w.log", {}, "127.0.0.1")
     a.handle = Handle()
     return a
 
