@@ -45,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evenserve.core.wire import HEADER_LENGTH_HEADER
-from evenserve.worker.optimize import torch_variant
+from evenserve.worker.optimize.build import torch_variant
 from evenserve.worker.repository import VARIANT_FILE, ModelEntry, load_model, load_repository
 from evenserve.worker.warmup import warmup_batch
 

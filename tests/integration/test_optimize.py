@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from evenserve.cli.main import app
 from evenserve.core.errors import ConfigError
 from evenserve.runtime.device import parse_device
-from evenserve.worker.optimize import OptimizeOptions, optimize
+from evenserve.worker.optimize.run import OptimizeOptions, optimize
 from evenserve.worker.repository import VARIANT_FILE, load_model
 
 pytest.importorskip("transformers")

@@ -76,8 +76,8 @@ def optimize(
     the cheapest that passes and meets the SLO (written to the folder's variant.yaml).
     Exit status 1 when no variant passes."""
     from evenserve.runtime.device import parse_device, select_visible_device
-    from evenserve.worker.optimize import OptimizeOptions
-    from evenserve.worker.optimize import optimize as run_optimize
+    from evenserve.worker.optimize.run import OptimizeOptions
+    from evenserve.worker.optimize.run import optimize as run_optimize
     from evenserve.worker.repository import load_model
 
     names = None if variants is None else [v.strip() for v in variants.split(",") if v.strip()]

@@ -145,6 +145,12 @@ class ModelSpec(ModelOptions):
 
     slo_ms: float = Field(gt=0)
     profile: str | None = Field(default=None, description="profile name; default: model name")
+    max_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="largest batch the model takes (model.yaml's): a policy that sets no "
+        "max_batch_size gets it, a larger one is refused; default: none, the policy's own",
+    )
     load_ms: float | None = Field(
         default=None,
         ge=0,

@@ -1,15 +1,18 @@
 """One arm of a scenario compiled into a local emulated cluster, and that cluster run.
 
 For an arm: the scenario's (scaled) profile sets as profile folders; a model repository whose
-``model.yaml`` carry the arm's batching (exactly as the simulator batches), SLOs, classes,
-deadlines and queue bound; and a cluster YAML with one emulated worker per device (memory,
-instances, interference, the arm's class options) behind a gateway routing with the arm's
-policy. :func:`arm_cluster` starts it with the ``evenserve up`` Launcher, on loopback. A
-scenario device's ``slowdown`` and ``slowdown_phases`` become its worker's ``--slowdown`` and
-``--slowdown-phases`` (phases from the worker's first batch, which is the load's start: an
-emulated batch then really takes its profile's time times the slowdown, as in the
-simulator); its ``staging_ms_per_item``, the worker's ``--staging-ms-per-item``; an arm's
-``learn_profiles``, every worker's ``--learn-profiles``.
+``model.yaml`` carry the arm's batching as written and the scenario model's
+``max_batch_size`` (the worker applies the batch-cap rule, ``sched.setup``, as the simulator
+does; the bench gives a scenario model without one its model.yaml's,
+:func:`model_cap_overrides`), SLOs, classes, deadlines and queue bound; and a cluster YAML
+with one emulated worker per device (memory, instances, interference, the arm's class
+options) behind a gateway routing with the arm's policy. :func:`arm_cluster` starts it with
+the ``evenserve up`` Launcher, on loopback. A scenario device's ``slowdown`` and
+``slowdown_phases`` become its worker's ``--slowdown`` and ``--slowdown-phases`` (phases from
+the worker's first batch, which is the load's start: an emulated batch then really takes its
+profile's time times the slowdown, as in the simulator); its ``staging_ms_per_item``, the
+worker's ``--staging-ms-per-item``; an arm's ``learn_profiles``, every worker's
+``--learn-profiles``.
 
 Placement arms: only the devices the arm lists; the gateway's ``placement`` (the arm's
 policy with its ``placement_interval_ms``, ``load_wait_ms`` and ``host_memory_gb``) and
@@ -41,8 +44,6 @@ from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions
 from evenserve.core.scenario import ArmSpec, DeviceSpec
 from evenserve.core.slowdown import phases_flag
 from evenserve.experiment.scaling import model_weights_bytes
-from evenserve.policy.batching import BATCHING
-from evenserve.policy.registry import split_spec
 from evenserve.sim.loader import LoadedScenario
 
 
@@ -72,18 +73,19 @@ def write_profile_sets(loaded: LoadedScenario, workdir: Path) -> dict[str, Path]
     return out
 
 
-def live_batching(spec: Any, where: str) -> tuple[dict[str, Any], int]:
-    """The batching spec for a worker's model.yaml, batching exactly as the simulator does.
-
-    A worker fills a policy's missing ``max_batch_size`` with the model's (64 for the shipped
-    models); the simulator uses the policy's default. The spec is written with the simulator's
-    value made explicit, and that value is returned (the model's own cap must admit it).
-    """
-    policy = BATCHING.build(spec, where=where)
-    name, raw = split_spec(spec, where)
-    if "max_batch_size" in BATCHING.entry(name, where).params_model.model_fields:
-        raw.setdefault("max_batch_size", policy.max_batch_size)
-    return {"policy": name, **raw}, int(policy.max_batch_size)
+def model_cap_overrides(loaded: LoadedScenario, repo: Path) -> list[str]:
+    """``--set`` overrides that give each scenario model without a ``max_batch_size`` the one
+    of its ``model.yaml`` in ``repo``: the live workers batch under it (the batch-cap rule,
+    ``sched.setup``), and with them the simulator does too."""
+    out: list[str] = []
+    for m, spec in loaded.scenario.models.items():
+        src = repo / m / "model.yaml"
+        if spec.max_batch_size is not None or not src.is_file():
+            continue  # a missing model.yaml: write_arm_cluster names it
+        raw = yaml.safe_load(src.read_text())
+        if isinstance(raw, dict) and isinstance(raw.get("max_batch_size"), int):
+            out.append(f"models.{m}.max_batch_size={raw['max_batch_size']}")
+    return out
 
 
 def slowdown_args(d: DeviceSpec) -> list[str]:
@@ -134,10 +136,11 @@ def write_arm_cluster(
             cold_s, warm_s = mspec.load_times_s(model_weights_bytes(loaded, m))
             raw["emulated"]["load_ms"] = round(cold_s * 1000.0, 3)
             raw["emulated"]["warm_load_ms"] = round(warm_s * 1000.0, 3)
-        raw["batching"], max_batch = live_batching(
-            spec.batching_per_model.get(m, spec.batching), f"arms.{arm}.batching"
-        )
-        raw["max_batch_size"] = max(int(raw.get("max_batch_size") or 1), max_batch)
+        # The arm's batching as written: the worker applies the batch-cap rule to it with
+        # the model's max_batch_size, as the simulator does with the scenario model's.
+        raw["batching"] = spec.batching_per_model.get(m, spec.batching)
+        if mspec.max_batch_size is not None:
+            raw["max_batch_size"] = mspec.max_batch_size
         raw.pop("queue_timeout_ms", None)
         raw.update(mspec.model_dump(include=set(ModelOptions.model_fields)))
         (repo / m).mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,9 @@ worker (``load``: the simulator's own arrivals, or its closed-loop users), stop 
 and keep the raw samples. The figures come from ``report.summary.summarize`` over RunRecords,
 exactly as the simulator's do. Then the simulator runs the same scenario at the same time
 scale (``scaling``) with the same seeds, and the fidelity table compares the two per arm.
+A scenario model without a ``max_batch_size`` gets its model.yaml's in ``--repo`` (an
+override the summary's source carries): the workers and the simulator then apply the same
+batch-cap rule (``sched.setup``) with the same cap.
 Repeat ``r`` (from 0) of every arm runs with seed ``seed + r``.
 """
 
@@ -29,6 +32,7 @@ from evenserve.core.errors import ConfigError
 from evenserve.core.scenario import CENTRAL_QUEUE
 from evenserve.experiment.cluster import (
     arm_cluster,
+    model_cap_overrides,
     write_arm_cluster,
     write_payloads,
     write_profile_sets,
@@ -106,6 +110,9 @@ class BenchPlan:
     folder: Path
     workroot: Path
     profile_dirs: dict[str, Path]
+    #: The scenario's overrides: the bench's, then each model's max_batch_size from the
+    #: repository where the scenario gives none (``model_cap_overrides``).
+    overrides: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -138,7 +145,12 @@ def plan_bench(bench: ScenarioBench) -> BenchPlan:
         raise ConfigError("--repeats: must be >= 1")
     if not (k > 0 and math.isfinite(k)):
         raise ConfigError("--time-scale: must be a number > 0")
-    loaded = with_level(load_scenario(bench.scenario, bench.overrides), bench.level)
+    if not bench.repo.is_dir():
+        raise ConfigError(f"--repo: not a directory: {bench.repo} (run from the project root?)")
+    # Each model's batch cap as the workers have it (the simulator applies the same rule).
+    caps = model_cap_overrides(load_scenario(bench.scenario, bench.overrides), bench.repo)
+    overrides = [*bench.overrides, *caps]
+    loaded = with_level(load_scenario(bench.scenario, overrides), bench.level)
     sc = loaded.scenario
     dur = sc.duration_s if bench.duration_s is None else bench.duration_s
     wu = sc.warmup_s * dur / sc.duration_s if bench.warmup_s is None else bench.warmup_s
@@ -152,8 +164,6 @@ def plan_bench(bench: ScenarioBench) -> BenchPlan:
         raise ConfigError(
             "--arms: no arm with a live counterpart (central-queue is simulator-only)"
         )
-    if not bench.repo.is_dir():
-        raise ConfigError(f"--repo: not a directory: {bench.repo} (run from the project root?)")
     label = sc.name if bench.level is None else f"{sc.name}-{bench.level}"
     folder = bench.out or Path("out") / f"bench-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -171,6 +181,7 @@ def plan_bench(bench: ScenarioBench) -> BenchPlan:
         folder=folder,
         workroot=workroot,
         profile_dirs=write_profile_sets(scaled, workroot),
+        overrides=overrides,
     )
 
 
@@ -352,7 +363,7 @@ def bench_source(plan: BenchPlan, seed: int | None = None) -> dict[str, Any]:
         "scenario": str(b.scenario.resolve()),
         "arm": None,
         "seed": plan.seed if seed is None else seed,
-        "set": list(b.overrides),
+        "set": list(plan.overrides),
         "level": b.level,
         "trace": None,
         "duration_s": None,

@@ -16,6 +16,7 @@ from evenserve.sched.queues import (
     QueueSet,
 )
 from evenserve.sched.scheduler import DRAINING, ONE_INSTANCE, DeviceScheduler, scheduler_for
+from evenserve.sched.setup import Batching, batching_setup
 
 __all__ = [
     "DISPATCHED",
@@ -27,6 +28,7 @@ __all__ = [
     "SHUTDOWN",
     "UNLOADED",
     "Batch",
+    "Batching",
     "BusyClock",
     "DeviceScheduler",
     "ModelQueue",
@@ -36,5 +38,6 @@ __all__ = [
     "QueuedRequest",
     "RequestQueue",
     "SchedulerActions",
+    "batching_setup",
     "scheduler_for",
 ]

@@ -48,7 +48,15 @@ from evenserve.core.wire import LOAD_TIMEOUT
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import batching_label, spec_label
 from evenserve.policy.routing import ROUTING, Router
-from evenserve.sched import QUEUED, Batch, DeviceScheduler, ModelSetup, scheduler_for
+from evenserve.sched import (
+    QUEUED,
+    Batch,
+    Batching,
+    DeviceScheduler,
+    ModelSetup,
+    batching_setup,
+    scheduler_for,
+)
 from evenserve.sim.central import CentralQueue
 from evenserve.sim.device import SimDevice, SimRequest
 from evenserve.sim.engine import EventLoop
@@ -125,16 +133,25 @@ class Simulation:
                 if len(self.routers) == 1:
                     self._open_arrival_cb = self._open_arrival_routed
 
+    def batching(self, model: str, rng: random.Random | None = None) -> Batching:
+        """``model``'s batching in this arm under the batch-cap rule the worker applies
+        (``sched.setup``: the scenario model's ``max_batch_size`` filled in, a larger batch
+        refused)."""
+        per_model = self.arm.batching_per_model
+        where = f"arms.{self.arm_name}.batching" + (
+            f"_per_model.{model}" if model in per_model else ""
+        )
+        spec = per_model.get(model, self.arm.batching)
+        return batching_setup(spec, self.sc.models[model].max_batch_size, where, rng)
+
     def model_setup(self, model: str, profile: LatencyProfile | None) -> ModelSetup:
         """How ``model`` is queued on a device with ``profile`` (its own policy object)."""
         spec = self.sc.models[model]
-        policy = BATCHING.build(
-            self.arm.batching_per_model.get(model, self.arm.batching), self.policy_rng
-        )
         return ModelSetup(
             name=model,
-            policy=policy,
+            policy=self.batching(model, self.policy_rng).policy,
             profile=profile,
+            max_batch_size=spec.max_batch_size,
             max_queue=self.arm.max_queue_per_model,
             priority=spec.priority_value,
             deadline_s=spec.deadline_s,
@@ -488,7 +505,7 @@ class Simulation:
             if arm.routing != CENTRAL_QUEUE
             else {"policy": CENTRAL_QUEUE},
             batching_spec={
-                m: BATCHING.resolved(arm.batching_per_model.get(m, arm.batching), "batching")
+                m: BATCHING.resolved(self.batching(m).spec, "batching")
                 for m in sorted(self.sc.models)
             },
             scale_ups_s=[] if pl is None else list(pl.scale_ups_s),

@@ -12,7 +12,7 @@ from typing import Protocol
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import DeviceTrace
 from evenserve.core.scenario import ArmSpec, Scenario
-from evenserve.sched import Batch, DeviceScheduler, ModelSetup, QueuedRequest
+from evenserve.sched import Batch, Batching, DeviceScheduler, ModelSetup, QueuedRequest
 from evenserve.sim.engine import EventLoop
 from evenserve.sim.loader import LoadedScenario
 
@@ -36,6 +36,8 @@ class SimHost(Protocol):
     def drop(self, r: SimRequest, reason: str, device: str | None) -> None: ...
 
     def completed(self, batch: Batch[SimRequest], now: float, device: str) -> None: ...
+
+    def batching(self, model: str, rng: random.Random | None = None) -> Batching: ...
 
     def model_setup(self, model: str, profile: LatencyProfile | None) -> ModelSetup: ...
 

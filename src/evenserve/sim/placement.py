@@ -34,7 +34,6 @@ from typing import Protocol
 from evenserve.core.results import RequestLog
 from evenserve.core.scenario import DeviceSpec
 from evenserve.core.wire import NO_BACKEND, OVERLOADED
-from evenserve.policy.batching import BATCHING
 from evenserve.policy.placement import (
     AUTOSCALING,
     PLACEMENT,
@@ -112,7 +111,7 @@ class SimPlacement:
         infos: dict[str, ModelInfo] = {}
         for m, ms in sc.models.items():
             prof = first.profiles[m]
-            cap = BATCHING.build(arm.batching_per_model.get(m, arm.batching)).max_batch_size
+            cap = sim.batching(m).policy.max_batch_size
             cold, warm = ms.load_times_s(prof.weights_bytes)
             infos[m] = ModelInfo.from_profile(m, prof, cap, cold, warm, ms.slo_s)
         views = [

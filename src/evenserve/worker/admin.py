@@ -35,7 +35,6 @@ from evenserve.httpio.bearer import (
     object_body,
 )
 from evenserve.httpio.server import Request, Response
-from evenserve.policy.batching import BATCHING
 from evenserve.policy.params import (
     Params,
     ParamStore,
@@ -45,6 +44,7 @@ from evenserve.policy.params import (
     parse_put_body,
     parse_rollback_body,
 )
+from evenserve.sched import batching_setup
 from evenserve.worker.device import Device
 from evenserve.worker.models.registry import ModelRegistry
 
@@ -97,14 +97,7 @@ class LiveParams:
                 served = ", ".join(sorted(self.models)) or "none"
                 raise ConfigError(f"{at}: model {m!r} is not served here (models: {served})")
             e = hosted.entry
-            full = e.batching_spec(spec)
-            policy = BATCHING.build(full, where=at)
-            if policy.max_batch_size > e.config.max_batch_size:
-                raise ConfigError(
-                    f"{at}.max_batch_size: the policy's batch size ({policy.max_batch_size}) "
-                    f"exceeds the model's max_batch_size ({e.config.max_batch_size})"
-                )
-            built[m] = (full, policy)
+            built[m] = batching_setup(spec, e.config.max_batch_size, at)
         driver = self.device.driver
         now = driver.clock.now() if driver is not None else 0.0
         for m, (full, policy) in built.items():

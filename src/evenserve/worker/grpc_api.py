@@ -60,8 +60,8 @@ from evenserve.worker.kserve import (
     InferRequest,
     ModelSignature,
     ProtocolError,
-    config_override,
 )
+from evenserve.worker.load_override import config_override
 from evenserve.worker.models.control import ModelControlError
 
 EXTENSIONS = ["statistics", "model_configuration", "model_repository", "evenserve_load"]

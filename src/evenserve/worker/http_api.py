@@ -45,12 +45,11 @@ from evenserve.worker.kserve import (
     InferRequest,
     ModelSignature,
     ProtocolError,
-    encode_infer_response,
-    error_body,
-    load_override,
     parse_header_length,
     parse_infer_request,
 )
+from evenserve.worker.kserve_encode import encode_infer_response, error_body
+from evenserve.worker.load_override import load_override
 from evenserve.worker.models.control import ModelControlError
 
 #: Bodies larger than this are parsed and encoded off the event loop, on the codec thread.

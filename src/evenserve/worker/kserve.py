@@ -1,4 +1,5 @@
-"""KServe v2 inference protocol: request parsing and validation, response encoding.
+"""KServe v2 inference protocol: request parsing and validation (the response's encoding is
+``kserve_encode``).
 
 Pure functions over bytes, so every bad-input case is unit-testable without a server. A
 request is JSON, optionally followed by raw tensor bytes (the binary tensor data extension):
@@ -20,23 +21,18 @@ headers; ``request_class`` combines them). Other parameters are ignored, as Trit
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
-import orjson
 
 from evenserve.core import wire
 from evenserve.core.errors import EvenserveError
-from evenserve.core.validation import non_finite_field
 from evenserve.runtime.base import Array, TensorSpec
 
-JSON_CONTENT_TYPE = "application/json"
-BINARY_CONTENT_TYPE = "application/octet-stream"
 HEADER_LENGTH = wire.HEADER_LENGTH_HEADER
 T = TypeVar("T")
 #: The numpy kinds of JSON data a datatype of each kind takes (an integer fits a float...).
@@ -369,83 +365,3 @@ def request_class(req: InferRequest, headers: Mapping[str, str]) -> tuple[int | 
             header_s = header_ms / 1000.0
             deadline_in_s = header_s if deadline_in_s is None else min(deadline_in_s, header_s)
     return priority, deadline_in_s
-
-
-def encode_infer_response(
-    sig: ModelSignature,
-    request_id: str | None,
-    outputs: Mapping[str, Array],
-    requested: Sequence[RequestedOutput],
-) -> tuple[bytes, dict[str, str]]:
-    """Body and headers of a successful response (binary outputs after the JSON header)."""
-    specs = {s.name: s for s in sig.outputs}
-    meta: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
-    for r in requested:
-        arr = np.ascontiguousarray(outputs[r.name])
-        entry: dict[str, Any] = {
-            "name": r.name,
-            "datatype": specs[r.name].datatype,
-            "shape": list(arr.shape),
-        }
-        if r.binary:
-            raw = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
-            entry["parameters"] = {"binary_data_size": len(raw)}
-            blobs.append(raw)
-        else:
-            flat = arr.reshape(-1)
-            entry["data"] = flat if flat.dtype.kind in "biuf" else flat.tolist()
-        meta.append(entry)
-    head: dict[str, Any] = {"model_name": sig.name, "model_version": sig.version}
-    if request_id is not None:
-        head["id"] = request_id
-    head["outputs"] = meta
-    # orjson writes numeric arrays straight from their buffers (no Python list of floats).
-    header = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not blobs:
-        return header, {"content-type": JSON_CONTENT_TYPE}
-    return b"".join([header, *blobs]), {
-        "content-type": BINARY_CONTENT_TYPE,
-        HEADER_LENGTH: str(len(header)),
-    }
-
-
-def error_body(message: str) -> bytes:
-    return json.dumps({"error": message}).encode()
-
-
-def load_override(body: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A load request's config override: ``parameters.config``, a JSON string (Triton's
-    shape) or an object, of model.yaml fields; None when not given. ProtocolError naming the
-    field when malformed."""
-    if body is None:
-        return None
-    params = body.get("parameters")
-    if params is None:
-        return None
-    if not isinstance(params, dict):
-        raise ProtocolError("parameters: expected a JSON object")
-    unknown = sorted(k for k in params if k != "config")
-    if unknown:
-        raise ProtocolError(
-            f"parameters.{unknown[0]}: not supported (only parameters.config: model.yaml "
-            "fields as JSON)"
-        )
-    return config_override(params.get("config"), "parameters.config")
-
-
-def config_override(config: Any, where: str) -> dict[str, Any] | None:
-    """The override a load's ``config`` parameter holds (a JSON string or an object)."""
-    if config is None:
-        return None
-    if isinstance(config, str):
-        try:
-            config = wire.parse_json(config.encode(), where)
-        except ValueError as exc:
-            raise ProtocolError(str(exc)) from None
-    if not isinstance(config, dict):
-        raise ProtocolError(f"{where}: expected a JSON object of model.yaml fields")
-    bad = non_finite_field(config, where)
-    if bad is not None:  # 1e400 reads as inf: no field means it, and JSON cannot show it
-        raise ProtocolError(f"{bad[0]}: {bad[1]} is not a finite number")
-    return config

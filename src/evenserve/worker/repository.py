@@ -1,33 +1,7 @@
 """The model repository: one folder per model with a ``model.yaml`` (Triton-like), or a
 Triton model folder (``config.pbtxt`` and version folders: see ``triton_config``).
 
-``model.yaml`` fields (every error names the file and the field):
-
-- ``name`` (default: the folder's name; must match it), ``version`` ("1"): both are path
-  segments of the model's routes, so ``[A-Za-z0-9_.-]``, at most 128, not ``.`` or ``..``
-- ``runtime``: emulated | transformers | torch | onnx, and a section of the same name holding
-  that runtime's parameters (see ``evenserve.runtime``)
-- ``inputs`` / ``outputs``: ``{name, datatype, shape}`` with the KServe datatype (FP32, INT64,
-  ...) and the per-request shape *without* the batch dimension; ``-1`` is a variable size.
-  Inputs may give ``example_shape`` (concrete dims for synthetic data, used by the profiler)
-  and ``synthetic: {low, high}`` (value range of synthetic data).
-- ``max_batch_size``: the most items one batch may hold (a request carries 1 or more items
-  along its leading dimension)
-- ``batching``: a batching policy spec (``{policy: fixed-window, max_batch_delay_ms: 5}``);
-  default: fixed-window with no delay, i.e. work-conserving dynamic batching. A policy that
-  has a ``max_batch_size`` parameter gets the model's when the spec does not set it.
-- ``slo_ms`` (requests without a deadline are ordered by arrival + SLO within their class),
-  ``priority`` (the class of requests that bring none: an integer or online/offline),
-  ``deadline_ms`` (the deadline of requests that bring none: they must finish within this
-  many ms of arriving or are refused; ``queue_timeout_ms`` is its older name, one of the two),
-  ``max_queue_size`` (default: the worker's bound; when full, a request of a higher class
-  sheds the lowest-class one)
-- ``profile``: a latency profile YAML for this model on this device (used by profile-aware
-  batching policies and the load report's estimates), relative to the model folder
-- ``optimize``: what ``evenserve optimize`` checks a cheaper variant against
-  (``min_top1_agreement``, ``min_cosine``, ``gate_output``, ``calibration``,
-  ``calibration_items``, ``variants``, ``batch_sizes``: see ``OptimizeConfig``)
-- ``use_variant`` (default true): serve the variant ``evenserve optimize`` chose
+``model.yaml``: its fields are ``model_config``'s (every error names the file and the field).
 
 ``variant.yaml`` beside ``model.yaml`` (written by ``evenserve optimize``) names the variant
 the model is served as: its ``runtime`` and that runtime's section replace model.yaml's, its
@@ -42,155 +16,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError
 
-from evenserve.core import wire
 from evenserve.core.errors import ConfigError
-from evenserve.core.options import ModelOptions
 from evenserve.core.profile import LatencyProfile, load_profile
-from evenserve.core.tensors import DATATYPES
 from evenserve.core.validation import Strict, format_validation_error, read_yaml, validate_document
-from evenserve.policy.batching import BATCHING, BatchingPolicy
-from evenserve.policy.registry import split_spec
+from evenserve.policy.batching import BatchingPolicy
 from evenserve.runtime.base import Runtime, RuntimeContext, TensorSpec
 from evenserve.runtime.device import DeviceTarget
 from evenserve.runtime.emulated import EmulatedDevice, EmulatedParams
 from evenserve.runtime.factory import RUNTIME_PARAMS, create_runtime
+from evenserve.sched.setup import Batching, batching_setup
 from evenserve.worker import triton_config
-
-RuntimeName = Literal["emulated", "transformers", "torch", "onnx"]
+from evenserve.worker.model_config import (
+    DEFAULT_BATCHING,
+    ModelConfig,
+)
 
 MODEL_FILE = "model.yaml"
 #: The variant ``evenserve optimize`` chose, beside model.yaml.
 VARIANT_FILE = "variant.yaml"
-
-
-class SyntheticRange(Strict):
-    low: float = 0.0
-    high: float = 1.0
-
-    @model_validator(mode="after")
-    def _ordered(self) -> SyntheticRange:
-        if self.high <= self.low:
-            raise ValueError("high must be greater than low")
-        return self
-
-
-class TensorConfig(Strict):
-    name: str = Field(min_length=1)
-    datatype: str
-    shape: list[int]
-    example_shape: list[int] | None = None
-    synthetic: SyntheticRange | None = None
-
-    @field_validator("datatype", mode="before")
-    @classmethod
-    def _datatype(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            up = v.strip().upper().removeprefix("TYPE_")
-            if up not in DATATYPES:
-                raise ValueError(f"unknown datatype {v!r} (known: {', '.join(DATATYPES)})")
-            return up
-        return v
-
-    @field_validator("shape")
-    @classmethod
-    def _shape(cls, v: list[int]) -> list[int]:
-        for d in v:
-            if d != -1 and d < 1:
-                raise ValueError(f"dimension {d}: must be -1 (variable) or >= 1")
-        return v
-
-    @model_validator(mode="after")
-    def _example(self) -> TensorConfig:
-        ex = self.example_shape
-        if ex is not None and (
-            len(ex) != len(self.shape)
-            or any(e < 1 or (d != -1 and d != e) for d, e in zip(self.shape, ex, strict=True))
-        ):
-            raise ValueError(f"example_shape {ex} does not fit shape {self.shape}")
-        return self
-
-    def spec(self) -> TensorSpec:
-        return TensorSpec(self.name, self.datatype, tuple(self.shape))
-
-
-class OptimizeConfig(Strict):
-    """``optimize:`` of model.yaml: the correctness gate a cheaper variant must pass."""
-
-    min_top1_agreement: float = Field(
-        default=0.99, ge=0.0, le=1.0, description="top-1 agreement with fp32 on the gate set"
-    )
-    min_cosine: float = Field(
-        default=0.99, ge=-1.0, le=1.0, description="mean per-item cosine of outputs vs fp32"
-    )
-    gate_output: str | None = Field(
-        default=None, description="the output compared (default: the first declared)"
-    )
-    calibration: str | None = Field(
-        default=None,
-        description="a .npz of input arrays (named like the inputs, leading dim = items), "
-        "relative to the model folder; default: synthetic from the input spec",
-    )
-    calibration_items: int = Field(
-        default=512, ge=1, le=1_000_000, description="synthetic gate items (no calibration)"
-    )
-    variants: list[str] | None = Field(default=None, description="variants to build")
-    batch_sizes: list[int] | None = Field(default=None, description="batch sizes profiled")
-
-
-class ModelConfig(ModelOptions):
-    """``model.yaml``; the class, deadline and SLO fields are the scenario's (ModelOptions)."""
-
-    name: str = Field(min_length=1)
-    version: str = "1"
-    description: str | None = None
-    runtime: RuntimeName
-    max_batch_size: int = Field(ge=1, le=65536)
-    inputs: list[TensorConfig] = Field(min_length=1)
-    outputs: list[TensorConfig] = Field(min_length=1)
-    batching: Any = None
-    queue_timeout_ms: float | None = Field(default=None, gt=0, description="deadline_ms's old name")
-    max_queue_size: int | None = Field(default=None, ge=1)
-    profile: str | None = None
-    optimize: OptimizeConfig = Field(default_factory=OptimizeConfig)
-    use_variant: bool = True
-    emulated: dict[str, Any] | None = None
-    transformers: dict[str, Any] | None = None
-    torch: dict[str, Any] | None = None
-    onnx: dict[str, Any] | None = None
-
-    @field_validator("name", "version")
-    @classmethod
-    def _routable(cls, v: str) -> str:
-        if not wire.is_safe_name(v):
-            raise ValueError(
-                f"{v!r} is no path segment of a route: use {wire.NAME_CHARS}, at most "
-                f"{wire.MAX_NAME_LENGTH}, not '.' or '..'"
-            )
-        return v
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ModelConfig:
-        for kind in ("inputs", "outputs"):
-            names = [t.name for t in getattr(self, kind)]
-            dup = {n for n in names if names.count(n) > 1}
-            if dup:
-                raise ValueError(f"{kind}: name {sorted(dup)[0]!r} used twice")
-        gate = self.optimize.gate_output
-        if gate is not None and gate not in {t.name for t in self.outputs}:
-            raise ValueError(f"optimize.gate_output: {gate!r} is not a declared output")
-        if self.deadline_ms is not None and self.queue_timeout_ms is not None:
-            raise ValueError("deadline_ms, queue_timeout_ms: give one (both are the deadline)")
-        for other in RUNTIME_PARAMS:
-            if other not in ("emulated", self.runtime) and getattr(self, other) is not None:
-                raise ValueError(f"{other}: section given but runtime is {self.runtime!r}")
-        return self
-
-    @property
-    def deadline_s(self) -> float | None:
-        ms = self.deadline_ms if self.deadline_ms is not None else self.queue_timeout_ms
-        return None if ms is None else ms / 1000.0
 
 
 @dataclass
@@ -249,26 +94,21 @@ class ModelEntry:
             emulated_device=emulated_device,
         )
 
-    def batching_spec(self, override: Any = None) -> Any:
-        """The policy spec with the model's max_batch_size filled in where the policy has one."""
+    def batching(self, override: Any = None) -> Batching:
+        """The model's batching (``override``: the worker's ``--batching``; default
+        ``DEFAULT_BATCHING``) under the batch-cap rule (``sched.setup``): the model's
+        max_batch_size filled in where the policy has one, a larger batch refused."""
         spec = override if override is not None else self.config.batching
         if spec is None:
-            spec = {"policy": "fixed-window", "max_batch_delay_ms": 0}
-        name, raw = split_spec(spec, f"{self.source}: batching")
-        entry = BATCHING.entry(name, f"{self.source}: batching.policy")
-        if "max_batch_size" in entry.params_model.model_fields and "max_batch_size" not in raw:
-            raw["max_batch_size"] = self.config.max_batch_size
-        return {"policy": name, **raw}
+            spec = DEFAULT_BATCHING
+        return batching_setup(spec, self.config.max_batch_size, f"{self.source}: batching")
+
+    def batching_spec(self, override: Any = None) -> Any:
+        """The policy spec as the model runs it (``batching``)."""
+        return self.batching(override).spec
 
     def build_policy(self, override: Any = None) -> BatchingPolicy:
-        spec = self.batching_spec(override)
-        policy = BATCHING.build(spec, where=f"{self.source}: batching")
-        if policy.max_batch_size > self.config.max_batch_size:
-            raise ConfigError(
-                f"{self.source}: batching: the policy's batch size ({policy.max_batch_size}) "
-                f"exceeds max_batch_size ({self.config.max_batch_size})"
-            )
-        return policy
+        return self.batching(override).policy
 
     def latency_profile(self) -> LatencyProfile | None:
         if self.config.profile is None:
@@ -286,42 +126,6 @@ def _validate_section(source: Path, section: str, raw: dict[str, Any] | None) ->
         return RUNTIME_PARAMS[section].model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(f"{source}: {format_validation_error(exc, section)}") from exc
-
-
-#: The model.yaml fields that name a file (or, the last, a folder) in the model folder.
-OVERRIDE_PATHS: tuple[tuple[tuple[str, ...], bool], ...] = (
-    (("profile",), False),
-    (("emulated", "profile"), False),
-    (("torch", "file"), False),
-    (("onnx", "file"), False),
-    (("transformers", "pretrained_dir"), True),
-)
-
-
-def check_override_paths(directory: Path, override: Mapping[str, Any], where: str) -> None:
-    """The files a load's config override names (``OVERRIDE_PATHS``) must be in the model
-    folder and exist: ConfigError naming the field (``{where}.emulated.profile``) otherwise,
-    with the path as the client gave it (never the repository's). A Triton folder's
-    override (Triton's config JSON) names none."""
-    if triton_config.is_triton_folder(directory, MODEL_FILE):
-        return
-    inside = directory.resolve()
-    for keys, folder in OVERRIDE_PATHS:
-        value: Any = override
-        for k in keys:
-            value = value.get(k) if isinstance(value, Mapping) else None
-        if not isinstance(value, str) or not value:
-            continue  # absent, or the wrong type: the validation names it
-        field_name = f"{where}.{'.'.join(keys)}"
-        path = Path(value)
-        if path.is_absolute() or not (directory / path).resolve().is_relative_to(inside):
-            raise ConfigError(f"{field_name}: {value!r} is not a path inside the model folder")
-        full = directory / path
-        if not (full.is_dir() if folder else full.is_file()):
-            kind = "folder" if folder else "file"
-            raise ConfigError(
-                f"{field_name}: no {kind} {value!r} in the model folder {directory.name!r}"
-            )
 
 
 def load_model(

@@ -14,7 +14,7 @@ from evenserve.cluster.workers_section import DeviceEntry
 from evenserve.core.errors import ConfigError
 from evenserve.core.options import DeviceOptions, ModelOptions, QueueOptions
 from evenserve.core.scenario import ArmSpec, DeviceSpec, ModelSpec
-from evenserve.worker.repository import ModelConfig
+from evenserve.worker.model_config import ModelConfig
 
 
 def _worker_flags() -> set[str]:

@@ -13,14 +13,13 @@ from evenserve.core.errors import ConfigError
 from evenserve.core.profile import load_profile_set
 from evenserve.core.scenario import default_load_times_s
 from evenserve.experiment.cluster import (
-    live_batching,
+    model_cap_overrides,
     write_arm_cluster,
     write_payloads,
     write_profile_sets,
 )
 from evenserve.experiment.scaling import scale_scenario
 from evenserve.gateway.placement_catalogue import cluster_setup
-from evenserve.policy.batching import BATCHING
 from evenserve.sim.loader import LoadedScenario, load_scenario
 
 from .scenarios import REPO, scenario, write
@@ -41,17 +40,28 @@ def test_profile_sets_are_written_as_scaled(tmp_path: Path) -> None:
         assert back[m].batches == p.batches and back[m].weights_mb == p.weights_mb
 
 
-def test_live_batching_makes_the_simulators_batch_size_explicit() -> None:
-    default = BATCHING.build("fixed-window", where="t").max_batch_size
-    spec, n = live_batching({"policy": "fixed-window", "max_batch_delay_ms": 2}, "t")
-    assert spec == {"policy": "fixed-window", "max_batch_delay_ms": 2, "max_batch_size": default}
-    assert n == default
-    assert live_batching({"policy": "fixed-window", "max_batch_size": 3}, "t")[1] == 3
-    assert live_batching("none", "t") == ({"policy": "none"}, 1)
-    assert live_batching({"policy": "static", "batch_size": 6}, "t") == (
-        {"policy": "static", "batch_size": 6},
-        6,
-    )
+def test_the_models_caps_come_from_the_repository_where_the_scenario_gives_none(
+    tmp_path: Path,
+) -> None:
+    """The worker applies the batch-cap rule itself: the arm's spec goes as written, with the
+    scenario model's max_batch_size; the bench gives a model without one its model.yaml's,
+    so the simulator applies the rule with the same cap."""
+    models = {"resnet50": {"slo_ms": 10, "max_batch_size": 16}, "bert-base": {"slo_ms": 15}}
+    arms = {"a": {"routing": "round-robin", "batching": "fixed-window"}}
+    path = write(tmp_path, scenario(models=models, arms=arms))
+    source = yaml.safe_load((REPO / "bert-base" / "model.yaml").read_text())
+    caps = model_cap_overrides(load_scenario(path), REPO)
+    assert caps == [f"models.bert-base.max_batch_size={source['max_batch_size']}"]
+    loaded = load_scenario(path, caps)
+    assert loaded.scenario.models["bert-base"].max_batch_size == source["max_batch_size"]
+    scaled = scale_scenario(loaded, 5.0, 20.0, 4.0, tmp_path)
+    dirs = write_profile_sets(scaled, tmp_path / "w")
+    write_arm_cluster(scaled, "a", REPO, tmp_path / "w", dirs, seed=9)
+    repo = tmp_path / "w" / "repo"
+    resnet = yaml.safe_load((repo / "resnet50" / "model.yaml").read_text())
+    bert = yaml.safe_load((repo / "bert-base" / "model.yaml").read_text())
+    assert resnet["batching"] == "fixed-window" and resnet["max_batch_size"] == 16
+    assert bert["max_batch_size"] == source["max_batch_size"]
 
 
 def test_an_arm_compiled_into_a_cluster(tmp_path: Path) -> None:
@@ -64,17 +74,13 @@ def test_an_arm_compiled_into_a_cluster(tmp_path: Path) -> None:
     source = yaml.safe_load((REPO / "resnet50" / "model.yaml").read_text())
     assert resnet["inputs"] == source["inputs"] and resnet["outputs"] == source["outputs"]
     assert resnet["emulated"] == {"profile_name": "resnet50"} and "profile" not in resnet
-    assert resnet["batching"] == {
-        "policy": "fixed-window",
-        "max_batch_delay_ms": 2,
-        "max_batch_size": 8,
-    }
-    assert bert["batching"] == {"policy": "none"}  # the arm's per-model batching
+    assert resnet["batching"] == {"policy": "fixed-window", "max_batch_delay_ms": 2}
+    assert bert["batching"] == "none"  # the arm's per-model batching, as written
     # The scaled SLO and deadline, the class.
     assert (resnet["slo_ms"], resnet["deadline_ms"], resnet["priority"]) == (50.0, 150.0, "online")
     assert (bert["slo_ms"], bert["priority"], bert["deadline_ms"]) == (75.0, 0, None)
     assert "queue_timeout_ms" not in resnet and "max_queue_size" not in resnet
-    assert resnet["max_batch_size"] == max(source["max_batch_size"], 8)
+    assert resnet["max_batch_size"] == source["max_batch_size"]  # the scenario gives none
 
     raw = yaml.safe_load(path.read_text())
     gw = raw["gateway"]

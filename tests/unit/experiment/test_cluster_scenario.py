@@ -10,8 +10,9 @@ import yaml
 
 from evenserve.cluster.file import load_cluster
 from evenserve.core.errors import ConfigError
-from evenserve.experiment.cluster import live_batching, write_arm_cluster, write_profile_sets
+from evenserve.experiment.cluster import write_arm_cluster, write_profile_sets
 from evenserve.experiment.cluster_scenario import cluster_scenario, replay_on_cluster
+from evenserve.sched import batching_setup
 from evenserve.sim.loader import LoadedScenario, load_scenario
 from evenserve.workload import Arrival, write_trace
 
@@ -59,7 +60,8 @@ def test_a_scenario_arm_round_trips_through_its_cluster(tmp_path: Path, arm: str
     assert got_arm.class_headroom == want.class_headroom
     for m in sc.models:
         spec = want.batching_per_model.get(m, want.batching)
-        assert got_arm.batching_per_model[m] == live_batching(spec, "t")[0]
+        cap = yaml.safe_load((REPO / m / "model.yaml").read_text())["max_batch_size"]
+        assert got_arm.batching_per_model[m] == batching_setup(spec, cap, "t").spec
     assert back.signals == sc.signals
     # The profiles are the scenario's (written out and read back).
     ps = cluster_scenario(load_cluster(path)).profile_sets

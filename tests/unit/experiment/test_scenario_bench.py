@@ -13,6 +13,7 @@ from evenserve.experiment.scenario_bench import (
     ScenarioBench,
     bench_meta,
     bench_notes,
+    bench_source,
     bench_summary,
     plan_bench,
     simulate_arms,
@@ -37,6 +38,12 @@ def test_plan_defaults_and_choices(tmp_path: Path) -> None:
     assert plan.scaled.scenario.models["resnet50"].slo_ms == 40.0
     assert plan.folder == tmp_path / "out" and plan.folder.is_dir()
     assert (plan.profile_dirs["a10"] / "resnet50.yaml").is_file()
+    # The scenario gives no model a batch cap: each gets its model.yaml's, as the workers
+    # have it, and the summary's source carries it (a replay applies the same rule).
+    caps = {m: plan.scaled.scenario.models[m].max_batch_size for m in ("resnet50", "bert-base")}
+    assert caps == {"resnet50": 64, "bert-base": 64}
+    assert plan.overrides == [f"models.{m}.max_batch_size=64" for m in ("resnet50", "bert-base")]
+    assert bench_source(plan)["set"] == plan.overrides
     # A shorter run keeps the scenario's warm-up share unless told otherwise.
     plan = _plan(tmp_path, duration_s=5.0, seed=11, arms=["classes"])
     assert (plan.duration_s, plan.warmup_s, plan.seed) == (5.0, 1.0, 11)

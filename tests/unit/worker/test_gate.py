@@ -8,14 +8,9 @@ import pytest
 from evenserve.core.errors import ConfigError
 from evenserve.runtime.device import parse_device
 from evenserve.worker.gate import compare
-from evenserve.worker.optimize import (
-    VARIANTS,
-    VariantResult,
-    _choose,
-    parse_variants,
-    precision_check,
-    throughput,
-)
+from evenserve.worker.optimize.checks import precision_check, throughput
+from evenserve.worker.optimize.selection import VariantResult, choose
+from evenserve.worker.optimize.variants import VARIANTS, parse_variants
 
 CPU = parse_device("cpu")
 
@@ -126,8 +121,8 @@ def test_choose_takes_the_fastest_usable_variant() -> None:
     fast = VariantResult(VARIANTS["int8-dynamic"], status="rejected", throughput_rps=300.0)
     ok = VariantResult(VARIANTS["onnxruntime"], throughput_rps=200.0)
     ref = VariantResult(VARIANTS["fp32"], throughput_rps=100.0)
-    assert _choose({"fp32": ref, "int8-dynamic": fast, "onnxruntime": ok}) == "onnxruntime"
-    assert _choose({"fp32": VariantResult(VARIANTS["fp32"], status="rejected")}) is None
+    assert choose({"fp32": ref, "int8-dynamic": fast, "onnxruntime": ok}) == "onnxruntime"
+    assert choose({"fp32": VariantResult(VARIANTS["fp32"], status="rejected")}) is None
 
 
 def test_parse_variants_puts_fp32_first_and_names_unknown_ones() -> None:

@@ -13,11 +13,11 @@ from evenserve.worker.kserve import (
     ModelSignature,
     ProtocolError,
     RequestedOutput,
-    encode_infer_response,
     parse_header_length,
     parse_infer_request,
     request_class,
 )
+from evenserve.worker.kserve_encode import encode_infer_response
 
 SIG = ModelSignature(
     name="m",

@@ -61,7 +61,10 @@ def test_defaults(tmp_path: Path) -> None:
         ({"inputs": []}, "inputs: List should have at least 1"),
         ({"outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}] * 2}, "outputs: name 'y'"),
         ({"batching": {"policy": "warp-speed"}}, "batching.policy: unknown batching policy"),
-        ({"batching": {"policy": "static", "batch_size": 99}}, "exceeds max_batch_size (8)"),
+        (
+            {"batching": {"policy": "static", "batch_size": 99}},
+            "exceeds the model's max_batch_size (8)",
+        ),
         (
             {"batching": {"policy": "fixed-window", "max_batch_delay_ms": -1}},
             "batching.max_batch_delay_ms",

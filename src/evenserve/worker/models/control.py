@@ -24,6 +24,7 @@ from evenserve.metrics.worker import WorkerMetrics
 from evenserve.runtime.host_pool import HostPool
 from evenserve.worker.device import Device, gib
 from evenserve.worker.driver import BatchDriver
+from evenserve.worker.load_override import OVERRIDE_WHERE, check_override_paths, ignored_override
 from evenserve.worker.models.loading import (
     LOAD_INFO_KEYS,
     build,
@@ -32,7 +33,6 @@ from evenserve.worker.models.loading import (
     release,
 )
 from evenserve.worker.models.loadwait import LoadWaits, LoadWatch
-from evenserve.worker.models.override import OVERRIDE_WHERE, ignored_override
 from evenserve.worker.models.registry import (
     LOADING,
     READY,
@@ -46,7 +46,6 @@ from evenserve.worker.repository import (
     MODEL_FILE,
     VARIANT_FILE,
     ModelEntry,
-    check_override_paths,
     load_model,
     model_folders,
 )
