@@ -61,7 +61,8 @@ def gateway(
     """Run the gateway: KServe v2 HTTP API routing to the cluster's backends."""
     from evenserve.cluster.admin_token import write_private
     from evenserve.cluster.file import load_cluster
-    from evenserve.gateway.server import Gateway, listening_socket, serve
+    from evenserve.gateway.listen import listening_socket, serve
+    from evenserve.gateway.server import Gateway
 
     if port is not None and not 0 <= port <= 65535:
         fail(f"--port: must be in 0..65535 (got {port})")

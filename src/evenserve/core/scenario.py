@@ -246,6 +246,13 @@ class ArmSpec(QueueOptions):
             "the SLO (live: the gateway's overload.enabled)"
         ),
     )
+    retries: int = Field(
+        default=1,
+        ge=0,
+        le=3,
+        description="other devices a request is tried on when one refuses it at once (queue "
+        "full, draining), as the gateway retries (live: the gateway's forward.retries)",
+    )
     description: str | None = None
     devices: list[str] | None = Field(
         default=None, description="the (expanded) devices this arm runs on; default: all"

@@ -20,11 +20,9 @@ The HTTP server is ``httpio.server`` (asyncio protocol + httptools; design note 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import random
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -38,18 +36,19 @@ from evenserve.core import wire
 from evenserve.core.clock import Clock, RealClock
 from evenserve.core.errors import ProfileError
 from evenserve.core.profile import LatencyProfile, load_profile_set
-from evenserve.core.requestlog import Recorder, RecordSettings, parse_log_query
+from evenserve.core.requestlog import Recorder, RecordSettings
 from evenserve.gateway.admin import AdminAPI
+from evenserve.gateway.answers import Answer
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.device_scaling import parse_scale_report
-from evenserve.gateway.dispatcher import Answer, Dispatcher
+from evenserve.gateway.dispatcher import Dispatcher
 from evenserve.gateway.params_api import GatewayParams
 from evenserve.gateway.placement import PlacementDriver
+from evenserve.gateway.placement_api import PlacementAPI
 from evenserve.gateway.placement_catalogue import DeviceSetup, cluster_setup
 from evenserve.gateway.poller import Poller
+from evenserve.gateway.request_log import RequestLogAPI, record_answer
 from evenserve.gateway.stats import collect_all_stats, collect_model_stats
 from evenserve.httpio.server import Limits, Request, Response, json_bytes, json_response
-from evenserve.httpio.serving import Serving
 from evenserve.metrics.gateway import BackendFigures, GatewayMetrics
 from evenserve.policy.placement import ModelInfo
 from evenserve.policy.routing import ROUTING
@@ -165,11 +164,8 @@ class Gateway:
             ("GET", wire.METRICS_PATH): self.prometheus,
             **self.admin.routes(),
             **self.params.routes(),
-            ("GET", "/admin/placement"): self.admin.guard(self.placement_view),
-            ("GET", "/admin/scale"): self.admin.guard(self.scale_view),
-            ("POST", "/admin/scale"): self.admin.guard(self.scale_report),
-            ("GET", "/admin/log"): self.admin.guard(self.log_view),
-            ("GET", "/admin/record"): self.admin.guard(self.record_view),
+            **PlacementAPI(self).routes(self.admin.guard),
+            **RequestLogAPI(self).routes(self.admin.guard),
         }
         self._paths = {p for _, p in self._exact}
         #: Inference routes split before (``_infer_route``).
@@ -211,52 +207,6 @@ class Gateway:
             "POST", self.registry.url(name), path, b"{}", {"content-type": "application/json"}
         )
         return reply.status, reply.body
-
-    async def placement_view(self, request: Request) -> Response:
-        if self.placement is None:
-            return _error(404, "placement is off (no gateway.placement in the cluster file)")
-        return _json(self.placement.view())
-
-    async def scale_view(self, request: Request) -> Response:
-        """What the launcher is asked to do: ``[{device, action: start | stop}]``."""
-        if self.placement is None:
-            return _error(404, "placement is off (no gateway.placement in the cluster file)")
-        return _json({"requests": self.placement.scale_requests()})
-
-    async def scale_report(self, request: Request) -> Response:
-        """The launcher reports ``{"device": D, "event": "started" | "stopped"}``."""
-        if self.placement is None:
-            return _error(404, "placement is off (no gateway.placement in the cluster file)")
-        try:
-            dev, event = parse_scale_report(request.body)
-            if dev not in self.placement.controller.devices:
-                raise ValueError(f"device: no device {dev!r}")
-            if event == "stopped":
-                self.placement.stopped(dev)
-        except ValueError as exc:
-            return _error(400, str(exc))
-        return _json({"device": dev, "event": event})
-
-    async def log_view(self, request: Request) -> Response:
-        """The request log's recent window as JSONL (a trace: ``t_s`` from the first record
-        returned; query ``since_unix_s``, ``since_seq``, ``limit``)."""
-        if self.recorder is None:
-            return _error(404, "recording is off (no --record and no gateway.record)")
-        try:
-            q = parse_log_query(request.query)
-        except ValueError as exc:
-            return _error(400, str(exc))
-        body, origin, last = await asyncio.to_thread(self.recorder.lines, q)
-        headers = {"content-type": "application/x-ndjson", wire.LOG_LAST_SEQ_HEADER: str(last)}
-        if origin is not None:
-            headers[wire.LOG_ORIGIN_HEADER] = repr(round(origin, 6))
-        return Response(200, body, headers)
-
-    async def record_view(self, request: Request) -> Response:
-        """The request log's counters (records, dropped, in the window, the file's size)."""
-        if self.recorder is None:
-            return _error(404, "recording is off (no --record and no gateway.record)")
-        return _json(self.recorder.status())
 
     async def startup(self) -> None:
         if self.recorder is not None:
@@ -322,7 +272,7 @@ class Gateway:
         t_s, unix_s, h = rec.clock.now(), time.time(), request.headers
 
         def answered(a: Answer) -> None:
-            self._record(rec, t_s, unix_s, model, h, a)
+            record_answer(rec, t_s, unix_s, model, h, a)
             respond(_answer(a))
 
         self.dispatcher.infer_fast(model, path, request.body, h, answered)
@@ -344,22 +294,6 @@ class Gateway:
         if len(self._infer_routes) < INFER_ROUTES:
             self._infer_routes[raw_path] = route
         return route
-
-    @staticmethod
-    def _record(
-        rec: Recorder, t_s: float, unix_s: float, model: str, h: Mapping[str, str], a: Answer
-    ) -> None:
-        rec.add(
-            t_s,
-            unix_s,
-            model,
-            h.get(wire.PRIORITY_HEADER),
-            h.get(wire.DEADLINE_HEADER),
-            a.backend,
-            a.status,
-            a.header(wire.QUEUE_MS_HEADER),
-            a.header(wire.COMPUTE_MS_HEADER),
-        )
 
     # -- the handler --------------------------------------------------------------------------
     async def __call__(self, request: Request) -> Response:
@@ -388,7 +322,7 @@ class Gateway:
                 ans = await self.dispatcher.infer(
                     model, found.path(), request.body, request.headers
                 )
-                self._record(rec, t_s, unix_s, model, request.headers, ans)
+                record_answer(rec, t_s, unix_s, model, request.headers, ans)
                 return _answer(ans)
             if method != "GET":
                 return _error(405, f"{path[:200]!r} takes GET")
@@ -455,39 +389,3 @@ class Gateway:
 
     async def prometheus(self, request: Request) -> Response:
         return Response(200, self.metrics.render(), {"content-type": "text/plain; version=0.0.4"})
-
-
-def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (SO_REUSEADDR; SO_REUSEPORT with ``reuse_port``),
-    for ``serve``: bound before the gateway starts, so a port that cannot be had is an error
-    at once (OSError, OverflowError for a port outside 0..65535)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def serve(
-    gateway: Gateway,
-    host: str | None = None,
-    port: int | None = None,
-    sock: socket.socket | None = None,
-) -> None:
-    """Run the gateway until SIGINT/SIGTERM (open requests are answered first), on uvloop;
-    on ``sock`` (``listening_socket``) when given, else on ``host:port``."""
-    cfg = gateway.cfg
-    Serving(
-        gateway,
-        host or gateway.host,
-        port or cfg.port,
-        sock=sock,
-        limits=gateway.limits,
-        drain_timeout_s=10,
-        reuse_port=cfg.reuse_port,
-    ).run()

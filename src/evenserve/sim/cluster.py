@@ -15,14 +15,17 @@ Theory of operation. Everything happens on one EventLoop with a virtual clock.
 - An arm with ``placement`` loads and unloads models and turns devices on and off
   (sim.placement; the controller is policy.placement.controller). Without it every device
   of the arm hosts its models the whole run, on from start to end.
-- An arm with ``gateways: N`` > 1 runs N Routers (design 0013), each with its own sends and
-  its own reports (gateway g hears the devices at its own phase, ``gateway_offsets_ms``,
-  default g * interval / N); arrivals split across them as an L4 balancer does: a
-  closed-loop user keeps its gateway (its connection), other arrivals go round robin. Each
-  router assumes ``gateway_replicas`` gateways (default N; 1: the naive router).
+- Arrivals are routed by the front (sim.front): the gateway's front-door rules
+  (policy.routing.dispatch) over each gateway's Router. An arm with ``gateways: N`` > 1
+  runs N Routers (design 0013), each with its own sends and its own reports (gateway g
+  hears the devices at its own phase, ``gateway_offsets_ms``, default g * interval / N);
+  arrivals split across them as an L4 balancer does. Each router assumes
+  ``gateway_replicas`` gateways (default N; 1: the naive router).
 - An arm with ``overload_refusals`` drops a request as ``overloaded`` when the Router's
   refusal rule holds (every host full or predicted late past the SLO), as the gateway with
-  ``overload.enabled`` answers 429; off by default, as the live bench's gateway is.
+  ``overload.enabled`` answers 429; off by default, as the live bench's gateway is. A
+  device that refuses a request at once (queue full, draining) has it tried on another, up
+  to ``retries`` more, as the gateway retries (``forward.retries``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from evenserve.core.scenario import (
     OpenLoop,
     TraceWorkload,
 )
-from evenserve.core.wire import LOAD_TIMEOUT, NO_BACKEND, OVERLOADED
+from evenserve.core.wire import LOAD_TIMEOUT
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import batching_label, spec_label
 from evenserve.policy.routing import ROUTING, Router
@@ -57,6 +60,7 @@ from evenserve.sched import (
 from evenserve.sim.central import CentralQueue
 from evenserve.sim.device import SimDevice, SimRequest
 from evenserve.sim.engine import EventLoop
+from evenserve.sim.front import SimFront
 from evenserve.sim.loader import LoadedScenario
 from evenserve.sim.placement import SimPlacement
 from evenserve.workload import (
@@ -108,8 +112,8 @@ class Simulation:
         #: Every gateway's router (``router`` is the first); with several, which gateway
         #: routed each request in flight (by log index).
         self.routers: list[Router] = []
-        self._gateway_of: dict[int, int] = {}
-        self._next_gateway = 0
+        #: The front door (``sim.front``): the routers under the gateway's rules.
+        self.front: SimFront | None = None
         self._slo = {m: spec.slo_ms for m, spec in sc.models.items()}
         self._users: ClosedLoopUsers | None = None
         #: One bound method for every open-loop arrival event (``_open_arrival``, or
@@ -124,11 +128,10 @@ class Simulation:
             self._build_devices()
             if self.placement is not None:
                 self._arrive = self.placement.arrive
-            elif len(self.routers) > 1:
-                self._arrive = self._gateway_arrival
             else:
                 self._arrive = self._routed_arrival
-                self._open_arrival_cb = self._open_arrival_routed
+                if len(self.routers) == 1:
+                    self._open_arrival_cb = self._open_arrival_routed
 
     def batching(self, model: str, rng: random.Random | None = None) -> Batching:
         """``model``'s batching in this arm under the batch-cap rule the worker applies
@@ -228,8 +231,18 @@ class Simulation:
                 )
             self.routers.append(router)
         self.router = self.routers[0]
+        pl = None
         if placed:
-            self.placement = SimPlacement(self, built)
+            pl = self.placement = SimPlacement(self, built)
+        self.front = SimFront(
+            self.routers,
+            retries=arm.retries,
+            refusals=self.refusals,
+            models=sc.models,
+            offer=self._offer if pl is None else pl.offer,
+            drop=self.drop,
+            done=None if pl is None else pl.done_one,
+        )
 
     # -- workload ---------------------------------------------------------------------------
     def _new_request(
@@ -307,20 +320,9 @@ class Simulation:
         if idx >= self._log_room:
             self._grow_log()
         r = SimRequest(idx + 1, m, now, prio, deadline_s, 1, QUEUED, idx, -1)
-        router = self.router
-        assert router is not None
-        if self.refusals and router.refusal(m, now) is not None:
-            self.drop(r, OVERLOADED, None)
-        else:
-            view = router.choose(r, now)
-            if view is None:
-                self.drop(r, NO_BACKEND, None)
-            else:
-                name = view.name
-                router.sent(name, m, now)
-                reason = self.by_name[name].sched.offer(r, now)
-                if reason is not None:
-                    self.drop(r, reason, name)
+        front = self.front
+        assert front is not None
+        front.route(r, 0, now)
         t = proc.next_after(now)
         if t < self.end_s:
             loop.at(t, self._open_arrival_cb, arg)
@@ -360,7 +362,8 @@ class Simulation:
         thinks again; the router hears that a request sent to ``device`` is done."""
         self.log.drop_reason[r.idx] = reason
         if len(self.routers) > 1:
-            g = self._gateway_of.pop(r.idx, None)
+            assert self.front is not None
+            g = self.front.gateway_of.pop(r.idx, None)
             if device is not None and g is not None:
                 self.routers[g].done(device, r.model)
         elif device is not None and self.router is not None:
@@ -383,7 +386,8 @@ class Simulation:
                 self._schedule_user(r.user, self.overhead_s)
         if len(self.routers) > 1:
             per: dict[int, int] = {}
-            gw = self._gateway_of
+            assert self.front is not None
+            gw = self.front.gateway_of
             for r in batch.requests:
                 g = gw.pop(r.idx)
                 per[g] = per.get(g, 0) + 1
@@ -394,35 +398,14 @@ class Simulation:
             if self.placement is not None:
                 self.placement.done(batch.model, device, len(batch.requests))
 
-    def _gateway_arrival(self, r: SimRequest) -> None:
-        """Several gateways: the balancer's pick (a closed-loop user's connection stays on
-        one gateway; other arrivals go round robin), then that gateway's router."""
-        n = len(self.routers)
-        if r.user >= 0:
-            g = r.user % n
-        else:
-            g = self._next_gateway
-            self._next_gateway = (g + 1) % n
-        self._gateway_of[r.idx] = g
-        self._routed_arrival(r, self.routers[g])
+    def _offer(self, name: str, r: SimRequest, now: float) -> str | None:
+        """The front's try of ``r`` on device ``name``: its scheduler takes it or refuses."""
+        return self.by_name[name].sched.offer(r, now)
 
-    def _routed_arrival(self, r: SimRequest, router: Router | None = None) -> None:
-        if router is None:
-            router = self.router
-        assert router is not None
-        now = self.loop.now
-        if self.refusals and router.refusal(r.model, now) is not None:
-            self.drop(r, OVERLOADED, None)
-            return
-        view = router.choose(r, now)
-        if view is None:
-            self.drop(r, NO_BACKEND, None)
-            return
-        name = view.name
-        router.sent(name, r.model, now)
-        reason = self.by_name[name].sched.offer(r, now)
-        if reason is not None:
-            self.drop(r, reason, name)
+    def _routed_arrival(self, r: SimRequest) -> None:
+        front = self.front
+        assert front is not None
+        front.arrive(r, self.loop.now)
 
     # -- signals ----------------------------------------------------------------------------
     def gateway_offsets_s(self) -> list[float]:

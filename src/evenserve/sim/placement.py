@@ -51,6 +51,7 @@ from evenserve.policy.placement.burst import BurstClock
 from evenserve.policy.placement.controller import PlacementController
 from evenserve.policy.routing import Router
 from evenserve.sim.device import SimDevice, SimHost, SimRequest
+from evenserve.sim.front import SimFront
 
 GIB = 1024.0**3
 
@@ -59,6 +60,7 @@ class PlacementHost(SimHost, Protocol):
     """What the placement driver needs of the simulation that holds it."""
 
     router: Router | None
+    front: SimFront | None
     log: RequestLog
     refusals: bool
     end_s: float
@@ -155,15 +157,27 @@ class SimPlacement:
                 return
             name = dev
         router.sent(name, r.model, now)
-        ctl.sent(r.model, name, now)
+        reason = self.offer(name, r, now)
+        if reason is not None:  # the next device, as the gateway's rules say (sim.front)
+            front = sim.front
+            assert front is not None
+            front.refused(r, 0, name, reason, now)
+
+    def offer(self, name: str, r: SimRequest, now: float) -> str | None:
+        """A try of ``r`` on device ``name`` (the front's, with placement): the controller
+        counts it sent; parked while its model's load waits for room (taken), else offered
+        to the device's scheduler (None, or the reason it refused)."""
+        self.controller.sent(r.model, name, now)
         pd = self.devices[name]
         sched = pd.sim_device.sched
         if r.model not in sched.models:  # its load waits for room: park it until it starts
             pd.parked.setdefault(r.model, []).append(r)
-            return
-        reason = sched.offer(r, now)
-        if reason is not None:
-            sim.drop(r, reason, name)
+            return None
+        return sched.offer(r, now)
+
+    def done_one(self, model: str, device: str) -> None:
+        """A try on ``device`` refused at the door is over (the front tries the next)."""
+        self.done(model, device, 1)
 
     def done(self, model: str, device: str, n: int) -> None:
         """``n`` requests sent to ``device`` were answered or dropped."""

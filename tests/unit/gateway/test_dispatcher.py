@@ -16,8 +16,9 @@ from evenserve.core.clock import FakeClock
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample
 from evenserve.core.wire import BACKEND_HEADER, OVERLOADED, REASON_HEADER
+from evenserve.gateway.answers import RELAY_RESPONSE_HEADERS, GrpcReply
 from evenserve.gateway.backends import BackendRegistry
-from evenserve.gateway.dispatcher import RELAY_RESPONSE_HEADERS, Dispatcher, GrpcReply
+from evenserve.gateway.dispatcher import Dispatcher
 from evenserve.metrics.gateway import GatewayMetrics
 from evenserve.policy.routing import ROUTING
 from evenserve.policy.routing.router import LEARN_MIN_ANSWERS
@@ -263,7 +264,7 @@ async def test_completions_settle_the_routers_send_count_between_polls() -> None
 
 
 def test_outcome_labels_are_the_declared_ones() -> None:
-    from evenserve.gateway.dispatcher import outcome_of
+    from evenserve.gateway.answers import outcome_of
     from evenserve.metrics.names import GATEWAY_OUTCOMES
 
     assert {outcome_of(s) for s in (200, 204, 400, 404, 429, 500, 503)} <= set(GATEWAY_OUTCOMES)
@@ -358,3 +359,40 @@ async def test_grpc_excluded_backends_are_never_tried_and_timeouts_eject() -> No
     a = await d.infer_grpc("m", stuck)
     assert a.status == 504 and a.grpc is None
     assert not reg.is_healthy(a.headers[BACKEND_HEADER])
+
+
+async def test_the_router_receives_class_and_deadline_on_every_path() -> None:
+    """Parsed at admission into the RequestInfo the router chooses with: the HTTP headers,
+    the relayed gRPC path's metadata; a value that does not parse leaves the default and is
+    forwarded as it came (the worker refuses it)."""
+    from evenserve.core.types import RequestInfo
+    from evenserve.core.wire import DEADLINE_HEADER, OFFLINE, ONLINE, PRIORITY_HEADER
+
+    forwarded: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        forwarded.append(request.headers.get(PRIORITY_HEADER))
+        return ok(request)
+
+    d, reg, clock = setup(handler)
+    seen: list[RequestInfo] = []
+    choose = reg.router.choose
+
+    def spy(request: RequestInfo, now_s: float, exclude: object = ()) -> object:
+        seen.append(request)
+        return choose(request, now_s, exclude)  # type: ignore[arg-type]
+
+    reg.router.choose = spy  # type: ignore[assignment]
+    headers = {PRIORITY_HEADER: "offline", DEADLINE_HEADER: "250"}
+    await d.infer("m", "/v2/models/m/infer", b"{}", headers)
+    await d.infer("m", "/v2/models/m/infer", b"{}", {PRIORITY_HEADER: "urgent"})
+
+    async def send(name: str) -> GrpcReply:
+        return GrpcReply(200, None, "OK", response=name)
+
+    await d.infer_grpc("m", send, (), {PRIORITY_HEADER: "7", DEADLINE_HEADER: "1500.5"})
+    http, bad, relayed = seen
+    assert (http.priority, http.deadline_s) == (OFFLINE, clock.now() + 0.25)
+    assert (bad.priority, bad.deadline_s) == (ONLINE, None)
+    assert forwarded == ["offline", "urgent"]
+    assert (relayed.priority, relayed.deadline_s) == (7, clock.now() + 1.5005)

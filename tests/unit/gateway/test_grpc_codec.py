@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
 from evenserve.core.tensors import CONTENTS_FIELD, DATATYPES
+from evenserve.gateway import grpc_answer as acodec
 from evenserve.gateway import grpc_codec as codec
 from evenserve.runtime.base import TensorSpec
 from evenserve.worker import kserve
@@ -245,7 +246,7 @@ def test_a_binary_answer_becomes_raw_output_contents() -> None:
         parameters={"flag": True, "count": 3, "big": 2**63 + 5, "ratio": 0.5, "text": "t",
                     "nested": {"dropped": 1}, "none": None},
     )  # fmt: skip
-    resp = service_pb2.ModelInferResponse.FromString(codec.to_grpc(body, n, True))
+    resp = service_pb2.ModelInferResponse.FromString(acodec.to_grpc(body, n, True))
     assert (resp.model_name, resp.model_version, resp.id) == ("m", "3", "r9")
     assert [(o.name, o.datatype, list(o.shape)) for o in resp.outputs] == [
         ("y", "FP32", [2, 3]),
@@ -258,7 +259,7 @@ def test_a_binary_answer_becomes_raw_output_contents() -> None:
     assert p["big"].uint64_param == 2**63 + 5 and p["ratio"].double_param == 0.5
     assert p["text"].string_param == "t" and set(p) == {"flag", "count", "big", "ratio", "text"}
     # The same body as memoryview (a relayed answer's bytes after its head).
-    assert codec.to_grpc(memoryview(b"HEAD" + body)[4:], n, True) == codec.to_grpc(body, n, True)
+    assert acodec.to_grpc(memoryview(b"HEAD" + body)[4:], n, True) == acodec.to_grpc(body, n, True)
 
 
 @pytest.mark.parametrize(("datatype", "values", "raw"), TYPED, ids=[t[0] for t in TYPED])
@@ -266,7 +267,7 @@ def test_typed_outputs_when_the_client_asks_for_them(
     datatype: str, values: list[Any], raw: np.ndarray
 ) -> None:
     body, n = answer([("y", datatype, [1, 3], raw.tobytes())])
-    resp = service_pb2.ModelInferResponse.FromString(codec.to_grpc(body, n, False))
+    resp = service_pb2.ModelInferResponse.FromString(acodec.to_grpc(body, n, False))
     assert not resp.raw_output_contents
     got = list(getattr(resp.outputs[0].contents, CONTENTS_FIELD[datatype]))
     assert got == pytest.approx(values) if datatype.startswith("FP") else got == values
@@ -274,15 +275,15 @@ def test_typed_outputs_when_the_client_asks_for_them(
 
 def test_typed_bytes_outputs_and_fp16_which_has_none() -> None:
     body, n = answer([("s", "BYTES", [1, 2], lengths([b"hi", b""]))])
-    resp = service_pb2.ModelInferResponse.FromString(codec.to_grpc(body, n, False))
+    resp = service_pb2.ModelInferResponse.FromString(acodec.to_grpc(body, n, False))
     assert list(resp.outputs[0].contents.bytes_contents) == [b"hi", b""]
     half = np.ones(2, dtype="<f2")
     body, n = answer([("h", "FP16", [1, 2], half.tobytes())])
     assert service_pb2.ModelInferResponse.FromString(
-        codec.to_grpc(body, n, True)
+        acodec.to_grpc(body, n, True)
     ).raw_output_contents == [half.tobytes()]
     with pytest.raises(codec.CodecError, match="output 'h': 'FP16' has no typed contents"):
-        codec.to_grpc(body, n, False)
+        acodec.to_grpc(body, n, False)
 
 
 def test_json_data_outputs_are_made_raw() -> None:
@@ -296,7 +297,7 @@ def test_json_data_outputs_are_made_raw() -> None:
             ],
         }
     ).encode()
-    resp = service_pb2.ModelInferResponse.FromString(codec.to_grpc(body, None, True))
+    resp = service_pb2.ModelInferResponse.FromString(acodec.to_grpc(body, None, True))
     assert list(resp.raw_output_contents) == [
         np.array([1.5, -2.0], dtype="<f4").tobytes(),
         lengths([b"ab"]),
@@ -335,26 +336,26 @@ CUT = (
 def test_an_answer_that_is_not_an_inference_response_is_a_bad_answer(
     body: bytes, n: str | None, message: str
 ) -> None:
-    with pytest.raises(codec.BadAnswer) as err:
-        codec.to_grpc(body, n, True)
+    with pytest.raises(acodec.BadAnswer) as err:
+        acodec.to_grpc(body, n, True)
     assert message in str(err.value)
 
 
 def test_cut_bytes_elements_and_misaligned_typed_outputs_are_bad_answers() -> None:
     body, n = answer([("s", "BYTES", [1], struct.pack("<I", 9) + b"ab")])
-    with pytest.raises(codec.BadAnswer, match="runs past"):
-        codec.to_grpc(body, n, False)
+    with pytest.raises(acodec.BadAnswer, match="runs past"):
+        acodec.to_grpc(body, n, False)
     body, n = answer([("y", "FP32", [1], b"abc")])
-    with pytest.raises(codec.BadAnswer, match="3 bytes are no FP32 tensor"):
-        codec.to_grpc(body, n, False)
+    with pytest.raises(acodec.BadAnswer, match="3 bytes are no FP32 tensor"):
+        acodec.to_grpc(body, n, False)
 
 
 def test_error_messages() -> None:
-    assert codec.error_message(b'{"error": "queue-full: model m"}', 429) == "queue-full: model m"
-    assert codec.error_message(b"<html>oops</html>", 502) == "HTTP status 502: <html>oops</html>"
-    assert codec.error_message(b"", 500) == "HTTP status 500"
-    assert codec.error_message(b'{"error": {"x": 1}}', 500).startswith("HTTP status 500: {")
-    assert len(codec.error_message(b"x" * 10_000, 500)) < 600
+    assert acodec.error_message(b'{"error": "queue-full: model m"}', 429) == "queue-full: model m"
+    assert acodec.error_message(b"<html>oops</html>", 502) == "HTTP status 502: <html>oops</html>"
+    assert acodec.error_message(b"", 500) == "HTTP status 500"
+    assert acodec.error_message(b'{"error": {"x": 1}}', 500).startswith("HTTP status 500: {")
+    assert len(acodec.error_message(b"x" * 10_000, 500)) < 600
 
 
 def test_parameter_values() -> None:

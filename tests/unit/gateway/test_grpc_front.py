@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("grpc")
 pytest.importorskip("tritonclient.grpc")
 
-from evenserve.gateway.grpc_front import deadline_ms, forward_metadata
+from evenserve.gateway.grpc_status import deadline_ms, forward_metadata
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from tritonclient.grpc import service_pb2  # noqa: E402
 
-from evenserve.gateway.grpc_front import MAX_SCANNED_FIELDS, model_name_of  # noqa: E402
+from evenserve.gateway.grpc_wire import MAX_SCANNED_FIELDS, model_name_of  # noqa: E402
 from evenserve.httpio.grpc_service import methods, service_handlers  # noqa: E402
 
 
@@ -144,7 +144,7 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
 from evenserve.gateway.forwarder import Reply  # noqa: E402
-from evenserve.gateway.grpc_front import CODE_OF_STATUS, code_of, grpc_reply  # noqa: E402
+from evenserve.gateway.grpc_status import CODE_OF_STATUS, code_of, grpc_reply  # noqa: E402
 
 
 def _binary_answer(datatype: str, blob: bytes) -> Reply:

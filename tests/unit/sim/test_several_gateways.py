@@ -42,9 +42,9 @@ def test_two_gateways_split_the_arrivals_and_hear_reports_at_their_phase(loaded)
     log = rec.requests
     open_ = {i for i, d in enumerate(log.device) if not d and log.drop_reason[i] is None}
     # What is still out at the end is what the routers still count, each its own.
-    assert set(sim._gateway_of) == open_
+    assert set(sim.front.gateway_of) == open_
     assert sum(r.view(d.name).in_flight for r in sim.routers for d in sim.devices) == len(open_)
-    assert {sim._gateway_of[i] for i in open_} <= {0, 1}
+    assert {sim.front.gateway_of[i] for i in open_} <= {0, 1}
 
 
 def test_aware_gateways_keep_the_p99_and_do_not_herd(loaded) -> None:  # type: ignore[no-untyped-def]

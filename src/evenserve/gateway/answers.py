@@ -1,0 +1,124 @@
+"""What the gateway answers: exactly one ``Answer`` per request, a backend's relayed as the
+bytes it came in where it can go so, the front door's own refusals written anew.
+
+A backend's answer that came in one read with an exact ``Content-Length`` and no hop-by-hop
+header goes to the client as it is, with ``x-evenserve-backend`` added at the end of its head
+(``relayed_bytes``); any other is written anew from its status, body and the relayed headers
+(``RELAY_RESPONSE_HEADERS``). A gRPC try's answer (``GrpcReply``) carries the HTTP status the
+front door's rules judge it by.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from evenserve.core import wire
+from evenserve.httpio.client import parse_headers
+from evenserve.policy.routing.dispatch import Refusal
+
+#: Response headers relayed to the client.
+RELAY_RESPONSE_HEADERS = (
+    "content-type",
+    wire.HEADER_LENGTH_HEADER.lower(),
+    "content-encoding",
+    wire.RETRY_AFTER_HEADER,
+    wire.REASON_HEADER,
+    wire.QUEUE_MS_HEADER,
+    wire.COMPUTE_MS_HEADER,
+)
+
+
+@dataclass(slots=True)
+class GrpcReply:
+    """A backend's answer to a gRPC call: its status code, message, trailing metadata and
+    response (OK only: the serialized message, relayed as it is); ``status`` is the HTTP
+    counterpart the shared rules judge, ``reason`` the backend's ``x-evenserve-reason``."""
+
+    status: int
+    reason: str | None
+    code: Any
+    message: str = ""
+    trailing: tuple[tuple[str, str], ...] = ()
+    response: Any = None
+
+
+@dataclass(slots=True)
+class Answer:
+    """What the gateway sends back: exactly one per request."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str]
+    backend: str | None
+    outcome: str
+    #: A backend's gRPC answer, relayed as it is (gRPC requests only).
+    grpc: GrpcReply | None = None
+    #: A backend's HTTP answer relayed as the bytes it came in, ``x-evenserve-backend``
+    #: added (``relayed_bytes``); ``headers`` is then empty and ``head`` (the backend's
+    #: head) has them.
+    raw: bytes | None = None
+    #: Where the head of ``raw`` ends.
+    raw_head: int = 0
+    head: bytes = b""
+
+    def header(self, name: str) -> str | None:
+        """A response header (lower-case name) whichever way the answer goes out."""
+        if self.raw is not None:
+            return parse_headers(self.head).get(name)
+        return self.headers.get(name)
+
+
+#: Headers that concern one connection, not the answer (RFC 9110 7.6.1): an answer that has
+#: one is not relayed as its bytes.
+_HOP_BY_HOP = (b"\nconnection:", b"\nkeep-alive:", b"\nproxy-", b"\nupgrade:", b"\ntrailer:")
+
+
+def relayed_bytes(raw: bytes | None, head: bytes, backend_line: bytes) -> bytes | None:
+    """A backend's answer as the bytes to send on, ``backend_line`` (the
+    ``x-evenserve-backend`` header line) added at the end of its head; None when it cannot
+    go as it came (not read whole in one piece, its body not framed by Content-Length, a
+    hop-by-hop header): then its headers are read and the answer is written anew. Every
+    other header goes on as the backend sent it, as nginx relays them."""
+    if raw is None or not head.endswith(b"\r\n\r\n"):
+        return None
+    low = head.lower()
+    if b"\ncontent-length:" not in low:
+        return None
+    for h in _HOP_BY_HOP:
+        if h in low:
+            return None
+    n = len(head) - 2
+    return b"".join((raw[:n], backend_line, raw[n:]))
+
+
+def error_answer(
+    status: int, message: str, outcome: str, extra: Mapping[str, str] | None = None
+) -> Answer:
+    headers = {"content-type": "application/json"}
+    if extra:
+        headers.update(extra)
+    return Answer(status, json.dumps({"error": message}).encode(), headers, None, outcome)
+
+
+def refusal_answer(ref: Refusal, retry_after_s: int) -> Answer:
+    """The front door's own answer (``policy.routing.dispatch.Refusal``) as the gateway sends
+    it: Retry-After ``retry_after_s`` where the rules ask for it, and the reason."""
+    extra: dict[str, str] = {}
+    if ref.retry_after:
+        extra["retry-after"] = str(retry_after_s)
+    if ref.reason is not None:
+        extra[wire.REASON_HEADER] = ref.reason
+    return error_answer(ref.status, ref.message, ref.outcome, extra)
+
+
+def outcome_of(status: int) -> str:
+    if status < 400:
+        return "ok"
+    if status == 429:
+        return "backend_overloaded"
+    if status < 500:
+        return "client_error"
+    return "backend_error"

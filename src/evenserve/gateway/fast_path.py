@@ -1,0 +1,158 @@
+"""The dispatcher's callback fast path: an inference request forwarded without a task.
+
+The server's fast path (``httpio.server.FastHandler``) and the gRPC front's translated
+ModelInfer hand a request to ``FastPath.infer`` (``Dispatcher.infer_fast``) with a callback:
+it is admitted, each try is sent on an idle pooled connection by callback
+(``HttpClient.send_cb``; a try that finds none runs as a task), judged and answered through
+the dispatcher's steps (``Dispatcher.admit``, ``pick``, ``done``, ``settle``, ``finish``),
+the very ones the awaited path takes. Forwarded heads are made once per backend, path and
+forwarded-header set, and each backend's client is looked up once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Protocol
+
+from evenserve.gateway.answers import Answer, GrpcReply
+from evenserve.gateway.backends import BackendRegistry
+from evenserve.gateway.forward import Forward
+from evenserve.gateway.forwarder import Forwarder, ForwardError, PooledForwarder, Reply
+from evenserve.httpio.client import HttpClient
+from evenserve.httpio.client import Reply as HttpReply
+
+#: The head cache's size before it starts over (``FastPath._next_try``).
+FORWARD_HEADS = 1024
+_LENGTH_ZERO = b"content-length: 0\r\n\r\n"
+
+
+class Steps(Protocol):
+    """The dispatcher's steps every driver shares (``gateway.dispatcher.Dispatcher``)."""
+
+    registry: BackendRegistry
+    forwarder: Forwarder
+
+    def admit(
+        self, model: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> Answer | Forward: ...
+
+    def missing(self, model: str) -> bool: ...
+
+    async def miss(self, fw: Forward) -> Answer | None: ...
+
+    def pick(self, fw: Forward) -> str | None: ...
+
+    def done(self, name: str, model: str, reply: Reply | HttpReply | GrpcReply | None) -> None: ...
+
+    def settle(
+        self, fw: Forward, name: str, reply: Reply | HttpReply | None, error: ForwardError | None
+    ) -> Answer | None: ...
+
+    def exhausted(self, fw: Forward) -> Answer: ...
+
+    def finish(self, model: str, ans: Answer, t0: float) -> Answer: ...
+
+
+class FastPath:
+    """One dispatcher's callback driver: its pooled clients and forwarded heads."""
+
+    def __init__(self, dispatcher: Steps) -> None:
+        self.d = dispatcher
+        #: Forwarded request heads up to their Content-Length, by backend, path and forwarded
+        #: headers (a client sends few kinds of request): made once, not per request.
+        self._heads: dict[tuple[str, str, tuple[str | None, ...]], bytes] = {}
+        #: Each backend's pooled HTTP client.
+        self._clients: dict[str, HttpClient] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def _miss_then_try(self, fw: Forward) -> None:
+        d = self.d
+        assert fw.answer is not None
+        refused = await d.miss(fw)
+        if refused is not None:
+            fw.answer(d.finish(fw.model, refused, fw.t0))
+        else:
+            self._next_try(fw)
+
+    def infer(
+        self,
+        model: str,
+        path: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        answer: Callable[[Answer], None],
+    ) -> None:
+        """``Dispatcher.infer`` without a task or coroutines (the server's fast path):
+        ``answer`` is called once with the Answer. Needs the pooled forwarder; a try that
+        finds no idle connection to its backend runs as a task (``_try_async``)."""
+        d = self.d
+        fw = d.admit(model, path, body, headers)
+        if isinstance(fw, Answer):
+            answer(d.finish(model, fw, time.perf_counter()))
+            return
+        fw.answer = answer
+        if d.missing(model):
+            task = asyncio.get_running_loop().create_task(self._miss_then_try(fw))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        self._next_try(fw)
+
+    def _next_try(self, fw: Forward) -> None:
+        d = self.d
+        assert fw.answer is not None
+        name = d.pick(fw)
+        if name is None:
+            fw.answer(d.finish(fw.model, d.exhausted(fw), fw.t0))
+            return
+        client = self._clients.get(name)
+        if client is None:
+            fwd = d.forwarder
+            assert isinstance(fwd, PooledForwarder)
+            client = self._clients[name] = fwd.client(d.registry.url(name))
+        key = (name, fw.path, fw.head_key)
+        prefix = self._heads.get(key)
+        if prefix is None:
+            prefix = client.head("POST", fw.path, fw.headers, 0)[: -len(_LENGTH_ZERO)]
+            if len(self._heads) >= FORWARD_HEADS:
+                self._heads.clear()
+            self._heads[key] = prefix
+        head = b"%scontent-length: %d\r\n\r\n" % (prefix, len(fw.body))
+        if not client.send_cb(head, fw.body, partial(self._tried, fw, name)):
+            task = asyncio.get_running_loop().create_task(self._try_async(fw, name))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _try_async(self, fw: Forward, name: str) -> None:
+        d = self.d
+        try:
+            reply = await d.forwarder.request(
+                "POST", d.registry.url(name), fw.path, fw.body, fw.headers
+            )
+        except ForwardError as exc:
+            self._tried(fw, name, None, exc)
+        else:
+            self._tried(fw, name, reply, None)
+
+    def _tried(
+        self,
+        fw: Forward,
+        name: str,
+        reply: Reply | HttpReply | None,
+        error: BaseException | None,
+    ) -> None:
+        d = self.d
+        d.done(name, fw.model, reply)
+        if error is not None and not isinstance(error, ForwardError):
+            raise error  # not a forwarding failure: a bug, not an outcome
+        if error is not None:
+            error = PooledForwarder.sorted_error(error)
+        ans = d.settle(fw, name, reply, error)
+        if ans is None:
+            self._next_try(fw)
+        else:
+            assert fw.answer is not None
+            fw.answer(d.finish(fw.model, ans, fw.t0))

@@ -1,0 +1,70 @@
+"""One inference request on its way through the gateway: what is forwarded of it, and its
+class and deadline as the router sees them (parsed from the forwarded headers at
+admission)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from evenserve.core import wire
+from evenserve.core.types import RequestInfo
+from evenserve.gateway.answers import Answer
+from evenserve.policy.routing.dispatch import Tries
+
+#: Request headers forwarded to the backend (lower case); others are hop-by-hop or ours.
+FORWARD_REQUEST_HEADERS = (
+    "content-type",
+    wire.HEADER_LENGTH_HEADER.lower(),
+    "content-encoding",
+    wire.PRIORITY_HEADER,
+    wire.DEADLINE_HEADER,
+)
+
+
+class Forward(Tries):
+    """One inference request on its way through the gateway: the rules' ``Tries`` and what
+    the drivers need to forward it and answer."""
+
+    __slots__ = ("answer", "body", "head_key", "headers", "model", "path", "relayed", "t0")
+
+    def __init__(
+        self,
+        req: RequestInfo,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        t0: float,
+        head_key: tuple[str | None, ...],
+    ) -> None:
+        self.req = req
+        self.attempt = 0
+        self.tried = []
+        self.failures = []
+        self.refused_by = None
+        self.model = req.model
+        self.path = path
+        self.body = body
+        self.headers = headers
+        self.t0 = t0
+        #: The forwarded headers' values (FORWARD_REQUEST_HEADERS' order): a key of its head.
+        self.head_key = head_key
+        #: The kept refusal (``FrontDoor.judge``), relayed when no try is left.
+        self.relayed: Answer | None = None
+        self.answer: Callable[[Answer], None] | None = None
+
+
+def classify(req: RequestInfo, priority: str | None, deadline_ms: str | None) -> None:
+    """The request's class and deadline from its headers' values, into ``req`` (the router
+    sees them); a value that does not parse is left to the worker to refuse."""
+    try:
+        p = wire.parse_priority(priority, wire.PRIORITY_HEADER)
+    except ValueError:
+        p = None
+    if p is not None:
+        req.priority = p
+    try:
+        ms = wire.parse_deadline_ms(deadline_ms, wire.DEADLINE_HEADER)
+    except ValueError:
+        ms = None
+    if ms is not None:
+        req.deadline_s = req.arrival_s + ms / 1000.0
