@@ -379,11 +379,16 @@ class Simulation:
         log_finish = self.log.finish_s
         log_dev = self.log.device
         answered = now + self.overhead_s
-        for r in batch.requests:
-            log_finish[r.idx] = answered
-            log_dev[r.idx] = device
-            if r.user >= 0:
-                self._schedule_user(r.user, self.overhead_s)
+        if self._users is None:  # no closed-loop users: nobody thinks again
+            for r in batch.requests:
+                log_finish[r.idx] = answered
+                log_dev[r.idx] = device
+        else:
+            for r in batch.requests:
+                log_finish[r.idx] = answered
+                log_dev[r.idx] = device
+                if r.user >= 0:
+                    self._schedule_user(r.user, self.overhead_s)
         if len(self.routers) > 1:
             per: dict[int, int] = {}
             gw = self._gateway_of

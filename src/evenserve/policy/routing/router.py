@@ -73,7 +73,7 @@ LEARN_ALPHA = 0.05
 LEARN_MIN_ANSWERS = 4
 
 
-@dataclass
+@dataclass(slots=True)
 class _BackendState:
     view: BackendView
     models: frozenset[str]
@@ -448,18 +448,20 @@ class Router:
         the backend's speed from when it is answered)."""
         st = self._backends[name]
         v = st.view
+        n = v.in_flight
         if now_s is not None:
             q = st.sends.get(model)
             if q is None:
                 q = st.sends[model] = deque()
-            q.append((now_s, v.in_flight))
+            q.append((now_s, n))
+        v.in_flight = n + 1
         ifm = st.in_flight_by_model
         ifm[model] = ifm.get(model, 0) + 1
-        v.in_flight += 1
         r = self.send_weight
         v.queue_depth += r if v.signals_fresh else 1.0
         st.sent_since_sample += 1
-        st.sent_by_model[model] = st.sent_by_model.get(model, 0) + 1
+        sbm = st.sent_by_model
+        sbm[model] = sbm.get(model, 0) + 1
         qbm = v.queued_by_model
         if isinstance(qbm, dict):
             qbm[model] = qbm.get(model, 0.0) + r
