@@ -57,11 +57,11 @@ class RequestQueue(Generic[R]):
     empties."""
 
     __slots__ = (
-        "_fifo_class",
-        "_keys",
+        "fifo_class",
         "items",
         "max_len",
         "slo_s",
+        "sort_keys",
         "starvation_s",
         "with_deadline",
     )
@@ -76,9 +76,10 @@ class RequestQueue(Generic[R]):
         self.max_len = max_len
         self.starvation_s = starvation_s
         self.items: list[R] = []
-        #: Sort keys of ``items``; None while arrival order is service order.
-        self._keys: list[Key] | None = None
-        self._fifo_class = 0
+        #: Sort keys of ``items``; None while arrival order is service order (then every
+        #: queued request is of class ``fifo_class``).
+        self.sort_keys: list[Key] | None = None
+        self.fifo_class = 0
         #: How many queued requests have a deadline.
         self.with_deadline = 0
 
@@ -99,25 +100,25 @@ class RequestQueue(Generic[R]):
 
     def _emptied(self) -> None:
         if not self.items:
-            self._keys = None
+            self.sort_keys = None
 
     def _insert(self, r: R) -> None:
         items = self.items
-        keys = self._keys
+        keys = self.sort_keys
         if keys is None:
             if r.deadline_s is None:
                 if not items:
-                    self._fifo_class = r.priority
+                    self.fifo_class = r.priority
                     items.append(r)
                     return
                 last = items[-1]
-                if r.priority == self._fifo_class and (
+                if r.priority == self.fifo_class and (
                     r.arrival_s > last.arrival_s
                     or (r.arrival_s == last.arrival_s and r.request_id >= last.request_id)
                 ):
                     items.append(r)
                     return
-            keys = self._keys = [self.key(x) for x in items]
+            keys = self.sort_keys = [self.key(x) for x in items]
         k = self.key(r)
         if not keys or k >= keys[-1]:
             keys.append(k)
@@ -131,8 +132,8 @@ class RequestQueue(Generic[R]):
 
     def _remove_at(self, i: int) -> R:
         r = self.items.pop(i)
-        if self._keys is not None:
-            self._keys.pop(i)
+        if self.sort_keys is not None:
+            self.sort_keys.pop(i)
             if r.deadline_s is not None:
                 self.with_deadline -= 1
             self._emptied()
@@ -155,10 +156,10 @@ class RequestQueue(Generic[R]):
         if self.max_len is None or len(items) < self.max_len:
             # _insert's first case, inlined: in order, one class, no deadline.
             if (
-                self._keys is None
+                self.sort_keys is None
                 and r.deadline_s is None
                 and items
-                and r.priority == self._fifo_class
+                and r.priority == self.fifo_class
             ):
                 last = items[-1]
                 if r.arrival_s > last.arrival_s or (
@@ -190,7 +191,7 @@ class RequestQueue(Generic[R]):
                 for i, r in enumerate(self.items)
                 if r.deadline_s is None or r.deadline_s - lead_s >= now_s
             ]
-            keys = self._keys
+            keys = self.sort_keys
             assert keys is not None  # a request with a deadline puts the queue on sort keys
             keys[:] = [keys[i] for i in keep]
             self.items[:] = [self.items[i] for i in keep]
@@ -200,7 +201,7 @@ class RequestQueue(Generic[R]):
 
     def promote_starved(self, now_s: float) -> int:
         """Promote lower-class requests that waited past the bound; return how many."""
-        if self.starvation_s is None or self._keys is None:  # one class: nobody is lower
+        if self.starvation_s is None or self.sort_keys is None:  # one class: nobody is lower
             return 0
         top = self.items[0].priority
         limit = now_s - self.starvation_s
@@ -217,8 +218,8 @@ class RequestQueue(Generic[R]):
         """Remove and return the ``n`` requests at the head."""
         batch = self.items[:n]
         del self.items[:n]
-        if self._keys is not None:
-            del self._keys[:n]
+        if self.sort_keys is not None:
+            del self.sort_keys[:n]
             if self.with_deadline:
                 self.with_deadline -= sum(1 for r in batch if r.deadline_s is not None)
             self._emptied()

@@ -38,7 +38,7 @@ from evenserve.core.wire import DEADLINE_EXPIRED, ONLINE, SHED
 from evenserve.policy.batching import BatchingPolicy
 from evenserve.policy.batching.base import BatchingPolicyBase
 from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S, RateEstimator
-from evenserve.sched.queue import ADMITTED, RequestQueue
+from evenserve.sched.queue import ADMITTED, Offer, RequestQueue
 
 _ITEMS = operator.attrgetter("items")
 _ONE = {1}
@@ -239,7 +239,26 @@ class QueueSet(Generic[R]):
         mq = self.queues[r.model]
         if self.ignore_priority:
             r.priority = ONLINE
-        res = mq.queue.offer(r, now, mq.profile, busy_remaining_s)
+        q = mq.queue
+        items = q.items
+        res: Offer[R]
+        # RequestQueue.offer's first case, inlined (the per-request path): no deadline, room,
+        # the queue in arrival order and of the request's class, and it comes last.
+        if (
+            r.deadline_s is None
+            and q.sort_keys is None
+            and items
+            and r.priority == q.fifo_class
+            and (q.max_len is None or len(items) < q.max_len)
+            and (
+                r.arrival_s > (tail := items[-1]).arrival_s
+                or (r.arrival_s == tail.arrival_s and r.request_id >= tail.request_id)
+            )
+        ):
+            items.append(r)
+            res = ADMITTED  # type: ignore[assignment]
+        else:
+            res = q.offer(r, now, mq.profile, busy_remaining_s)
         if res is not ADMITTED:
             for gone in res.expired:  # a full queue first lets go of hopeless requests
                 self._leave(gone, now, DEADLINE_EXPIRED)

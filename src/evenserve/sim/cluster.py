@@ -33,7 +33,8 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator
-from typing import Any
+from heapq import heappush
+from typing import TYPE_CHECKING, Any
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import RequestLog, RunRecords
@@ -62,7 +63,6 @@ from evenserve.sim.device import SimDevice, SimRequest
 from evenserve.sim.engine import EventLoop
 from evenserve.sim.front import SimFront
 from evenserve.sim.loader import LoadedScenario
-from evenserve.sim.placement import SimPlacement
 from evenserve.workload import (
     Arrival,
     ClosedLoopUsers,
@@ -71,7 +71,11 @@ from evenserve.workload import (
     read_trace,
 )
 
+if TYPE_CHECKING:  # imported when an arm has placement (``_build_devices``)
+    from evenserve.sim.placement import SimPlacement
+
 NAN = math.nan
+_log = math.log
 GIB = 1024.0**3
 #: Requests the log's outcome columns grow by at a time (``Simulation._grow_log``).
 LOG_CHUNK = 4096
@@ -233,6 +237,8 @@ class Simulation:
         self.router = self.routers[0]
         pl = None
         if placed:
+            from evenserve.sim.placement import SimPlacement  # only arms with placement
+
             pl = self.placement = SimPlacement(self, built)
         self.front = SimFront(
             self.routers,
@@ -285,15 +291,18 @@ class Simulation:
             proc = st.process(self.seed)
             t = proc.next_after(0.0)
             if t < self.end_s:
-                arg = (st.model, proc, st.priority, st.deadline_ms)
+                arg: tuple[Any, ...] = (st.model, proc, st.priority, st.deadline_ms)
                 if self._open_arrival_cb == self._open_arrival_routed:
-                    # Its class and relative deadline (seconds), resolved once.
+                    # Its class and relative deadline (seconds), resolved once, and its
+                    # draw (``_open_arrival_routed``).
                     m = st.model
                     arg = (
                         m,
                         proc,
                         self._priority[m] if st.priority is None else st.priority,
                         self._deadline_s[m] if st.deadline_ms is None else st.deadline_ms / 1000.0,
+                        proc.rng.random if not proc.phases and proc.base_rps > 0 else None,
+                        proc.base_rps,
                     )
                 self.loop.at(t, self._open_arrival_cb, arg)
 
@@ -304,11 +313,17 @@ class Simulation:
         if t < self.end_s:
             self.loop.at(t, self._open_arrival_cb, arg)
 
-    def _open_arrival_routed(self, arg: tuple[str, PoissonProcess, int, float | None]) -> None:
+    def _open_arrival_routed(
+        self,
+        arg: tuple[str, PoissonProcess, int, float | None, Callable[[], float] | None, float],
+    ) -> None:
         """``_open_arrival`` with ``_new_request`` and ``_routed_arrival`` inlined: the
         benchmark's per-request path (one router, no placement). ``arg`` carries the
-        stream's class and relative deadline in seconds, resolved."""
-        m, proc, prio, rel_s = arg
+        stream's class and relative deadline in seconds, resolved, and for a constant rate
+        its generator's ``random`` and the rate: the next arrival is then
+        ``PoissonProcess.next_after`` inlined (``Random.expovariate``'s formula, the same
+        float), pushed on the heap directly (it is never before now)."""
+        m, proc, prio, rel_s, draw, rate = arg
         loop = self.loop
         now = loop.now
         deadline_s = None if rel_s is None else now + rel_s
@@ -323,9 +338,14 @@ class Simulation:
         front = self.front
         assert front is not None
         front.route(r, 0, now)
-        t = proc.next_after(now)
-        if t < self.end_s:
-            loop.at(t, self._open_arrival_cb, arg)
+        if draw is None:
+            t = proc.next_after(now)
+            if t < self.end_s:
+                loop.at(t, self._open_arrival_cb, arg)
+        else:
+            t = now - _log(1.0 - draw()) / rate
+            if t < self.end_s:
+                heappush(loop.heap, (t, next(loop.count), self._open_arrival_cb, arg))
 
     def _start_closed_loop(self, wl: ClosedLoop) -> None:
         self._users = ClosedLoopUsers.for_workload(wl, self.seed)
@@ -379,11 +399,16 @@ class Simulation:
         log_finish = self.log.finish_s
         log_dev = self.log.device
         answered = now + self.overhead_s
-        for r in batch.requests:
-            log_finish[r.idx] = answered
-            log_dev[r.idx] = device
-            if r.user >= 0:
-                self._schedule_user(r.user, self.overhead_s)
+        if self._users is None:  # no closed-loop users: nobody thinks again
+            for r in batch.requests:
+                log_finish[r.idx] = answered
+                log_dev[r.idx] = device
+        else:
+            for r in batch.requests:
+                log_finish[r.idx] = answered
+                log_dev[r.idx] = device
+                if r.user >= 0:
+                    self._schedule_user(r.user, self.overhead_s)
         if len(self.routers) > 1:
             per: dict[int, int] = {}
             assert self.front is not None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from heapq import heappush
 from typing import Protocol
 
 from evenserve.core.profile import LatencyProfile
@@ -98,7 +99,9 @@ class SimDevice:
         self.loop.at(t_s, self._wake, t_s)
 
     def end_at(self, t_s: float, token: int) -> None:
-        self.loop.at(t_s, self._end_cb, token)
+        loop = self.loop  # loop.at, inlined (once per batch)
+        now = loop.now
+        heappush(loop.heap, (now if t_s < now else t_s, next(loop.count), self._end_cb, token))
 
     # -- events back to the scheduler ---------------------------------------------------
     def _wake(self, at_s: float) -> None:

@@ -1,7 +1,8 @@
 """A minimal discrete-event engine: a heap of (time, sequence, callback, argument).
 
 Ties in time are broken by insertion order (the sequence number), so a run is a pure
-function of its inputs and seed.
+function of its inputs and seed. A hot caller whose time is never before ``now`` may push
+``(t, next(count), fn, arg)`` onto ``heap`` itself: what ``at`` does, without the call.
 """
 
 from __future__ import annotations
@@ -13,20 +14,20 @@ from typing import Any
 
 
 class EventLoop:
-    __slots__ = ("_count", "_heap", "now")
+    __slots__ = ("count", "heap", "now")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Callable[[Any], None], Any]] = []
-        self._count = itertools.count(1)
+        self.heap: list[tuple[float, int, Callable[[Any], None], Any]] = []
+        self.count = itertools.count(1)
         self.now = 0.0
 
     def at(self, t_s: float, fn: Callable[[Any], None], arg: Any = None) -> None:
         now = self.now
-        heappush(self._heap, (now if t_s < now else t_s, next(self._count), fn, arg))
+        heappush(self.heap, (now if t_s < now else t_s, next(self.count), fn, arg))
 
     def run(self, until_s: float) -> None:
         """Process events with time <= until_s in order; leave later ones in the heap."""
-        heap = self._heap
+        heap = self.heap
         pop = heappop
         while heap:
             t, _, fn, arg = ev = pop(heap)
@@ -38,4 +39,4 @@ class EventLoop:
         self.now = max(self.now, until_s)
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self.heap)

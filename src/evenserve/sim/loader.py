@@ -18,7 +18,6 @@ from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.core.scenario import CENTRAL_QUEUE, DeviceSpec, Scenario
 from evenserve.core.validation import read_yaml, validate_document
 from evenserve.policy.batching import BATCHING
-from evenserve.policy.placement import AUTOSCALING, PLACEMENT
 from evenserve.policy.routing import ROUTING
 
 GIB = 1024.0**3
@@ -89,6 +88,10 @@ def parse_scenario(raw: Any, base_dir: Path, source: str = "scenario") -> Loaded
         BATCHING.parse(spec.batching, f"{source}: arms.{arm}.batching")
         for m, b in spec.batching_per_model.items():
             BATCHING.parse(b, f"{source}: arms.{arm}.batching_per_model.{m}")
+        if spec.placement is not None or spec.autoscaling is not None:
+            # Imported here: a scenario without placement does not load the placement
+            # policies (startup is part of every simulator run's cost).
+            from evenserve.policy.placement import AUTOSCALING, PLACEMENT
         if spec.placement is not None:
             if spec.routing == CENTRAL_QUEUE:
                 raise ConfigError(f"{source}: arms.{arm}.placement: not with central-queue")

@@ -52,6 +52,7 @@ own (exact); the refusal rule reads only the reports.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,7 +73,7 @@ LEARN_ALPHA = 0.05
 LEARN_MIN_ANSWERS = 4
 
 
-@dataclass
+@dataclass(slots=True)
 class _BackendState:
     view: BackendView
     models: frozenset[str]
@@ -115,6 +116,15 @@ INDEX_MIN_CANDIDATES = 8
 PEER_WEIGHT = 0.75
 
 
+def _ewma_from(alpha: float) -> int:
+    """An answer count n >= 1 from which ``1.0 / count <= alpha`` holds for every count
+    (correctly rounded division only falls as the count grows)."""
+    n = max(1, math.floor(1.0 / alpha) - 1)
+    while 1.0 / n > alpha:
+        n += 1
+    return n
+
+
 class Router:
     def __init__(
         self,
@@ -143,6 +153,9 @@ class Router:
         self.window = window
         self.stale_after_s = stale_after_s
         self.learn_alpha = learn_alpha
+        #: Answers after which the running mean's weight (1 / count) is at most ``learn_alpha``
+        #: for good: from then on ``done`` folds each answer in with ``learn_alpha`` alone.
+        self._ewma_from = _ewma_from(learn_alpha)
         self._backends: dict[str, _BackendState] = {}
         self._by_model: dict[str, list[BackendView]] = {}
         #: Per model, the finish index over its candidates (built at the first decision of
@@ -435,18 +448,20 @@ class Router:
         the backend's speed from when it is answered)."""
         st = self._backends[name]
         v = st.view
+        n = v.in_flight
         if now_s is not None:
             q = st.sends.get(model)
             if q is None:
                 q = st.sends[model] = deque()
-            q.append((now_s, v.in_flight))
+            q.append((now_s, n))
+        v.in_flight = n + 1
         ifm = st.in_flight_by_model
         ifm[model] = ifm.get(model, 0) + 1
-        v.in_flight += 1
         r = self.send_weight
         v.queue_depth += r if v.signals_fresh else 1.0
         st.sent_since_sample += 1
-        st.sent_by_model[model] = st.sent_by_model.get(model, 0) + 1
+        sbm = st.sent_by_model
+        sbm[model] = sbm.get(model, 0) + 1
         qbm = v.queued_by_model
         if isinstance(qbm, dict):
             qbm[model] = qbm.get(model, 0.0) + r
@@ -485,16 +500,22 @@ class Router:
                 # first answer starts it at its own figure.
                 alpha = self.learn_alpha
                 value, count = st.estimate.get(model, (0.0, 0))
-                for _ in range(k):
-                    sent_s, ahead = popleft()
-                    x = (now_s - sent_s) / (ahead + 1)
-                    if not count:
-                        value = x
-                    count += 1
-                    w = 1.0 / count
-                    if w <= alpha:
-                        w = alpha
-                    value = value + w * (x - value)
+                if count >= self._ewma_from:  # the weight is alpha for every one of them
+                    for _ in range(k):
+                        sent_s, ahead = popleft()
+                        value = value + alpha * ((now_s - sent_s) / (ahead + 1) - value)
+                    count += k
+                else:
+                    for _ in range(k):
+                        sent_s, ahead = popleft()
+                        x = (now_s - sent_s) / (ahead + 1)
+                        if not count:
+                            value = x
+                        count += 1
+                        w = 1.0 / count
+                        if w <= alpha:
+                            w = alpha
+                        value = value + w * (x - value)
                 st.estimate[model] = (value, count)
                 if count >= LEARN_MIN_ANSWERS:
                     st.learned[model] = value
