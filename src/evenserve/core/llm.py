@@ -166,6 +166,21 @@ def load_step_profile(path: Path) -> StepProfile:
     )
 
 
+def load_step_profiles(directory: Path) -> dict[str, StepProfile]:
+    """The step profiles of one profile set (its ``kind: llm-step`` files), by model."""
+    if not directory.is_dir():
+        raise ProfileError(f"profile set not found: {directory}")
+    out: dict[str, StepProfile] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        raw = read_yaml(path, f"profile file not found: {path}", ProfileError)
+        if is_step_profile(raw):
+            prof = StepProfile.from_file_model(
+                validate_document(StepProfileFile, raw, str(path), ProfileError)
+            )
+            out[prof.model] = prof
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class StepEntry:
     """One sequence's part in a step, as a real model runs it."""

@@ -236,11 +236,22 @@ def load_profile(path: Path) -> LatencyProfile:
 
 
 def load_profile_set(directory: Path) -> dict[str, LatencyProfile]:
-    """All profiles of one set (one YAML per model), keyed by model name."""
+    """All classic profiles of one set (one YAML per model), keyed by model name; an LLM's
+    step profile in the set (``kind: llm-step``, ``core.llm``) is not one of them."""
     if not directory.is_dir():
         raise ProfileError(f"profile set not found: {directory}")
-    out = {prof.model: prof for prof in map(load_profile, sorted(directory.glob("*.yaml")))}
-    if not out:
+    out: dict[str, LatencyProfile] = {}
+    steps = 0
+    for path in sorted(directory.glob("*.yaml")):
+        raw = read_yaml(path, f"profile file not found: {path}", ProfileError)
+        if isinstance(raw, dict) and raw.get("kind") == "llm-step":
+            steps += 1
+            continue
+        prof = LatencyProfile.from_file_model(
+            validate_document(ProfileFile, raw, str(path), ProfileError)
+        )
+        out[prof.model] = prof
+    if not out and not steps:
         raise ProfileError(f"profile set {directory} holds no *.yaml profiles")
     return out
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from evenserve.sched.queues import QueuedRequest
+
+if TYPE_CHECKING:
+    from evenserve.sched.engine.engine import Step, TokenEvent
 
 R = TypeVar("R", bound=QueuedRequest)
 
@@ -35,6 +38,10 @@ class Batch(Generic[R]):
     held_s: float = 0.0
     #: The most requests the model's policy put in one batch when this one started.
     cap: int = 0
+    #: An LLM engine's step (the batch's requests are its sequences' requests), else None.
+    step: Step[Any] | None = None
+    #: The step's tokens, once it finished (``DeviceScheduler.finished`` sets them).
+    events: list[TokenEvent[Any]] | None = None
 
 
 class SchedulerActions(Protocol[R]):

@@ -42,11 +42,14 @@ from typing import Generic, TypeVar
 from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import Dispatch, LoadSample
-from evenserve.core.wire import LOAD_TIMEOUT
+from evenserve.core.wire import LOAD_TIMEOUT, ONLINE
 from evenserve.policy.batching import BatchingPolicy
 from evenserve.policy.batching.device import next_batch
 from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S
 from evenserve.sched.actions import Batch, SchedulerActions
+from evenserve.sched.engine.engine import EngineSetup, GenSpec
+from evenserve.sched.engine.hosting import EngineHost
+from evenserve.sched.engine.interleave import CLASSIC, ENGINE, Side, first
 from evenserve.sched.hosted import Hosted, flush
 from evenserve.sched.memory import MemoryAccount
 from evenserve.sched.queues import (
@@ -127,6 +130,10 @@ class DeviceScheduler(Generic[R]):
         self._timers: list[float] = []
         self._planning = False
         self._replan = False
+        #: LLM engines hosted here (``add_engine``), by model name, and which kind of work
+        #: started last (engine steps and classic batches alternate).
+        self.engines: dict[str, EngineHost[R]] = {}
+        self._last_kind: str | None = None
 
     def _derive(self) -> None:
         """The figures that follow the hosted models (at start, and when models come and go)."""
@@ -152,12 +159,16 @@ class DeviceScheduler(Generic[R]):
             [h for h in self._hosted if h.mq.name not in loading] if loading else self._hosted
         )
         qs = self.queues
-        self._direct = len(self._serving) == 1 and (
-            self.draining or (qs.starvation_s is None and qs.class_headroom is None)
+        self._direct = (
+            not getattr(self, "engines", None)
+            and len(self._serving) == 1
+            and (self.draining or (qs.starvation_s is None and qs.class_headroom is None))
         )
 
     def _weights_bytes(self) -> float:
-        return sum(h.profile.weights_bytes for h in self._hosted if h.profile)
+        engines = getattr(self, "engines", None)
+        held = sum(e.reserved_bytes for e in engines.values()) if engines else 0.0
+        return held + sum(h.profile.weights_bytes for h in self._hosted if h.profile)
 
     # -- models come and go (model control) ------------------------------------------------
     def add_model(
@@ -177,6 +188,31 @@ class DeviceScheduler(Generic[R]):
         self._hosted = sorted([*self._hosted, h], key=lambda x: x.mq.name)
         self._derive()
         self.memory.weights_bytes = self._weights_bytes()
+
+    def add_engine(
+        self,
+        name: str,
+        setup: EngineSetup,
+        now: float,
+        num_blocks: int | None = None,
+        priority: int = ONLINE,
+    ) -> EngineHost[R]:
+        """Host an LLM engine for ``name``. ``num_blocks``: its KV blocks (None: what its
+        step profile's device memory holds after the weights and the classic models here
+        hold: their weights and their largest batch's working memory). ValueError: the name
+        is hosted already."""
+        if name in self._by_name or name in self.engines:
+            raise ValueError(f"model {name!r} is hosted here already")
+        if num_blocks is None:
+            other = self._weights_bytes() + max(
+                (h.cost(h.mq.cap)[1] for h in self._hosted), default=0.0
+            )
+            num_blocks = setup.profile.kv_blocks(other)
+        host: EngineHost[R] = EngineHost(name, setup, num_blocks, now, priority)
+        self.engines[name] = host
+        self._derive()
+        self.memory.weights_bytes = self._weights_bytes()
+        return host
 
     def begin_load(
         self,
@@ -308,6 +344,18 @@ class DeviceScheduler(Generic[R]):
                 self._ensure_timer()
         return reason
 
+    def offer_generation(self, r: R, spec: GenSpec, now: float) -> str | None:
+        """Queue an LLM generation with its model's engine (None) or refuse it: the reason
+        (``context-too-long``, ``queue-full``, ``draining``). KeyError: no engine for it."""
+        host = self.engines[r.model]
+        if self.draining:
+            return DRAINING
+        reason = host.engine.add(r, spec)
+        host.blocked = False
+        if reason is None and self._free and not host.in_flight:
+            self._plan(now)
+        return reason
+
     def _keeps_wait(self, r: R, now: float) -> bool:
         """Whether planning after ``r`` joined the queue would answer what the last plan did:
         one model served directly, its policy's wait stands (``arrivals_keep_wait``: the
@@ -336,8 +384,22 @@ class DeviceScheduler(Generic[R]):
             self._ensure_timer()
         return reason
 
-    def finished(self, batch: Batch[R], now: float, took_s: float | None = None) -> None:
-        """``batch`` ended at ``now`` (``took_s``: its measured compute time, if known)."""
+    def finished(
+        self,
+        batch: Batch[R],
+        now: float,
+        took_s: float | None = None,
+        sampled: Mapping[int, int] | None = None,
+    ) -> None:
+        """``batch`` ended at ``now`` (``took_s``: its measured compute time, if known). An
+        engine step's tokens (``sampled``: a real executor's, by seq id) are set on
+        ``batch.events`` before the next plan."""
+        if batch.step is not None:
+            self.slots.finish(batch, now)
+            batch.events = self.engines[batch.model].done(batch.step, now, sampled)
+            self.in_flight = sum(len(e.engine.running) for e in self.engines.values())
+            self._plan(now)
+            return
         self.slots.finish(batch, now)
         h = self._by_name[batch.model]
         k = len(batch.requests)
@@ -384,7 +446,15 @@ class DeviceScheduler(Generic[R]):
             self._plan(now)
 
     def cancel(self, r: R, now: float) -> bool:
-        """Take a queued request out (its caller went away); False if it was not queued."""
+        """Take a queued request out (its caller went away); False if it was not queued.
+        An LLM generation leaves its engine wherever it is (its blocks are freed)."""
+        host = self.engines.get(r.model) if self.engines else None
+        if host is not None:
+            if not host.engine.cancel(r):
+                return False
+            host.blocked = False
+            self._plan(now)
+            return True
         if not self.queues.cancel(r, now):
             return False
         self._plan(now)
@@ -408,8 +478,17 @@ class DeviceScheduler(Generic[R]):
         self._plan(now)
 
     def abandon(self, now: float, reason: str = SHUTDOWN, model: str | None = None) -> int:
-        """Drop everything still queued (shutdown), or only ``model``'s; returns how many."""
-        return self.queues.abandon(now, reason, model)
+        """Drop everything still queued (shutdown), or only ``model``'s; returns how many.
+        An engine's generations are dropped whether waiting or running."""
+        n = 0
+        for name, host in self.engines.items():
+            if model is None or model == name:
+                for r in host.engine.abandon():
+                    self.actions.drop(r, reason)
+                    n += 1
+        if model is not None and model in self.engines:
+            return n
+        return n + self.queues.abandon(now, reason, model)
 
     def observe_memory(self, used_bytes: float | None, total_bytes: float | None) -> None:
         """Measured device memory (a real device); replaces the profiles' account."""
@@ -433,6 +512,9 @@ class DeviceScheduler(Generic[R]):
         self._ensure_timer()
 
     def _plan_once(self, now: float) -> None:
+        if self.engines:
+            self._plan_mixed(now)
+            return
         wake = math.inf
         free = self._free
         hosted = self._serving
@@ -469,6 +551,70 @@ class DeviceScheduler(Generic[R]):
             self._start(nb[0], nb[1], now)
         self._plan_wake = wake
 
+    def _plan_mixed(self, now: float) -> None:
+        """Planning with LLM engines here: engine steps interleaved with classic batches
+        (``sched.engine.interleave``)."""
+        wake = math.inf
+        free = self._free
+        queues = self.queues
+        while free:
+            host = None
+            for e in self.engines.values():
+                if e.ready and (host is None or e.idle_since_s < host.idle_since_s):
+                    host = e
+            cand: tuple[Hosted[R] | None, int, float] = (None, 0, math.inf)
+            if self._serving:
+                ready = False
+                for h in self._serving:
+                    if h.mq.queue.items:
+                        queues.prune(h.mq, h.lead_s, now)
+                        ready = ready or bool(h.mq.queue.items)
+                if ready:
+                    cand = self._next_batch(now)
+            hc, n, w = cand
+            if hc is None:
+                wake = min(wake, w)
+                if host is None:
+                    break
+                self._start_step(host, now)
+                continue
+            if host is None:
+                self._start(hc, n, now)
+                continue
+            head = hc.mq.queue.items[0]
+            batch_s = hc.cost(min(n, hc.mq.cap) or 1)[0]
+            slo = hc.mq.setup.slo_s
+            if head.deadline_s is not None:
+                slack = head.deadline_s - now - batch_s
+            elif slo is not None:
+                slack = head.arrival_s + slo - now - batch_s
+            else:
+                slack = math.inf
+            classic = Side(head.priority, batch_s, slack)
+            if first(host.side(now), classic, self._last_kind) == ENGINE:
+                self._start_step(host, now)
+            else:
+                self._start(hc, n, now)
+        self._plan_wake = wake
+
+    def _start_step(self, host: EngineHost[R], now: float) -> None:
+        step = host.engine.plan(now)
+        if step is None:  # nothing can run (waiting for blocks that a running step frees)
+            host.blocked = True
+            return
+        inst = self._free.pop(0)
+        reqs = [p.seq.req for p in step.parts]
+        batch = Batch(host.name, reqs, len(reqs), inst, now, step.seconds, 0.0,
+                      self.batches_started)  # fmt: skip
+        batch.step = step
+        batch.held_s = 0.0
+        batch.cap = host.engine.setup.max_num_seqs
+        self.batches_started += 1
+        host.in_flight = True
+        self._last_kind = ENGINE
+        self.slots.start(batch, 1.0, now)
+        self.actions.start_batch(batch)
+
     def _next_batch(self, now: float) -> tuple[Hosted[R] | None, int, float]:
         qs = self.queues
         free_mem = self.memory.free_bytes()
@@ -504,6 +650,7 @@ class DeviceScheduler(Generic[R]):
             batch.held_s = max(0.0, now - (oldest if oldest > since else since))
         batch.cap = h.mq.policy.max_batch_size
         self.batches_started += 1
+        self._last_kind = CLASSIC
         self.memory.batches_bytes += mem
         self.slots.start(batch, occ, now, h.true_s(items, solo))
         self.actions.start_batch(batch)
@@ -566,7 +713,11 @@ class DeviceScheduler(Generic[R]):
 
     @property
     def idle(self) -> bool:
-        return not self.slots.running and self.waiting == 0
+        return (
+            not self.slots.running
+            and self.waiting == 0
+            and not any(e.engine.has_work for e in self.engines.values())
+        )
 
     def learned(self) -> tuple[dict[str, float], dict[str, dict[int, float]]]:
         """With learning on: each model's learned scale and its smoothed observed batch

@@ -294,6 +294,22 @@ class Engine(Generic[R]):
         self.counters.cancelled += 1
         return True
 
+    def abandon(self) -> list[R]:
+        """Take every sequence out, waiting or running (shutdown, unload); their requests."""
+        out = []
+        for seq in list(self.by_req.values()):
+            if seq.state == RUNNING:
+                self.running.remove(seq)
+            seq.state = FINISHED
+            self.kv.release(seq.blocks)
+            self.to_free.append(seq.seq_id)
+            out.append(seq.req)
+        self.by_req.clear()
+        self.waiting.clear()
+        self._waiting_n = 0
+        self.queued_prompt_tokens = 0
+        return out
+
     # -- readings ----------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
