@@ -20,12 +20,11 @@ from hypothesis import strategies as st
 from evenserve.core.clock import FakeClock, RealClock
 from evenserve.loadgen.openai_client import (
     OpenAiStreamClient,
-    SseEvent,
-    SseParser,
     retry_after_s,
     run_closed_loop,
     run_open_loop,
 )
+from evenserve.loadgen.sse import SseEvent, SseParser
 from evenserve.workload.llm import LlmRequest, llm_open_loop, llm_users, parse_llm_workload
 
 PAUSE_S = 0.002
@@ -96,6 +95,8 @@ class Server:
             return [chunk(" x"), chunk(" y")]
         if model == "abort":
             return [chunk(" x"), chunk("", finish="abort"), DONE]
+        if model == "drop":
+            return [chunk(" x"), chunk(" y"), b"drop"]
         if model == "garbage":
             return [chunk(" x"), b"data: {not json\n\n", DONE]
         raise AssertionError(model)
@@ -111,6 +112,10 @@ class Server:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         for part in script:
+            if part == b"drop":  # the server goes away mid-stream
+                assert request.transport is not None
+                request.transport.close()
+                return resp
             if self.clock is not None:
                 self.clock.advance(1.0)
             await resp.write(part + (b"" if part.endswith(b"\n\n") else b"\n\n"))
@@ -248,6 +253,19 @@ async def test_refusals_and_failures_are_outcomes(
         assert r.error is not None and error in r.error
 
 
+async def test_a_connection_lost_mid_stream_is_a_failure_with_the_tokens_read(
+    fake_clock_server: tuple[Server, str, FakeClock],
+) -> None:
+    _, url, clock = fake_clock_server
+    async with OpenAiStreamClient(url, clock) as c:
+        r = await c.send(req("drop"))
+        assert r.record.outcome in ("bad-response", "connection-lost")
+        times = r.record.token_times_s or []
+        assert len(times) <= 2 and times == sorted(times) and r.error
+        again = await c.send(req("plain"))  # the client carries on on a fresh connection
+    assert again.record.outcome == "completed"
+
+
 async def test_nothing_listening_is_connection_refused() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -293,6 +311,20 @@ async def test_open_loop_sends_every_request_and_counts_from_the_schedule(
         assert r.ttft_s is not None and r.ttft_s >= 3.0
     sent = sorted(tuple(b["prompt"]) for b in server.bodies)
     assert sent == sorted(q.prompt_ids for q in requests)
+
+
+async def test_open_loop_refuses_sends_over_the_in_flight_bound(
+    fake_clock_server: tuple[Server, str, FakeClock],
+) -> None:
+    _, url, clock = fake_clock_server
+    requests = [req("plain", i) for i in range(4)]  # all due at once
+
+    async def no_wait(t_s: float) -> None:
+        return None
+
+    records = await run_open_loop(url, requests, clock, wait_until=no_wait, max_in_flight=1)
+    assert [r.outcome for r in records] == ["completed"] + ["client-limit"] * 3
+    assert all(r.token_times_s is None for r in records[1:])
 
 
 async def test_closed_loop_users_wait_for_their_answers() -> None:
