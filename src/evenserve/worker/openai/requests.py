@@ -258,9 +258,10 @@ UNSUPPORTED: Mapping[str, _Check] = {
 
 
 def _refuse_unsupported(raw: Mapping[str, Any]) -> None:
-    for field, (accepts, why) in UNSUPPORTED.items():
-        if field in raw and not accepts(raw[field]):
-            raise unsupported(field, f"{field}: {why}, got {shown(raw[field])}")
+    for field in raw:
+        check = UNSUPPORTED.get(field)
+        if check is not None and not check[0](raw[field]):
+            raise unsupported(field, f"{field}: {check[1]}, got {shown(raw[field])}")
     options = raw.get("stream_options")
     if isinstance(options, dict) and not _off(options.get("continuous_usage_stats")):
         raise unsupported(

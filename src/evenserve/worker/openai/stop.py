@@ -8,8 +8,8 @@ at the first stop string to be completed (the one that ends first; of two that e
 together, the longer): the text before it is sent, the stop string and all after it are
 dropped (as OpenAI and vLLM, whose default leaves the stop string out), and the generation
 ends with ``finish_reason`` ``stop``. So the answer is the same however the text is split
-into steps (vLLM's check, stop by stop in the request's order, is not). At the end of a generation that met no stop string, ``flush``
-gives back the held tail.
+into steps (vLLM's check, stop by stop in the request's order, is not). At the end of a
+generation that met no stop string, ``flush`` gives back the held tail.
 
 Work per step is bounded: the held tail is shorter than the longest stop string.
 """
