@@ -6,7 +6,7 @@ statistics, tests)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,6 +34,8 @@ class BatchResult:
     compute_input_s: float = 0.0
     compute_infer_s: float = 0.0
     compute_output_s: float = 0.0
+    #: An engine step's sampled token per seq id (a real model's; None: the engine's own).
+    sampled: Mapping[int, int] | None = None
 
     @property
     def compute_s(self) -> float:

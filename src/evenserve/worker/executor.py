@@ -103,6 +103,10 @@ class ThreadedExecutor:
         ]
         for t in self._threads:
             t.start()
+        #: LLM models' step runners (``worker.llm.steps``) and the driver's hand-over of the
+        #: sequences whose caches to drop (set by the worker when it hosts an LLM).
+        self.steppers: dict[str, Any] = {}
+        self.take_free: Callable[[str], list[int]] = lambda model: []
 
     @staticmethod
     def _serve(inbox: queue.SimpleQueue[Callable[[], None] | None]) -> None:
@@ -153,9 +157,24 @@ class ThreadedExecutor:
     timed_by_scheduler = False
 
     def start(self, batch: RunningBatch, done: Callable[[BatchResult], None]) -> None:
-        """Run ``batch`` on its instance's thread; ``done`` is called there when it ends."""
-        payloads = [r.payload for r in batch.requests]
+        """Run ``batch`` on its instance's thread; ``done`` is called there when it ends.
+        An engine step runs on its model's step runner (``steppers``)."""
         model = batch.model
+        if batch.step is not None:
+            step, runner, free = batch.step, self.steppers[model], self.take_free(model)
+
+            def run_step() -> None:
+                t0 = time.perf_counter()
+                try:
+                    sampled = runner.run(step, free)
+                except Exception as exc:
+                    done(BatchResult(None, error=f"model {model!r}: {type(exc).__name__}: {exc}"))
+                    return
+                done(BatchResult(None, compute_infer_s=time.perf_counter() - t0, sampled=sampled))
+
+            self._inboxes[batch.instance % self.instances].put(run_step)
+            return
+        payloads = [r.payload for r in batch.requests]
 
         def job() -> None:
             done(self._run(model, payloads))

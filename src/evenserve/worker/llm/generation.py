@@ -1,0 +1,157 @@
+"""Generations on the worker's driver: an LLM request queued with its model's engine, its
+tokens delivered on the event loop as each step ends (sans the HTTP layer).
+
+``GenerationDriver`` is the batcher driver with engines: ``add_engine`` hosts one on the
+device scheduler, ``submit_generation`` offers a generation (refused at once like any
+request: ``queue-full``, ``context-too-long``, ``draining``), and a step's end, on the
+device thread, advances the engine and posts the step's tokens to the loop, where each
+request's ``GenerationSink`` gets them in order. The request's future resolves once, with
+its finish reason, when its last token is delivered; a drop (shutdown) fails it; cancelling
+it (its caller went away, a stop string matched) takes the sequence out of the engine and
+frees its KV blocks at once (the driver's own cancel path). The sequences the engine let go
+reach the step runner as ``free`` on the device thread before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from evenserve.sched import DRAINING
+from evenserve.sched.engine import TOO_LONG, EngineSetup, GenSpec, TokenEvent
+from evenserve.worker.batch import BatchResult, PendingRequest, RunningBatch
+from evenserve.worker.driver import BatchDriver
+from evenserve.worker.refusals import (
+    BatchFailedError,
+    DrainingError,
+    RefusedError,
+    UnknownModelError,
+)
+
+
+@dataclass
+class GenerationSink:
+    """Where a generation's tokens arrive, on the loop, in order."""
+
+    events: asyncio.Queue[TokenEvent[Any]] = field(default_factory=asyncio.Queue)
+    prompt_tokens: int = 0
+
+
+class GenerationDriver(BatchDriver):
+    """The batcher driver, with LLM engines (see the module docstring)."""
+
+    def add_engine(
+        self, name: str, setup: EngineSetup, num_blocks: int | None, priority: int
+    ) -> int:
+        """Host an engine for ``name``; returns its KV blocks."""
+        with self.lock:
+            host = self.sched.add_engine(name, setup, self.clock.now(), num_blocks, priority)
+            return host.engine.kv.num_blocks
+
+    def submit_generation(
+        self,
+        model: str,
+        spec: GenSpec,
+        *,
+        priority: int,
+        deadline_in_s: float | None = None,
+    ) -> PendingRequest:
+        """Queue one generation; its tokens go to ``request.payload`` (a GenerationSink), its
+        future resolves once with the finish reason. Raises on refusal as ``submit`` does."""
+        self._bind_loop()
+        with self.lock:
+            if model not in self.sched.engines:
+                raise UnknownModelError(f"model {model!r} is not served here")
+            if self.sched.draining:
+                raise DrainingError("the worker is shutting down and accepts no new requests")
+            now = self.clock.now()
+            sink = GenerationSink(prompt_tokens=len(spec.prompt))
+            req = PendingRequest(
+                request_id=next(self._ids),
+                model=model,
+                arrival_s=now,
+                priority=priority,
+                deadline_s=None if deadline_in_s is None else now + deadline_in_s,
+                payload=sink,
+            )
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            req.future = fut
+            reason = self.sched.offer_generation(req, spec, now)
+            if reason is not None:
+                fut.cancel()
+                if reason == DRAINING:
+                    raise DrainingError("the worker is shutting down and accepts no new requests")
+                if reason == TOO_LONG:
+                    raise ValueError(
+                        f"model {model!r}: the prompt and max_tokens need more context than "
+                        "the model's length or its KV blocks hold"
+                    )
+                self.observer.request_dropped(model, reason, 0.0)
+                engine = self.sched.engines[model].engine
+                wait = engine.num_waiting * engine.next_step_s()
+                raise RefusedError(
+                    reason,
+                    f"model {model!r}: queue full ({engine.num_waiting} generations waiting); "
+                    f"retry after {wait:.3f} s",
+                    wait,
+                )
+            fut.add_done_callback(functools.partial(self._on_future_done, req))
+            return req
+
+    def take_free(self, model: str) -> list[int]:
+        """The seq ids whose executor caches ``model``'s engine let go (under the lock)."""
+        host = self.sched.engines.get(model)
+        if host is None or not host.engine.to_free:
+            return []
+        out = list(host.engine.to_free)
+        host.engine.to_free.clear()
+        return out
+
+    def _batch_done(self, batch: RunningBatch, result: BatchResult) -> None:
+        if batch.step is None:
+            super()._batch_done(batch, result)
+            return
+        with self.lock:
+            now = self.clock.now()
+            took = (
+                now - batch.started_s
+                if self._executor.timed_by_scheduler or result.compute_s <= 0
+                else result.compute_s
+            )
+            sampled = result.sampled if result.error is None else None
+            self.sched.finished(batch, now, took, sampled)
+            events = batch.events or []
+            failed = result.error
+        if failed is not None:
+            self._post(self._fail_step, batch, failed)
+        else:
+            self._post(self._deliver, events, batch, now)
+        self._post(self._notify_if_idle)
+
+    def _deliver(self, events: list[TokenEvent[Any]], batch: RunningBatch, now: float) -> None:
+        """On the loop: each token to its request's sink; a last token resolves its future."""
+        for ev in events:
+            r: PendingRequest = ev.req
+            fut = r.future
+            if fut is None or fut.done():
+                continue
+            sink = r.payload
+            assert isinstance(sink, GenerationSink)
+            sink.events.put_nowait(ev)
+            if ev.finish is not None:
+                fut.set_result(ev.finish)
+        self.observer.batch_finished(batch, BatchResult(outputs=None), now)
+
+    def _fail_step(self, batch: RunningBatch, error: str) -> None:
+        """On the loop: a step failed (a real model raised): its sequences are taken out and
+        their callers get the error."""
+        with self.lock:
+            now = self.clock.now()
+            for r in batch.requests:
+                self.sched.cancel(r, now)
+        for r in batch.requests:
+            fut = r.future
+            if fut is not None and not fut.done():
+                fut.set_exception(BatchFailedError(error))
