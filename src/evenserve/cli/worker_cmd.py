@@ -98,7 +98,7 @@ def worker(**flags: Any) -> None:
     """Serve a model repository on one device over the KServe v2 protocol."""
     from evenserve.runtime.device import select_visible_device
     from evenserve.worker.app import Worker
-    from evenserve.worker.repository import load_repository, model_folders
+    from evenserve.worker.repository import load_llm_repository, load_repository, model_folders
     from evenserve.worker.server import make_server
 
     try:
@@ -134,7 +134,9 @@ def worker(**flags: Any) -> None:
             entries = load_repository(repo) if model_folders(repo) else []
         else:
             entries = load_repository(repo, only)
-        service = Worker(entries, options)
+        # LLM folders (kind: llm) are served from the start, with model control none only.
+        llm_entries = load_llm_repository(repo, only) if model_control == "none" else []
+        service = Worker(entries, options, llm_entries=llm_entries)
         emulated = any(isinstance(m.runtime, EmulatedRuntime) for m in service.models.values())
         if options.slowdown is not None and not emulated:
             flag = "--slowdown" if settings.slowdown != 1.0 else "--slowdown-phases"

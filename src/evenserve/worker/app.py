@@ -24,6 +24,7 @@ from evenserve.core.clock import Clock, RealClock
 from evenserve.core.errors import ConfigError
 from evenserve.core.requestlog import Recorder
 from evenserve.httpio.server import Request, Response
+from evenserve.metrics.llm import LlmMetrics
 from evenserve.runtime.host_pool import HostPool
 from evenserve.worker.admin import LiveParams, WorkerAdmin
 from evenserve.worker.batch import DriverObserver
@@ -31,6 +32,10 @@ from evenserve.worker.dataplane import DataPlane
 from evenserve.worker.device import Device, gib
 from evenserve.worker.driver import BatchDriver
 from evenserve.worker.http_api import WorkerApp
+from evenserve.worker.llm.config import LlmEntry
+from evenserve.worker.llm.front import LlmFront
+from evenserve.worker.llm.generation import GenerationDriver
+from evenserve.worker.llm.hosting import LlmModel, build_llm, llm_readings, profile_set_dir
 from evenserve.worker.models.control import ModelControl, stamp
 from evenserve.worker.models.loading import build, load_runtime
 from evenserve.worker.models.poll import RepositoryPoller
@@ -48,9 +53,13 @@ class Worker:
     """One worker: the device, its models, the batcher driver, telemetry, the data plane."""
 
     def __init__(
-        self, entries: Sequence[ModelEntry], options: WorkerOptions, clock: Clock | None = None
+        self,
+        entries: Sequence[ModelEntry],
+        options: WorkerOptions,
+        clock: Clock | None = None,
+        llm_entries: Sequence[LlmEntry] = (),
     ) -> None:
-        if not entries and options.model_control == "none":
+        if not entries and not llm_entries and options.model_control == "none":
             raise ConfigError("a worker needs at least one model (or --model-control explicit)")
         if options.model_control != "none" and options.repository is None:
             raise ConfigError(f"model control {options.model_control!r} needs the repository")
@@ -77,7 +86,27 @@ class Worker:
         self.control.mtimes.update(mtimes)
         self.poller = RepositoryPoller(self.control)
         self.plane = DataPlane(self.models, self.control, self.device, self.telemetry)
-        self.http = WorkerApp(self.plane, WorkerAdmin(self.params, options.admin_token))
+        #: LLM models (``kind: llm`` folders): each one's engine joins the device scheduler.
+        target = self.device.target
+        emulated = target.kind == "emulated"
+        set_dir = profile_set_dir(target.profile_set, options.profiles_dir) if emulated else None
+        self.llms: dict[str, LlmModel] = {}
+        for le in llm_entries:
+            if le.name in self.llms or le.name in self.models:
+                raise ConfigError(f"model {le.name!r} is given twice")
+            self.llms[le.name] = build_llm(le, set_dir, emulated)
+        self.llm_metrics = LlmMetrics(self.metrics.registry, self.llms) if self.llms else None
+        self.llm_front = LlmFront(
+            self.llms,
+            self._generation_driver,
+            lambda: self.ready and not self.draining,
+            self.llm_metrics,
+        )
+        self.http = WorkerApp(
+            self.plane,
+            WorkerAdmin(self.params, options.admin_token),
+            self.llm_front.routes() if self.llms else None,
+        )
         self._poller: asyncio.Task[None] | None = None
 
     @property
@@ -93,6 +122,11 @@ class Worker:
         if self.device.driver is None:
             raise RuntimeError("worker not started")
         return self.device.driver
+
+    def _generation_driver(self) -> GenerationDriver:
+        d = self.driver
+        assert isinstance(d, GenerationDriver)
+        return d
 
     def add_observer(self, observer: DriverObserver) -> None:
         """Also tell ``observer`` about every batch (e.g. a trace recorder)."""
@@ -129,7 +163,7 @@ class Worker:
             executor.add(n, m.runtime, m.input_names)
         emulated = self.device.target.kind == "emulated"
         max_queue = self.options.queue.max_queue_per_model
-        driver = self.device.driver = BatchDriver(
+        driver = self.device.driver = GenerationDriver(
             [m.setup(max_queue) for m in self.models.values()],
             executor,
             clock=self.clock,
@@ -144,6 +178,15 @@ class Worker:
             memory_probe=None if emulated else self.device.memory_bytes,
             learn_profiles=self.options.learn_profiles,
         )
+        for name, llm in self.llms.items():
+            c = llm.entry.config
+            llm.kv_blocks = driver.add_engine(name, llm.setup, c.engine.num_blocks,
+                                              c.priority_value)  # fmt: skip
+            executor.steppers[name] = llm.runner
+        if self.llms:
+            executor.take_free = driver.take_free
+            if self.llm_metrics is not None:
+                self.llm_metrics.bind(lambda: llm_readings(driver))
         # From now on a model loaded joins the device threads, then the scheduler, then
         # telemetry; one unloaded leaves them in the reverse order.
         self.models.join(self.device.on_load, self.device.on_unload)

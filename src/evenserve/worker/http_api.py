@@ -164,7 +164,12 @@ class WorkerApp:
     encodes; what a request means is the data plane's. Its own life is the codec thread's
     (``close``); the worker's and the gRPC front's are the composition root's (``app``)."""
 
-    def __init__(self, plane: DataPlane, admin: WorkerAdmin) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        admin: WorkerAdmin,
+        extra_routes: Mapping[tuple[str, str], Endpoint] | None = None,
+    ) -> None:
         self.plane = plane
         self.metrics = plane.metrics
         self.max_body_bytes = plane.device.options.max_body_bytes
@@ -183,6 +188,7 @@ class WorkerApp:
             ("GET", wire.LOAD_PATH): self.load,
             ("GET", wire.METRICS_PATH): self.prometheus,
             **admin.routes(),
+            **(extra_routes or {}),  # the OpenAI front over LLM models (``worker.llm``)
         }
         self._paths = {p for _, p in self._exact}
         p = plane

@@ -222,13 +222,26 @@ def load_repository(
     repo: Path, only: list[str] | None = None, check_profiles: bool = True
 ) -> list[ModelEntry]:
     """Every model folder of ``repo`` (folders starting with '.' or '_' are skipped)."""
-    models = [
-        load_model(d, check_profiles) for d in model_folders(repo) if only is None or d.name in only
-    ]
+    from evenserve.worker.llm.config import is_llm_folder
+
+    folders = [d for d in model_folders(repo) if only is None or d.name in only]
+    llms = {d.name for d in folders if is_llm_folder(d)}
+    models = [load_model(d, check_profiles) for d in folders if d.name not in llms]
     if only is not None:
-        missing = sorted(set(only) - {m.name for m in models})
+        missing = sorted(set(only) - {m.name for m in models} - llms)
         if missing:
             raise ConfigError(f"--models: no model folder {missing[0]!r} in {repo}")
-    if not models:
+    if not models and not llms:
         raise ConfigError(f"--repo: {repo} holds no model folders")
     return models
+
+
+def load_llm_repository(repo: Path, only: list[str] | None = None) -> list[Any]:
+    """The LLM folders (``kind: llm``) of ``repo`` (``worker.llm.config.LlmEntry``)."""
+    from evenserve.worker.llm.config import is_llm_folder, load_llm_model
+
+    return [
+        load_llm_model(d)
+        for d in model_folders(repo)
+        if (only is None or d.name in only) and is_llm_folder(d)
+    ]

@@ -84,6 +84,19 @@ def _step_profile(entry: LlmEntry, profiles_dir: Path | None) -> StepProfile | N
     return None
 
 
+def profile_set_dir(profile_set: str | None, profiles_dir: Path | None) -> Path | None:
+    """An ``emulated:SET`` device's profile set folder, found as the emulated runtime finds
+    it: SET as a folder, else under ``--profiles-dir``, else bundled (None: not found)."""
+    if not profile_set:
+        return None
+    from evenserve.core.profile import bundled_profile_set
+
+    for d in (Path(profile_set), None if profiles_dir is None else profiles_dir / profile_set):
+        if d is not None and d.is_dir():
+            return d
+    return bundled_profile_set(profile_set)
+
+
 def build_llm(entry: LlmEntry, profiles_dir: Path | None, emulated: bool) -> LlmModel:
     """``entry``'s model built (a real one's weights made or read: blocking). ConfigError
     naming the file and the field."""
@@ -155,3 +168,27 @@ def _with_len(profile: StepProfile, max_len: int) -> StepProfile:
     from dataclasses import replace
 
     return profile if profile.max_model_len == max_len else replace(profile, max_model_len=max_len)
+
+
+def llm_readings(driver: Any) -> dict[str, dict[str, float]]:
+    """Each engine's figures now (the metrics' scrape, the load report), under the lock."""
+    out: dict[str, dict[str, float]] = {}
+    with driver.lock:
+        for name, host in driver.sched.engines.items():
+            e = host.engine
+            c, kv = e.counters, e.kv
+            out[name] = {
+                "running": float(e.num_running),
+                "waiting": float(e.num_waiting),
+                "kv_usage": kv.usage(),
+                "queued_prompt_tokens": float(e.queued_prompt_tokens),
+                "block_size": float(kv.block_tokens),
+                "num_blocks": float(kv.num_blocks),
+                "prefix_caching": float(e.setup.prefix_caching),
+                "preemptions": float(c.preemptions),
+                "prompt_tokens": float(c.prompt_tokens),
+                "generation_tokens": float(c.generation_tokens),
+                "prefix_queries": float(kv.query_tokens),
+                "prefix_hits": float(kv.hit_tokens),
+            }
+    return out
