@@ -208,6 +208,14 @@ class DeviceScheduler(Generic[R]):
                 (h.cost(h.mq.cap)[1] for h in self._hosted), default=0.0
             )
             num_blocks = setup.profile.kv_blocks(other)
+        need = -(-setup.profile.max_model_len // setup.profile.block_tokens)
+        if num_blocks < need:
+            raise ValueError(
+                f"model {name!r}: {num_blocks} KV blocks left on this device after the other "
+                f"models' memory, fewer than one sequence of max_model_len "
+                f"({setup.profile.max_model_len} tokens) needs ({need}): give the engine's "
+                "num_blocks, or a shorter max_model_len"
+            )
         host: EngineHost[R] = EngineHost(name, setup, num_blocks, now, priority)
         self.engines[name] = host
         self._derive()

@@ -180,8 +180,11 @@ class Worker:
         )
         for name, llm in self.llms.items():
             c = llm.entry.config
-            llm.kv_blocks = driver.add_engine(name, llm.setup, c.engine.num_blocks,
-                                              c.priority_value)  # fmt: skip
+            try:
+                llm.kv_blocks = driver.add_engine(name, llm.setup, c.engine.num_blocks,
+                                                  c.priority_value)  # fmt: skip
+            except ValueError as exc:
+                raise ConfigError(f"{llm.entry.source}: engine: {exc}") from exc
             executor.steppers[name] = llm.runner
         if self.llms:
             executor.take_free = driver.take_free
