@@ -186,3 +186,31 @@ def test_metrics_carry_vllm_names(served: BackgroundWorker) -> None:
         assert f"{name}{{" in text, name
     assert 'vllm:generation_tokens_total{model_name="chat"} 4.0' in text
     assert 'vllm:request_success_total{finished_reason="length",model_name="chat"} 1.0' in text
+
+
+def test_promtool_finds_no_error_only_the_known_lints(served: BackgroundWorker) -> None:
+    """``promtool check metrics`` parses the exposition; what it reports are lints only: the
+    colons of vLLM's names (vLLM's own /metrics gets the same) and the DCGM exporter's
+    camelCase labels of ``evenserve_worker_device_info``."""
+    import shutil
+    import subprocess
+
+    import httpx
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    client(served).completions.create(model="chat", prompt="abc", max_tokens=4)
+    text = httpx.get(f"{served.url}/metrics").text
+    done = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    problems = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+    unknown = [
+        p for p in problems
+        if not p.startswith("vllm:") or "should not contain ':'" not in p
+        if not (p.startswith("evenserve_worker_device_info") and "snake_case" in p)
+    ]  # fmt: skip
+    assert done.returncode in (0, 3), done.stderr  # 3: lint problems only, no parse error
+    assert unknown == []
+    assert any(p.startswith("vllm:num_requests_running") for p in problems)
