@@ -214,3 +214,21 @@ def test_promtool_finds_no_error_only_the_known_lints(served: BackgroundWorker) 
     assert done.returncode in (0, 3), done.stderr  # 3: lint problems only, no parse error
     assert unknown == []
     assert any(p.startswith("vllm:num_requests_running") for p in problems)
+
+
+def test_load_report_carries_each_engine(served: BackgroundWorker) -> None:
+    import httpx
+
+    from evenserve.core import wire
+
+    c = client(served)
+    stream = c.completions.create(model="slow", prompt="x" * 40, max_tokens=3000, stream=True)
+    next(iter(stream))  # its first token came: it runs
+    report = httpx.get(f"{served.url}{wire.LOAD_PATH}").json()
+    stream.close()
+    slow = report["llm_by_model"]["slow"]
+    assert slow["running"] == 1 and slow["waiting"] == 0
+    assert slow["kv_blocks"] == 1000 and slow["block_tokens"] == 16
+    assert 0 < slow["kv_usage"] <= 1
+    assert slow["step_profile"]["c0_ms"] == pytest.approx(1.0)
+    assert report["llm_by_model"]["chat"]["running"] == 0

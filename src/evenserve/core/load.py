@@ -12,6 +12,27 @@ from pydantic import BaseModel, ConfigDict, Field
 from evenserve.core.types import LoadSample
 
 
+class LlmLoad(BaseModel):
+    """One LLM engine's load here (the engine's own figures, not requests in batches)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    running: int = Field(ge=0, description="sequences in the engine's steps")
+    waiting: int = Field(ge=0, description="sequences waiting to be admitted")
+    queued_prompt_tokens: int = Field(ge=0, description="prompt tokens still to prefill, waiting")
+    kv_usage: float = Field(ge=0, le=1, description="fraction of KV blocks held by sequences")
+    kv_blocks: int = Field(ge=0)
+    block_tokens: int = Field(ge=1)
+    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int = Field(ge=1)
+    preemptions: int = Field(ge=0, description="preemptions by recompute so far")
+    step_profile: dict[str, float | str] = Field(
+        default_factory=dict,
+        description="the step profile (c0_ms, prefill_us_per_token, decode_us_per_seq, "
+        "kv_us_per_token, cpu_ms_per_output_token, device, source)",
+    )
+
+
 class LoadReport(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -49,6 +70,9 @@ class LoadReport(BaseModel):
         default_factory=dict,
         description="profiles that learn: each model's smoothed observed batch time, ms, by "
         "batch size (sizes observed often enough); the gateway's profile follows them",
+    )
+    llm_by_model: dict[str, LlmLoad] = Field(
+        default_factory=dict, description="each LLM engine's sequences, KV use and step profile"
     )
     loading_models: list[str] = Field(
         default_factory=list,

@@ -36,10 +36,11 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from evenserve.core import wire
-from evenserve.core.load import LoadReport
+from evenserve.core.load import LlmLoad, LoadReport
 from evenserve.core.requestlog import Recorder
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
 from evenserve.runtime.base import Array
+from evenserve.sched.engine import Engine
 from evenserve.worker.device import Device
 from evenserve.worker.kserve import InferRequest, ModelSignature, ProtocolError, request_class
 from evenserve.worker.models.control import ModelControl
@@ -321,7 +322,33 @@ class DataPlane:
             observed_ms_by_model={
                 m: {b: round(ms, 4) for b, ms in v.items()} for m, v in ready_only(observed).items()
             },
+            llm_by_model={n: llm_load(h.engine) for n, h in d.sched.engines.items()},
             loading_models=sorted(n for n, st in states.items() if st.state == LOADING),
             models_version=states.version,
             ready=self.models.ready,
         )
+
+
+def llm_load(e: Engine[Any]) -> LlmLoad:
+    """An engine's figures for the load report."""
+    p = e.profile
+    return LlmLoad(
+        running=e.num_running,
+        waiting=e.num_waiting,
+        queued_prompt_tokens=e.queued_prompt_tokens,
+        kv_usage=round(e.kv.usage(), 6),
+        kv_blocks=e.kv.num_blocks,
+        block_tokens=e.kv.block_tokens,
+        max_num_seqs=e.setup.max_num_seqs,
+        max_num_batched_tokens=e.setup.max_num_batched_tokens,
+        preemptions=e.counters.preemptions,
+        step_profile={
+            "c0_ms": p.c0_s * 1e3,
+            "prefill_us_per_token": p.prefill_s_per_token * 1e6,
+            "decode_us_per_seq": p.decode_s_per_seq * 1e6,
+            "kv_us_per_token": p.kv_s_per_token * 1e6,
+            "cpu_ms_per_output_token": p.cpu_s_per_output_token * 1e3,
+            "device": p.device,
+            "source": p.source,
+        },
+    )
