@@ -51,14 +51,17 @@ SetOpt = Annotated[
 
 def simulate(
     scenario: ScenarioArg,
-    arm: Annotated[str | None, typer.Option(help="Arm to run (default: the first).")] = None,
+    arm: Annotated[
+        str | None,
+        typer.Option(help="Arm to run (default: the first; an LLM scenario: every arm)."),
+    ] = None,
     set_: SetOpt = None,
     level: LevelOpt = None,
     seed: SeedOpt = None,
     json_path: JsonOpt = None,
 ) -> None:
-    """Simulate one arm of a scenario and print its figures (an LLM scenario, ``kind: llm``:
-    every arm unless ``--arm``)."""
+    """Simulate one arm of a scenario and print its figures (an LLM scenario, kind: llm:
+    every arm unless --arm)."""
     if is_llm_scenario(scenario):
         if set_ or level:
             fail("--set and --level apply to classic scenarios, not an LLM one (kind: llm)")
