@@ -42,7 +42,7 @@ from typing import Generic, TypeVar
 from evenserve.core.options import DeviceOptions, QueueOptions
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import Dispatch, LoadSample
-from evenserve.core.wire import LOAD_TIMEOUT, ONLINE
+from evenserve.core.wire import DEADLINE_EXPIRED, LOAD_TIMEOUT, ONLINE
 from evenserve.policy.batching import BatchingPolicy
 from evenserve.policy.batching.device import next_batch
 from evenserve.policy.batching.rate import QUEUE_RATE_TAU_S
@@ -606,6 +606,8 @@ class DeviceScheduler(Generic[R]):
         self._plan_wake = wake
 
     def _start_step(self, host: EngineHost[R], now: float) -> None:
+        for r in host.engine.expire(now):
+            self.actions.drop(r, DEADLINE_EXPIRED)
         step = host.engine.plan(now)
         if step is None:  # nothing can run (waiting for blocks that a running step frees)
             host.blocked = True

@@ -212,3 +212,17 @@ def test_eos_stops_unless_ignored_and_step_entries_feed_the_context() -> None:
     assert [(x.seq_id, list(x.tokens), x.start) for x in st.entries()] == [(0, [9], 2), (1, [7], 1)]
     evs = e.done(st, 0.0, {0: 7, 1: 7})
     assert [(x.req.request_id, x.finish) for x in evs] == [(1, "stop"), (2, None)]
+
+
+def test_a_waiting_sequence_past_its_deadline_is_expired_a_started_one_finishes() -> None:
+    e = engine(max_num_seqs=1)
+    r1 = QueuedRequest(1, "llm", 0.0, 10, 1.0)
+    r2 = QueuedRequest(2, "llm", 0.0, 10, 1.0)
+    e.add(r1, GenSpec([1, 2], 5))
+    e.add(r2, GenSpec([3, 4], 5))
+    assert e.expire(0.5) == []
+    e.done(e.plan(0.5), 0.5)  # type: ignore[arg-type]  # r1 starts, r2 waits (one seat)
+    assert e.expire(2.0) == [r2]
+    assert e.num_waiting == 0 and not e.cancel(r2)
+    out = run(e)
+    assert [f for r, _, f in out if f] == ["length"] and out[-1][0] == 1

@@ -6,7 +6,9 @@ and reports ``done(step, now, sampled)``, which answers the tokens each sequence
 
 Theory of operation (vLLM's V1 scheduler, one token budget for prefill and decode).
 - Sequences wait in class order, first come first served within a class (``priority`` lower
-  is more urgent, then the order they arrived). A preempted sequence keeps its place.
+  is more urgent, then the order they arrived). A preempted sequence keeps its place. One
+  that brought a deadline and has not started by then is taken out (``expire``: the driver
+  answers it ``deadline-expired``); once started it finishes.
 - A step first keeps every running sequence going: a decode needs one token, a prompt being
   prefilled in chunks needs its next chunk (``chunk_tokens``). Each takes tokens from the
   step's budget (``max_num_batched_tokens``) and the KV blocks its context grows into. When
@@ -222,6 +224,8 @@ class Engine(Generic[R]):
         self.to_free: list[int] = []
         self._ids = itertools.count()
         self._waiting_n = 0
+        #: Sequences that came with a deadline (``expire`` looks only when there are some).
+        self._deadlines = 0
         #: Prompt tokens the waiting sequences still have to compute.
         self.queued_prompt_tokens = 0
         self._chunked = setup.mode == "continuous-chunked"
@@ -255,6 +259,8 @@ class Engine(Generic[R]):
         )
         seq = Seq(req, spec, sid, hashes)
         self.by_req[req.request_id] = seq
+        if req.deadline_s is not None:
+            self._deadlines += 1
         self._push(seq)
         return None
 
@@ -293,6 +299,23 @@ class Engine(Generic[R]):
         self.to_free.append(seq.seq_id)
         self.counters.cancelled += 1
         return True
+
+    def expire(self, now: float) -> list[R]:
+        """Take out the waiting sequences whose deadline has passed (not yet started: a
+        running one finishes); their requests, for the driver to answer ``deadline-expired``."""
+        if not self._deadlines:
+            return []
+        out = []
+        for seq in self.waiting:
+            d = seq.req.deadline_s
+            if seq.state == WAITING and seq.output == 0 and d is not None and d <= now:
+                seq.state = FINISHED
+                self._waiting_n -= 1
+                self.queued_prompt_tokens -= seq.total - seq.computed
+                self.by_req.pop(seq.req.request_id, None)
+                self._deadlines -= 1
+                out.append(seq.req)
+        return out
 
     def abandon(self) -> list[R]:
         """Take every sequence out, waiting or running (shutdown, unload); their requests."""
