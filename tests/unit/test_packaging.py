@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from evenserve import __version__
 from evenserve.cli.app import fail
 from evenserve.cli.main import app
+from evenserve.core.llm import load_step_profiles
 from evenserve.core.profile import bundled_profile_set, load_profile_set
 from evenserve.runtime.base import RuntimeContext
 from evenserve.runtime.device import parse_device
@@ -24,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_every_profile_set_of_the_checkout_ships_in_the_package() -> None:
     for d in sorted((ROOT / "profiles").iterdir()):
         shipped = bundled_profile_set(d.name)
-        assert shipped is not None and load_profile_set(shipped), d.name
+        # A set holds classic profiles, LLM step profiles (kind: llm-step), or both.
+        assert shipped is not None, d.name
+        assert load_profile_set(shipped) or load_step_profiles(shipped), d.name
     assert bundled_profile_set("no-such-set") is None
     assert bundled_profile_set("..") is None
 
