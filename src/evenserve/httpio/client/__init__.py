@@ -36,9 +36,14 @@ Errors, by what they mean for a retry: :class:`ConnectFailed` (never connected: 
 connect timeout; the request did not leave), :class:`ConnectionLost` (connected, no complete
 answer), :class:`ResponseTimeout` (sent, no answer in time), :class:`BadResponse`.
 
+Streamed answers (``HttpClient.stream``, the ``stream`` module) go beside this path: the head
+first, then the body's pieces as they arrive (chunked, ``Content-Length`` or to the
+connection's end), the connection pooled again only once the body was read to its end.
+
 The package: ``reply`` (what a request gets back: ``Reply``, the errors, the head's
 headers), ``connection`` (one keep-alive connection: a request written, its answer parsed)
-and ``pool`` (``HttpClient``: the pool, the cap, the deadline sweep, the resend).
+``pool`` (``HttpClient``: the pool, the cap, the deadline sweep, the resend) and ``stream``
+(``StreamReply``: a streamed answer).
 """
 
 from evenserve.httpio.client.pool import MAX_IDLE_S, HttpClient
@@ -51,6 +56,7 @@ from evenserve.httpio.client.reply import (
     ResponseTimeout,
     parse_headers,
 )
+from evenserve.httpio.client.stream import StreamReply
 
 __all__ = [
     "MAX_IDLE_S",
@@ -61,5 +67,6 @@ __all__ = [
     "HttpClientError",
     "Reply",
     "ResponseTimeout",
+    "StreamReply",
     "parse_headers",
 ]

@@ -19,6 +19,7 @@ from evenserve.httpio.client.reply import (
     Reply,
     Result,
 )
+from evenserve.httpio.client.stream import StreamReply
 
 #: Idle pooled connections are closed, not reused, once idle this long (the package's docstring).
 MAX_IDLE_S = 4.0
@@ -312,6 +313,54 @@ class HttpClient:
             callback(None, exc)
         else:
             callback(reply, None)
+
+    # -- streamed answers (beside the whole-body path; ``stream`` module) --------------------------
+    async def stream(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> StreamReply:
+        """Send a request; return its answer once its head is in, its body to iterate
+        (``StreamReply``; the ``stream`` module). ``timeout_s`` limits the wait for the head,
+        then for each next piece of the body. The errors are ``send``'s, and the keep-alive
+        resend rule holds."""
+        head = self.head(method, path, headers or {}, len(body))
+        return await self.send_stream(head, body, timeout_s)
+
+    async def send_stream(
+        self, head: bytes, body: bytes = b"", timeout_s: float | None = None
+    ) -> StreamReply:
+        """``stream`` with the request's head made already (:meth:`head`)."""
+        loop = self._running_loop()
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        conn, reused = await self._acquire(loop)
+        try:
+            return await self._open_stream(conn, head, body, limit, 0)
+        except ConnectionLost:
+            if not reused or conn.got_bytes:
+                raise
+        self.resent_stale += 1  # the keep-alive race (the package's docstring)
+        fresh = await self._connect()
+        try:
+            return await self._open_stream(fresh, head, body, limit, 1)
+        except ConnectionLost:
+            raise ConnectionLost(RESENT_LOST) from None
+
+    async def _open_stream(
+        self, conn: Connection, head: bytes, body: bytes, limit_s: float, resent: int
+    ) -> StreamReply:
+        reply = StreamReply(self, conn, limit_s, resent)
+        conn._write(head, body, self._running_loop().time() + limit_s)
+        self._sweeping()
+        try:
+            await reply.wait_head()
+        except BaseException:
+            await reply.aclose()
+            raise
+        return reply
 
     def _release(self, conn: Connection) -> None:
         """Back to the pool, or closed when the answer said so."""

@@ -6,7 +6,10 @@ on this project's 2-core host, granian (Rust) 0.11 ms, this server 0.02-0.03 ms
 endpoint needs, per request: parse the head with httptools (the C parser uvicorn uses),
 read the body, call one handler, write one response. The handler gets a :class:`Request`
 with the whole body and returns a :class:`Response`; routing is the application's (a dict
-lookup and ``core.wire.split_model_path``).
+lookup and ``core.wire.split_model_path``). A handler may instead return a
+:class:`StreamResponse` whose body is an async iterator of pieces: it is written chunked
+(close-delimited to an HTTP/1.0 client) as the pieces come, beside the whole-body path, which
+does not change for it (see ``StreamResponse``).
 
 Limits, each answered as HTTP says (and then the connection is closed, since what follows on
 it cannot be trusted):
@@ -51,6 +54,7 @@ from evenserve.httpio.server.messages import (
     Handler,
     Request,
     Response,
+    StreamResponse,
     json_bytes,
     json_response,
 )
@@ -63,6 +67,7 @@ __all__ = [
     "Limits",
     "Request",
     "Response",
+    "StreamResponse",
     "json_bytes",
     "json_response",
     "raise_descriptor_limit",

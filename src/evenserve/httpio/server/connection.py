@@ -17,7 +17,9 @@ from evenserve.httpio.server.limits import Listener
 from evenserve.httpio.server.messages import (
     Request,
     Response,
+    StreamResponse,
     encode_head,
+    encode_stream_head,
     error_bytes,
     json_response,
 )
@@ -84,6 +86,12 @@ class Connection(asyncio.Protocol):
         #: When this connection times out (the loop's clock; 0: not timed). The server's
         #: sweep looks every ``Limits.sweep_s``: no timer is set per request.
         self.deadline = 0.0
+        #: The task writing a streamed answer (``StreamResponse``), while one is written.
+        self.streaming: asyncio.Task[None] | None = None
+        #: The transport's buffer is over its high-water mark (``pause_writing``); a
+        #: streamed answer waits on ``drain_waiter`` until it is under the low one.
+        self.write_paused = False
+        self.drain_waiter: asyncio.Future[None] | None = None
 
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -103,6 +111,11 @@ class Connection(asyncio.Protocol):
         if self.lingering or self.reading or self.idle():
             self._close()  # nothing due, or a request that can no longer complete
             return None
+        if self.streaming is not None and not self.pending:
+            # A client that ends its side while its answer streams has gone away (it cannot
+            # be told from a half-close; a stream may run for minutes): stop the producer.
+            self._close()
+            return None
         self.stopping = True  # the client sent all it will: answer, then close
         return True
 
@@ -111,6 +124,17 @@ class Connection(asyncio.Protocol):
         self._disarm()
         self.server.connections.discard(self)
         self.pending.clear()
+        if self.streaming is not None:
+            self.streaming.cancel()  # its producer is closed (StreamResponse)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        w = self.drain_waiter
+        if w is not None and not w.done():
+            w.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         if self.closed or self.lingering:
@@ -275,6 +299,8 @@ class Connection(asyncio.Protocol):
         """Write the answer to ``req`` (exactly once per request), then take the next one."""
         self.busy = False
         if self.closed or self.transport is None:
+            if isinstance(resp, StreamResponse):
+                self._discard(resp)
             return  # the client went away; nothing to answer
         keep = keep and not self.stopping
         raw = resp.raw
@@ -284,6 +310,10 @@ class Connection(asyncio.Protocol):
                 raw = b"".join((raw[: n - 2], b"connection: close\r\n", raw[n - 2 :]))
                 n += 19
             self.transport.write(raw[:n] if req.method == "HEAD" else raw)
+        elif isinstance(resp, StreamResponse):
+            self.busy = True  # until its last piece is written (_stream)
+            self.streaming = self.loop.create_task(self._stream(req, keep, resp))
+            return
         else:
             body = b"" if req.method == "HEAD" else resp.body
             head = encode_head(resp.status, resp.headers, len(resp.body), not keep)
@@ -298,6 +328,82 @@ class Connection(asyncio.Protocol):
         elif not self.deadline:
             lim = self.limits
             self._arm(lim.body_timeout_s if self.reading else lim.keepalive_timeout_s)
+
+    # -- streamed answers (beside the whole-body path above, which does not see them) -----------
+    async def _stream(self, req: Request, keep: bool, resp: StreamResponse) -> None:
+        """Write a streamed answer (``StreamResponse``): the head, each piece as it comes
+        (chunked to an HTTP/1.1 client, as it is to an HTTP/1.0 one, which then reads to the
+        connection's end), the end; then the next request, as ``_answer`` does.
+
+        Cancelled by ``connection_lost``: the iterator is closed in ``finally``. The HTTP
+        version read is the parser's latest request's: a client speaks one version on a
+        connection."""
+        transport = self.transport
+        assert transport is not None
+        chunked = self.parser.get_http_version() != "1.0"
+        keep = keep and chunked
+        transport.write(encode_stream_head(resp.status, resp.headers, chunked, not keep))
+        chunks = resp.chunks
+        failed = False
+        try:
+            if req.method != "HEAD":
+                async for piece in chunks:
+                    if self.closed:
+                        break
+                    if not piece:
+                        continue  # an empty chunk would end the body
+                    if chunked:
+                        transport.writelines((b"%x\r\n" % len(piece), piece, b"\r\n"))
+                    else:
+                        transport.write(piece)
+                    if self.write_paused:
+                        await self._drain()
+                else:
+                    if chunked and not self.closed:
+                        transport.write(b"0\r\n\r\n")
+        except Exception:
+            failed = True
+            log.exception(
+                "%s %s: the streamed answer failed after its head was sent; connection closed",
+                req.method,
+                req.path[:200],
+            )
+        finally:
+            self.streaming = None
+            await _aclose(chunks)
+        if failed:
+            if not self.closed:
+                # Chunked: the body is cut short, which the client sees. Close-delimited:
+                # only a reset tells it the body did not end.
+                if not chunked:
+                    transport.abort()
+                self._close()
+            return
+        self.busy = False
+        if self.closed:
+            return
+        if not keep or self.stopping:
+            self._close()
+        elif self.pending:
+            self._next()
+        elif not self.deadline:
+            lim = self.limits
+            self._arm(lim.body_timeout_s if self.reading else lim.keepalive_timeout_s)
+
+    async def _drain(self) -> None:
+        """Wait until the transport's buffer is under its low-water mark (``resume_writing``)
+        or the connection is lost."""
+        w = self.drain_waiter = self.loop.create_future()
+        try:
+            await w
+        finally:
+            self.drain_waiter = None
+
+    def _discard(self, resp: StreamResponse) -> None:
+        """A streamed answer that will not be sent: its iterator is closed."""
+        task = self.loop.create_task(_aclose(resp.chunks))
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
 
     # -- timers and closing -----------------------------------------------------------------------
     def _arm(self, after_s: float) -> None:
@@ -351,3 +457,19 @@ class Connection(asyncio.Protocol):
 
     def idle(self) -> bool:
         return not self.busy and not self.pending and not self.reading
+
+
+#: Tasks closing discarded streamed answers' iterators (kept referenced until done).
+_closing: set[asyncio.Task[None]] = set()
+
+
+async def _aclose(chunks: object) -> None:
+    """Close a streamed answer's iterator when it can be closed (an async generator can);
+    what it raises while closing is logged, not raised."""
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is None:
+        return
+    try:
+        await aclose()
+    except Exception:
+        log.exception("closing a streamed answer's iterator failed")

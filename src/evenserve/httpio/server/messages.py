@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
@@ -35,6 +35,28 @@ class Response:
     #: describe it; ``headers`` are not used.
     raw: bytes | None = None
     raw_head: int = 0
+
+
+class StreamResponse(Response):
+    """An answer whose body is streamed: ``chunks`` yields its pieces as they are made.
+
+    The server writes the head at once (``Transfer-Encoding: chunked`` to an HTTP/1.1 client;
+    to an HTTP/1.0 one no length and ``Connection: close``, the body ending with the
+    connection), then each non-empty piece as it comes, flushed, waiting while the client
+    reads slower than the pieces come (the transport's backpressure), then the end. When the
+    client goes away (or the server stops) before the end, ``chunks`` is closed (``aclose``,
+    or the task awaiting it cancelled): its producer sees GeneratorExit or CancelledError and
+    can stop its work. A piece that fails after the head went out cannot become a 500: it is
+    logged once and the connection is closed, so the client sees a body cut short. ``body``
+    is unused."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(
+        self, status: int, headers: dict[str, str] | None, chunks: AsyncIterator[bytes]
+    ) -> None:
+        Response.__init__(self, status, b"", headers)
+        self.chunks = chunks
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -106,6 +128,27 @@ def encode_head(status: int, headers: dict[str, str] | None, length: int, close:
     if headers:
         parts.extend(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items())
     parts.append(b"content-length: %d\r\n" % length)
+    if close:
+        parts.append(b"connection: close\r\n")
+    parts.append(b"\r\n")
+    return b"".join(parts)
+
+
+def encode_stream_head(
+    status: int, headers: dict[str, str] | None, chunked: bool, close: bool
+) -> bytes:
+    """A streamed answer's head (``StreamResponse``): ``Transfer-Encoding: chunked`` when
+    ``chunked``, else no length (the body ends with the connection: ``close`` must hold)."""
+    line = _STATUS_LINES.get(status) or _status_line(status)
+    parts = [line, _DATE[0]]
+    if headers:
+        parts.extend(
+            f"{k}: {v}\r\n".encode("latin-1")
+            for k, v in headers.items()
+            if k.lower() not in ("content-length", "transfer-encoding", "connection")
+        )
+    if chunked:
+        parts.append(b"transfer-encoding: chunked\r\n")
     if close:
         parts.append(b"connection: close\r\n")
     parts.append(b"\r\n")
