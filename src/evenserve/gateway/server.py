@@ -9,6 +9,8 @@ are summed over every healthy host of the model (``gateway.stats``), and
 figures). Model control (``POST /v2/repository/models/{m}/load|unload``) answers 501 naming
 the workers that host the model: the gateway loads nothing (its gRPC front answers
 UNIMPLEMENTED, with the same words).
+The OpenAI-compatible routes (``/v1/completions``, ``/v1/chat/completions``, streamed answers
+relayed as they come, ``/v1/models``) are ``gateway.openai_front``'s.
 ``/metrics`` is the gateway's Prometheus text; ``/admin/...`` needs the bearer token. HEAD is
 answered as GET, without the body.
 With a request log (``--record`` or ``gateway.record``: ``core.requestlog``) every HTTP
@@ -41,6 +43,7 @@ from evenserve.gateway.admin import AdminAPI
 from evenserve.gateway.answers import Answer
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.dispatcher import Dispatcher
+from evenserve.gateway.openai_front import OpenAIFront
 from evenserve.gateway.params_api import GatewayParams
 from evenserve.gateway.placement import PlacementDriver
 from evenserve.gateway.placement_api import PlacementAPI
@@ -166,6 +169,7 @@ class Gateway:
             **self.params.routes(),
             **PlacementAPI(self).routes(self.admin.guard),
             **RequestLogAPI(self).routes(self.admin.guard),
+            **OpenAIFront(self.dispatcher, self.registry).routes(),
         }
         self._paths = {p for _, p in self._exact}
         #: Inference routes split before (``_infer_route``).

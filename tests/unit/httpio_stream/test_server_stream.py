@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 
 import pytest
 
+from evenserve.httpio.server import HttpServer, Limits, Request, Response, StreamResponse
 from evenserve.httpio.server.connection import Connection
 from tests.unit.httpio_stream.servers import Producer, StreamApp, stream_server, until
 
@@ -84,7 +87,7 @@ async def test_http_1_0_gets_a_close_delimited_body() -> None:
         p.close()
 
 
-@pytest.mark.parametrize("how", ["close", "abort"])
+@pytest.mark.parametrize("how", ["close", "reset"])
 async def test_a_client_that_goes_away_closes_the_producer(how: str) -> None:
     app = StreamApp()
     async with stream_server(app) as srv:
@@ -93,7 +96,9 @@ async def test_a_client_that_goes_away_closes_the_producer(how: str) -> None:
         app.producer.release(0)
         await p.read_until(b"3\r\none\r\n")
         # The producer now waits for its second piece, which the test never releases.
-        if how == "abort":
+        if how == "reset":
+            sock = p.w.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             p.w.transport.abort()
         else:
             p.close()
@@ -174,3 +179,44 @@ async def test_a_client_that_does_not_read_holds_the_producer_back() -> None:
         assert p.got.count(piece[:1024]) >= 48
         assert app.producer.ended == "done"
         p.close()
+
+
+class Closable:
+    """A streamed answer's iterator (not a generator) that records being closed."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def __aiter__(self) -> Closable:
+        return self
+
+    async def __anext__(self) -> bytes:
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_a_stream_whose_client_left_before_it_was_answered_is_closed_unsent() -> None:
+    gate = asyncio.Event()
+    chunks = Closable()
+
+    async def late(req: Request) -> Response:
+        await gate.wait()
+        return StreamResponse(200, None, chunks)
+
+    srv = HttpServer(late, Limits())
+    await srv.start("127.0.0.1", 0)
+    try:
+        p = await Peer.open(srv.port)
+        await p.send(GET_STREAM)
+        await until(lambda: srv.handling == 1)
+        # A reset (not an end of input, which reads as a half-close): the connection is lost.
+        sock = p.w.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        p.w.transport.abort()
+        await until(lambda: not srv.connections)
+        gate.set()  # the answer comes after its client went away
+        await until(lambda: chunks.closed)
+    finally:
+        await srv.stop(1.0)

@@ -310,7 +310,8 @@ class Connection(asyncio.Protocol):
                 raw = b"".join((raw[: n - 2], b"connection: close\r\n", raw[n - 2 :]))
                 n += 19
             self.transport.write(raw[:n] if req.method == "HEAD" else raw)
-        elif isinstance(resp, StreamResponse):
+        elif resp.raw_head < 0:  # a StreamResponse (a slot read: no call on this path)
+            assert isinstance(resp, StreamResponse)
             self.busy = True  # until its last piece is written (_stream)
             self.streaming = self.loop.create_task(self._stream(req, keep, resp))
             return

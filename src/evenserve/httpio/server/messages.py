@@ -31,8 +31,8 @@ class Response:
     body: bytes = b""
     headers: dict[str, str] | None = None
     #: The whole answer as bytes, head and body, to send as it is (a proxy relaying an
-    #: upstream's answer); ``raw_head``: where its head ends. ``status`` and ``body`` still
-    #: describe it; ``headers`` are not used.
+    #: upstream's answer); ``raw_head``: where its head ends (-1: a ``StreamResponse``).
+    #: ``status`` and ``body`` still describe it; ``headers`` are not used.
     raw: bytes | None = None
     raw_head: int = 0
 
@@ -55,7 +55,9 @@ class StreamResponse(Response):
     def __init__(
         self, status: int, headers: dict[str, str] | None, chunks: AsyncIterator[bytes]
     ) -> None:
-        Response.__init__(self, status, b"", headers)
+        # raw_head -1 marks a streamed answer: the connection tells it from a whole one by
+        # that slot, not by its type (a call on every whole answer's path).
+        Response.__init__(self, status, b"", headers, None, -1)
         self.chunks = chunks
 
 
