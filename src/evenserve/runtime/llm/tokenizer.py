@@ -57,11 +57,17 @@ class ByteTokenizer:
         sequence decodes as U+FFFD."""
         for i in ids:
             if not 0 <= i < self.vocab_size:
-                raise ValueError(f"token id {i} is outside the vocabulary (0..{self.vocab_size - 1})")
+                raise ValueError(
+                    f"token id {i} is outside the vocabulary (0..{self.vocab_size - 1})"
+                )
         return bytes(i for i in ids if i < self.BYTES).decode("utf-8", errors="replace")
 
     def describe(self) -> dict[str, Any]:
-        return {"tokenizer": "byte", "vocab_size": self.vocab_size, "eos_token_id": self.eos_token_id}
+        return {
+            "tokenizer": "byte",
+            "vocab_size": self.vocab_size,
+            "eos_token_id": self.eos_token_id,
+        }
 
 
 class JsonTokenizer:

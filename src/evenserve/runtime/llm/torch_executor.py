@@ -307,7 +307,8 @@ class TorchStepExecutor:
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes per token: all layers, K and V."""
         c = self._cache
-        return 2 * c.layers * c.kv_heads * c.head_dim * self._torch.finfo(self.dtype).bits // 8
+        element_bytes = int(self._torch.finfo(self.dtype).bits) // 8
+        return 2 * c.layers * c.kv_heads * c.head_dim * element_bytes
 
     def resident_bytes(self) -> float:
         """Weights plus the KV slots allocated so far."""
@@ -393,7 +394,7 @@ class TorchStepExecutor:
             plan,
             torch.tensor([ids], device=dev),
             torch.tensor([pos], device=dev),
-            torch.tensor(keep, device=dev),
+            torch.tensor(keep, dtype=torch.long, device=dev),
             sample_ids,
         )
 
@@ -483,7 +484,7 @@ def build_model(model_dir: Path, params: LlmTorchParams) -> tuple[Any, dict[str,
         torch.manual_seed(params.seed)
         try:
             model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
             raise ConfigError(f"llm_torch.config: cannot build a causal LM: {exc}") from None
         provenance = {"weights": f"random (seed {params.seed}), {model_type} config"}
     model = model.to(device=params.device, dtype=dtype)
