@@ -11,6 +11,8 @@ each generate ``--output`` tokens, EOS ignored. Modes:
   project's engine) runs steps of every running decode plus prompt chunks within
   ``--step-tokens``, admits a waiting sequence when fewer than ``--max-batch`` run, and a
   finished one leaves at once;
+- ``padded-dynamic``: the alternative design measured against the executor: one DynamicCache
+  per sequence, prompts prefilled alone, decodes batched by left-padding the caches;
 - ``generate-batch``: transformers' ``generate_batch`` (its own scheduler and paged cache),
   where the installed transformers has it.
 
@@ -134,6 +136,66 @@ def run_continuous(
     return [done[i] for i in range(len(prompts))], {"steps": steps, "mean_batch": batch_sum / steps}
 
 
+def run_padded(
+    model: Any, prompts: list[list[int]], output: int, max_batch: int
+) -> list[list[int]]:
+    """The other design, for comparison: continuous batching with one DynamicCache per
+    sequence: each prompt prefilled alone (batch 1), the decodes batched by left-padding
+    every layer's K/V to the longest context each step (a 2-D attention mask hides the
+    padding, ``position_ids`` keep each sequence's positions), the caches split back after."""
+    import torch
+    from transformers import DynamicCache
+
+    layers = model.config.num_hidden_layers
+    waiting = deque(range(len(prompts)))
+    running: list[int] = []
+    kv: dict[int, list[tuple[Any, Any]]] = {}
+    out: dict[int, list[int]] = {}
+    done: dict[int, list[int]] = {}
+    with torch.inference_mode():
+        while waiting or running:
+            while waiting and len(running) < max_batch:
+                i = waiting.popleft()
+                cache = DynamicCache(config=model.config)
+                ids = torch.tensor([prompts[i]])
+                res = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+                kv[i] = [(cache.layers[li].keys, cache.layers[li].values) for li in range(layers)]
+                out[i] = [int(res.logits[0, -1].argmax())]
+                running.append(i)
+            lens = [kv[i][0][0].shape[2] for i in running]
+            longest = max(lens)
+            cache = DynamicCache(config=model.config)
+            for li in range(layers):
+                ks = [torch.nn.functional.pad(kv[i][li][0], (0, 0, longest - n, 0)) for i, n in
+                      zip(running, lens, strict=True)]  # fmt: skip
+                vs = [torch.nn.functional.pad(kv[i][li][1], (0, 0, longest - n, 0)) for i, n in
+                      zip(running, lens, strict=True)]  # fmt: skip
+                cache.update(torch.cat(ks), torch.cat(vs), li)
+            mask = torch.zeros(len(running), longest + 1, dtype=torch.long)
+            for row, n in enumerate(lens):
+                mask[row, longest - n :] = 1
+            res = model(
+                input_ids=torch.tensor([[out[i][-1]] for i in running]),
+                attention_mask=mask,
+                position_ids=torch.tensor([[n] for n in lens]),
+                cache=cache,
+                use_cache=True,
+            )
+            nxt = res.logits[:, -1].argmax(-1).tolist()
+            for row, (i, n) in enumerate(zip(running, lens, strict=True)):
+                kv[i] = [
+                    (cache.layers[li].keys[row : row + 1, :, longest - n :],
+                     cache.layers[li].values[row : row + 1, :, longest - n :])
+                    for li in range(layers)
+                ]  # fmt: skip
+                out[i].append(nxt[row])
+            for i in [r for r in running if len(out[r]) >= output]:
+                running.remove(i)
+                done[i] = out.pop(i)[:output]
+                del kv[i]
+    return [done[i] for i in range(len(prompts))]
+
+
 def run_generate(model: Any, prompts: list[list[int]], output: int) -> list[list[int]]:
     import torch
 
@@ -253,6 +315,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     timed(
         "executor-cb", lambda: run_continuous(ex, ps, args.output, args.max_batch, args.step_tokens)
     )
+    timed("padded-dynamic", lambda: run_padded(reference, ps, args.output, args.max_batch))
     timed(
         "generate-batch",
         lambda: run_generate_batch(

@@ -33,6 +33,7 @@ design note 0019 (measured).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -482,8 +483,12 @@ def build_model(model_dir: Path, params: LlmTorchParams) -> tuple[Any, dict[str,
         except (TypeError, ValueError, KeyError) as exc:
             raise ConfigError(f"llm_torch.config: {exc}") from None
         torch.manual_seed(params.seed)
+        # a GPU model is built where it runs: initialising a billion parameters on the host
+        # first takes longer than the measurement it is built for
+        where = torch.device(params.device) if params.device != "cpu" else contextlib.nullcontext()
         try:
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+            with where:
+                model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
         except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
             raise ConfigError(f"llm_torch.config: cannot build a causal LM: {exc}") from None
         provenance = {"weights": f"random (seed {params.seed}), {model_type} config"}
