@@ -25,7 +25,8 @@ Only the positions that sample reach the LM head (``logits_to_keep``). Sampling 
 (argmax) unless ``temperature`` > 0 (then softmax sampling from a seeded generator). Slots
 and lengths grow by doubling as needed (a copy); ``free`` returns a slot. A preempted
 sequence is recomputed by prefilling it again from position 0 (or any ``start`` up to what
-its slot holds: the rest is overwritten).
+its slot holds: the rest is overwritten). Entries are checked before anything changes; a step
+whose forward pass fails (out of memory) leaves its sequences' caches undefined: free them.
 
 Why this shape and not transformers' own continuous batching, or padded DynamicCaches:
 design note 0019 (measured).
