@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.llm import Tokenizer
@@ -167,3 +167,9 @@ class IncrementalDetokenizer:
         text = self._tok.decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
         return text[len(before) :]
+
+
+if TYPE_CHECKING:  # both implement core.llm.Tokenizer (checked statically, never run)
+
+    def _tokenizers(b: ByteTokenizer, j: JsonTokenizer) -> tuple[Tokenizer, Tokenizer]:
+        return b, j

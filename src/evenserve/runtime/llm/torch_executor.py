@@ -39,12 +39,12 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.llm import StepEntry, Tokenizer
+from evenserve.core.llm import StepEntry, StepExecutor, Tokenizer
 from evenserve.core.validation import Strict
 from evenserve.runtime.base import require
 
@@ -540,6 +540,12 @@ def parameter_count(config: Mapping[str, Any]) -> int:
     per_layer = attn + 3 * h * i + 2 * h
     tied = bool(config.get("tie_word_embeddings", False))
     return layers * per_layer + vocab * h * (1 if tied else 2) + h
+
+
+if TYPE_CHECKING:  # it implements core.llm.StepExecutor (checked statically, never run)
+
+    def _executor(e: TorchStepExecutor) -> StepExecutor:
+        return e
 
 
 __all__ = [
