@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.llm import Tokenizer
@@ -57,11 +57,17 @@ class ByteTokenizer:
         sequence decodes as U+FFFD."""
         for i in ids:
             if not 0 <= i < self.vocab_size:
-                raise ValueError(f"token id {i} is outside the vocabulary (0..{self.vocab_size - 1})")
+                raise ValueError(
+                    f"token id {i} is outside the vocabulary (0..{self.vocab_size - 1})"
+                )
         return bytes(i for i in ids if i < self.BYTES).decode("utf-8", errors="replace")
 
     def describe(self) -> dict[str, Any]:
-        return {"tokenizer": "byte", "vocab_size": self.vocab_size, "eos_token_id": self.eos_token_id}
+        return {
+            "tokenizer": "byte",
+            "vocab_size": self.vocab_size,
+            "eos_token_id": self.eos_token_id,
+        }
 
 
 class JsonTokenizer:
@@ -161,3 +167,9 @@ class IncrementalDetokenizer:
         text = self._tok.decode(self._ids[self._prefix :])
         self._prefix = self._read = len(self._ids)
         return text[len(before) :]
+
+
+if TYPE_CHECKING:  # both implement core.llm.Tokenizer (checked statically, never run)
+
+    def _tokenizers(b: ByteTokenizer, j: JsonTokenizer) -> tuple[Tokenizer, Tokenizer]:
+        return b, j

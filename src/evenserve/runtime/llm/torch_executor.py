@@ -25,7 +25,8 @@ Only the positions that sample reach the LM head (``logits_to_keep``). Sampling 
 (argmax) unless ``temperature`` > 0 (then softmax sampling from a seeded generator). Slots
 and lengths grow by doubling as needed (a copy); ``free`` returns a slot. A preempted
 sequence is recomputed by prefilling it again from position 0 (or any ``start`` up to what
-its slot holds: the rest is overwritten).
+its slot holds: the rest is overwritten). Entries are checked before anything changes; a step
+whose forward pass fails (out of memory) leaves its sequences' caches undefined: free them.
 
 Why this shape and not transformers' own continuous batching, or padded DynamicCaches:
 design note 0019 (measured).
@@ -33,16 +34,17 @@ design note 0019 (measured).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.llm import StepEntry, Tokenizer
+from evenserve.core.llm import StepEntry, StepExecutor, Tokenizer
 from evenserve.core.validation import Strict
 from evenserve.runtime.base import require
 
@@ -307,7 +309,8 @@ class TorchStepExecutor:
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes per token: all layers, K and V."""
         c = self._cache
-        return 2 * c.layers * c.kv_heads * c.head_dim * self._torch.finfo(self.dtype).bits // 8
+        element_bytes = int(self._torch.finfo(self.dtype).bits) // 8
+        return 2 * c.layers * c.kv_heads * c.head_dim * element_bytes
 
     def resident_bytes(self) -> float:
         """Weights plus the KV slots allocated so far."""
@@ -393,7 +396,7 @@ class TorchStepExecutor:
             plan,
             torch.tensor([ids], device=dev),
             torch.tensor([pos], device=dev),
-            torch.tensor(keep, device=dev),
+            torch.tensor(keep, dtype=torch.long, device=dev),
             sample_ids,
         )
 
@@ -481,9 +484,13 @@ def build_model(model_dir: Path, params: LlmTorchParams) -> tuple[Any, dict[str,
         except (TypeError, ValueError, KeyError) as exc:
             raise ConfigError(f"llm_torch.config: {exc}") from None
         torch.manual_seed(params.seed)
+        # a GPU model is built where it runs: initialising a billion parameters on the host
+        # first takes longer than the measurement it is built for
+        where = torch.device(params.device) if params.device != "cpu" else contextlib.nullcontext()
         try:
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-        except (TypeError, ValueError) as exc:
+            with where:
+                model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
             raise ConfigError(f"llm_torch.config: cannot build a causal LM: {exc}") from None
         provenance = {"weights": f"random (seed {params.seed}), {model_type} config"}
     model = model.to(device=params.device, dtype=dtype)
@@ -533,6 +540,12 @@ def parameter_count(config: Mapping[str, Any]) -> int:
     per_layer = attn + 3 * h * i + 2 * h
     tied = bool(config.get("tie_word_embeddings", False))
     return layers * per_layer + vocab * h * (1 if tied else 2) + h
+
+
+if TYPE_CHECKING:  # it implements core.llm.StepExecutor (checked statically, never run)
+
+    def _executor(e: TorchStepExecutor) -> StepExecutor:
+        return e
 
 
 __all__ = [
