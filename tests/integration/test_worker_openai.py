@@ -232,3 +232,12 @@ def test_load_report_carries_each_engine(served: BackgroundWorker) -> None:
     assert 0 < slow["kv_usage"] <= 1
     assert slow["step_profile"]["c0_ms"] == pytest.approx(1.0)
     assert report["llm_by_model"]["chat"]["running"] == 0
+
+
+def test_kserve_v2_names_the_openai_routes_for_an_llm(served: BackgroundWorker) -> None:
+    import httpx
+
+    r = httpx.post(f"{served.url}/v2/models/chat/infer", json={"inputs": []})
+    assert r.status_code == 404 and "/v1/completions" in r.json()["error"]
+    index = httpx.post(f"{served.url}/v2/repository/index").json()
+    assert {"name": "chat", "version": "1", "state": "READY"} in index

@@ -95,6 +95,7 @@ class Worker:
             if le.name in self.llms or le.name in self.models:
                 raise ConfigError(f"model {le.name!r} is given twice")
             self.llms[le.name] = build_llm(le, set_dir, emulated)
+        self.plane.llm_names = frozenset(self.llms)
         self.llm_metrics = LlmMetrics(self.metrics.registry, self.llms) if self.llms else None
         self.llm_front = LlmFront(
             self.llms,
@@ -200,6 +201,8 @@ class Worker:
         self.models.join(self.telemetry.on_load, self.telemetry.on_unload)
         for n, m in self.models.items():
             self.models.states[n] = ModelState(READY, version=m.entry.config.version)
+        for n, llm in self.llms.items():  # listed READY in the index: the gateway routes them
+            self.models.states[n] = ModelState(READY, version=llm.entry.config.version)
         self.models.ready = True
         if self.options.model_control == "poll":
             self._poller = asyncio.ensure_future(self.poller.run())

@@ -119,6 +119,8 @@ class DataPlane:
         self.metrics = telemetry.metrics
         #: The request log (``--record``; None: off).
         self.recorder: Recorder | None = None
+        #: The LLM models served here (over the OpenAI API, not KServe v2).
+        self.llm_names: frozenset[str] = frozenset()
 
     # -- models ------------------------------------------------------------------------------
     def model(self, name: str, version: str | None) -> HostedModel:
@@ -127,6 +129,12 @@ class DataPlane:
         if hosted is None:
             if self.models.state(name).state == LOADING:  # soon served: retry
                 raise NotServedError(wire.UNAVAILABLE, f"model {name!r} is loading")
+            if name in self.llm_names:
+                raise NotServedError(
+                    wire.MODEL_NOT_FOUND,
+                    f"model {name!r} is an LLM: it is served over the OpenAI API "
+                    "(/v1/completions, /v1/chat/completions), not KServe v2",
+                )
             raise NotServedError(
                 wire.MODEL_NOT_FOUND,
                 f"model {wire.shown_name(name)} is not served here "
