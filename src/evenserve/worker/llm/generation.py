@@ -100,6 +100,14 @@ class GenerationDriver(BatchDriver):
             fut.add_done_callback(functools.partial(self._on_future_done, req))
             return req
 
+    def start_batch(self, batch: RunningBatch) -> None:
+        """An engine step runs without the classic batch observer (its figures are the
+        engine's: ``metrics.llm``); a classic batch as ever."""
+        if batch.step is None:
+            super().start_batch(batch)
+            return
+        self._executor.start(batch, functools.partial(self._batch_done, batch))
+
     def take_free(self, model: str) -> list[int]:
         """The seq ids whose executor caches ``model``'s engine let go (under the lock)."""
         host = self.sched.engines.get(model)
@@ -142,7 +150,6 @@ class GenerationDriver(BatchDriver):
             sink.events.put_nowait(ev)
             if ev.finish is not None:
                 fut.set_result(ev.finish)
-        self.observer.batch_finished(batch, BatchResult(outputs=None), now)
 
     def _fail_step(self, batch: RunningBatch, error: str) -> None:
         """On the loop: a step failed (a real model raised): its sequences are taken out and
