@@ -192,6 +192,11 @@ class StepEntry:
     start: int
     #: Sample the next token after this step (False for a prompt chunk before the last).
     sample: bool
+    #: How (None: the executor's own default): softmax temperature (0: greedy), nucleus
+    #: ``top_p``, and a seed that makes the sequence's draws repeatable.
+    temperature: float | None = None
+    top_p: float = 1.0
+    seed: int | None = None
 
 
 class StepExecutor(Protocol):

@@ -302,3 +302,42 @@ def test_a_config_that_cannot_build_is_a_config_error() -> None:
 def test_max_model_len_beyond_the_positions_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"llm_torch\.max_model_len: 4096 is more than"):
         _executor(max_model_len=4096)
+
+
+def test_sampling_per_request_seeded_nucleus_and_greedy_side_by_side(
+    reference: list[list[int]],
+) -> None:
+    """Each entry's own temperature, top_p and seed (an OpenAI request's), in one step:
+    a greedy sequence keeps generate's tokens next to a sampled one; a seeded one repeats
+    whatever else runs beside it; a nucleus too small for a second token is greedy."""
+    p0, p1 = _prompts()[0], _prompts()[2]
+
+    def run(entries_for: Any, n: int = 10) -> dict[int, list[int]]:
+        ex = _executor()
+        out: dict[int, list[int]] = {0: [], 1: []}
+        got = ex.step([entries_for(0, p0, 0), entries_for(1, p1, 0)])
+        for sid in (0, 1):
+            out[sid].append(got[sid])
+        for i in range(n - 1):
+            got = ex.step([
+                entries_for(0, [out[0][-1]], len(p0) + i),
+                entries_for(1, [out[1][-1]], len(p1) + i),
+            ])  # fmt: skip
+            for sid in (0, 1):
+                out[sid].append(got[sid])
+        return out
+
+    def mixed(seed: int) -> Any:
+        def make(sid: int, toks: list[int], start: int) -> StepEntry:
+            if sid == 0:  # greedy
+                return StepEntry(sid, toks, start, True, 0.0)
+            return StepEntry(sid, toks, start, True, 1.5, 0.95, seed)
+
+        return make
+
+    a, b = run(mixed(11)), run(mixed(11))
+    assert a[1] == b[1]  # seeded: repeatable
+    assert a[0] == reference[0][: len(a[0])]  # greedy beside it: generate's tokens
+    assert run(mixed(12))[1] != a[1]
+    nucleus = run(lambda sid, t, s: StepEntry(sid, t, s, True, 1.0, 1e-9, 5))
+    assert nucleus[0] == reference[0][:10] and nucleus[1] == reference[2][:10]

@@ -267,6 +267,8 @@ class TorchStepExecutor:
         )
         self._cache.ensure(max_seqs, min(256, self.max_model_len))
         self._generator = self._torch.Generator(device=self.device).manual_seed(seed)
+        #: Per-sequence generators of requests that brought a seed.
+        self._seeded: dict[int, Any] = {}
         #: seq_id -> (slot, tokens its slot holds)
         self._seqs: dict[int, tuple[int, int]] = {}
         self._free_slots = list(range(self._cache.slots))
@@ -291,14 +293,37 @@ class TorchStepExecutor:
             if not sample_ids:
                 return {}
             logits = out.logits[0].float()
-            if self.temperature > 0:
-                probs = torch.softmax(logits / self.temperature, dim=-1)
-                chosen = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
-            else:
-                chosen = torch.argmax(logits, dim=-1)
+            chosen = torch.argmax(logits, dim=-1)
+            by_id = {e.seq_id: e for e in entries if e.sample}
+            for row, sid in enumerate(sample_ids):
+                e = by_id[sid]
+                temp = self.temperature if e.temperature is None else e.temperature
+                if temp > 0:
+                    chosen[row] = self._draw(logits[row], temp, e.top_p, sid, e.seed)
         return dict(zip(sample_ids, chosen.tolist(), strict=True))
 
+    def _draw(
+        self, logits: Any, temperature: float, top_p: float, sid: int, seed: int | None
+    ) -> Any:
+        """One token drawn from ``softmax(logits / temperature)`` cut to its nucleus of mass
+        ``top_p``; a sequence with a seed draws from a generator of its own (repeatable)."""
+        torch = self._torch
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < top_p  # the first always kept
+            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+        gen = self._generator
+        if seed is not None:
+            gen = self._seeded.get(sid)
+            if gen is None:
+                gen = self._seeded[sid] = torch.Generator(device=self.device).manual_seed(
+                    seed % (2**63)
+                )
+        return torch.multinomial(probs, 1, generator=gen)[0]
+
     def free(self, seq_id: int) -> None:
+        self._seeded.pop(seq_id, None)
         held = self._seqs.pop(seq_id, None)
         if held is not None:
             self._free_slots.append(held[0])

@@ -64,6 +64,10 @@ class GenSpec:
     prompt: Sequence[int]
     max_tokens: int
     ignore_eos: bool = False
+    #: Sampling, for a real model (None: its default; an emulated model's tokens are made up).
+    temperature: float | None = None
+    top_p: float = 1.0
+    seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +184,17 @@ class Step(Generic[R]):
         out = []
         for p in self.parts:
             ids = p.seq.context_ids()
+            spec = p.seq.spec
             out.append(
-                StepEntry(p.seq.seq_id, ids[p.start : p.start + p.tokens], p.start, p.sample)
+                StepEntry(
+                    p.seq.seq_id,
+                    ids[p.start : p.start + p.tokens],
+                    p.start,
+                    p.sample,
+                    spec.temperature,
+                    spec.top_p,
+                    spec.seed,
+                )
             )
         return out
 

@@ -150,9 +150,10 @@ class LlmFront:
             max_tokens = check_context(len(ids), req.max_new_tokens, model.max_model_len,
                                        chat=chat)  # fmt: skip
             priority, deadline_s = _class_and_deadline(request, model)
+            top_p = 1.0 if req.top_p is None else req.top_p
             pending = self._driver().submit_generation(
                 model.name,
-                GenSpec(ids, max_tokens, req.ignore_eos),
+                GenSpec(ids, max_tokens, req.ignore_eos, req.temperature, top_p, req.seed),
                 priority=priority,
                 deadline_in_s=deadline_s,
             )
