@@ -20,7 +20,7 @@ from evenserve.worker.options import WorkerOptions  # noqa: E402
 from evenserve.worker.repository import load_llm_repository  # noqa: E402
 from evenserve.worker.server import BackgroundWorker  # noqa: E402
 from tests.integration.fake_v2 import serving  # noqa: E402
-from tests.integration.test_worker_openai import STEP_PROFILE, llm_folder  # noqa: E402
+from tests.integration.test_worker_openai import llm_repo  # noqa: E402
 
 TINY = (
     "llm_torch: {config: {hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,"
@@ -31,14 +31,7 @@ TINY = (
 
 @pytest.fixture
 def worker(tmp_path: Path) -> Iterator[BackgroundWorker]:
-    pset = tmp_path / "set"
-    pset.mkdir()
-    (pset / "chat.yaml").write_text(STEP_PROFILE.format(name="chat", c0=0.2))
-    (pset / "slow.yaml").write_text(STEP_PROFILE.format(name="slow", c0=1.0))
-    llm_folder(tmp_path, "chat", "{mode: continuous-chunked, max_num_seqs: 8, num_blocks: 2000}")
-    llm_folder(
-        tmp_path, "slow", "{mode: continuous, max_num_seqs: 1, max_waiting: 1, num_blocks: 1000}"
-    )
+    pset, repo = llm_repo(tmp_path)
     has_torch = True
     try:
         import torch  # noqa: F401
@@ -46,14 +39,14 @@ def worker(tmp_path: Path) -> Iterator[BackgroundWorker]:
     except ImportError:
         has_torch = False
     if has_torch:
-        d = tmp_path / "repo" / "tiny"
+        d = repo / "tiny"
         d.mkdir()
         (d / "model.yaml").write_text(
             "kind: llm\nruntime: llm_torch\nmax_model_len: 256\n"
             "engine: {mode: continuous, max_num_seqs: 4, num_blocks: 64}\n" + TINY
         )
     options = WorkerOptions(device=parse_device(f"emulated:{pset}"))
-    service = Worker([], options, llm_entries=load_llm_repository(tmp_path / "repo"))
+    service = Worker([], options, llm_entries=load_llm_repository(repo))
     with BackgroundWorker(service) as w:
         yield w
 

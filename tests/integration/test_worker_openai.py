@@ -44,8 +44,9 @@ def llm_folder(root: Path, name: str, engine: str, extra: str = "") -> None:
     )
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[BackgroundWorker]:
+def llm_repo(tmp_path: Path) -> tuple[Path, Path]:
+    """A profile set with two fast emulated LLMs' step profiles, and a repository serving
+    them: ``chat`` (chunked, 8 sequences) and ``slow`` (one sequence, one waiting)."""
     pset = tmp_path / "set"
     pset.mkdir()
     (pset / "chat.yaml").write_text(STEP_PROFILE.format(name="chat", c0=0.2))
@@ -54,9 +55,14 @@ def served(tmp_path: Path) -> Iterator[BackgroundWorker]:
     llm_folder(
         tmp_path, "slow", "{mode: continuous, max_num_seqs: 1, max_waiting: 1, num_blocks: 1000}"
     )
-    entries = load_llm_repository(tmp_path / "repo")
+    return pset, tmp_path / "repo"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[BackgroundWorker]:
+    pset, repo = llm_repo(tmp_path)
     options = WorkerOptions(device=parse_device(f"emulated:{pset}"))
-    service = Worker([], options, llm_entries=entries)
+    service = Worker([], options, llm_entries=load_llm_repository(repo))
     with BackgroundWorker(service) as w:
         yield w
 

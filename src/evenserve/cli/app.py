@@ -14,6 +14,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 app = typer.Typer(
     add_completion=False,
@@ -86,3 +87,17 @@ def read_token_file(path: Path, option: str) -> str:
     if not token:
         fail(f"{option}: {path} is empty")
     return token
+
+
+def counted_progress(unit: str, quiet: bool) -> Progress:
+    """A progress bar on stderr counting ``unit`` (``3/6 arms``), gone when done; off when
+    the output is JSON on stdout (``quiet``)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} " + unit),
+        TimeElapsedColumn(),
+        console=err_console,
+        disable=quiet,
+        transient=True,
+    )

@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evenserve.cli.app import console, err_console, fail, write_json
+from evenserve.cli.app import console, counted_progress, fail, write_json
 from evenserve.cli.bench_cmd import parse_duration
 from evenserve.cli.params_cmd import TokenFile, read_token
 from evenserve.core.errors import EvenserveError
@@ -283,15 +282,7 @@ def _verify(
     findings: list[dict[str, Any]], replay: dx.Replay, arm: str, jobs: int | None, quiet: bool
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} simulator runs"),
-        TimeElapsedColumn(),
-        console=err_console,
-        disable=quiet,
-        transient=True,
-    ) as progress:
+    with counted_progress("simulator runs", quiet) as progress:
         task = progress.add_task(f"verifying on {replay.scenario.name} / {arm}", total=None)
 
         def step(done: int, total: int) -> None:

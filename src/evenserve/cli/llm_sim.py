@@ -6,9 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-from evenserve.cli.app import console, err_console, fail, write_json
+from evenserve.cli.app import console, counted_progress, fail, write_json
 from evenserve.core.errors import EvenserveError
 from evenserve.report.llm_summary import llm_table
 from evenserve.report.table import rich_table
@@ -27,15 +25,7 @@ def simulate_llm(path: Path, arm: str | None, seed: int | None, json_path: Path 
         s = sc.doc.seed if seed is None else seed
         quiet = json_path is not None and str(json_path) == "-"
         figures: list[ArmFigures] = []
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} arms"),
-            TimeElapsedColumn(),
-            console=err_console,
-            disable=quiet,
-            transient=True,
-        ) as progress:
+        with counted_progress("arms", quiet) as progress:
             task = progress.add_task(f"simulating {sc.doc.name}", total=len(names))
             for n in names:
                 progress.update(task, description=f"simulating {sc.doc.name} / {n}")

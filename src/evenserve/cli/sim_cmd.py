@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from evenserve.cli.app import console, err_console, fail, write_json
+from evenserve.cli.app import console, counted_progress, fail, write_json
 from evenserve.cli.llm_sim import simulate_llm
 from evenserve.core.errors import EvenserveError
 from evenserve.policy.batching import BATCHING
@@ -115,15 +114,7 @@ def compare(
         s = seed if seed is not None else sc.seed
         arms: dict[str, Any] = {}
         quiet = json_path is not None and str(json_path) == "-"
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} arms"),
-            TimeElapsedColumn(),
-            console=err_console,
-            disable=quiet,
-            transient=True,
-        ) as progress:
+        with counted_progress("arms", quiet) as progress:
             task = progress.add_task(f"simulating {sc.name}", total=len(sc.arms))
             for name in sc.arms:
                 progress.update(task, description=f"simulating {sc.name} / {name}")

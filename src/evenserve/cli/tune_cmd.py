@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evenserve.cli.app import console, err_console, fail, write_json
+from evenserve.cli.app import console, counted_progress, fail, write_json
 from evenserve.cli.bench_cmd import parse_duration
 from evenserve.cli.params_cmd import TokenFile, read_token
 from evenserve.cli.sim_cmd import SetOpt
@@ -143,15 +142,7 @@ def tune(
         if name not in sc.arms:
             fail(f"--arm: unknown arm {name!r} (arms: {', '.join(sc.arms)})")
         quiet = json_path is not None and str(json_path) == "-"
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} evaluations"),
-            TimeElapsedColumn(),
-            console=err_console,
-            disable=quiet,
-            transient=True,
-        ) as progress:
+        with counted_progress("evaluations", quiet) as progress:
             grid = 1
             for v in GRID.values():
                 grid *= len(v)

@@ -28,7 +28,7 @@ can count and log it. Cancellation (the client left) propagates, after closing t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from evenserve.worker.openai.encode import (
@@ -103,50 +103,50 @@ def _error_event(exc: Exception) -> bytes:
     return sse_error(exc if isinstance(exc, OpenAIError) else internal())
 
 
-async def stream_completion(
+def stream_completion(
     events: AsyncIterator[GenEvent],
     reply: Reply,
     *,
     stop: Sequence[str] = (),
     include_usage: bool = False,
     tally: Tally | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes]:
     """A streamed ``/v1/completions`` answer's SSE bytes (see the module docstring)."""
-    tally = tally if tally is not None else Tally()
-    steps = _Steps(stop, tally)
-    try:
-        async for event in events:
-            text, finish = steps.step(event)
-            if finish is None:
-                if text:
-                    yield sse(completion_chunk(reply, text, usage_null=include_usage))
-                continue
-            out = [sse(completion_chunk(reply, text, finish, usage_null=include_usage))]
-            if include_usage:
-                out.append(sse(usage_chunk(reply, tally.completion_tokens, chat=False)))
-            out.append(SSE_DONE)
-            yield b"".join(out)
-            return
-        raise _unfinished()
-    except Exception as exc:
-        tally.error = exc
-        yield _error_event(exc) + SSE_DONE
-    finally:
-        await _close(events)
+    return _stream(events, reply, stop, include_usage, tally, chat=False)
 
 
-async def stream_chat(
+def stream_chat(
     events: AsyncIterator[GenEvent],
     reply: Reply,
     *,
     stop: Sequence[str] = (),
     include_usage: bool = False,
     tally: Tally | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes]:
     """A streamed ``/v1/chat/completions`` answer's SSE bytes (see the module docstring)."""
+    return _stream(events, reply, stop, include_usage, tally, chat=True)
+
+
+async def _stream(
+    events: AsyncIterator[GenEvent],
+    reply: Reply,
+    stop: Sequence[str],
+    include_usage: bool,
+    tally: Tally | None,
+    *,
+    chat: bool,
+) -> AsyncGenerator[bytes]:
+    """Both streams: a chat's first piece carries the assistant's role, its last chunk's
+    empty text is None; otherwise the same pieces in the same order."""
     tally = tally if tally is not None else Tally()
     steps = _Steps(stop, tally)
-    first = True
+    first = chat
+
+    def chunk(text: str | None, finish: FinishReason | None = None) -> bytes:
+        if chat:
+            return sse(chat_chunk(reply, text, finish, usage_null=include_usage))
+        return sse(completion_chunk(reply, text or "", finish, usage_null=include_usage))
+
     try:
         async for event in events:
             text, finish = steps.step(event)
@@ -156,13 +156,13 @@ async def stream_chat(
                 first = False
             if finish is None:
                 if text:
-                    out.append(sse(chat_chunk(reply, text, usage_null=include_usage)))
+                    out.append(chunk(text))
                 if out:
                     yield b"".join(out)
                 continue
-            out.append(sse(chat_chunk(reply, text or None, finish, usage_null=include_usage)))
+            out.append(chunk(text or None, finish))
             if include_usage:
-                out.append(sse(usage_chunk(reply, tally.completion_tokens, chat=True)))
+                out.append(sse(usage_chunk(reply, tally.completion_tokens, chat=chat)))
             out.append(SSE_DONE)
             yield b"".join(out)
             return
