@@ -43,8 +43,12 @@ lint: setup-dev
 typecheck: setup-dev
 	$(VENV)/bin/mypy --strict src
 
+# The tests run in TEST_WORKERS processes (pytest-xdist), one test file per process at a time
+# (--dist loadfile: a file's module-scoped servers start once); TEST_WORKERS=0 runs them in
+# this process. A run that collects no tests still exits 5 and fails.
+TEST_WORKERS ?= 2
 test: setup-dev
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile
 
 check: lint typecheck test
 
