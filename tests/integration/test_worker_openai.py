@@ -29,6 +29,7 @@ source: a test's (fast steps)
 c0_ms: {c0}
 prefill_us_per_token: 1.0
 decode_us_per_seq: 1.0
+cpu_ms_per_output_token: {cpu}
 weights_gib: 0.001
 kv_bytes_per_token: 1024
 device_memory_gib: 1.0
@@ -46,11 +47,12 @@ def llm_folder(root: Path, name: str, engine: str, extra: str = "") -> None:
 
 def llm_repo(tmp_path: Path) -> tuple[Path, Path]:
     """A profile set with two fast emulated LLMs' step profiles, and a repository serving
-    them: ``chat`` (chunked, 8 sequences) and ``slow`` (one sequence, one waiting)."""
+    them: ``chat`` (chunked, 8 sequences) and ``slow`` (one sequence, one waiting; its tokens
+    become visible 0.5 ms after their step, its profile's CPU per output token)."""
     pset = tmp_path / "set"
     pset.mkdir()
-    (pset / "chat.yaml").write_text(STEP_PROFILE.format(name="chat", c0=0.2))
-    (pset / "slow.yaml").write_text(STEP_PROFILE.format(name="slow", c0=1.0))
+    (pset / "chat.yaml").write_text(STEP_PROFILE.format(name="chat", c0=0.2, cpu=0))
+    (pset / "slow.yaml").write_text(STEP_PROFILE.format(name="slow", c0=1.0, cpu=0.5))
     llm_folder(tmp_path, "chat", "{mode: continuous-chunked, max_num_seqs: 8, num_blocks: 2000}")
     llm_folder(
         tmp_path, "slow", "{mode: continuous, max_num_seqs: 1, max_waiting: 1, num_blocks: 1000}"

@@ -244,7 +244,7 @@ class GenerationRecord:
     #: Targets the request was judged against (None: none).
     ttft_target_s: float | None = None
     tpot_target_s: float | None = None
-    #: The request's class (lower is more urgent, as elsewhere).
+    #: The request's class (higher is served first, as elsewhere: online 10, offline 0).
     priority: int = 10
 
     @property

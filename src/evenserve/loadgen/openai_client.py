@@ -41,6 +41,7 @@ import orjson
 
 from evenserve.core.clock import Clock
 from evenserve.core.llm import GenerationRecord, Tokenizer
+from evenserve.core.wire import PRIORITY_HEADER
 from evenserve.loadgen.sse import SseParser
 from evenserve.loadgen.target import classify_exception, classify_status
 from evenserve.workload.llm import LlmRequest, LlmUser
@@ -205,7 +206,13 @@ class OpenAiStreamClient:
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
         reply = StreamedReply(request.record(scheduled_s))
         data = orjson.dumps(self.body(request))
-        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        headers = {
+            "content-type": "application/json",
+            "accept": "text/event-stream",
+            # The request's class, as the v2 load generator sends it (the worker's and the
+            # gateway's header; the simulator reads the same field).
+            PRIORITY_HEADER: str(request.priority),
+        }
         try:
             async with self._session.post(self.url, data=data, headers=headers) as resp:
                 reply.status = resp.status

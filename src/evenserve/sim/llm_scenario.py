@@ -30,6 +30,7 @@ from pydantic import Field, model_validator
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.validation import Strict, read_yaml, validate_document
+from evenserve.core.wire import ONLINE
 from evenserve.workload.llm import LlmWorkloadSpec
 
 
@@ -55,7 +56,7 @@ class LlmSection(Strict):
     model: str = Field(min_length=1)
     engine: EngineSpec = Field(default_factory=EngineSpec)
     #: The class of its requests that bring none (for the interleaving with classic models).
-    priority: int = 0
+    priority: int = ONLINE
     workloads: list[dict[str, Any]] = Field(min_length=1)
 
 
@@ -67,7 +68,7 @@ class ClassicSection(Strict):
         default_factory=lambda: {"policy": "fixed-window", "max_batch_delay_ms": 0}
     )
     max_batch_size: int = Field(default=32, ge=1)
-    priority: int = 0
+    priority: int = ONLINE
 
 
 class DeviceSection(Strict):

@@ -182,8 +182,9 @@ class Worker:
         for name, llm in self.llms.items():
             c = llm.entry.config
             try:
+                delay = llm.profile.cpu_s_per_output_token if c.runtime == "emulated" else 0.0
                 llm.kv_blocks = driver.add_engine(name, llm.setup, c.engine.num_blocks,
-                                                  c.priority_value)  # fmt: skip
+                                                  c.priority_value, delay)  # fmt: skip
             except ValueError as exc:
                 raise ConfigError(f"{llm.entry.source}: engine: {exc}") from exc
             executor.steppers[name] = llm.runner

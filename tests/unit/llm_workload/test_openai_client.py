@@ -103,7 +103,9 @@ class Server:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        self.bodies.append({"path": request.path, **body})
+        self.bodies.append(
+            {"path": request.path, "class": request.headers.get("x-evenserve-priority"), **body}
+        )
         peer = request.transport.get_extra_info("peername") if request.transport else None
         self.peers.append(peer)
         script = self.script(body["model"], body)
@@ -172,6 +174,7 @@ async def test_a_stream_fills_the_record(
     assert rec.finished_s is not None and rec.finished_s >= times[-1]
     body = server.bodies[0]
     assert body["path"] == "/v1/completions" and body["prompt"] == [104, 105]
+    assert body["class"] == "0"  # the request's class travels as the header
     assert (body["max_tokens"], body["ignore_eos"], body["stream"]) == (5, True, True)
     assert body["stream_options"] == {"include_usage": True} and body["temperature"] == 0
 

@@ -140,13 +140,13 @@ def test_prefix_cache_hits_skip_compute_and_are_counted_in_tokens() -> None:
 def test_preemption_by_recompute_lowest_class_newest_first_and_all_complete() -> None:
     # 6 blocks of 4 tokens: two sequences of 8-token prompts growing to 20 tokens each.
     e = engine(blocks=6)
-    e.add(req(1, priority=0), GenSpec(list(range(8)), 12))
-    e.add(req(2, priority=10), GenSpec(list(range(8, 16)), 12))
+    e.add(req(1, priority=10), GenSpec(list(range(8)), 12))  # online
+    e.add(req(2, priority=0), GenSpec(list(range(8, 16)), 12))  # offline
     out = run(e)
     assert e.counters.preemptions >= 1
     finished = {r for r, _, f in out if f is not None}
     assert finished == {1, 2}
-    # The online sequence (class 0) was never the one preempted: its tokens come in order
+    # The online sequence (class 10) was never the one preempted: its tokens come in order
     # without a repeat, and it finishes first.
     ones = [i for r, i, _ in out if r == 1]
     assert ones == list(range(1, 13))
@@ -226,3 +226,27 @@ def test_a_waiting_sequence_past_its_deadline_is_expired_a_started_one_finishes(
     assert e.num_waiting == 0 and not e.cancel(r2)
     out = run(e)
     assert [f for r, _, f in out if f] == ["length"] and out[-1][0] == 1
+
+
+def test_the_higher_class_is_admitted_first_then_arrival_order() -> None:
+    e = engine(max_num_seqs=1)
+    off, on1, on2 = req(1, priority=0), req(2, priority=10), req(3, priority=10)
+    for r in (off, on1, on2):
+        e.add(r, GenSpec([1, 2, 3], 1))
+    order = [x.req.request_id for st in iter(lambda: e.plan(0.0), None) for x in e.done(st, 0.0)]
+    assert order == [2, 3, 1]
+
+
+def test_interleave_classes_first_then_slack_then_tpot_then_alternation() -> None:
+    from evenserve.sched.engine.interleave import CLASSIC, ENGINE, Side, first
+
+    step = Side(10, 0.010, 0.0, 0.050)
+    batch = Side(10, 0.005)
+    assert first(Side(10, 0.010), Side(0, 0.005), None) == ENGINE  # online LLM, offline batch
+    assert first(Side(0, 0.010), Side(10, 0.005), ENGINE) == CLASSIC
+    assert first(step, batch, None) == ENGINE and first(step, batch, CLASSIC) == ENGINE
+    assert first(step, batch, ENGINE) == CLASSIC  # alternate
+    urgent = Side(10, 0.005, slack_s=0.004)  # waiting one step would miss the SLO
+    assert first(step, urgent, CLASSIC) == CLASSIC
+    late = Side(10, 0.010, slack_s=0.048, tpot_s=0.050)  # a batch now would pass TPOT
+    assert first(late, batch, ENGINE) == ENGINE

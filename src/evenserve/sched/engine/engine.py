@@ -5,8 +5,9 @@ runs it (the simulator's clock, an emulated sleep, or a real model through ``Ste
 and reports ``done(step, now, sampled)``, which answers the tokens each sequence produced.
 
 Theory of operation (vLLM's V1 scheduler, one token budget for prefill and decode).
-- Sequences wait in class order, first come first served within a class (``priority`` lower
-  is more urgent, then the order they arrived). A preempted sequence keeps its place. One
+- Sequences wait in class order, first come first served within a class (a higher
+  ``priority`` first, as everywhere: online 10 before offline 0; then the order they
+  arrived). A preempted sequence keeps its place. One
   that brought a deadline and has not started by then is taken out (``expire``: the driver
   answers it ``deadline-expired``); once started it finishes.
 - A step first keeps every running sequence going: a decode needs one token, a prompt being
@@ -143,8 +144,8 @@ class Seq(Generic[R]):
         self.preemptions = 0
 
     def key(self) -> tuple[int, int]:
-        """Waiting order: class, then arrival."""
-        return (self.req.priority, self.order)
+        """Waiting order: the higher class, then arrival."""
+        return (-self.req.priority, self.order)
 
     def __lt__(self, other: Seq[R]) -> bool:
         return self.key() < other.key()
@@ -417,7 +418,7 @@ class Engine(Generic[R]):
             while not self._grow(seq, seq.computed + n):
                 victim = max(
                     (s for s in self.running if s.seq_id not in scheduled),
-                    key=lambda s: (s.req.priority, s.order),
+                    key=lambda s: (-s.req.priority, s.order),  # lowest class, then newest
                 )
                 self._preempt(victim)
                 preempted = True

@@ -47,9 +47,9 @@ class EngineHost(Generic[R]):
 
     def side(self, now: float) -> Side:
         e = self.engine
-        head = e.running[0].req.priority if e.running else self.priority
+        head = max(s.req.priority for s in e.running) if e.running else self.priority
         if not e.running and e.waiting:
-            head = min(s.req.priority for s in e.waiting if s.state == 0)
+            head = max(s.req.priority for s in e.waiting if s.state == 0)
         tpot = e.setup.tpot_s
         waited = now - self.idle_since_s if e.running else 0.0
         return Side(head, e.next_step_s(), waited, math.inf if tpot is None else tpot)

@@ -2,7 +2,7 @@
 
 When an instance is free and both an engine step and a classic batch could start, the device
 runs one of them; the next decision comes when it ends. The rule protects both SLOs:
-- Classes first: the side whose head is of the more urgent class (lower ``priority``) goes
+- Classes first: the side whose head is of the more urgent class (higher ``priority``) goes
   first (offline work never delays online work on either side).
 - Within a class the two alternate (one step, one batch, ...): a classic batch delays the
   engine's next token by at most one batch time, a step delays the classic queue by at most
@@ -26,7 +26,7 @@ ENGINE, CLASSIC = "engine", "classic"
 class Side:
     """What the rule reads of one side."""
 
-    #: The class of its head (lower is more urgent).
+    #: The class of its head (higher is more urgent: online 10, offline 0).
     priority: int
     #: Seconds its next unit (the step, or the batch) takes.
     next_s: float
@@ -40,7 +40,7 @@ class Side:
 def first(engine: Side, classic: Side, last: str | None) -> str:
     """``engine`` or ``classic`` (see the module docstring); ``last``: which ran last."""
     if engine.priority != classic.priority:
-        return ENGINE if engine.priority < classic.priority else CLASSIC
+        return ENGINE if engine.priority > classic.priority else CLASSIC
     if classic.slack_s < engine.next_s:
         return CLASSIC
     if engine.slack_s + classic.next_s > engine.tpot_s:

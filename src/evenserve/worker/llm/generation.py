@@ -42,10 +42,23 @@ class GenerationSink:
 class GenerationDriver(BatchDriver):
     """The batcher driver, with LLM engines (see the module docstring)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Per model, how long after its step a token becomes visible (an emulated model:
+        #: its step profile's CPU per output token, which the simulator applies too; a real
+        #: model's CPU is real).
+        self.token_delay_s: dict[str, float] = {}
+
     def add_engine(
-        self, name: str, setup: EngineSetup, num_blocks: int | None, priority: int
+        self,
+        name: str,
+        setup: EngineSetup,
+        num_blocks: int | None,
+        priority: int,
+        token_delay_s: float = 0.0,
     ) -> int:
         """Host an engine for ``name``; returns its KV blocks."""
+        self.token_delay_s[name] = token_delay_s
         with self.lock:
             host = self.sched.add_engine(name, setup, self.clock.now(), num_blocks, priority)
             return host.engine.kv.num_blocks
@@ -132,8 +145,12 @@ class GenerationDriver(BatchDriver):
             self.sched.finished(batch, now, took, sampled)
             events = batch.events or []
             failed = result.error
+        delay = self.token_delay_s.get(batch.model, 0.0)
         if failed is not None:
             self._post(self._fail_step, batch, failed)
+        elif delay > 0:  # the step profile's CPU per output token, off the device's clock
+            deliver = functools.partial(self._deliver, events, batch, now)
+            self._post(self._timer_service.call_at, now + delay, deliver)
         else:
             self._post(self._deliver, events, batch, now)
         self._post(self._notify_if_idle)
