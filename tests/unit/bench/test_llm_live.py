@@ -68,7 +68,11 @@ def test_each_arms_worker_runs_the_simulators_engine(tmp_path: Path, arm: str) -
     sc = bench.scaled(load_llm_scenario(SCENARIO), 10.0, 1.0, 1.0, 256)
     repo = bench.write_repo(sc, arm, tmp_path)
     pdir = sc.profile_dir()
-    worker = build_llm(load_llm_model(repo / "llama-3.1-8b"), pdir, emulated=True).setup
+    entry = load_llm_model(repo / "llama-3.1-8b")
+    # The class of its requests (the client sends none): the workloads' (online), which the
+    # simulator's engine interleaves by, not the scenario's llm.priority.
+    assert entry.config.priority_value == 10
+    worker = build_llm(entry, pdir, emulated=True).setup
     doc = sc.doc
     assert doc.llm is not None
     spec = doc.llm.engine.merged(doc.arms[arm].engine)
@@ -79,5 +83,5 @@ def test_each_arms_worker_runs_the_simulators_engine(tmp_path: Path, arm: str) -
     classic = sorted(p.name for p in repo.iterdir() if p.name != "llama-3.1-8b")
     assert classic == (["bert-base", "resnet50"] if arm == "colocated" else [])
     if classic:
-        entry = load_model(repo / "resnet50", False)
-        assert entry.config.slo_ms == 25 and entry.config.max_batch_size == 32
+        classic_entry = load_model(repo / "resnet50", False)
+        assert classic_entry.config.slo_ms == 25 and classic_entry.config.max_batch_size == 32
