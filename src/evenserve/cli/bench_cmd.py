@@ -18,6 +18,10 @@ import typer
 from evenserve.cli.app import console, err_console, fail
 from evenserve.core.errors import ConfigError, EvenserveError
 from evenserve.experiment.scaling import DEFAULT_TIME_SCALE
+from evenserve.sim.llm_scenario import is_llm_scenario
+
+#: An LLM scenario's default time scale (``experiment.llm_live``).
+LLM_TIME_SCALE = 5.0
 
 if TYPE_CHECKING:
     from evenserve.workload import Arrival
@@ -105,9 +109,12 @@ def bench(
     ] = None,
     repeats: Annotated[int, typer.Option(help="Scenario: runs per arm.")] = 1,
     time_scale: Annotated[
-        float,
-        typer.Option(help="Scenario: K; batches, think and inter-arrival times K times longer."),
-    ] = DEFAULT_TIME_SCALE,
+        float | None,
+        typer.Option(
+            help="Scenario: K; batches, think and inter-arrival times K times longer "
+            f"(default {DEFAULT_TIME_SCALE:g}; an LLM scenario's {LLM_TIME_SCALE:g})."
+        ),
+    ] = None,
     repo: Annotated[
         Path, typer.Option(help="Scenario: model repository the models' inputs come from.")
     ] = Path("examples/models/emulated"),
@@ -153,6 +160,11 @@ def bench(
             raise ConfigError("--level: only with --scenario (a load level of the scenario)")
         if json_path is not None and scenario is None:
             raise ConfigError("--json: only with --scenario (the target bench writes --out)")
+        if scenario is not None and is_llm_scenario(scenario):
+            raise typer.Exit(_llm_bench(scenario, arms, duration, warmup, time_scale,
+                                        max_requests, json_path, seed, set_, level))  # fmt: skip
+        if time_scale is None:
+            time_scale = DEFAULT_TIME_SCALE
         if scenario is not None:
             res = run_scenario_bench(
                 ScenarioBench(
@@ -256,3 +268,34 @@ def report(
         rebuild_report(runs, out, plots, console)
     except EvenserveError as exc:
         fail(str(exc))
+
+
+def _llm_bench(
+    scenario: Path,
+    arms: str | None,
+    duration: str | None,
+    warmup: str | None,
+    time_scale: float | None,
+    max_requests: int,
+    json_path: Path | None,
+    seed: int | None,
+    set_: list[str] | None,
+    level: str | None,
+) -> int:
+    """An LLM scenario's arms live next to the simulator (``experiment.llm_live``)."""
+    from evenserve.experiment.llm_live import main as llm_live
+
+    if seed is not None or set_ or level:
+        raise ConfigError("--seed, --set and --level apply to classic scenarios, not an LLM one")
+    argv = ["--scenario", str(scenario), "--time-scale", str(time_scale or LLM_TIME_SCALE)]
+    for a in (arms or "").split(","):
+        if a.strip():
+            argv += ["--arm", a.strip()]
+    if duration:
+        argv += ["--duration", str(parse_duration(duration, "--duration"))]
+    if warmup:
+        argv += ["--warmup", str(parse_duration(warmup, "--warmup"))]
+    argv += ["--max-requests", str(max_requests)]
+    if json_path is not None:
+        argv += ["--json", str(json_path)]
+    return llm_live(argv)

@@ -1,6 +1,7 @@
-"""bench/llm_live.py's pieces that decide what both sides run: the time-scaled scenario and
-profile set (the simulator's figures scale exactly), each arm's worker repository (its engine
-is the simulator's), the comparison's units and bounds."""
+"""The pieces of the LLM live bench (``experiment.llm_live``, ``evenserve bench --scenario``
+on an LLM scenario) that decide what both sides run: the time-scaled scenario and profile set
+(the simulator's figures scale exactly), each arm's worker repository (its engine is the
+simulator's), the comparison's units and bounds."""
 
 from __future__ import annotations
 
@@ -14,13 +15,12 @@ from evenserve.sim.llm_scenario import load_llm_scenario
 from evenserve.worker.llm.config import load_llm_model
 from evenserve.worker.llm.hosting import build_llm
 from evenserve.worker.repository import load_model
-from tests.unit.bench.bench_module import load
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIO = ROOT / "scenarios" / "llm-mix.yaml"
 
 
-bench = load("llm_live")
+from evenserve.experiment import llm_live as bench  # noqa: E402
 
 
 def test_a_time_scaled_run_is_the_scenario_in_slow_motion(tmp_path: Path) -> None:
@@ -85,3 +85,14 @@ def test_each_arms_worker_runs_the_simulators_engine(tmp_path: Path, arm: str) -
     if classic:
         classic_entry = load_model(repo / "resnet50", False)
         assert classic_entry.config.slo_ms == 25 and classic_entry.config.max_batch_size == 32
+
+
+def test_evenserve_bench_takes_an_llm_scenario_and_refuses_classic_only_options() -> None:
+    from typer.testing import CliRunner
+
+    from evenserve.cli.main import app
+
+    res = CliRunner().invoke(app, ["bench", "--scenario", str(SCENARIO), "--seed", "3"])
+    assert res.exit_code == 2 and "not an LLM one" in res.output
+    res = CliRunner().invoke(app, ["bench", "--scenario", str(SCENARIO), "--arms", "nope"])
+    assert res.exit_code == 2 and "unknown arm" in res.output
