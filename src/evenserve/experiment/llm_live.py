@@ -57,20 +57,19 @@ run (a sleep of the step profile's c0).
     evenserve bench --scenario scenarios/llm-mix.yaml --arms continuous-chunked,colocated \\
         --duration 20 --warmup 4 --time-scale 10 [--json out/llm-live.json]
 
-Measured so (2 shared cores, load average 4 to 5 from other work; the whole scenario's
-rates, 114 LLM requests and about 9 400 classic ones in the 16 s window; about 4 minutes an
-arm): ``continuous-chunked`` every figure within its bound (live / sim: TTFT mean 0.98, P99
-1.02; TPOT 1.01, 1.01; ITL 1.01, 1.06; end-to-end 1.01, 1.01; goodput 1.00). ``colocated``:
-the LLM's within (TTFT 1.01, 1.02; TPOT 1.03, 1.02; ITL 1.03, 1.04; end-to-end 1.03, 1.03;
-goodput 1.00); the classic models' goodput 1.00, P99 1.09 (ResNet-50) and 1.11 (BERT), P50
-1.13 and 1.10 (outside the 5 %): the unscaled HTTP round trip of each classic request (+5 ms
-live at K = 1, 0.5 ms in scenario units at K = 10). The LLM's TTFT live is a little under the
-simulator's: the simulator shows every token the step profile's CPU per output token (3.36
-ms) after its step, the emulated worker does not. The worker used under 0.1 core, this client
-under 0.1. At K = 1 (rates x 0.25) ``continuous-chunked`` is 25 to 28 % slower live (TTFT,
-TPOT, ITL, end-to-end means) and ``classic-solo``'s P50 is 3 times the simulator's: the host's
-late wake-ups (a 6 ms sleep wakes 0.9 ms late on average here) and the HTTP path weigh as
-much as the H100's steps and batches.
+Measured (2 shared cores; ``evenserve bench --scenario scenarios/llm-mix.yaml --arms
+continuous-chunked,colocated --duration 20s --warmup 4s --time-scale 10``: the whole
+scenario's rates, 114 LLM requests and about 9,400 classic ones in the 16 s window, about 4
+minutes an arm; the worker and this client each under 0.1 core): ``continuous-chunked`` every
+figure within its bound (live / sim: TTFT mean 1.020, P99 1.022; TPOT 1.008, 1.010; ITL
+1.008, 1.018; end-to-end 1.009, 1.007; goodput 1.000). ``colocated``: TPOT 1.026 / 1.025, ITL
+1.025 / 1.032, end-to-end 1.027 / 1.032, goodput 1.000 within; TTFT mean 1.061 (P99 1.065)
+just over the 5 %; the classic models' goodput 1.00 and P99 1.045 / 1.050 within, P50 1.09 /
+1.11 not: every classic request's HTTP round trip and the worker's Python around each batch
+and step, which the time scale shrinks but does not remove. At K = 1 (rates x 0.25)
+``continuous-chunked`` is 25 to 28 % slower live and ``classic-solo``'s P50 3 times the
+simulator's: the host's late wake-ups and the HTTP path weigh as much as the H100's steps and
+batches.
 """
 
 from __future__ import annotations
