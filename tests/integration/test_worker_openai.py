@@ -249,3 +249,12 @@ def test_kserve_v2_names_the_openai_routes_for_an_llm(served: BackgroundWorker) 
     assert r.status_code == 404 and "/v1/completions" in r.json()["error"]
     index = httpx.post(f"{served.url}/v2/repository/index").json()
     assert {"name": "chat", "version": "1", "state": "READY"} in index
+
+
+def test_an_llm_folder_is_not_loaded_by_model_control(tmp_path: Path) -> None:
+    from evenserve.core.errors import ConfigError
+    from evenserve.worker.repository import load_model
+
+    _, repo = llm_repo(tmp_path)
+    with pytest.raises(ConfigError, match=r"kind: llm.*--model-control none"):
+        load_model(repo / "chat")

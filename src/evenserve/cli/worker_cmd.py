@@ -136,6 +136,14 @@ def worker(**flags: Any) -> None:
             entries = load_repository(repo, only)
         # LLM folders (kind: llm) are served from the start, with model control none only.
         llm_entries = load_llm_repository(repo, only) if model_control == "none" else []
+        if model_control != "none":
+            llms = [e.name for e in load_llm_repository(repo)]
+            if llms:
+                err_console.print(
+                    f"warning: {', '.join(llms)}: LLM folders (kind: llm) are served with "
+                    f"--model-control none only; with {model_control} they are not served",
+                    highlight=False,
+                )
         service = Worker(entries, options, llm_entries=llm_entries)
         emulated = any(isinstance(m.runtime, EmulatedRuntime) for m in service.models.values())
         if options.slowdown is not None and not emulated:

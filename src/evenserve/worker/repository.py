@@ -138,6 +138,13 @@ def load_model(
     name the field."""
     if triton_config.is_triton_folder(directory, MODEL_FILE):
         return _load_triton(directory, override)
+    from evenserve.worker.llm.config import is_llm_folder
+
+    if is_llm_folder(directory):
+        raise ConfigError(
+            f"{directory / MODEL_FILE}: kind: llm: an LLM is served from the worker's start, "
+            "with --model-control none (not loaded or unloaded while serving)"
+        )
     source = directory / MODEL_FILE
     raw = read_yaml(source, f"{directory}: no {MODEL_FILE} in this model folder")
     where = str(source)
