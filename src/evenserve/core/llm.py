@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+import orjson
 from pydantic import Field
 
 from evenserve.core.errors import ProfileError
@@ -278,3 +279,12 @@ class GenerationRecord:
         return not (
             self.tpot_target_s is not None and tpot is not None and tpot > self.tpot_target_s
         )
+
+
+def openai_error_body(
+    message: str, type_: str, param: str | None = None, code: str | int | None = None
+) -> bytes:
+    """OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``: what the
+    worker's OpenAI front and the gateway's answer with."""
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": param,
+                                   "code": code}})  # fmt: skip

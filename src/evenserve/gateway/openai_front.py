@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 
 from evenserve.core import wire
+from evenserve.core.llm import openai_error_body
 from evenserve.gateway.answers import RELAY_RESPONSE_HEADERS, Answer
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.dispatcher import Dispatcher
@@ -60,9 +61,7 @@ def openai_error(
     message: str, type_: str, code: str | int | None = None, param: str | None = None
 ) -> bytes:
     """OpenAI's error body."""
-    return orjson.dumps(
-        {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    )
+    return openai_error_body(message, type_, param, code)
 
 
 def error_type(status: int) -> str:

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import math
 
-import orjson
-
 from evenserve.core.errors import EvenserveError
+from evenserve.core.llm import openai_error_body
 from evenserve.core.wire import MAX_NAME_LENGTH, REFUSAL_STATUS, shown_name
 
 INVALID_REQUEST = "invalid_request_error"
@@ -68,7 +67,7 @@ class OpenAIError(EvenserveError):
 
     def body(self) -> bytes:
         """The response body, ``{"error": {"message", "type", "param", "code"}}``."""
-        return orjson.dumps(self.to_dict())
+        return openai_error_body(self.message, self.type, self.param, self.code)
 
     def retry_after_header(self) -> str | None:
         """``Retry-After``'s value (whole seconds, rounded up, at least 1), or None."""
