@@ -90,6 +90,10 @@ class DeviceScheduler(Generic[R]):
         learn_profiles: bool = False,
     ) -> None:
         instances = device.instances
+        #: LLM engines hosted here (``add_engine``), by model name, and which kind of work
+        #: started last (engine steps and classic batches alternate).
+        self.engines: dict[str, EngineHost[R]] = {}
+        self._last_kind: str | None = None
         names = sorted(queues.queues if models is None else models)
         for m in names:
             if m not in queues:
@@ -130,10 +134,6 @@ class DeviceScheduler(Generic[R]):
         self._timers: list[float] = []
         self._planning = False
         self._replan = False
-        #: LLM engines hosted here (``add_engine``), by model name, and which kind of work
-        #: started last (engine steps and classic batches alternate).
-        self.engines: dict[str, EngineHost[R]] = {}
-        self._last_kind: str | None = None
 
     def _derive(self) -> None:
         """The figures that follow the hosted models (at start, and when models come and go)."""
@@ -160,14 +160,13 @@ class DeviceScheduler(Generic[R]):
         )
         qs = self.queues
         self._direct = (
-            not getattr(self, "engines", None)
+            not self.engines
             and len(self._serving) == 1
             and (self.draining or (qs.starvation_s is None and qs.class_headroom is None))
         )
 
     def _weights_bytes(self) -> float:
-        engines = getattr(self, "engines", None)
-        held = sum(e.reserved_bytes for e in engines.values()) if engines else 0.0
+        held = sum(e.reserved_bytes for e in self.engines.values())
         return held + sum(h.profile.weights_bytes for h in self._hosted if h.profile)
 
     # -- models come and go (model control) ------------------------------------------------

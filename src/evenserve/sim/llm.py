@@ -90,9 +90,9 @@ class _Device:
             run.batches += 1
 
     def drop(self, request: LlmSimRequest, reason: str) -> None:
-        self._refused(request, reason)
+        self.refused(request, reason)
 
-    def _refused(self, r: LlmSimRequest, reason: str) -> None:
+    def refused(self, r: LlmSimRequest, reason: str) -> None:
         now = self.loop.now
         r.outcome = reason
         r.done_s = now
@@ -222,7 +222,7 @@ def _offer_llm(
     q = LlmSimRequest(next(ids), r.model, now, r.priority, None, 1, record=rec, user=user)
     why = sched.offer_generation(q, GenSpec(r.prompt_ids, r.max_tokens, r.ignore_eos), now)
     if why is not None:
-        dev._refused(q, why)
+        dev.refused(q, why)
 
 
 def _llm_arrivals(

@@ -263,18 +263,20 @@ class BatchDriver:
         if batch is not None:
             self._executor.complete(batch)
 
+    def _took(self, batch: RunningBatch, result: BatchResult, now: float) -> float:
+        """What an ended batch took: a scheduler-timed executor's, what the scheduler's clock
+        says (the end it announced, a slowdown's included); a threaded one's, what the
+        executor measured."""
+        if self._executor.timed_by_scheduler or result.compute_s <= 0:
+            return now - batch.started_s
+        return result.compute_s
+
     def _batch_done(self, batch: RunningBatch, result: BatchResult) -> None:
         """A batch ended: on the loop (a scheduler-timed executor) or on the device thread
         that ran it, which then starts the next batch itself (module docstring)."""
         with self.lock:
             now = self.clock.now()
-            # A scheduler-timed executor's batch took what the scheduler's clock says (the
-            # end it announced, a slowdown's included); a threaded one's what the executor
-            # measured.
-            if self._executor.timed_by_scheduler or result.compute_s <= 0:
-                took = now - batch.started_s
-            else:
-                took = result.compute_s
+            took = self._took(batch, result, now)
             for r in batch.requests:
                 r.queue_s = batch.started_s - r.arrival_s
                 r.compute_s = took

@@ -17,17 +17,15 @@ times observed under vLLM's names (``metrics.llm``).
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
 
 from evenserve.core import wire
 from evenserve.httpio.server import Request, Response, StreamResponse
 from evenserve.metrics.llm import LlmMetrics
 from evenserve.runtime.llm.tokenizer import IncrementalDetokenizer
-from evenserve.sched.engine import GenSpec, TokenEvent
+from evenserve.sched.engine import GenSpec
 from evenserve.worker.batch import PendingRequest
 from evenserve.worker.llm.generation import GenerationDriver, GenerationSink
 from evenserve.worker.llm.hosting import LlmModel
@@ -198,7 +196,7 @@ class LlmFront:
         last = None
         try:
             while True:
-                got = await _next(sink, fut)
+                got = await sink.events.get()
                 if isinstance(got, BaseException):
                     outcome = _outcome(openai_error(got))
                     raise openai_error(got)
@@ -223,26 +221,6 @@ class LlmFront:
             if not fut.done():
                 fut.cancel()  # the driver takes the sequence out and frees its blocks
             self._observe(name, outcome)
-
-
-async def _next(sink: GenerationSink, fut: asyncio.Future[Any]) -> TokenEvent[Any] | BaseException:
-    """The next token of ``sink``, or the error its request ended with."""
-    q = sink.events
-    while True:
-        if not q.empty():
-            return q.get_nowait()
-        if fut.done():
-            if not q.empty():
-                continue
-            if fut.cancelled():
-                return asyncio.CancelledError()
-            exc = fut.exception()
-            return exc if exc is not None else RuntimeError("generation ended without a token")
-        getter = asyncio.ensure_future(q.get())
-        await asyncio.wait((getter, fut), return_when=asyncio.FIRST_COMPLETED)
-        if getter.done():
-            return getter.result()
-        getter.cancel()
 
 
 def _class_and_deadline(request: Request, model: LlmModel) -> tuple[int, float | None]:

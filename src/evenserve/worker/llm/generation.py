@@ -33,10 +33,21 @@ from evenserve.worker.refusals import (
 
 @dataclass
 class GenerationSink:
-    """Where a generation's tokens arrive, on the loop, in order."""
+    """Where a generation's tokens arrive, on the loop, in order; after the last token
+    nothing more, or the error its request ended with (``ended``)."""
 
-    events: asyncio.Queue[TokenEvent[Any]] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[TokenEvent[Any] | BaseException] = field(default_factory=asyncio.Queue)
     prompt_tokens: int = 0
+
+    def ended(self, fut: asyncio.Future[Any]) -> None:
+        """The request's future is done: its error (a drop, a failed step, a cancel) follows
+        the tokens already delivered; a result (the finish reason) came with the last one."""
+        if fut.cancelled():
+            self.events.put_nowait(asyncio.CancelledError())
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self.events.put_nowait(exc)
 
 
 class GenerationDriver(BatchDriver):
@@ -111,6 +122,7 @@ class GenerationDriver(BatchDriver):
                     wait,
                 )
             fut.add_done_callback(functools.partial(self._on_future_done, req))
+            fut.add_done_callback(sink.ended)
             return req
 
     def start_batch(self, batch: RunningBatch) -> None:
@@ -136,11 +148,7 @@ class GenerationDriver(BatchDriver):
             return
         with self.lock:
             now = self.clock.now()
-            took = (
-                now - batch.started_s
-                if self._executor.timed_by_scheduler or result.compute_s <= 0
-                else result.compute_s
-            )
+            took = self._took(batch, result, now)
             sampled = result.sampled if result.error is None else None
             self.sched.finished(batch, now, took, sampled)
             events = batch.events or []
