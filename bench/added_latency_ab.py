@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/added_latency_ab.py --a-src OTHER_CHECKOUT/src --b-src src
     .venv/bin/python bench/added_latency_ab.py --a-src OLD/src --b-src src --protocol grpc
+    .venv/bin/python bench/added_latency_ab.py --a-src OLD/src --b-src src --payload resnet
 
 A timed A/B of a change to the request path (for instance an older commit checked out with
 ``git worktree add``): each tree's ``evenserve worker`` (an ``emulated:`` device, 1 us per
@@ -15,8 +16,9 @@ all four alike, each after a short warm-up. Per round and arm: P10/P50/P90 of ea
 Why not two runs one after the other: at concurrency 1 the latency of a few hundred
 microseconds moves with the host's state (other processes, CPU frequency) by more than a
 small change to the path does; two sequential runs of the same tree differ by more than two
-trees in one interleaved run (what design 0017 records). The payload is the tiny tensor
-(FP32 [1, 4]) as HTTP with the binary tensor extension or gRPC with raw contents. Everything
+trees in one interleaved run (what design 0017 records). The payload (``--payload``) is
+the tiny tensor (FP32 [1, 4]), a ResNet-50 input (FP32 [1, 3, 224, 224]) or a BERT one (two
+INT64 [1, 128]), as HTTP with the binary tensor extension or gRPC with raw contents. Everything
 listens on 127.0.0.1; every process is stopped on exit. Numbers depend on the host.
 """
 
@@ -37,7 +39,15 @@ import grpc
 
 from evenserve.httpio.client import HttpClient
 from gateway_overhead import free_port, start, stop, wait_ready
-from grpc_overhead import INFER_PATH, MODELS, grpc_body, http_binary_body, make_models, tensors
+from grpc_overhead import (
+    INFER_PATH,
+    MODELS,
+    gateway_cluster,
+    grpc_body,
+    http_binary_body,
+    make_models,
+    tensors,
+)
 
 #: Both trees are started the same way: the CLI's entry point, which every version has.
 BOOT = "from evenserve.cli.main import main; main()"
@@ -52,14 +62,7 @@ def launch(src: Path, tag: str, tmp: Path, repo: Path, pset: Path, procs: list) 
               "--port", str(wport), "--grpc-port", str(wgrpc)]  # fmt: skip
     procs.append(start(worker, tmp / f"worker-{tag}.log", env))
     wait_ready(f"http://127.0.0.1:{wport}", procs[-1])
-    names = [m.name for m in MODELS.values()]
-    cfg = {
-        "gateway": {"host": "127.0.0.1", "port": gport, "grpc_port": ggrpc,
-                    "routing": "queue-aware", "admin": {"token": "bench-token-0000"},
-                    "overload": {"enabled": False}},
-        "backends": [{"name": "w0", "url": f"http://127.0.0.1:{wport}",
-                      "grpc_url": f"127.0.0.1:{wgrpc}", "models": names}],
-    }  # fmt: skip
+    cfg = gateway_cluster(wport, wgrpc, gport, ggrpc)
     path = tmp / f"gateway-{tag}.yaml"
     path.write_text(json.dumps(cfg))
     procs.append(start([*cmd, "gateway", "--config", str(path)], tmp / f"gateway-{tag}.log", env))
@@ -71,8 +74,10 @@ Ports = dict[tuple[str, str], tuple[int, int]]
 Loops = dict[tuple[str, str], list[list[float]]]
 
 
-async def measure(ports: Ports, protocol: str, rounds: int, duration_s: float) -> Loops:
-    model = MODELS["tiny"]
+async def measure(
+    ports: Ports, protocol: str, rounds: int, duration_s: float, payload: str = "tiny"
+) -> Loops:
+    model = MODELS[payload]
     arrays = tensors(model, 1)
     body, headers = http_binary_body(model, arrays)
     gbody = grpc_body(model, arrays)
@@ -81,7 +86,7 @@ async def measure(ports: Ports, protocol: str, rounds: int, duration_s: float) -
     for key, (hport, gport) in ports.items():
         if protocol == "http":
             client = HttpClient(f"http://127.0.0.1:{hport}", 30.0)
-            head = client.head("POST", "/v2/models/zero/infer", headers, len(body))
+            head = client.head("POST", f"/v2/models/{model.name}/infer", headers, len(body))
 
             async def send_http(client: HttpClient = client, head: bytes = head) -> None:
                 reply = await client.send(head, body)
@@ -130,6 +135,10 @@ def main() -> None:
     ap.add_argument("--a-src", type=Path, required=True, help="arm A: a tree's src/ folder")
     ap.add_argument("--b-src", type=Path, required=True, help="arm B: a tree's src/ folder")
     ap.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    ap.add_argument(
+        "--payload", choices=tuple(MODELS), default="tiny",
+        help="tiny (FP32 [1, 4]), resnet (FP32 [1, 3, 224, 224]) or bert (2 x INT64 [1, 128])",
+    )  # fmt: skip
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--duration", type=float, default=2.0, help="seconds per closed loop")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -149,7 +158,9 @@ def main() -> None:
             for tag, src in (("A", args.a_src), ("B", args.b_src)):
                 for target, pp in launch(src.resolve(), tag, tmp, repo, pset, procs).items():
                     ports[(tag, target)] = pp
-            res = asyncio.run(measure(ports, args.protocol, args.rounds, args.duration))
+            res = asyncio.run(
+                measure(ports, args.protocol, args.rounds, args.duration, args.payload)
+            )
         finally:
             stop(procs)
     load1 = os.getloadavg()
@@ -167,7 +178,8 @@ def main() -> None:
             "added_by_round_ms": added,
         }
         print(f"{tag} ({src}): added per round " + " ".join(f"{a:.3f}" for a in added))
-    print(f"{args.protocol}, {args.rounds} rounds x {args.duration:g} s, medians over rounds (ms):")
+    print(f"{args.protocol}, {args.payload}, {args.rounds} rounds x {args.duration:g} s, "
+          "medians over rounds (ms):")  # fmt: skip
     print(f"{'arm':4s} {'direct P50':>10s} {'gateway P50':>11s} {'gateway P90':>11s} {'added':>7s}")
     for tag, s in summary.items():
         print(f"{tag:4s} {s['direct_p50_ms']:10.3f} {s['gateway_p50_ms']:11.3f} "

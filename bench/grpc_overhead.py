@@ -192,6 +192,19 @@ def make_models(tmp: Path) -> tuple[Path, Path]:
     return repo, pset
 
 
+def gateway_cluster(wport: int, wgrpc: int, gport: int, ggrpc: int) -> dict[str, Any]:
+    """The gateway's cluster file in front of one worker serving every payload's model over
+    HTTP and gRPC (overload refusals off: the direct path has none)."""
+    names = [m.name for m in MODELS.values()]
+    return {
+        "gateway": {"host": "127.0.0.1", "port": gport, "grpc_port": ggrpc,
+                    "routing": "queue-aware", "admin": {"token": "bench-token-0000"},
+                    "overload": {"enabled": False}},
+        "backends": [{"name": "w0", "url": f"http://127.0.0.1:{wport}",
+                      "grpc_url": f"127.0.0.1:{wgrpc}", "models": names}],
+    }  # fmt: skip
+
+
 def tensors(model: Model, seed: int) -> list[np.ndarray]:
     """One request's inputs (batch 1), random."""
     rng = np.random.default_rng(seed)
@@ -571,13 +584,7 @@ def main() -> None:
             procs.append(start(wcmd, tmp / "worker.log", env))
             wait_ready(f"http://127.0.0.1:{wport}", procs[-1])
             names = [m.name for m in MODELS.values()]
-            cfg = {
-                "gateway": {"host": "127.0.0.1", "port": gport, "grpc_port": ggrpc,
-                            "routing": "queue-aware", "admin": {"token": "bench-token-0000"},
-                            "overload": {"enabled": False}},
-                "backends": [{"name": "w0", "url": f"http://127.0.0.1:{wport}",
-                              "grpc_url": f"127.0.0.1:{wgrpc}", "models": names}],
-            }  # fmt: skip
+            cfg = gateway_cluster(wport, wgrpc, gport, ggrpc)
             if args.grpc_forward is not None:
                 cfg["gateway"]["grpc_forward"] = args.grpc_forward
             if args.grpc_server is not None:
