@@ -1,0 +1,305 @@
+"""The LLM router: each engine's view, the router's own accounting, the prefix index, and
+the policy's decision (pure; the gateway and the simulator drive it with their clocks).
+
+Theory of operation. A driver adds each engine (``add_engine``: its models, step profile if
+known, KV blocks, limits), feeds it samples of the engine's signals as they arrive
+(``observe``: the time the sample was *read*, which may be long before it arrives), and
+around every request it routes calls ``route`` (the decision), then ``sent`` when it
+forwarded the request, ``first_token`` when the first token came back and ``done`` when the
+request ended (completed, refused, failed or cancelled). Between those calls the router's
+own counts are exact; a sample only adds what the engine holds beyond them.
+
+The correction. The router keeps snapshots of its own counts per engine (one per
+``snapshot_s`` of its clock at most, ``history_s`` long). A sample read at ``t`` is compared
+with the snapshot of that engine at ``t`` (the newest not after it): what the engine reported
+beyond the router's own work then is the engine's other work (``extra_*``). A sample older
+than the history, or one read before any own work, is compared with nothing (all of it
+counts as other work only when the router has sent nothing in the history window).
+
+Learning a speed. ``first_token`` pairs the observed time to first token with the prompt
+tokens that were ahead of it plus its own uncached tokens at the send; ``done`` gives the
+observed time per output token. Both are EWMAs per engine (``learn_alpha``): what a policy
+uses for an engine without a step profile (a foreign server).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from evenserve.core.llm import StepProfile
+from evenserve.policy.llm_routing.base import (
+    LLM_ROUTING,
+    EngineSample,
+    EngineView,
+    LlmDecision,
+    LlmRequestInfo,
+    LlmRoutingPolicy,
+)
+from evenserve.policy.llm_routing.prefix_index import PrefixIndex
+
+LEARN_ALPHA = 0.1
+
+
+@dataclass(slots=True)
+class _Sent:
+    view: EngineView
+    priority: int
+    prompt_tokens: int
+    uncached_tokens: int
+    max_tokens: int
+    sent_s: float
+    #: Prompt tokens ahead of it at the send (for learning a speed).
+    ahead_tokens: int
+    first_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    at_s: float
+    waiting: int
+    waiting_tokens: int
+    running: int
+    context_tokens: int
+
+
+class LlmRouter:
+    """Engines, accounting and a policy (see the module docstring)."""
+
+    def __init__(
+        self,
+        policy: LlmRoutingPolicy,
+        *,
+        prefix_max_blocks: int = 1024,
+        snapshot_s: float = 0.05,
+        history_s: float = 30.0,
+        learn_alpha: float = LEARN_ALPHA,
+        rate_tau_s: float = 5.0,
+    ) -> None:
+        self.policy = policy
+        self.engines: dict[str, EngineView] = {}
+        self._by_model: dict[str, list[EngineView]] = {}
+        self.prefix = PrefixIndex(prefix_max_blocks)
+        self._sent: dict[int, _Sent] = {}
+        self._snap: dict[int, deque[_Snapshot]] = {}
+        self._snapshot_s = snapshot_s
+        self._history_s = history_s
+        self._alpha = learn_alpha
+        self.rate_tau_s = rate_tau_s
+        self._next_index = 0
+
+    @classmethod
+    def build(cls, spec: Any, seed: int = 0, **kw: Any) -> LlmRouter:
+        """A router with the policy ``spec`` names (``LLM_ROUTING``), seeded."""
+        return cls(LLM_ROUTING.build(spec, random.Random(seed), where="llm_routing"), **kw)
+
+    # -- engines ----------------------------------------------------------------------------
+
+    def add_engine(
+        self,
+        name: str,
+        models: Iterable[str],
+        profile: StepProfile | None,
+        kv_blocks: int,
+        block_tokens: int = 16,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+    ) -> EngineView:
+        if name in self.engines:
+            raise ValueError(f"engine {name!r} added twice")
+        view = EngineView(
+            name=name,
+            index=self._next_index,
+            models=frozenset(models),
+            profile=profile,
+            kv_blocks=kv_blocks,
+            block_tokens=block_tokens,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            rate_tau_s=self.rate_tau_s,
+        )
+        self._next_index += 1
+        self.engines[name] = view
+        for m in view.models:
+            self._by_model.setdefault(m, []).append(view)
+        self.prefix.add_engine(view.index)
+        self._snap[view.index] = deque()
+        return view
+
+    def remove_engine(self, name: str) -> None:
+        view = self.engines.pop(name)
+        for m in view.models:
+            self._by_model[m] = [v for v in self._by_model[m] if v is not view]
+        self.prefix.remove_engine(view.index)
+        self._snap.pop(view.index, None)
+
+    def candidates(self, model: str) -> list[EngineView]:
+        return self._by_model.get(model, [])
+
+    # -- decisions --------------------------------------------------------------------------
+
+    def route(
+        self,
+        request: LlmRequestInfo,
+        now: float,
+        candidates: Sequence[EngineView] | None = None,
+    ) -> LlmDecision:
+        """The policy's decision among ``candidates`` (default: every engine of the model).
+        No engine hosts the model: a refusal with reason ``no-engine``."""
+        engines = self.candidates(request.model) if candidates is None else candidates
+        if not engines:
+            return LlmDecision(None, reason="no-engine")
+        blocks = self.prefix.match(request.prefix_hashes) if request.prefix_hashes else {}
+        return self.policy.choose(request, engines, blocks, now)
+
+    def uncached_tokens(self, request: LlmRequestInfo, view: EngineView) -> int:
+        """The prompt tokens ``view`` must compute for ``request`` by the prefix index (at
+        least one: the engine computes the last token)."""
+        blocks = 0
+        if request.prefix_hashes:
+            blocks = self.prefix.match(request.prefix_hashes).get(view.index, 0)
+        return max(1, request.prompt_tokens - blocks * view.block_tokens)
+
+    # -- accounting -------------------------------------------------------------------------
+
+    def sent(
+        self,
+        request: LlmRequestInfo,
+        view: EngineView,
+        now: float,
+        uncached_tokens: int | None = None,
+    ) -> None:
+        """``request`` was forwarded to ``view``: count it, and record its prompt's blocks
+        there in the prefix index."""
+        if request.request_id in self._sent:
+            raise ValueError(f"request {request.request_id} sent twice")
+        u = self.uncached_tokens(request, view) if uncached_tokens is None else uncached_tokens
+        ahead = view.waiting_tokens_at_or_above(request.priority)
+        self._sent[request.request_id] = _Sent(
+            view, request.priority, request.prompt_tokens, u, request.max_tokens, now, ahead
+        )
+        view.own_waiting += 1
+        view.own_waiting_tokens += u
+        byc = view.own_waiting_tokens_by_class
+        byc[request.priority] = byc.get(request.priority, 0) + u
+        view.own_committed_tokens += u + request.max_tokens
+        view.sent_tokens_per_s = view.token_rate(now) + u / self.rate_tau_s
+        view.rate_at_s = max(now, view.rate_at_s)
+        if request.prefix_hashes:
+            self.prefix.record(view.index, request.prefix_hashes, view.kv_blocks)
+        self._snapshot(view, now)
+
+    def first_token(self, request_id: int, now: float) -> None:
+        """The first token of ``request_id`` came back: its prompt is prefilled."""
+        s = self._sent.get(request_id)
+        if s is None or s.first_s is not None:
+            return
+        s.first_s = now
+        v = s.view
+        self._unwait(s)
+        v.own_running += 1
+        v.own_context_tokens += s.uncached_tokens + s.max_tokens // 2
+        ttft = now - s.sent_s
+        tokens = s.ahead_tokens + s.uncached_tokens
+        if v.learned_base_s is None:
+            v.learned_base_s = ttft / 2
+            v.learned_s_per_token = ttft / 2 / max(1, tokens)
+        else:
+            a = self._alpha
+            base = v.learned_base_s
+            v.learned_s_per_token = (1 - a) * (v.learned_s_per_token or 0.0) + a * max(
+                0.0, (ttft - base) / max(1, tokens)
+            )
+            if tokens <= v.block_tokens * 4:
+                v.learned_base_s = (1 - a) * base + a * ttft
+        self._snapshot(v, now)
+
+    def done(self, request_id: int, now: float, output_tokens: int | None = None) -> None:
+        """``request_id`` ended (whatever the outcome); ``output_tokens``: how many it got
+        (for the learned time per output token)."""
+        s = self._sent.pop(request_id, None)
+        if s is None:
+            return
+        v = s.view
+        if s.first_s is None:
+            self._unwait(s)
+        else:
+            v.own_running -= 1
+            v.own_context_tokens -= s.uncached_tokens + s.max_tokens // 2
+            if output_tokens is not None and output_tokens > 1:
+                tpot = (now - s.first_s) / (output_tokens - 1)
+                lt, a = v.learned_tpot_s, self._alpha
+                v.learned_tpot_s = tpot if lt is None else (1 - a) * lt + a * tpot
+        v.own_committed_tokens -= s.uncached_tokens + s.max_tokens
+        self._snapshot(v, now)
+
+    def _unwait(self, s: _Sent) -> None:
+        v = s.view
+        v.own_waiting -= 1
+        v.own_waiting_tokens -= s.uncached_tokens
+        byc = v.own_waiting_tokens_by_class
+        left = byc[s.priority] - s.uncached_tokens
+        if left:
+            byc[s.priority] = left
+        else:
+            del byc[s.priority]
+
+    def in_flight(self) -> int:
+        return len(self._sent)
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def observe(self, name: str, sample: EngineSample, now: float) -> None:
+        """A sample of engine ``name`` arrived at ``now`` (read at ``sample.taken_s``)."""
+        v = self.engines.get(name)
+        if v is None:
+            return
+        if v.sample is not None and sample.taken_s < v.sample.taken_s:
+            return  # an older reading than the one held
+        v.sample = sample
+        v.received_s = now
+        if sample.kv_blocks:
+            v.kv_blocks = sample.kv_blocks
+        if sample.block_tokens:
+            v.block_tokens = sample.block_tokens
+        snap = self._own_at(v, sample.taken_s)
+        v.extra_waiting = max(0, sample.waiting - snap.waiting)
+        v.extra_running = max(0, sample.running - snap.running)
+        if sample.queued_prompt_tokens is not None:
+            v.extra_waiting_tokens = max(0, sample.queued_prompt_tokens - snap.waiting_tokens)
+        else:
+            v.extra_waiting_tokens = 0
+        if sample.kv_usage is not None:
+            held = sample.kv_usage * v.kv_tokens
+            v.extra_kv_tokens = max(0, int(held) - snap.context_tokens)
+        else:
+            v.extra_kv_tokens = 0
+
+    def _snapshot(self, v: EngineView, now: float) -> None:
+        q = self._snap[v.index]
+        snap = _Snapshot(
+            now, v.own_waiting, v.own_waiting_tokens, v.own_running, v.own_context_tokens
+        )
+        if q and now - q[-1].at_s < self._snapshot_s:
+            q[-1] = snap
+        else:
+            q.append(snap)
+        horizon = now - self._history_s
+        while len(q) > 1 and q[1].at_s <= horizon:
+            q.popleft()
+
+    def _own_at(self, v: EngineView, t: float) -> _Snapshot:
+        """The router's own counts for ``v`` at time ``t`` (the newest snapshot not after
+        it; none: nothing of its own then)."""
+        q = self._snap[v.index]
+        best: _Snapshot | None = None
+        for s in reversed(q):
+            if s.at_s <= t:
+                best = s
+                break
+        if best is None:
+            return _Snapshot(t, 0, 0, 0, 0)
+        return best
