@@ -77,6 +77,9 @@ class _Device:
         self.cpu_s = cpu_per_token_s
         self.sched: DeviceScheduler[LlmSimRequest]
         self.on_finish: Any = None
+        #: Called with a request, when its first token becomes visible and the prompt tokens
+        #: the prefix cache gave it, on its first token (a router's cue).
+        self.on_first: Any = None
 
     def start_batch(self, batch: Batch[LlmSimRequest]) -> None:
         run = self.run
@@ -128,6 +131,8 @@ class _Device:
             rec = r.record
             assert rec is not None and rec.token_times_s is not None
             rec.token_times_s.append(seen)
+            if self.on_first is not None and len(rec.token_times_s) == 1:
+                self.on_first(r, seen, ev.cached)
             if ev.finish is not None:
                 rec.finished_s = seen
                 r.done_s = seen

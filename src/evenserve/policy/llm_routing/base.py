@@ -22,6 +22,7 @@ prompt, in whole blocks) comes with each decision; see ``llm_routing.prefix_inde
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -81,6 +82,9 @@ class EngineView:
     block_tokens: int
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    #: Blocks the router's prefix index keeps for it: its KV blocks at first, learned down
+    #: from the cached tokens the engine reports (``LlmRouter.first_token``).
+    prefix_capacity: int = 0
     #: The engine's newest sample as the router holds it, and when it arrived.
     sample: EngineSample | None = None
     received_s: float | None = None
@@ -97,10 +101,18 @@ class EngineView:
     #: request that brought it.
     own_context_tokens: int = 0
     own_committed_tokens: int = 0
-    #: The uncached prompt tokens the router sent here per second lately (an exponentially
-    #: decaying count, time constant ``LlmRouter.rate_tau_s``), and when it was last decayed.
-    sent_tokens_per_s: float = 0.0
+    #: The uncached prompt tokens the router sent here per second lately, by class (an
+    #: exponentially decaying count, time constant ``rate_tau_s``), as of ``rate_at_s``.
+    sent_tokens_per_s: dict[int, float] = field(default_factory=dict)
     rate_at_s: float = 0.0
+    #: Tokens of ``max_tokens`` over the router's own requests in flight here.
+    own_out_tokens: int = 0
+    #: The router's own waiting requests by class, in the order sent: request id -> (when
+    #: it was sent, its TTFT target, its uncached prompt tokens); one without a target is
+    #: absent.
+    own_deadlines: dict[int, OrderedDict[int, tuple[float, float, int]]] = field(
+        default_factory=dict
+    )
     rate_tau_s: float = 5.0
     #: What the engine's sample says beyond the router's own count at the sample's time
     #: (another router's or client's work), never negative.
@@ -118,12 +130,23 @@ class EngineView:
         """How old the newest sample is (None: never sampled)."""
         return None if self.sample is None else now - self.sample.taken_s
 
-    def token_rate(self, now: float) -> float:
-        """Uncached prompt tokens per second the router sent here lately, decayed to now."""
+    def token_rate(self, now: float, above: int | None = None) -> float:
+        """Uncached prompt tokens per second the router sent here lately, decayed to now:
+        all, or only those of classes higher than ``above``."""
+        total = sum(r for c, r in self.sent_tokens_per_s.items() if above is None or c > above)
         dt = now - self.rate_at_s
-        if dt <= 0:
-            return self.sent_tokens_per_s
-        return self.sent_tokens_per_s * math.exp(-dt / self.rate_tau_s)
+        return total if dt <= 0 else total * math.exp(-dt / self.rate_tau_s)
+
+    def add_sent_tokens(self, now: float, priority: int, tokens: int) -> None:
+        """Count ``tokens`` sent now in the decaying rates."""
+        dt = now - self.rate_at_s
+        rates = self.sent_tokens_per_s
+        if dt > 0:
+            k = math.exp(-dt / self.rate_tau_s)
+            for c in rates:
+                rates[c] *= k
+            self.rate_at_s = now
+        rates[priority] = rates.get(priority, 0.0) + tokens / self.rate_tau_s
 
     @property
     def kv_tokens(self) -> int:

@@ -54,8 +54,18 @@ REFUSED = "ttft-unreachable"
 
 class PredictedTtftParams(PolicyParams):
     #: Refuse when the best predicted TTFT is over the target x this (0: never refuse).
-    refuse_over: float = Field(default=1.0, ge=0)
+    refuse_over: float = Field(default=0.9, ge=0)
+    #: Engines predicted to give the first token within the TTFT target x this compete on
+    #: the device time the request costs them (its uncached prompt: the prefix cache, the
+    #: faster device); 0: always the soonest first token.
+    headroom: float = Field(default=0.5, ge=0, le=1)
     kv_risk_threshold: float = Field(default=0.9, gt=0)
+    #: The fraction of KV capacity past which a request waits for blocks to free.
+    kv_admit: float = Field(default=0.95, gt=0, le=1)
+    #: An admitted request of a lower class keeps its first token within this x its TTFT
+    #: target: a request that would push the oldest one waiting past it goes elsewhere, or
+    #: is refused (0: no such promise).
+    protect_over: float = Field(default=1.5, ge=0)
     risk_weight: float = Field(default=1.0, ge=0)
     #: The most of a step's time the prompt tokens may take in the TPOT prediction.
     max_prefill_share: float = Field(default=0.9, gt=0, lt=1)
@@ -71,6 +81,10 @@ class Prediction:
     tpot_s: float
     #: What the preemption risk adds to the TTFT when choosing, seconds.
     risk_s: float
+    #: Sending r here would push an admitted lower-class request past its promise.
+    breaks_promise: bool
+    #: Device seconds the request's prefill costs there (its uncached tokens).
+    cost_s: float
 
 
 def predict(
@@ -86,6 +100,7 @@ def predict(
         spt = v.learned_s_per_token if v.learned_s_per_token is not None else p.default_s_per_token
         ttft = base + (ahead + u) * spt
         tpot = v.learned_tpot_s if v.learned_tpot_s is not None else p.default_tpot_s
+        breaks = _breaks_promise(v, r, u, 1.0 / spt, p, now)
     else:
         running = min(v.running, v.max_num_seqs)
         budget = v.max_num_batched_tokens
@@ -95,9 +110,15 @@ def predict(
         work = ahead + u
         n = -(-work // per_step)
         rem = work - (n - 1) * per_step
-        ttft = (n - 1) * full + prof.step_s(rem, running, kv) + prof.cpu_s_per_output_token
+        wait = (n - 1) * full + prof.step_s(rem, running, kv)
         if running or ahead:
-            ttft += full / 2
+            wait += full / 2
+        # Higher classes sent here keep taking the prefill budget while r waits.
+        higher = v.token_rate(now, above=r.priority)
+        if higher > 0:
+            wait /= 1.0 - min(p.max_prefill_share, higher * full / per_step)
+        ttft = wait + prof.cpu_s_per_output_token
+        breaks = _breaks_promise(v, r, u, per_step / full, p, now)
         d = running + 1
         kv2 = kv + u
         decode = prof.step_s(0, d, kv2)
@@ -109,14 +130,47 @@ def predict(
             nb = min(out - 1, -(-backlog // per2))
             drain = (nb * prof.step_s(per2, d, kv2) + (out - 1 - nb) * decode) / (out - 1)
             tpot = max(tpot, drain)
-    risk = 0.0
+    # KV admission: the engine takes r in when its blocks allow; past ``kv_admit`` of them
+    # r waits for running sequences to finish and free theirs.
     cap = v.kv_tokens
+    risk = 0.0
     if cap > 0:
-        held = v.own_committed_tokens + v.extra_kv_tokens + u + r.max_tokens
-        over = held / cap - p.kv_risk_threshold
+        held = v.own_context_tokens + v.extra_kv_tokens
+        excess = held + ahead + u + out / 2 - p.kv_admit * cap
+        if excess > 0 and held > 0:
+            n_own = v.own_waiting + v.own_running
+            mean_out = v.own_out_tokens / n_own if n_own else out
+            life = max(1.0, mean_out) * tpot
+            ttft += excess / (held / life)
+        committed = v.own_committed_tokens + v.extra_kv_tokens + u + r.max_tokens
+        over = committed / cap - p.kv_risk_threshold
         if over > 0:
             risk = p.risk_weight * over * tpot * out
-    return Prediction(ttft, tpot, risk)
+    if prof is None:
+        spt = v.learned_s_per_token if v.learned_s_per_token is not None else p.default_s_per_token
+        cost = u * spt
+    else:
+        cost = u * prof.prefill_s_per_token
+    return Prediction(ttft, tpot, risk, breaks, cost)
+
+
+def _breaks_promise(
+    v: EngineView, r: LlmRequestInfo, u: int, tokens_per_s: float, p: PredictedTtftParams,
+    now: float,
+) -> bool:  # fmt: skip
+    """Whether r's ``u`` prompt tokens, served before every lower class at v, push the
+    oldest waiting request of a lower class past ``protect_over`` x its TTFT target."""
+    if p.protect_over <= 0 or not v.own_deadlines:
+        return False
+    for c, waiting in v.own_deadlines.items():
+        if c >= r.priority or not waiting:
+            continue
+        sent, target, own = next(iter(waiting.values()))
+        before = sum(t for k, t in v.own_waiting_tokens_by_class.items() if k > c)
+        due = sent + p.protect_over * target
+        if now + (before + own + u) / tokens_per_s > due:
+            return True
+    return False
 
 
 @LLM_ROUTING.register(
@@ -140,21 +194,35 @@ class PredictedTtft:
         n = len(engines)
         preds = [predict(v, request, prefix_blocks.get(v.index, 0), p, now_s) for v in engines]
         target_tpot = request.tpot_target_s
-        ok = [target_tpot is None or pr.tpot_s <= target_tpot for pr in preds]
+        keeps = [not pr.breaks_promise for pr in preds]
+        if not any(keeps):
+            return LlmDecision(None, preds[0].ttft_s, preds[0].tpot_s, REFUSED, 1.0)
+        ok = [k and (target_tpot is None or pr.tpot_s <= target_tpot)
+              for k, pr in zip(keeps, preds, strict=True)]  # fmt: skip
         if not any(ok):
-            ok = [True] * n
+            ok = keeps
         self._start = (self._start + 1) % n
-        best_i = -1
-        best = math.inf
-        for k in range(n):
-            i = (self._start + k) % n
-            if not ok[i]:
-                continue
-            key = preds[i].ttft_s + preds[i].risk_s
-            if key < best:
-                best, best_i = key, i
-        pr = preds[best_i]
         target = request.ttft_target_s
+        best_i = -1
+        if target is not None and p.headroom > 0:
+            # Within the headroom, the engine the request costs least device time on.
+            limit = target * p.headroom
+            best_cost = math.inf
+            for k in range(n):
+                i = (self._start + k) % n
+                pr = preds[i]
+                if ok[i] and pr.ttft_s + pr.risk_s <= limit and pr.cost_s < best_cost:
+                    best_cost, best_i = pr.cost_s, i
+        if best_i < 0:
+            best = math.inf
+            for k in range(n):
+                i = (self._start + k) % n
+                if not ok[i]:
+                    continue
+                key = preds[i].ttft_s + preds[i].risk_s
+                if key < best:
+                    best, best_i = key, i
+        pr = preds[best_i]
         if target is not None and p.refuse_over > 0 and pr.ttft_s > target * p.refuse_over:
             return LlmDecision(None, pr.ttft_s, pr.tpot_s, REFUSED, max(0.0, pr.ttft_s - target))
         return LlmDecision(engines[best_i], pr.ttft_s, pr.tpot_s)

@@ -85,6 +85,14 @@ class PrefixIndex:
                     where[h] = {engine}
                 else:
                     s.add(engine)
+        self.trim(engine, capacity)
+
+    def trim(self, engine: int, capacity: int) -> None:
+        """Keep at most ``capacity`` names for ``engine`` (the least recently used go)."""
+        lru = self._lru.get(engine)
+        if lru is None:
+            return
+        where = self._where
         while len(lru) > capacity:
             h, _ = lru.popitem(last=False)
             s = where.get(h)

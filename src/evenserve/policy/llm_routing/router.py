@@ -25,7 +25,7 @@ uses for an engine without a step profile (a foreign server).
 from __future__ import annotations
 
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +54,8 @@ class _Sent:
     sent_s: float
     #: Prompt tokens ahead of it at the send (for learning a speed).
     ahead_tokens: int
+    #: Leading prompt blocks the prefix index said the engine held at the send.
+    promised_blocks: int
     first_s: float | None = None
 
 
@@ -120,6 +122,7 @@ class LlmRouter:
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
             rate_tau_s=self.rate_tau_s,
+            prefix_capacity=kv_blocks,
         )
         self._next_index += 1
         self.engines[name] = view
@@ -178,28 +181,47 @@ class LlmRouter:
             raise ValueError(f"request {request.request_id} sent twice")
         u = self.uncached_tokens(request, view) if uncached_tokens is None else uncached_tokens
         ahead = view.waiting_tokens_at_or_above(request.priority)
+        promised = (request.prompt_tokens - u) // view.block_tokens
         self._sent[request.request_id] = _Sent(
-            view, request.priority, request.prompt_tokens, u, request.max_tokens, now, ahead
-        )
+            view, request.priority, request.prompt_tokens, u, request.max_tokens, now, ahead,
+            promised,
+        )  # fmt: skip
         view.own_waiting += 1
         view.own_waiting_tokens += u
         byc = view.own_waiting_tokens_by_class
         byc[request.priority] = byc.get(request.priority, 0) + u
         view.own_committed_tokens += u + request.max_tokens
-        view.sent_tokens_per_s = view.token_rate(now) + u / self.rate_tau_s
-        view.rate_at_s = max(now, view.rate_at_s)
+        view.own_out_tokens += request.max_tokens
+        if request.ttft_target_s is not None:
+            dl = view.own_deadlines.get(request.priority)
+            if dl is None:
+                dl = view.own_deadlines[request.priority] = OrderedDict()
+            dl[request.request_id] = (now, request.ttft_target_s, u)
+        view.add_sent_tokens(now, request.priority, u)
         if request.prefix_hashes:
-            self.prefix.record(view.index, request.prefix_hashes, view.kv_blocks)
+            self.prefix.record(view.index, request.prefix_hashes, view.prefix_capacity)
         self._snapshot(view, now)
 
-    def first_token(self, request_id: int, now: float) -> None:
-        """The first token of ``request_id`` came back: its prompt is prefilled."""
+    def first_token(self, request_id: int, now: float, cached_tokens: int | None = None) -> None:
+        """The first token of ``request_id`` came back: its prompt is prefilled.
+        ``cached_tokens``: the prompt tokens the engine's prefix cache gave it, when the
+        engine says (vLLM's ``usage.prompt_tokens_details.cached_tokens``): fewer than the
+        prefix index promised shrinks the index's capacity for that engine (its cache holds
+        less than its KV blocks: running sequences take them), as many or more grows it back
+        (additive increase, multiplicative decrease)."""
         s = self._sent.get(request_id)
         if s is None or s.first_s is not None:
             return
         s.first_s = now
         v = s.view
-        self._unwait(s)
+        if cached_tokens is not None and s.promised_blocks > 0:
+            got = cached_tokens // v.block_tokens
+            if got < s.promised_blocks:
+                v.prefix_capacity = max(v.kv_blocks // 16, int(v.prefix_capacity * 0.9))
+                self.prefix.trim(v.index, v.prefix_capacity)
+            elif v.prefix_capacity < v.kv_blocks:
+                v.prefix_capacity = min(v.kv_blocks, v.prefix_capacity + max(1, v.kv_blocks // 100))
+        self._unwait(s, request_id)
         v.own_running += 1
         v.own_context_tokens += s.uncached_tokens + s.max_tokens // 2
         ttft = now - s.sent_s
@@ -225,7 +247,7 @@ class LlmRouter:
             return
         v = s.view
         if s.first_s is None:
-            self._unwait(s)
+            self._unwait(s, request_id)
         else:
             v.own_running -= 1
             v.own_context_tokens -= s.uncached_tokens + s.max_tokens // 2
@@ -234,10 +256,16 @@ class LlmRouter:
                 lt, a = v.learned_tpot_s, self._alpha
                 v.learned_tpot_s = tpot if lt is None else (1 - a) * lt + a * tpot
         v.own_committed_tokens -= s.uncached_tokens + s.max_tokens
+        v.own_out_tokens -= s.max_tokens
         self._snapshot(v, now)
 
-    def _unwait(self, s: _Sent) -> None:
+    def _unwait(self, s: _Sent, request_id: int) -> None:
         v = s.view
+        dl = v.own_deadlines.get(s.priority)
+        if dl is not None:
+            dl.pop(request_id, None)
+            if not dl:
+                del v.own_deadlines[s.priority]
         v.own_waiting -= 1
         v.own_waiting_tokens -= s.uncached_tokens
         byc = v.own_waiting_tokens_by_class

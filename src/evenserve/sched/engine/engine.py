@@ -111,6 +111,7 @@ class Seq(Generic[R]):
 
     __slots__ = (
         "blocks",
+        "cached",
         "computed",
         "hashes",
         "order",
@@ -142,6 +143,8 @@ class Seq(Generic[R]):
         self.published = 0
         self.state = WAITING
         self.preemptions = 0
+        #: Prompt tokens the prefix cache gave it when first admitted.
+        self.cached = 0
 
     def key(self) -> tuple[int, int]:
         """Waiting order: the higher class, then arrival."""
@@ -209,6 +212,8 @@ class TokenEvent(Generic[R]):
     index: int
     #: ``stop`` or ``length`` on its last token, else None.
     finish: str | None = None
+    #: On the first token: the prompt tokens the prefix cache gave it (else None).
+    cached: int | None = None
 
 
 @dataclass(slots=True)
@@ -456,6 +461,8 @@ class Engine(Generic[R]):
             if seq.output == 0:
                 self.counters.prompt_tokens += len(seq.spec.prompt)
             seq.computed = start
+            if seq.output == 0 and seq.preemptions == 0:
+                seq.cached = start
             seq.published = len(hit)
             seq.state = RUNNING
             self.running.append(seq)
@@ -515,7 +522,8 @@ class Engine(Generic[R]):
                 finish = "length"
             elif token is not None and token == eos and not seq.spec.ignore_eos:
                 finish = "stop"
-            events.append(TokenEvent(seq.req, token, seq.output, finish))
+            cached = seq.cached if seq.output == 1 else None
+            events.append(TokenEvent(seq.req, token, seq.output, finish, cached))
             if finish is not None:
                 self._finish(seq, finish)
         return events
