@@ -112,7 +112,9 @@ def _print_seed(
         f = figs[a]
         ten = f.by_workload.get(TENANTS)
         refused = sum(f.llm.refused.values())
-        classic = min((c["goodput_fraction"] or 0.0) for c in f.classic.values()) if f.classic else None
+        classic = (
+            min((c["goodput_fraction"] or 0.0) for c in f.classic.values()) if f.classic else None
+        )
         t.add_row(a, fmt(f.llm.goodput_rps), fmt(f.llm.goodput_fraction, 3),
                   fmt(f.llm.ttft_s.p50, 3), fmt(f.llm.ttft_s.p90, 3),
                   fmt(ten.ttft_s.p90 if ten else None, 3), str(refused),

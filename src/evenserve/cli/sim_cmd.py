@@ -8,13 +8,14 @@ from typing import Annotated, Any
 import typer
 
 from evenserve.cli.app import console, counted_progress, fail, write_json
-from evenserve.cli.llm_sim import simulate_llm
+from evenserve.cli.llm_sim import simulate_llm, simulate_llm_pool
 from evenserve.core.errors import EvenserveError
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.routing import ROUTING
 from evenserve.report.summary import run_summary, summarize
 from evenserve.report.table import arm_table, compare_rows, compare_table, device_table
 from evenserve.sim.cluster import simulate as run_arm
+from evenserve.sim.llm_pool_scenario import is_llm_pool_scenario
 from evenserve.sim.llm_scenario import is_llm_scenario
 from evenserve.sim.loader import load_scenario, with_level
 
@@ -59,8 +60,13 @@ def simulate(
     seed: SeedOpt = None,
     json_path: JsonOpt = None,
 ) -> None:
-    """Simulate one arm of a scenario and print its figures (an LLM scenario, kind: llm:
-    every arm unless --arm)."""
+    """Simulate one arm of a scenario and print its figures (an LLM scenario, kind: llm or
+    llm-pool: every arm unless --arm)."""
+    if is_llm_pool_scenario(scenario):
+        if set_ or level:
+            fail("--set and --level apply to classic scenarios, not an LLM one (kind: llm-pool)")
+        simulate_llm_pool(scenario, arm, seed, json_path)
+        return
     if is_llm_scenario(scenario):
         if set_ or level:
             fail("--set and --level apply to classic scenarios, not an LLM one (kind: llm)")
@@ -103,6 +109,11 @@ def compare(
     plots: Annotated[Path | None, typer.Option(help="Write PNG plots into this folder.")] = None,
 ) -> None:
     """Run every arm of a scenario with the same seed; print them side by side."""
+    if is_llm_pool_scenario(scenario):
+        if set_ or level or plots:
+            fail("--set, --level and --plots apply to classic scenarios, not an LLM one")
+        simulate_llm_pool(scenario, None, seed, json_path)
+        return
     if is_llm_scenario(scenario):
         if set_ or level or plots:
             fail("--set, --level and --plots apply to classic scenarios, not an LLM one")

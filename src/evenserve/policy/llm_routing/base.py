@@ -85,6 +85,8 @@ class EngineView:
     #: Blocks the router's prefix index keeps for it: its KV blocks at first, learned down
     #: from the cached tokens the engine reports (``LlmRouter.first_token``).
     prefix_capacity: int = 0
+    #: Block names the index holds for it now.
+    prefix_held: int = 0
     #: The engine's newest sample as the router holds it, and when it arrived.
     sample: EngineSample | None = None
     received_s: float | None = None

@@ -19,6 +19,9 @@ The prediction, for request r on engine e (design note 0020 derives it):
   length t carries ``rate x t`` prompt tokens, so ``t = step(0, R+1, K+u) / (1 - c_p rate)``
   (``c_p rate`` capped at ``max_prefill_share``); and at least the mean over the steps that
   drain the prompts waiting now (full steps, then decode steps).
+- Device time (``cost``): the request's uncached tokens x ``c_p``, plus as many again for
+  the named blocks it brings when the router's index says the engine's cache is full (they
+  evict others' blocks, which are prefilled again later).
 - Preemption risk: ``over`` = (tokens the in-flight requests will hold at most, the others'
   KV, r's uncached prompt and ``max_tokens``) / e's KV capacity - ``kv_risk_threshold``;
   when positive, the TTFT is priced up by ``risk_weight x over x (TPOT x max_tokens)``:
@@ -27,7 +30,11 @@ The prediction, for request r on engine e (design note 0020 derives it):
   ``TTFT = base + (Q + u) x seconds per token``, ``TPOT`` its observed mean.
 
 The choice: among the engines whose predicted TPOT meets r's target (all of them when none
-does or r has none), the smallest priced TTFT (ties: the first at or after a rotating start).
+does or r has none), those predicted to give the first token within ``headroom`` x r's TTFT
+target compete on device time (the prefix cache, the faster device: what leaves most
+capacity to the requests that come next); when none is, the smallest priced TTFT wins
+(ties: the first at or after a rotating start). An engine where r would push an admitted
+request of a lower class past ``protect_over`` x its target is out; none left: refused.
 If that TTFT is over r's TTFT target x ``refuse_over``, r is refused (``ttft-unreachable``)
 with a retry after the predicted excess: no engine can give it its first token in time, and
 admitting it would only delay the requests that can.
@@ -147,10 +154,17 @@ def predict(
         if over > 0:
             risk = p.risk_weight * over * tpot * out
     if prof is None:
-        spt = v.learned_s_per_token if v.learned_s_per_token is not None else p.default_s_per_token
-        cost = u * spt
+        per_token = (
+            v.learned_s_per_token if v.learned_s_per_token is not None else p.default_s_per_token
+        )
     else:
-        cost = u * prof.prefill_s_per_token
+        per_token = prof.prefill_s_per_token
+    cost = u * per_token
+    # Named blocks it brings evict as many others' when the engine's cache is full: those
+    # are prefilled again later.
+    new = len(r.prefix_hashes) - cached_blocks
+    if new > 0 and v.prefix_held + new > v.prefix_capacity:
+        cost += new * v.block_tokens * per_token
     return Prediction(ttft, tpot, risk, breaks, cost)
 
 

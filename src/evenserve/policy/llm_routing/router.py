@@ -200,6 +200,7 @@ class LlmRouter:
         view.add_sent_tokens(now, request.priority, u)
         if request.prefix_hashes:
             self.prefix.record(view.index, request.prefix_hashes, view.prefix_capacity)
+            view.prefix_held = self.prefix.size(view.index)
         self._snapshot(view, now)
 
     def first_token(self, request_id: int, now: float, cached_tokens: int | None = None) -> None:
@@ -219,6 +220,7 @@ class LlmRouter:
             if got < s.promised_blocks:
                 v.prefix_capacity = max(v.kv_blocks // 16, int(v.prefix_capacity * 0.9))
                 self.prefix.trim(v.index, v.prefix_capacity)
+                v.prefix_held = self.prefix.size(v.index)
             elif v.prefix_capacity < v.kv_blocks:
                 v.prefix_capacity = min(v.kv_blocks, v.prefix_capacity + max(1, v.kv_blocks // 100))
         self._unwait(s, request_id)
