@@ -58,10 +58,12 @@ PRESETS: dict[str, dict[str, Any]] = {"triton": TRITON_MAPPING}
 class LlmMetricRef(Strict):
     """One LLM signal: the first of ``metrics`` the text has (a rename across versions:
     vLLM's ``kv_cache_usage_perc`` was ``gpu_cache_usage_perc``), samples kept by
-    ``labels``, summed per model, times ``scale``."""
+    ``labels``, aggregated per model (several series of one model: data-parallel engines
+    behind one server; counts are summed, fractions averaged), times ``scale``."""
 
     metrics: list[str] = Field(min_length=1)
     labels: dict[str, str] = Field(default_factory=dict, description="keep samples matching")
+    aggregate: Literal["sum", "mean"] = "sum"
     scale: float = Field(default=1.0, gt=0, description="multiply (e.g. 0.01 for percent)")
 
 
@@ -114,7 +116,10 @@ VLLM_LLM_MAPPING: dict[str, Any] = {
     "model_label": "model_name",
     "waiting": {"metrics": ["vllm:num_requests_waiting"]},
     "running": {"metrics": ["vllm:num_requests_running"]},
-    "kv_usage": {"metrics": ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]},
+    "kv_usage": {
+        "metrics": ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+        "aggregate": "mean",
+    },
     "preemptions": {"metrics": ["vllm:num_preemptions_total"]},
     "prefix_queries": {
         "metrics": ["vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"]
@@ -130,7 +135,7 @@ SGLANG_LLM_MAPPING: dict[str, Any] = {
     "model_label": "model_name",
     "waiting": {"metrics": ["sglang:num_queue_reqs"]},
     "running": {"metrics": ["sglang:num_running_reqs"]},
-    "kv_usage": {"metrics": ["sglang:token_usage"]},
+    "kv_usage": {"metrics": ["sglang:token_usage"], "aggregate": "mean"},
 }
 #: Hugging Face TGI: ``tgi_queue_size`` waiting, ``tgi_batch_current_size`` running; no KV
 #: use, no model label (one model per server).
@@ -152,6 +157,7 @@ TRTLLM_LLM_MAPPING: dict[str, Any] = {
     "kv_usage": {
         "metrics": ["nv_trt_llm_kv_cache_block_metrics"],
         "labels": {"kv_cache_block_type": "fraction"},
+        "aggregate": "mean",
     },
     "kv_blocks": {
         "metrics": ["nv_trt_llm_kv_cache_block_metrics"],
@@ -167,7 +173,7 @@ TRTLLM_SERVE_LLM_MAPPING: dict[str, Any] = {
     "model_label": "model_name",
     "waiting": {"metrics": ["trtllm_num_requests_waiting"]},
     "running": {"metrics": ["trtllm_num_requests_running"]},
-    "kv_usage": {"metrics": ["trtllm_kv_cache_utilization"]},
+    "kv_usage": {"metrics": ["trtllm_kv_cache_utilization"], "aggregate": "mean"},
 }
 LLM_PRESETS: dict[str, dict[str, Any]] = {
     "vllm": VLLM_LLM_MAPPING,

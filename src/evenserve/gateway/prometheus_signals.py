@@ -193,14 +193,15 @@ def _per_model(
         found = series.get(name)
         if not found:
             continue
-        out: dict[str | None, float] = {}
+        got: dict[str | None, list[float]] = {}
         for labels, v in found:
             if not all(labels.get(k) == x for k, x in want):
                 continue
             key = labels.get(model_label) if model_label is not None else None
-            out[key] = out.get(key, 0.0) + v * ref.scale
-        if out:
-            return out
+            got.setdefault(key, []).append(v)
+        if got:
+            agg = AGGREGATES[ref.aggregate]
+            return {k: agg(vs) * ref.scale for k, vs in got.items()}
     return {}
 
 
