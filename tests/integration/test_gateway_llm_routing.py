@@ -277,3 +277,38 @@ async def test_a_backend_whose_metrics_stop_answering_is_routed_on_accounting(
     finally:
         if not stopped:
             await tap.__aexit__(None, None, None)
+
+
+async def test_evenserve_workers_engines_come_from_their_load_reports(
+    workers: tuple[BackgroundWorker, BackgroundWorker],
+) -> None:
+    """The same workers as KServe backends (the default kind): their load reports name their
+    engines with the step profile, which the router then predicts from."""
+    w0, w1 = workers
+    raw = {
+        "gateway": {
+            "admin": {"token": "test-token-123456"},
+            "overload": {"enabled": False},
+            "signals": {"interval_ms": 50, "stale_after_ms": 10_000, "timeout_ms": 5_000},
+            "llm": {"chars_per_token": 1},
+        },
+        "backends": [{"name": "w0", "url": w0.url}, {"name": "w1", "url": w1.url}],
+    }
+    async with gateway(parse_cluster(raw, Path("."))) as (g, url):
+        engines = g.llm.router.engines
+        assert sorted(engines) == ["w0/chat", "w1/chat", "w1/solo"]
+        assert all(v.profile is not None and v.profile.c0_s == 0.0002 for v in engines.values())
+        assert all(v.kv_blocks == 2000 and v.max_num_seqs == 8 for v in engines.values())
+        c = client(url)
+        try:
+            stream = await c.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                stream=True,
+            )  # fmt: skip
+            chunks = [ch async for ch in stream]
+            assert sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content) == 5
+            r = await c.completions.create(model="solo", prompt="abc", max_tokens=3)
+            assert r.usage is not None and r.usage.completion_tokens == 3
+        finally:
+            await c.close()
+        await until(lambda: settled(g), "accounting back to zero")
