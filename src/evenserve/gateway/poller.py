@@ -297,6 +297,7 @@ class Poller:
             self.registry.states[name].last_error = f"metrics: {type(exc).__name__} {exc}"
             return
         if not samples:
+            self.registry.states[name].last_error = f"metrics: no {engine} waiting metric"
             return
         now = self.clock.now()
         if self.llm is not None:
