@@ -312,3 +312,98 @@ async def test_evenserve_workers_engines_come_from_their_load_reports(
         finally:
             await c.close()
         await until(lambda: settled(g), "accounting back to zero")
+
+
+class BrokenOpenAI:
+    """An OpenAI-compatible server that lists ``chat`` and ``cut``, reports itself idle in
+    vLLM's names, answers every ``chat`` request 503 and cuts every ``cut`` stream after its
+    first token (the connection dropped)."""
+
+    METRICS = (
+        'vllm:num_requests_waiting{model_name="chat"} 0\n'
+        'vllm:num_requests_running{model_name="chat"} 0\n'
+        'vllm:num_requests_waiting{model_name="cut"} 0\n'
+    )
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        path = scope["path"]
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+
+        async def answer(status: int, content: bytes, ctype: bytes) -> None:
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", ctype)]})  # fmt: skip
+            await send({"type": "http.response.body", "body": content})
+
+        if path == "/v1/models":
+            data = b'{"object":"list","data":[{"id":"chat"},{"id":"cut"}]}'
+            return await answer(200, data, b"application/json")
+        if path == "/metrics":
+            return await answer(200, self.METRICS.encode(), b"text/plain")
+        if b'"cut"' in body:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})  # fmt: skip
+            event = b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+            raise RuntimeError("the server fell over mid-stream")
+        err = b'{"error":{"message":"busy","type":"server_error","param":null,"code":null}}'
+        return await answer(503, err, b"application/json")
+
+
+async def test_every_try_ends_once_retried_refused_or_cut(
+    workers: tuple[BackgroundWorker, BackgroundWorker],
+) -> None:
+    """A backend answering 503 (the try retried elsewhere) and one cutting its stream: each
+    try is ended once, the router's accounting back to zero."""
+    w0, _w1 = workers
+    async with serving(BrokenOpenAI()) as broken:
+        raw = {
+            "gateway": {
+                "admin": {"token": "test-token-123456"},
+                "overload": {"enabled": False},
+                "signals": {"interval_ms": 50, "stale_after_ms": 10_000, "timeout_ms": 5_000},
+                "health": {"interval_ms": 100, "timeout_ms": 5_000},
+                "llm": {"chars_per_token": 1},
+                "llm_routing": "round-robin",  # every backend gets its turn
+            },
+            "backends": [
+                {"name": "w0", "url": w0.url, "kind": "openai"},
+                {"name": "bad", "url": broken.url, "kind": "openai"},
+            ],
+        }
+        g = Gateway(parse_cluster(raw, Path(".")))
+        async with serving(g) as served:
+            engines = g.llm.router.engines
+            await until(lambda: len(engines) == 3 and all(v.sample for v in engines.values()),
+                        "every engine sampled")  # fmt: skip
+            c = client(served.url)
+            try:
+                backends = []
+                for i in range(6):
+                    raw_r = await c.completions.with_raw_response.create(
+                        model="chat", prompt=f"p{i}", max_tokens=3
+                    )
+                    assert raw_r.parse().usage.completion_tokens == 3
+                    backends.append(raw_r.headers["x-evenserve-backend"])
+                assert set(backends) == {"w0"}  # the 503s were retried there
+                stream = await c.completions.create(model="cut", prompt="x", max_tokens=9,
+                                                    stream=True)  # fmt: skip
+                with pytest.raises(openai.APIError):
+                    async for _ in stream:
+                        pass
+            finally:
+                await c.close()
+            await until(lambda: settled(g), "accounting back to zero")
+            async with httpx.AsyncClient() as h:
+                text = (await h.get(f"{served.url}/metrics")).text
+            assert re.search(r'evenserve_gateway_retries_total\{model="chat"\} [1-9]', text)
+            assert 'backend="bad",model="cut",outcome="backend_error"' in text
