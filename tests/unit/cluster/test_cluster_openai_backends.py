@@ -74,3 +74,14 @@ def test_errors_name_the_field(gateway: dict[str, Any], backend: dict[str, Any],
     with pytest.raises(ConfigError) as err:
         parse(gateway, **backend)
     assert says in str(err.value)
+
+
+def test_the_example_cluster_file() -> None:
+    from evenserve.cluster.file import load_cluster
+
+    c = load_cluster(Path(__file__).resolve().parents[3] / "examples" / "cluster-openai.yaml")
+    assert [(b.name, b.kind, b.engine, b.signals.source) for b in c.config.backends] == [
+        ("vllm0", "openai", "auto", "llm"),
+        ("vllm1", "openai", "vllm", "llm"),
+    ]
+    assert c.config.gateway.llm_routing == "predicted-ttft"
