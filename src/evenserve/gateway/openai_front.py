@@ -218,7 +218,9 @@ class OpenAIFront:
             try:
                 answered = await self._try(fw, name, track)
             except BaseException:  # cancelled (the client went away): the try is over
+                # (every await in ``_try`` comes before its own ``done``)
                 track.end()
+                d.done(name, model, None)
                 raise
             if answered is not None:
                 return answered
