@@ -1,5 +1,11 @@
 """The cluster file's ``backends:`` entries: servers started elsewhere (Triton, MLServer, other
-workers), and how the gateway reads their signals."""
+workers, OpenAI-compatible LLM servers such as vLLM), and how the gateway reads their
+signals.
+
+``kind: openai`` is an OpenAI-compatible LLM server known by its URL alone: the gateway
+reads its models from ``GET /v1/models`` (which is also its readiness) and its signals from
+its own ``/metrics`` through the LLM mapping of its ``engine`` (``auto``: told by the metric
+names; ``cluster.prometheus_mapping.LLM_PRESETS``)."""
 
 from __future__ import annotations
 
@@ -11,12 +17,28 @@ from pydantic import Field, field_validator, model_validator
 
 from evenserve.cluster.gateway_section import GrpcForward
 from evenserve.cluster.names import ModelName, Name
-from evenserve.cluster.prometheus_mapping import PRESETS, TRITON_MAPPING, PrometheusMapping
+from evenserve.cluster.prometheus_mapping import (
+    LLM_PRESETS,
+    PRESETS,
+    TRITON_MAPPING,
+    PrometheusMapping,
+)
 from evenserve.core.validation import Strict
+
+#: A backend's API: KServe v2 (evenserve workers, Triton, MLServer) or OpenAI-compatible.
+BackendKind = Literal["kserve", "openai"]
+#: An OpenAI server's engine family (its ``/metrics`` names), or ``auto``.
+LlmEngine = Literal["auto", "vllm", "sglang", "tgi", "trtllm", "trtllm-serve"]
+assert set(LLM_PRESETS) == set(LlmEngine.__args__) - {"auto"}  # type: ignore[attr-defined]
 
 
 class BackendSignals(Strict):
-    source: Literal["evenserve", "prometheus", "none"] = "evenserve"
+    source: Literal["evenserve", "prometheus", "llm", "none"] = Field(
+        default="evenserve",
+        description="evenserve: its load report; prometheus: its /metrics through mapping; "
+        "llm: an OpenAI server's /metrics through its engine's LLM mapping (the default of "
+        "kind: openai); none: the gateway's own counts only",
+    )
     url: str | None = Field(
         default=None, description="load endpoint or metrics URL (default: on the backend URL)"
     )
@@ -50,7 +72,18 @@ class BackendSignals(Strict):
 
 class BackendSpec(Strict):
     name: Name
-    url: str = Field(min_length=1, description="base URL of the KServe v2 HTTP API")
+    url: str = Field(min_length=1, description="base URL of its HTTP API (KServe v2 or OpenAI)")
+    kind: BackendKind = Field(
+        default="kserve",
+        description="kserve: KServe v2 (evenserve workers, Triton, MLServer); openai: an "
+        "OpenAI-compatible LLM server (vLLM, SGLang, TGI, trtllm-serve): models from "
+        "GET /v1/models, signals from its /metrics",
+    )
+    engine: LlmEngine = Field(
+        default="auto",
+        description="kind: openai: the server's engine family, whose metric names its "
+        "/metrics uses (auto: told by the names it finds)",
+    )
     grpc_url: str | None = Field(
         default=None,
         description="host:port of its KServe v2 gRPC API (used with grpc_forward: grpc)",
@@ -105,6 +138,37 @@ class BackendSpec(Strict):
         if v is not None and not (re.match(r"^[^/\s]+:\d+$", v) and int(v.rsplit(":")[-1]) < 65536):
             raise ValueError(f"expected host:port, port in 0..65535, got {v!r}")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _openai_defaults(cls, raw: Any) -> Any:
+        """``kind: openai`` reads its /metrics through its LLM mapping unless told otherwise."""
+        if not isinstance(raw, dict) or raw.get("kind") != "openai":
+            return raw
+        sig = raw.get("signals")
+        if sig is None:
+            return {**raw, "signals": {"source": "llm"}}
+        if isinstance(sig, dict) and "source" not in sig:
+            return {**raw, "signals": {**sig, "source": "llm"}}
+        return raw
+
+    @model_validator(mode="after")
+    def _kind_consistent(self) -> BackendSpec:
+        src = self.signals.source
+        if self.kind == "openai":
+            if src not in ("llm", "none"):
+                raise ValueError(
+                    f"signals.source: {src!r} is not for kind: openai (an OpenAI server has "
+                    "no evenserve load report; use llm, its /metrics, or none)"
+                )
+            if self.grpc_url is not None or self.grpc_forward is not None:
+                raise ValueError("grpc_url, grpc_forward: kind: openai serves no KServe v2 gRPC")
+        else:
+            if src == "llm":
+                raise ValueError("signals.source: llm is for kind: openai backends")
+            if self.engine != "auto":
+                raise ValueError("engine: only meaningful with kind: openai")
+        return self
 
     @model_validator(mode="after")
     def _grpc_forward_has_its_endpoint(self) -> BackendSpec:

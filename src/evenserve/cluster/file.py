@@ -5,6 +5,8 @@ gateway:                      # the front door
   host: 127.0.0.1
   port: 8000
   routing: queue-aware        # a policy spec: a name or {policy: name, ...params}
+  llm_routing: predicted-ttft # the LLM router's policy (OpenAI requests of LLM models)
+  llm: {chars_per_token: 4, prefix_block_tokens: 16}   # how prompts are read (design 0021)
   signals: {interval_ms: 100, window: 3, stale_after_ms: 500}
   # placement: {policy: cost-aware, interval_ms: 1000, load_wait_ms: 10000, host_memory_gb: 0}
   # autoscaling: {policy: demand, target_utilization: 0.7}   # needs placement
@@ -30,6 +32,10 @@ backends:                     # servers started elsewhere (Triton, MLServer, oth
     grpc_url: 127.0.0.1:8081    # its gRPC endpoint
     grpc_forward: grpc          # its HTTP API has no binary tensor extension: relay gRPC
     signals: {source: none}
+  - name: vllm0               # an OpenAI-compatible LLM server: its URL is all it takes
+    url: http://127.0.0.1:8200
+    kind: openai              # models from GET /v1/models, signals from its /metrics
+    # engine: vllm            # its metric names (auto: told by them): vllm, sglang, tgi, trtllm
 ```
 
 The gateway routes to every worker device plus every listed backend. Which models each one
@@ -66,6 +72,7 @@ from evenserve.core.errors import ConfigError
 from evenserve.core.profile import bundled_profile_set
 from evenserve.core.requestlog import MIB, RecordSettings
 from evenserve.core.validation import Strict, read_yaml, validate_document
+from evenserve.policy.llm_routing import LLM_ROUTING
 from evenserve.policy.routing import ROUTING
 from evenserve.runtime.device import parse_device
 
@@ -258,6 +265,7 @@ class LoadedCluster:
 def parse_cluster(raw: Any, base_dir: Path, where: str = "cluster") -> LoadedCluster:
     cfg = validate_document(ClusterConfig, raw, where)
     ROUTING.parse(cfg.gateway.routing, "gateway.routing")
+    LLM_ROUTING.parse(cfg.gateway.llm_routing, "gateway.llm_routing")
     if cfg.gateway.placement is not None or cfg.gateway.autoscaling is not None:
         from evenserve.policy.placement import AUTOSCALING
 

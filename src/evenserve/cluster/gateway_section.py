@@ -100,6 +100,51 @@ class AdminConfig(Strict):
     )
 
 
+class LlmGatewayConfig(Strict):
+    """``gateway.llm``: how the gateway reads an LLM request for the LLM router (design note
+    0021). The gateway has the request's text, not its tokens: it names the prompt's blocks
+    by their characters (``prefix_block_tokens`` x ``chars_per_token`` characters a block,
+    chained: block i names the prompt up to its end) and estimates its tokens as its
+    characters / ``chars_per_token``."""
+
+    chars_per_token: float = Field(
+        default=4.0,
+        gt=0,
+        description="characters per token of the engines' tokenizers (llm-d's estimate: 4; "
+        "evenserve's built-in byte-level tokenizer: 1)",
+    )
+    prefix_block_tokens: int = Field(
+        default=16,
+        ge=1,
+        description="tokens per named prompt block (llm-d: 16, i.e. 64 characters at 4 "
+        "characters a token)",
+    )
+    prefix_max_blocks: int = Field(
+        default=1024, ge=1, description="prompt blocks the router's prefix index keeps per engine"
+    )
+    default_max_tokens: int = Field(
+        default=256,
+        ge=1,
+        description="the output the router expects of a request that sets no max_tokens "
+        "(a completion's default is OpenAI's 16)",
+    )
+    stale_after_ms: float = Field(
+        default=10_000.0,
+        gt=0,
+        description="an LLM engine whose newest signal sample is older than this is routed "
+        "on the gateway's own accounting alone (its last sample's corrections dropped)",
+    )
+    ttft_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="TTFT target of requests without the x-evenserve-ttft-ms header (and no "
+        "target the engine reports): the router refuses (429) what no engine can meet",
+    )
+    tpot_ms: float | None = Field(
+        default=None, gt=0, description="TPOT target likewise (x-evenserve-tpot-ms)"
+    )
+
+
 class GatewaySection(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -120,6 +165,13 @@ class GatewaySection(Strict):
         "or grpcio (grpcio's asyncio server)",
     )
     routing: Any = "queue-aware"
+    llm_routing: Any = Field(
+        default="predicted-ttft",
+        description="the LLM router's policy for /v1/completions and /v1/chat/completions of "
+        "LLM models: a name in LLM_ROUTING (round-robin, kv-load, prefix-approx, "
+        "predicted-ttft) or {policy: name, ...params}",
+    )
+    llm: LlmGatewayConfig = Field(default_factory=LlmGatewayConfig)
     seed: int = 0
     replicas: int = Field(
         default=1,

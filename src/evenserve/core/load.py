@@ -28,8 +28,10 @@ class LlmLoad(BaseModel):
     preemptions: int = Field(ge=0, description="preemptions by recompute so far")
     step_profile: dict[str, float | str] = Field(
         default_factory=dict,
-        description="the step profile (c0_ms, prefill_us_per_token, decode_us_per_seq, "
-        "kv_us_per_token, cpu_ms_per_output_token, device, source)",
+        description="the step profile: a step profile file's fields (core.llm.StepProfileFile "
+        "less kind: c0_ms, prefill_us_per_token, decode_us_per_seq, kv_us_per_token, "
+        "cpu_ms_per_output_token, weights_gib, kv_bytes_per_token, device_memory_gib, ..., "
+        "model, device, runtime, precision, source)",
     )
 
 

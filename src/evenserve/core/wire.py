@@ -149,6 +149,10 @@ def infer_path(model: str, version: str | None = None) -> str:
 PRIORITY_HEADER = "x-evenserve-priority"
 #: Request: the deadline in milliseconds after arrival when the body has none.
 DEADLINE_HEADER = "x-evenserve-deadline-ms"
+#: Request (OpenAI routes of LLM models, read by the gateway's LLM router): the request's
+#: time-to-first-token and time-per-output-token targets, milliseconds.
+TTFT_HEADER = "x-evenserve-ttft-ms"
+TPOT_HEADER = "x-evenserve-tpot-ms"
 #: Response: why the worker refused the request (one of REFUSAL_REASONS).
 REASON_HEADER = "x-evenserve-reason"
 #: Response header (gRPC: trailing metadata) with the milliseconds an inference request

@@ -22,6 +22,16 @@ head:
   next backend, the answer kept to relay if none is left); the answer is relayed as it came.
 - a try without an answer is judged as v2's (``FrontDoor.failed``: retry, eject, 504).
 
+An LLM model (one an LLM engine serves: an evenserve worker's engine, or a ``kind: openai``
+server's model; ``gateway.llm_router``) is routed by the LLM router instead of the classic
+router's pick (``relay_llm``): the same admission, miss path, tries, judging and counting,
+but each try's backend is the LLM policy's choice (``gateway.llm_routing``) among the
+healthy engines not tried yet, and the try is accounted to the router (``LlmTry``: sent,
+first token, one end per try, however it ends). When the policy refuses (no engine can meet
+the request's TTFT target: ``ttft-unreachable``) the answer is 429 with Retry-After (the
+predicted excess, whole seconds rounded up, at least 1), counted in
+``evenserve_gateway_llm_refusals_total``.
+
 The gateway's own answers (400 for a body that is not JSON or names no model, 404 unknown
 model, 429, 503, 504) come in OpenAI's error shape, ``{"error": {"message", "type", "param",
 "code"}}``; an unknown model's is OpenAI's ``model_not_found``. ``GET /v1/models`` lists
@@ -38,11 +48,12 @@ import orjson
 
 from evenserve.core import wire
 from evenserve.core.llm import openai_error_body
-from evenserve.gateway.answers import RELAY_RESPONSE_HEADERS, Answer
+from evenserve.gateway.answers import RELAY_RESPONSE_HEADERS, Answer, error_answer
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.dispatcher import Dispatcher
 from evenserve.gateway.forward import Forward
 from evenserve.gateway.forwarder import PooledForwarder, Reply
+from evenserve.gateway.llm_router import LlmGateway, LlmTry, retry_after_header
 from evenserve.httpio.client import HttpClient, HttpClientError, StreamReply
 from evenserve.httpio.server import JSON, Request, Response, StreamResponse
 
@@ -71,8 +82,8 @@ def error_type(status: int) -> str:
     return "invalid_request_error" if status < 500 else "server_error"
 
 
-def model_of(body: bytes) -> str | Response:
-    """The request's ``model``, or the 400 that says why there is none."""
+def body_of(body: bytes) -> dict[str, Any] | Response:
+    """The request's JSON object naming its ``model``, or the 400 that says why not."""
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -82,7 +93,13 @@ def model_of(body: bytes) -> str | Response:
     model = obj.get("model")
     if not isinstance(model, str) or not model:
         return _bad("the request body must name its model: a string 'model'", "model")
-    return model
+    return obj
+
+
+def model_of(body: bytes) -> str | Response:
+    """The request's ``model``, or the 400 that says why there is none."""
+    obj = body_of(body)
+    return obj if isinstance(obj, Response) else str(obj["model"])
 
 
 def _bad(message: str, param: str | None) -> Response:
@@ -99,9 +116,13 @@ def sse_error(message: str, code: str) -> bytes:
 class OpenAIFront:
     """The OpenAI routes of one gateway (``routes``), over its dispatcher and registry."""
 
-    def __init__(self, dispatcher: Dispatcher, registry: BackendRegistry) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, registry: BackendRegistry, llm: LlmGateway | None = None
+    ) -> None:
         self.d = dispatcher
         self.registry = registry
+        #: The LLM router (None: every model takes the classic router's pick).
+        self.llm = llm
         #: What ``/v1/models`` gives as each model's ``created`` (the gateway's start).
         self.created = int(time.time())
 
@@ -131,9 +152,10 @@ class OpenAIFront:
     # -- one request ------------------------------------------------------------------------
     async def relay(self, path: str, request: Request) -> Response:
         """Route one completion request (the module's docstring) and answer it."""
-        model = model_of(request.body)
-        if isinstance(model, Response):
-            return model
+        obj = body_of(request.body)
+        if isinstance(obj, Response):
+            return obj
+        model = str(obj["model"])
         d = self.d
         if not isinstance(d.forwarder, PooledForwarder):
             return Response(
@@ -150,6 +172,8 @@ class OpenAIFront:
             refused = await d.miss(fw)
             if refused is not None:
                 return self._respond(d.finish(model, refused, fw.t0), model)
+        if self.llm is not None and self.llm.handles(model):
+            return await self.relay_llm(fw, obj, path == CHAT_COMPLETIONS_PATH, request)
         while True:
             name = d.pick(fw)
             if name is None:
@@ -158,23 +182,91 @@ class OpenAIFront:
             if answered is not None:
                 return answered
 
-    async def _try(self, fw: Forward, name: str) -> Response | None:
-        """One try on backend ``name``: the response, or None to try the next backend."""
+    async def relay_llm(
+        self, fw: Forward, obj: dict[str, Any], chat: bool, request: Request
+    ) -> Response:
+        """The tries of an LLM model's request, each backend the LLM router's choice."""
+        d, llm = self.d, self.llm
+        assert llm is not None
+        model = fw.model
+        now = d.clock.now()
+        info = llm.request_info(
+            fw.req.request_id, model, chat, obj, request.headers, now, fw.req.priority
+        )
+        while True:
+            if fw.attempt > d.door.retries:
+                return self._respond(d.finish(model, d.exhausted(fw), fw.t0), model)
+            now = d.clock.now() if fw.attempt else now
+            routable = [v.name for v in d.router.candidates(model)]
+            t0 = time.perf_counter()
+            decision = llm.choose(info, now, routable, fw.tried)
+            d.metrics.decision.observe(time.perf_counter() - t0)
+            view = decision.engine
+            if view is None:
+                if decision.reason == "no-engine":
+                    return self._respond(d.finish(model, d.exhausted(fw), fw.t0), model)
+                return self._refuse(fw, decision.reason or "refused", decision.retry_after_s)
+            name = llm.backend_of[view.index]
+            fw.tried.append(name)
+            fw.attempt += 1
+            if fw.attempt > 1:
+                d.metrics.retries.labels(model).inc()
+            d.router.sent(name, model, now)
+            if d.placement is not None:
+                d.placement.sent(model, name)
+            track = llm.start(info, view, now)
+            try:
+                answered = await self._try(fw, name, track)
+            except BaseException:  # cancelled (the client went away): the try is over
+                # (every await in ``_try`` comes before its own ``done``)
+                track.end()
+                d.done(name, model, None)
+                raise
+            if answered is not None:
+                return answered
+
+    def _refuse(self, fw: Forward, reason: str, retry_after_s: float | None) -> Response:
+        """The LLM policy refused: 429 with Retry-After, counted."""
+        assert self.llm is not None
+        self.llm.refused(fw.model, reason)
+        retry = retry_after_header(retry_after_s)
+        ans = error_answer(
+            429,
+            f"no engine of model {fw.model!r} can give this request its first token in time "
+            f"({reason}); retry after {retry} s",
+            "overloaded",
+            {wire.RETRY_AFTER_HEADER: retry, wire.REASON_HEADER: reason},
+        )
+        return self._respond(self.d.finish(fw.model, ans, fw.t0), fw.model)
+
+    async def _try(self, fw: Forward, name: str, track: LlmTry | None = None) -> Response | None:
+        """One try on backend ``name``: the response, or None to try the next backend.
+        ``track``: the LLM router's accounting of the try (ended here, or by the relay of
+        a streamed answer)."""
         d = self.d
         try:
             up = await self._client(name).stream("POST", fw.path, fw.body, fw.headers)
         except HttpClientError as exc:
+            if track is not None:
+                track.end()
             d.done(name, fw.model, None)
             return self._settled(fw, name, None, exc)
         if up.status < 300 and up.headers.get("content-type", "").startswith(EVENT_STREAM):
-            return self._stream(fw, name, up)
+            return self._stream(fw, name, up, track)
         try:
             body = await up.read()
         except HttpClientError as exc:
+            if track is not None:
+                track.end()
             d.done(name, fw.model, None)
             return self._settled(fw, name, None, exc)
         finally:
             await up.aclose()
+        if track is not None:
+            if up.status < 300:
+                track.whole(body)
+            else:
+                track.end()
         reply = Reply(up.status, _relayed(up.headers), body)
         d.done(name, fw.model, reply)
         return self._settled(fw, name, reply, None)
@@ -189,7 +281,9 @@ class OpenAIFront:
             return None
         return self._respond(d.finish(fw.model, ans, fw.t0), fw.model)
 
-    def _stream(self, fw: Forward, name: str, up: StreamReply) -> Response:
+    def _stream(
+        self, fw: Forward, name: str, up: StreamReply, track: LlmTry | None = None
+    ) -> Response:
         """Relay a streamed answer (the try stays in flight until it ends)."""
         reply = Reply(up.status, _relayed(up.headers), b"")
         ans = self.d.settle(fw, name, reply, None)
@@ -197,7 +291,7 @@ class OpenAIFront:
         headers = dict(reply.headers)
         headers["cache-control"] = "no-cache"
         headers[wire.BACKEND_HEADER] = name
-        return StreamResponse(up.status, headers, Relay(self.d, fw, name, up, ans))
+        return StreamResponse(up.status, headers, Relay(self.d, fw, name, up, ans, track))
 
     def _client(self, name: str) -> HttpClient:
         fwd = self.d.forwarder
@@ -242,13 +336,22 @@ class Relay:
     stream was read to its end."""
 
     def __init__(
-        self, dispatcher: Dispatcher, fw: Forward, name: str, up: StreamReply, ans: Answer
+        self,
+        dispatcher: Dispatcher,
+        fw: Forward,
+        name: str,
+        up: StreamReply,
+        ans: Answer,
+        track: LlmTry | None = None,
     ) -> None:
         self.d = dispatcher
         self.fw = fw
         self.name = name
         self.up = up
         self.ans = ans
+        #: The LLM router's accounting of the try (None: a classic pick): each piece is
+        #: read for its first text and usage; the end ends it.
+        self.track = track
         self.ended = False
 
     def __aiter__(self) -> Relay:
@@ -258,7 +361,10 @@ class Relay:
         if self.ended:
             raise StopAsyncIteration
         try:
-            return await anext(self.up)
+            piece = await anext(self.up)
+            if self.track is not None:
+                self.track.feed(piece)
+            return piece
         except StopAsyncIteration:
             self._end(True)
             raise
@@ -281,6 +387,8 @@ class Relay:
         """The try is over: a whole stream teaches the router the backend's time; one cut
         short does not."""
         self.ended = True
+        if self.track is not None:
+            self.track.end_stream()
         d, fw = self.d, self.fw
         d.done(self.name, fw.model, Reply(self.ans.status, None, b"") if served else None)
         d.finish(fw.model, self.ans, fw.t0)

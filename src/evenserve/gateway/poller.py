@@ -11,6 +11,16 @@ backend delays no other).
   map it through the configured mapping (prometheus_signals); readiness comes from a separate
   GET ``/v2/health/ready`` every ``health.interval_ms``.
 - ``none`` backends: readiness only; the router routes them on its own in-flight counts.
+- ``kind: openai`` backends (vLLM, SGLang, TGI, trtllm-serve, or evenserve workers read as
+  foreign): every ``health.interval_ms`` GET ``/v1/models``: its answer is both readiness
+  (a 200 with a model list admits, another status ejects) and the backend's models (all
+  READY; the LLM router's engines, ``gateway.llm_router``); with ``signals.source: llm``,
+  every signals period GET its ``/metrics`` and read it through its engine's LLM mapping
+  (``prometheus_signals.llm_samples_from_text``; ``engine: auto``: told by the names, once
+  found): each model's sample goes to the LLM router, their sums (waiting, running) to the
+  classic router as a LoadSample. Metrics are advisory: a failure only lets them go stale.
+- evenserve workers' load reports carry their LLM engines (``llm_by_model``): fed to the
+  LLM router with the time the report was read.
 - Ejection needs the backend's own evidence: a not-ready answer or a bad load report ejects
   at once (with the reason), and so does a refused connection; the next successful probe
   readmits it. A probe without an answer in time is a miss, judged by ``probe_misses`` (the
@@ -38,15 +48,24 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from urllib.parse import urlsplit
 
+import orjson
 from pydantic import ValidationError
 
 from evenserve.cluster.gateway_section import GatewaySection
 from evenserve.core.clock import Clock
 from evenserve.core.load import LoadReport
+from evenserve.core.types import LoadSample
 from evenserve.core.wire import HEALTH_READY_PATH, LOAD_PATH, METRICS_PATH, REPOSITORY_INDEX_PATH
-from evenserve.gateway.backends import BackendRegistry, BackendState
+from evenserve.gateway.backends import READY, BackendRegistry, BackendState
+from evenserve.gateway.llm_router import LlmGateway
 from evenserve.gateway.probe_misses import MissJudge
-from evenserve.gateway.prometheus_signals import PrometheusParseError, sample_from_text
+from evenserve.gateway.prometheus_signals import (
+    LLM_MAPPINGS,
+    PrometheusParseError,
+    detect_engine,
+    llm_samples_from_text,
+    sample_from_text,
+)
 from evenserve.gateway.repository_index import BadIndex, index_due, parse_index
 from evenserve.httpio.client import HttpClient, HttpClientError, Reply
 
@@ -54,6 +73,8 @@ log = logging.getLogger("evenserve.gateway.poller")
 Probe = Callable[[], Awaitable[None]]
 #: GET a URL within a time limit (seconds); raises ``httpio.client`` errors.
 Fetch = Callable[[str, float], Awaitable[Reply]]
+#: An OpenAI server's model list (``kind: openai``).
+OPENAI_MODELS_PATH = "/v1/models"
 #: The body the index probe posts: every model, whatever its state (``{"ready": true}``
 #: would hide the LOADING ones).
 INDEX_BODY = b"{}"
@@ -95,8 +116,13 @@ class Poller:
         clock: Clock,
         fetch: Fetch | None = None,
         index: Fetch | None = None,
+        llm: LlmGateway | None = None,
     ) -> None:
         self.registry = registry
+        #: The LLM router (engines from load reports, ``/v1/models`` and ``/metrics``).
+        self.llm = llm
+        #: Per ``kind: openai`` backend with ``engine: auto``: the family its text named.
+        self._engines: dict[str, str] = {}
         self.cfg = cfg
         self.clock = clock
         self.fetch: Fetch = fetch or self._http_get
@@ -203,7 +229,11 @@ class Poller:
         st.models_version = report.models_version
         st.device, st.device_kind = report.device, report.device_kind
         st.device_slice = report.device_slice
-        self.registry.router.observe(name, report.to_sample(self.clock.now()))
+        now = self.clock.now()
+        self.registry.router.observe(name, report.to_sample(now))
+        llm = self.llm
+        if llm is not None and (report.llm_by_model or name in llm.by_backend):
+            llm.observe_report(name, report.llm_by_model, now)
         self.registry.admit(name)
 
     async def probe_metrics(self, st: BackendState) -> None:
@@ -223,6 +253,66 @@ class Poller:
             return
         if sample is not None:
             self.registry.router.observe(name, sample)
+
+    async def probe_openai_models(self, st: BackendState) -> None:
+        """A ``kind: openai`` backend's readiness and models: ``GET /v1/models``."""
+        name = st.spec.name
+        resp = await self._get(st, st.spec.url + OPENAI_MODELS_PATH, self.cfg.health.timeout_ms)
+        if resp is None:
+            return
+        if resp.status != 200:
+            self.registry.eject(name, f"not-ready ({OPENAI_MODELS_PATH} answered {resp.status})")
+            return
+        models = openai_models(resp.body)
+        if models is None:
+            self.registry.eject(name, f"bad model list: {OPENAI_MODELS_PATH} is no OpenAI list")
+            return
+        if st.spec.models is not None:  # the configured ones stand for those it lists too
+            models = sorted(set(models) | set(st.spec.models))
+        self.registry.set_index(name, dict.fromkeys(models, READY))
+        if self.llm is not None:
+            self.llm.set_openai_models(name, models)
+        self.registry.admit(name)
+
+    async def probe_llm_metrics(self, st: BackendState) -> None:
+        """A ``kind: openai`` backend's ``/metrics``, read through its engine's LLM mapping."""
+        name = st.spec.name
+        url = st.spec.signals.url or st.spec.url + METRICS_PATH
+        taken = self.clock.now()
+        try:
+            resp = await self.fetch(url, self.cfg.signals.timeout_ms / 1000.0)
+            if resp.status != 200:
+                raise PrometheusParseError(f"metrics endpoint answered {resp.status}")
+            text = resp.body.decode("utf-8", errors="replace")
+            engine = st.spec.engine if st.spec.engine != "auto" else self._engines.get(name)
+            if engine is None:
+                engine = detect_engine(text)
+                if engine is None:
+                    raise PrometheusParseError(
+                        "no LLM server's metrics (vllm, sglang, tgi, trtllm)"
+                    )
+                self._engines[name] = engine
+            samples = llm_samples_from_text(text, LLM_MAPPINGS[engine], taken)
+        except (HttpClientError, PrometheusParseError) as exc:
+            self.registry.states[name].last_error = f"metrics: {type(exc).__name__} {exc}"
+            return
+        if not samples:
+            self.registry.states[name].last_error = f"metrics: no {engine} waiting metric"
+            return
+        now = self.clock.now()
+        if self.llm is not None:
+            for model, sample in samples.items():
+                self.llm.observe(name, model, sample, now)
+        by_model = {m: float(s.waiting) for m, s in samples.items() if m is not None}
+        self.registry.router.observe(
+            name,
+            LoadSample(
+                timestamp_s=now,
+                queue_depth=float(sum(s.waiting for s in samples.values())),
+                in_flight=float(sum(s.running for s in samples.values())),
+                queued_by_model=by_model,
+            ),
+        )
 
     async def probe_ready(self, st: BackendState) -> None:
         name = st.spec.name
@@ -306,8 +396,13 @@ class Poller:
         backend's index is read on the health period."""
         own_s = (st.spec.signals.interval_ms or self.cfg.signals.interval_ms) / 1000.0
         health_s = self.cfg.health.interval_ms / 1000.0
-        index = (health_s, partial(self.probe_index, st))
         src = st.spec.signals.source
+        if st.spec.kind == "openai":
+            ps: list[tuple[float, Probe]] = [(health_s, partial(self.probe_openai_models, st))]
+            if src == "llm":
+                ps.append((own_s, partial(self.probe_llm_metrics, st)))
+            return ps
+        index = (health_s, partial(self.probe_index, st))
         if src == "evenserve":
             return [(own_s, partial(self.probe_load, st)), index]
         probes: list[tuple[float, Probe]] = [(health_s, partial(self.probe_ready, st)), index]
@@ -366,7 +461,10 @@ class Poller:
                 if t is None or t.done():
                     running[i] = start()
             if expire:
-                self.registry.router.expire(self.clock.now())
+                now = self.clock.now()
+                self.registry.router.expire(now)
+                if self.llm is not None:
+                    self.llm.expire(now)
             next_t += period_s
             delay = next_t - loop.time()
             if delay < 0:  # fell behind (CPU starved): skip missed ticks, do not burst
@@ -397,3 +495,16 @@ class Poller:
         for c in self._clients.values():
             c.close()
         self._clients.clear()
+
+
+def openai_models(body: bytes) -> list[str] | None:
+    """The model ids of an OpenAI ``/v1/models`` answer (None: not such a list)."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list):
+        return None
+    ids = [m.get("id") for m in data if isinstance(m, dict)]
+    return sorted({i for i in ids if isinstance(i, str) and i})

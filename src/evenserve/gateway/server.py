@@ -10,7 +10,8 @@ figures). Model control (``POST /v2/repository/models/{m}/load|unload``) answers
 the workers that host the model: the gateway loads nothing (its gRPC front answers
 UNIMPLEMENTED, with the same words).
 The OpenAI-compatible routes (``/v1/completions``, ``/v1/chat/completions``, streamed answers
-relayed as they come, ``/v1/models``) are ``gateway.openai_front``'s.
+relayed as they come, ``/v1/models``) are ``gateway.openai_front``'s; those of LLM models
+are routed by the LLM router (``gateway.llm_router``, ``gateway.llm_routing``).
 ``/metrics`` is the gateway's Prometheus text; ``/admin/...`` needs the bearer token. HEAD is
 answered as GET, without the body.
 With a request log (``--record`` or ``gateway.record``: ``core.requestlog``) every HTTP
@@ -43,6 +44,7 @@ from evenserve.gateway.admin import AdminAPI
 from evenserve.gateway.answers import Answer
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.dispatcher import Dispatcher
+from evenserve.gateway.llm_router import LlmGateway
 from evenserve.gateway.openai_front import OpenAIFront
 from evenserve.gateway.params_api import GatewayParams
 from evenserve.gateway.placement import PlacementDriver
@@ -130,7 +132,10 @@ class Gateway:
         #: the backends (``gateway.params_api``).
         self.params = GatewayParams(self.registry, self.admin, self.admin_token)
         self.dispatcher = Dispatcher(self.registry, cfg, self.clock, self.metrics)
-        self.poller = Poller(self.registry, cfg, self.clock)
+        #: The LLM router of OpenAI requests of LLM models (``gateway.llm_router``).
+        self.llm = LlmGateway(cfg, self.clock, self.registry.is_healthy)
+        self.metrics.registry.register(self.llm.collector())
+        self.poller = Poller(self.registry, cfg, self.clock, llm=self.llm)
         #: The request log (``record``, else ``gateway.record``; None: off).
         self.recorder: Recorder | None = None
         settings_rec = record if record is not None else cluster.record_settings()
@@ -169,7 +174,7 @@ class Gateway:
             **self.params.routes(),
             **PlacementAPI(self).routes(self.admin.guard),
             **RequestLogAPI(self).routes(self.admin.guard),
-            **OpenAIFront(self.dispatcher, self.registry).routes(),
+            **OpenAIFront(self.dispatcher, self.registry, self.llm).routes(),
         }
         self._paths = {p for _, p in self._exact}
         #: Inference routes split before (``_infer_route``).

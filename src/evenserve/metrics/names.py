@@ -101,6 +101,12 @@ GATEWAY_SCALE_UP_DECISION_SECONDS = f"{GATEWAY_PREFIX}_scale_up_decision_seconds
 GATEWAY_DEVICES_LOST = f"{GATEWAY_PREFIX}_devices_lost"
 GATEWAY_PLACEMENT_ADOPTED = f"{GATEWAY_PREFIX}_placement_adopted"
 GATEWAY_PLACEMENT_DROPPED = f"{GATEWAY_PREFIX}_placement_dropped"
+#: The LLM router (OpenAI requests of LLM models; ``gateway.llm_router``): per engine
+#: (``backend/model``) the age of its newest signal sample and the requests it has of the
+#: router's (by state: waiting for a first token, running); refusals by model and reason.
+GATEWAY_LLM_SIGNAL_AGE = f"{GATEWAY_PREFIX}_llm_engine_signal_age_seconds"  # gauge
+GATEWAY_LLM_IN_FLIGHT = f"{GATEWAY_PREFIX}_llm_engine_in_flight"  # gauge
+GATEWAY_LLM_REFUSALS = f"{GATEWAY_PREFIX}_llm_refusals"  # counter (_total)
 #: Request-log records lost because the writer fell behind (``--record``; counter, _total).
 GATEWAY_RECORD_DROPPED = f"{GATEWAY_PREFIX}_record_dropped"
 WORKER_RECORD_DROPPED = "evenserve_worker_record_dropped"

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from evenserve.core import wire
+from evenserve.core.llm import GIB
 from evenserve.core.load import LlmLoad, LoadReport
 from evenserve.core.requestlog import Recorder
 from evenserve.metrics.names import UNKNOWN_MODEL_LABEL
@@ -356,7 +357,16 @@ def llm_load(e: Engine[Any]) -> LlmLoad:
             "decode_us_per_seq": p.decode_s_per_seq * 1e6,
             "kv_us_per_token": p.kv_s_per_token * 1e6,
             "cpu_ms_per_output_token": p.cpu_s_per_output_token * 1e3,
+            "weights_gib": p.weights_bytes / GIB,
+            "kv_bytes_per_token": p.kv_bytes_per_token,
+            "device_memory_gib": p.device_memory_bytes / GIB,
+            "memory_utilization": p.memory_utilization,
+            "block_tokens": p.block_tokens,
+            "max_model_len": p.max_model_len,
+            "model": p.model,
             "device": p.device,
+            "runtime": p.runtime,
+            "precision": p.precision,
             "source": p.source,
         },
     )

@@ -308,6 +308,15 @@ class LlmRouter:
         else:
             v.extra_kv_tokens = 0
 
+    def forget_corrections(self, name: str) -> None:
+        """Engine ``name``'s samples stopped coming: drop what its last one added beyond the
+        router's own counts (``extra_*``), so the router goes on its own accounting alone;
+        the sample itself stays (its age keeps growing for the policy and the driver)."""
+        v = self.engines.get(name)
+        if v is None:
+            return
+        v.extra_waiting = v.extra_waiting_tokens = v.extra_running = v.extra_kv_tokens = 0
+
     def _snapshot(self, v: EngineView, now: float) -> None:
         q = self._snap[v.index]
         snap = _Snapshot(
