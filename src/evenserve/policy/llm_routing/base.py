@@ -102,6 +102,9 @@ class EngineView:
     #: flight. Uncached: a prefix the engine's cache holds is shared, counted once, by the
     #: request that brought it.
     own_context_tokens: int = 0
+    #: Tokens of the cached prefix blocks the router's own requests in flight share here
+    #: (each distinct block once: what the engine holds for them beyond their own).
+    own_shared_tokens: int = 0
     own_committed_tokens: int = 0
     #: The uncached prompt tokens the router sent here per second lately, by class (an
     #: exponentially decaying count, time constant ``rate_tau_s``), as of ``rate_at_s``.
@@ -154,6 +157,11 @@ class EngineView:
     def kv_tokens(self) -> int:
         """KV capacity in tokens."""
         return self.kv_blocks * self.block_tokens
+
+    @property
+    def held_tokens(self) -> int:
+        """KV tokens the engine's sequences hold, by the router's count and the correction."""
+        return self.own_context_tokens + self.own_shared_tokens + self.extra_kv_tokens
 
     @property
     def waiting(self) -> int:

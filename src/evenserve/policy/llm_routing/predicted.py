@@ -112,7 +112,7 @@ def predict(
         running = min(v.running, v.max_num_seqs)
         budget = v.max_num_batched_tokens
         per_step = max(1, budget - running)
-        kv = v.own_context_tokens + v.extra_kv_tokens
+        kv = v.held_tokens
         full = prof.step_s(per_step, running, kv)
         work = ahead + u
         n = -(-work // per_step)
@@ -142,7 +142,7 @@ def predict(
     cap = v.kv_tokens
     risk = 0.0
     if cap > 0:
-        held = v.own_context_tokens + v.extra_kv_tokens
+        held = v.held_tokens
         excess = held + ahead + u + out / 2 - p.kv_admit * cap
         if excess > 0 and held > 0:
             n_own = v.own_waiting + v.own_running

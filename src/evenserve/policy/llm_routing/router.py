@@ -54,8 +54,10 @@ class _Sent:
     sent_s: float
     #: Prompt tokens ahead of it at the send (for learning a speed).
     ahead_tokens: int
-    #: Leading prompt blocks the prefix index said the engine held at the send.
+    #: Leading prompt blocks the prefix index said the engine held at the send, and their
+    #: names (counted in the engine's shared blocks while the request is in flight).
     promised_blocks: int
+    shared: Sequence[int] = ()
     first_s: float | None = None
 
 
@@ -87,6 +89,8 @@ class LlmRouter:
         self.prefix = PrefixIndex(prefix_max_blocks)
         self._sent: dict[int, _Sent] = {}
         self._snap: dict[int, deque[_Snapshot]] = {}
+        #: By engine: references of the router's requests in flight to cached block names.
+        self._shared: dict[int, dict[int, int]] = {}
         self._snapshot_s = snapshot_s
         self._history_s = history_s
         self._alpha = learn_alpha
@@ -130,6 +134,7 @@ class LlmRouter:
             self._by_model.setdefault(m, []).append(view)
         self.prefix.add_engine(view.index)
         self._snap[view.index] = deque()
+        self._shared[view.index] = {}
         return view
 
     def remove_engine(self, name: str) -> None:
@@ -138,6 +143,7 @@ class LlmRouter:
             self._by_model[m] = [v for v in self._by_model[m] if v is not view]
         self.prefix.remove_engine(view.index)
         self._snap.pop(view.index, None)
+        self._shared.pop(view.index, None)
 
     def candidates(self, model: str) -> list[EngineView]:
         return self._by_model.get(model, [])
@@ -182,9 +188,19 @@ class LlmRouter:
         u = self.uncached_tokens(request, view) if uncached_tokens is None else uncached_tokens
         ahead = view.waiting_tokens_at_or_above(request.priority)
         promised = (request.prompt_tokens - u) // view.block_tokens
+        shared: Sequence[int] = ()
+        if promised > 0 and request.prefix_hashes:
+            shared = request.prefix_hashes[:promised]
+            refs = self._shared[view.index]
+            fresh = 0
+            for h in shared:
+                n = refs.get(h, 0)
+                refs[h] = n + 1
+                fresh += n == 0
+            view.own_shared_tokens += fresh * view.block_tokens
         self._sent[request.request_id] = _Sent(
             view, request.priority, request.prompt_tokens, u, request.max_tokens, now, ahead,
-            promised,
+            promised, shared,
         )  # fmt: skip
         view.own_waiting += 1
         view.own_waiting_tokens += u
@@ -258,6 +274,17 @@ class LlmRouter:
                 lt, a = v.learned_tpot_s, self._alpha
                 v.learned_tpot_s = tpot if lt is None else (1 - a) * lt + a * tpot
         v.own_committed_tokens -= s.uncached_tokens + s.max_tokens
+        if s.shared:
+            refs = self._shared[v.index]
+            gone = 0
+            for h in s.shared:
+                n = refs[h] - 1
+                if n:
+                    refs[h] = n
+                else:
+                    del refs[h]
+                    gone += 1
+            v.own_shared_tokens -= gone * v.block_tokens
         v.own_out_tokens -= s.max_tokens
         self._snapshot(v, now)
 
@@ -320,7 +347,11 @@ class LlmRouter:
     def _snapshot(self, v: EngineView, now: float) -> None:
         q = self._snap[v.index]
         snap = _Snapshot(
-            now, v.own_waiting, v.own_waiting_tokens, v.own_running, v.own_context_tokens
+            now,
+            v.own_waiting,
+            v.own_waiting_tokens,
+            v.own_running,
+            v.own_context_tokens + v.own_shared_tokens,
         )
         if q and now - q[-1].at_s < self._snapshot_s:
             q[-1] = snap
