@@ -58,45 +58,63 @@ def test_prefix_index_matches_each_engines_longest_leading_run() -> None:
 def test_prefix_index_forgets_least_recently_used_past_its_capacity() -> None:
     ix = PrefixIndex()
     ix.record(0, [1, 2], capacity=3)
-    ix.record(0, [5, 6], capacity=3)  # 1 goes: 2, 5, 6 held
+    ix.record(0, [5, 6], capacity=3)  # 2 goes (a prompt's tail first): 1, 5, 6 held
     assert ix.size(0) == 3
-    assert ix.match([1, 2]) == {}
+    assert ix.match([1, 2]) == {0: 1}
     assert ix.match([5, 6]) == {0: 2}
-    ix.trim(0, 1)
-    assert ix.match([5, 6]) == {}
+    ix.trim(0, 1)  # 5 is the most recent
+    assert ix.match([5, 6]) == {0: 1}
     ix.remove_engine(0)
     assert ix.match([6]) == {}
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+def _names(prompts: list[tuple[int, int, int, int]]) -> list[list[int]]:
+    """Block names as chains: prompt (group, shared, branch, length) shares its group's
+    first ``shared`` names and has its own after (a name stands for its whole prefix)."""
+    out = []
+    for g, k, b, n in prompts:
+        out.append([hash(("g", g, j)) if j < k else hash(("b", g, b, k, j)) for j in range(n)])
+    return out
+
+
+prompt_st = st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(0, 3), st.integers(0, 60))
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
 @given(
-    st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 6), max_size=6)), max_size=20),
-    st.lists(st.integers(0, 6), max_size=8),
-    st.integers(1, 12),
+    st.lists(st.tuples(st.integers(0, 3), prompt_st), max_size=25),
+    prompt_st,
+    st.integers(1, 120),
+    st.integers(1, 80),
 )
 def test_prefix_index_agrees_with_a_plain_lru_per_engine(
-    records: list[tuple[int, list[int]]], query: list[int], cap: int
+    records: list[tuple[int, tuple[int, int, int, int]]],
+    query: tuple[int, int, int, int],
+    cap: int,
+    max_blocks: int,
 ) -> None:
-    ix = PrefixIndex()
+    ix = PrefixIndex(max_blocks)
     plain: dict[int, list[int]] = {}
-    for e, hs in records:
+    for (e, _), hs in zip(records, _names([p for _, p in records]), strict=True):
         ix.record(e, hs, cap)
         lru = plain.setdefault(e, [])
-        for h in hs:
+        for h in reversed(hs[:max_blocks]):  # the head most recently used
             if h in lru:
                 lru.remove(h)
             lru.append(h)
         del lru[: max(0, len(lru) - cap)]
+    q = _names([query])[0]
     want = {}
     for e, lru in plain.items():
+        held = set(lru)
         n = 0
-        for h in query:
-            if h not in lru:
+        for h in q[:max_blocks]:
+            if h not in held:
                 break
             n += 1
         if n:
             want[e] = n
-    assert ix.match(query) == want
+    assert ix.match(q) == want
 
 
 # -- the router's accounting -----------------------------------------------------------------

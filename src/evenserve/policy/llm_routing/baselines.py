@@ -43,6 +43,8 @@ class RoundRobinParams(PolicyParams):
 
 @LLM_ROUTING.register("round-robin", RoundRobinParams, "each model's engines in turn")
 class LlmRoundRobin:
+    uses_prefix = False
+
     def __init__(self, params: RoundRobinParams) -> None:
         self.params = params
         self._cursor: dict[str, int] = {}
@@ -131,6 +133,8 @@ def _pick(engines: Sequence[EngineView], scores: list[float], rng: random.Random
     "kv-load", KvLoadParams, "llm-d's queue + KV-utilization scorers", seeded=True
 )
 class KvLoad:
+    uses_prefix = False
+
     def __init__(self, params: KvLoadParams, rng: random.Random) -> None:
         self.params = params
         self.rng = rng

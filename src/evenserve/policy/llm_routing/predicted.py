@@ -98,51 +98,79 @@ def predict(
     v: EngineView, r: LlmRequestInfo, cached_blocks: int, p: PredictedTtftParams, now: float
 ) -> Prediction:
     """r on v (module docstring)."""
-    u = max(1, r.prompt_tokens - cached_blocks * v.block_tokens)
-    ahead = v.waiting_tokens_at_or_above(r.priority)
+    u = r.prompt_tokens - cached_blocks * v.block_tokens
+    if u < 1:
+        u = 1
+    prio = r.priority
+    ahead = v.extra_waiting_tokens
+    for c, t in v.own_waiting_tokens_by_class.items():
+        if c >= prio:
+            ahead += t
     prof = v.profile
-    out = max(1, r.max_tokens)
+    out = r.max_tokens if r.max_tokens > 1 else 1
+    held = v.own_context_tokens + v.own_shared_tokens + v.extra_kv_tokens
+    # The router's recent sends here, all classes and the classes above r's.
+    rate = higher = 0.0
+    rates = v.sent_tokens_per_s
+    if rates:
+        for c, x in rates.items():
+            rate += x
+            if c > prio:
+                higher += x
+        dt = now - v.rate_at_s
+        if dt > 0:
+            k = math.exp(-dt / v.rate_tau_s)
+            rate *= k
+            higher *= k
+    share_cap = p.max_prefill_share
     if prof is None:
         base = v.learned_base_s if v.learned_base_s is not None else p.default_base_s
-        spt = v.learned_s_per_token if v.learned_s_per_token is not None else p.default_s_per_token
-        ttft = base + (ahead + u) * spt
+        per_token = (
+            v.learned_s_per_token if v.learned_s_per_token is not None else p.default_s_per_token
+        )
+        ttft = base + (ahead + u) * per_token
         tpot = v.learned_tpot_s if v.learned_tpot_s is not None else p.default_tpot_s
-        breaks = _breaks_promise(v, r, u, 1.0 / spt, p, now)
+        breaks = _breaks_promise(v, r, u, 1.0 / per_token, p, now)
     else:
-        running = min(v.running, v.max_num_seqs)
+        c0, cp, cd, ckv = (
+            prof.c0_s,
+            prof.prefill_s_per_token,
+            prof.decode_s_per_seq,
+            prof.kv_s_per_token,
+        )
+        per_token = cp
+        running = v.own_running + v.extra_running
+        if running > v.max_num_seqs:
+            running = v.max_num_seqs
         budget = v.max_num_batched_tokens
-        per_step = max(1, budget - running)
-        kv = v.held_tokens
-        full = prof.step_s(per_step, running, kv)
+        per_step = budget - running if budget > running else 1
+        fixed = c0 + cd * running + ckv * held
+        full = fixed + cp * per_step
         work = ahead + u
         n = -(-work // per_step)
-        rem = work - (n - 1) * per_step
-        wait = (n - 1) * full + prof.step_s(rem, running, kv)
+        wait = (n - 1) * full + fixed + cp * (work - (n - 1) * per_step)
         if running or ahead:
             wait += full / 2
         # Higher classes sent here keep taking the prefill budget while r waits.
-        higher = v.token_rate(now, above=r.priority)
         if higher > 0:
-            wait /= 1.0 - min(p.max_prefill_share, higher * full / per_step)
+            wait /= 1.0 - min(share_cap, higher * full / per_step)
         ttft = wait + prof.cpu_s_per_output_token
-        breaks = _breaks_promise(v, r, u, per_step / full, p, now)
+        breaks = _breaks_promise(v, r, u, per_step / full, p, now) if v.own_deadlines else False
         d = running + 1
-        kv2 = kv + u
-        decode = prof.step_s(0, d, kv2)
-        share = min(p.max_prefill_share, prof.prefill_s_per_token * v.token_rate(now))
-        tpot = decode / (1.0 - share)
+        decode = c0 + cd * d + ckv * (held + u)
+        tpot = decode / (1.0 - min(share_cap, cp * rate))
         backlog = v.own_waiting_tokens + v.extra_waiting_tokens - ahead
         if backlog > 0 and out > 1:
-            per2 = max(1, budget - d)
+            per2 = budget - d if budget > d else 1
             nb = min(out - 1, -(-backlog // per2))
-            drain = (nb * prof.step_s(per2, d, kv2) + (out - 1 - nb) * decode) / (out - 1)
-            tpot = max(tpot, drain)
+            drain = (nb * (decode + cp * per2) + (out - 1 - nb) * decode) / (out - 1)
+            if drain > tpot:
+                tpot = drain
     # KV admission: the engine takes r in when its blocks allow; past ``kv_admit`` of them
     # r waits for running sequences to finish and free theirs.
-    cap = v.kv_tokens
+    cap = v.kv_blocks * v.block_tokens
     risk = 0.0
     if cap > 0:
-        held = v.held_tokens
         excess = held + ahead + u + out / 2 - p.kv_admit * cap
         if excess > 0 and held > 0:
             n_own = v.own_waiting + v.own_running
@@ -153,12 +181,6 @@ def predict(
         over = committed / cap - p.kv_risk_threshold
         if over > 0:
             risk = p.risk_weight * over * tpot * out
-    if prof is None:
-        per_token = (
-            v.learned_s_per_token if v.learned_s_per_token is not None else p.default_s_per_token
-        )
-    else:
-        per_token = prof.prefill_s_per_token
     cost = u * per_token
     # Named blocks it brings evict as many others' when the engine's cache is full: those
     # are prefilled again later.

@@ -19,6 +19,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+#: Names between two checks of ``PrefixIndex.match``'s walk.
+STRIDE = 16
+
 
 class PrefixIndex:
     """Block names by engine (see the module docstring)."""
@@ -46,36 +49,52 @@ class PrefixIndex:
                     del self._where[h]
 
     def match(self, hashes: Sequence[int]) -> dict[int, int]:
-        """By engine index, how many leading blocks of ``hashes`` it holds (absent: none)."""
-        out: dict[int, int] = {}
-        alive: set[int] | None = None
+        """By engine index, how many leading blocks of ``hashes`` it holds (absent: none).
+
+        An engine's names are prefix-closed (``record`` makes a prompt's head its most
+        recently used names, so its tail goes first), so the walk checks every ``STRIDE``-th
+        name and looks for an engine's last one by bisection only within the stride where
+        it drops out: O(n / STRIDE + log STRIDE) lookups, not n."""
+        n = min(len(hashes), self.max_blocks)
+        if n == 0:
+            return {}
         where = self._where
-        n = 0
-        for h in hashes[: self.max_blocks]:
-            s = where.get(h)
+        first = where.get(hashes[0])
+        if not first:
+            return {}
+        alive = set(first)
+        out: dict[int, int] = {}
+        lo = 0  # every engine in ``alive`` holds blocks 0..lo
+        while lo < n - 1:
+            hi = min(lo + STRIDE, n - 1)
+            s = where.get(hashes[hi])
+            dropped = alive if not s else alive - s
+            for e in dropped:
+                a, b = lo, hi  # holds a, not b
+                while b - a > 1:
+                    mid = (a + b) // 2
+                    m = where.get(hashes[mid])
+                    if m is not None and e in m:
+                        a = mid
+                    else:
+                        b = mid
+                out[e] = a + 1
             if not s:
-                break
-            if alive is None:
-                alive = set(s)
-            else:
-                dropped = alive - s
-                if dropped:
-                    for e in dropped:
-                        out[e] = n
-                    alive -= dropped
-                    if not alive:
-                        return out
-            n += 1
-        if alive:
-            for e in alive:
-                out[e] = n
+                return out
+            alive = alive & s if dropped else alive
+            if not alive:
+                return out
+            lo = hi
+        for e in alive:
+            out[e] = n
         return out
 
     def record(self, engine: int, hashes: Sequence[int], capacity: int) -> None:
-        """``engine`` now holds ``hashes`` (most recently used); keep at most ``capacity``."""
+        """``engine`` now holds ``hashes`` (most recently used, the head most of all: the
+        engine's own cache frees a prompt's tail first); keep at most ``capacity``."""
         lru = self._lru.setdefault(engine, OrderedDict())
         where = self._where
-        for h in hashes[: self.max_blocks]:
+        for h in reversed(hashes[: self.max_blocks]):
             if h in lru:
                 lru.move_to_end(h)
             else:

@@ -96,6 +96,8 @@ class LlmRouter:
         self._alpha = learn_alpha
         self.rate_tau_s = rate_tau_s
         self._next_index = 0
+        #: The prefix lookup of the last decision (``sent`` right after reuses it).
+        self._last_match: tuple[int, dict[int, int]] | None = None
 
     @classmethod
     def build(cls, spec: Any, seed: int = 0, **kw: Any) -> LlmRouter:
@@ -161,7 +163,10 @@ class LlmRouter:
         engines = self.candidates(request.model) if candidates is None else candidates
         if not engines:
             return LlmDecision(None, reason="no-engine")
-        blocks = self.prefix.match(request.prefix_hashes) if request.prefix_hashes else {}
+        blocks: dict[int, int] = {}
+        if request.prefix_hashes and getattr(self.policy, "uses_prefix", True):
+            blocks = self.prefix.match(request.prefix_hashes)
+            self._last_match = (request.request_id, blocks)
         return self.policy.choose(request, engines, blocks, now)
 
     def uncached_tokens(self, request: LlmRequestInfo, view: EngineView) -> int:
@@ -169,7 +174,11 @@ class LlmRouter:
         least one: the engine computes the last token)."""
         blocks = 0
         if request.prefix_hashes:
-            blocks = self.prefix.match(request.prefix_hashes).get(view.index, 0)
+            last = self._last_match
+            found = last[1] if last is not None and last[0] == request.request_id else None
+            if found is None:
+                found = self.prefix.match(request.prefix_hashes)
+            blocks = found.get(view.index, 0)
         return max(1, request.prompt_tokens - blocks * view.block_tokens)
 
     # -- accounting -------------------------------------------------------------------------
