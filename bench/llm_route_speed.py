@@ -53,7 +53,9 @@ def main() -> int:
             prompt = tenants[rng.randrange(30)] + [rng.randrange(256) for _ in range(1200)]
         reqs.append((prompt, prompt_hashes(prompt, 16)))
     con = Console()
-    t = Table(title=f"LLM routing decision time, {args.engines} engines ({args.decisions} decisions)")
+    t = Table(
+        title=f"LLM routing decision time, {args.engines} engines ({args.decisions} decisions)"
+    )
     for h in ("policy", "route P50 us", "route P99 us", "whole P50 us", "whole P99 us"):
         t.add_column(h, justify="right")
     for name in args.policies.split(","):
