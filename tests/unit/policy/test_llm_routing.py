@@ -159,6 +159,13 @@ def test_sent_prompt_counts_only_what_the_engine_has_not_cached() -> None:
     assert v.own_waiting_tokens == 170  # nothing recorded before the first
     r.sent(req(2, prompt=170, hashes=hashes), v, 0.0)
     assert v.own_waiting_tokens == 170 + 10
+    # the 160 cached tokens request 2 shares are held once, while it is in flight
+    assert v.own_shared_tokens == 160
+    r.sent(req(3, prompt=170, hashes=hashes), v, 0.0)
+    assert v.own_shared_tokens == 160
+    for i in (1, 2, 3):
+        r.done(i, 1.0)
+    assert v.own_shared_tokens == 0 and v.held_tokens == 0
 
 
 def test_a_sample_corrects_by_what_it_holds_beyond_the_routers_own_work_then() -> None:
