@@ -13,7 +13,12 @@ The prediction, for request r on engine e (design note 0020 derives it):
   first). r's first token comes after ``n = ceil((Q + u) / P)`` steps, the last one
   carrying the remainder, plus half a step (the step running at the send) and the CPU per
   output token: ``TTFT = (n - 1) step(P, R, K) + step(rem, R, K) + step(P, R, K) / 2 + cpu``
-  (the half step only when e is busy).
+  (the half step only when e is busy). Classes above r's keep taking the budget while r
+  waits: the wait is divided by ``1 - (their token rate x step / P)``.
+- KV admission: when the KV held, the prompts ahead, r's uncached prompt and half its
+  output pass ``kv_admit`` of e's capacity, r also waits for sequences to finish: the
+  excess over the rate the held tokens free (held / a sequence's life: the mean
+  ``max_tokens`` in flight x TPOT).
 - Per output token: a decode step of ``R + 1`` sequences, stretched by the prompt tokens the
   router keeps sending e (``rate``: uncached tokens per second, ``router.sent``): a step of
   length t carries ``rate x t`` prompt tokens, so ``t = step(0, R+1, K+u) / (1 - c_p rate)``
@@ -28,6 +33,10 @@ The prediction, for request r on engine e (design note 0020 derives it):
   a preempted sequence recomputes, and the fuller e's blocks, the likelier.
 - An engine without a step profile (a foreign server) uses what the router learned of it:
   ``TTFT = base + (Q + u) x seconds per token``, ``TPOT`` its observed mean.
+
+``K`` and the KV held are the router's own count (uncached prompts and half the outputs of
+its sequences running there, the cached prefix blocks they share counted once) plus the
+correction of e's last sample.
 
 The choice: among the engines whose predicted TPOT meets r's target (all of them when none
 does or r has none), those predicted to give the first token within ``headroom`` x r's TTFT
