@@ -176,7 +176,7 @@ class CostAwarePlacement:
         order = sorted(
             costs,
             key=lambda m: (
-                costs[m] / max(view.models[m].weights_bytes, 1.0),
+                costs[m] / max(view.models[m].device_bytes, 1.0),
                 d.last_used_s.get(m, -math.inf),
                 m,
             ),
