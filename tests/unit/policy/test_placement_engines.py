@@ -310,3 +310,14 @@ def test_no_model_switches_on_a_device_more_than_once_per_window(
     for t, m, d, _ in c.counts.switch_log:
         assert t - last[(m, d)] >= 30.0, (m, d, t, last[(m, d)])
         last[(m, d)] = t
+
+
+def test_the_gateways_placement_settings_take_the_window_and_name_a_bad_one() -> None:
+    from evenserve.cluster.gateway_section import PlacementSettings
+    from evenserve.core.errors import ConfigError
+
+    s = PlacementSettings.parse({"policy": "cost-aware", "hold_s": 30, "min_switch_s": 30})
+    assert s.min_switch_s == 30.0 and s.policy == {"policy": "cost-aware", "hold_s": 30}
+    assert PlacementSettings.parse("lru").min_switch_s == 0.0
+    with pytest.raises(ConfigError, match=r"gateway\.placement\.min_switch_s: must be >= 0"):
+        PlacementSettings.parse({"policy": "lru", "min_switch_s": -1})
