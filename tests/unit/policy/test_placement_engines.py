@@ -321,3 +321,28 @@ def test_the_gateways_placement_settings_take_the_window_and_name_a_bad_one() ->
     assert PlacementSettings.parse("lru").min_switch_s == 0.0
     with pytest.raises(ConfigError, match=r"gateway\.placement\.min_switch_s: must be >= 0"):
         PlacementSettings.parse({"policy": "lru", "min_switch_s": -1})
+
+
+def test_cost_aware_puts_idle_models_to_sleep_after_idle_unload_s() -> None:
+    models = {"llm": engine(), "a": classic("a", 2), "b": classic("b", 2), "c": classic("c", 2)}
+    pol = PLACEMENT.build({"policy": "cost-aware", "idle_unload_s": 60, "hold_s": 0})
+    d = DeviceView(
+        "d0",
+        80 * GIB,
+        {"llm": READY, "a": READY, "b": READY, "c": READY},
+        last_used_s={"llm": 30.0, "a": 90.0, "b": 30.0},
+        outstanding={"b": 1},
+    )
+    rates = {"llm": 0.0, "a": 0.0, "b": 0.0, "c": 0.0}
+    # The engine: idle 70 s, no demand: asleep. a: used 10 s ago. b: a request out. c: never
+    # used: its clock starts at this first view.
+    assert pol.rebalance(ClusterView(100.0, models, [d], rate_rps=rates)) == [Unload("llm", "d0")]
+    del d.models["llm"]
+    assert pol.rebalance(ClusterView(159.0, models, [d], rate_rps=rates)) == [Unload("a", "d0")]
+    del d.models["a"]
+    assert pol.rebalance(ClusterView(160.0, models, [d], rate_rps=rates)) == [Unload("c", "d0")]
+    # With demand, or with the option off (the default), an idle model stays.
+    d.models["c"] = READY
+    assert pol.rebalance(ClusterView(300.0, models, [d], rate_rps={**rates, "c": 1.0})) == []
+    off = PLACEMENT.build({"policy": "cost-aware", "hold_s": 0})
+    assert off.rebalance(ClusterView(900.0, models, [d], rate_rps=rates)) == []
