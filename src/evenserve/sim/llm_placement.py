@@ -140,6 +140,8 @@ class PlacementRun:
     cold_s: float = 0.0
     #: The engine's step token budget (``max_num_batched_tokens``).
     budget_tokens: int = 0
+    #: Each LLM request's first step (start, end), by request id.
+    first_steps: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     def device_seconds(self) -> float:
         """Seconds devices were on within ``[0, duration_s)``."""
@@ -236,6 +238,8 @@ class _Dev:
             r = ev.req
             rec = r.record
             assert rec is not None and rec.token_times_s is not None
+            if not rec.token_times_s:
+                pool.run.first_steps[rec.request_id] = (batch.started_s, now)
             rec.token_times_s.append(seen)
             if ev.finish is not None:
                 pool.finish(r, "completed", seen)
@@ -617,12 +621,14 @@ def burst_figures(
     run: PlacementRun, ttft_target_s: float, budget_tokens: int
 ) -> list[dict[str, Any]]:
     """For each LLM load a miss started (the LLM asleep or on disk, a request for it): the
-    wake (or load) seconds; the TTFT of the request that missed against its wait for the load
-    plus one step (the longer of a full token budget of prefill and its own prompt's prefill,
-    in chunks of the budget; and the CPU of its token); the worst TTFT beyond the wait for the load among the requests that came during
-    it; the TTFT attainment of those that came from the load's end plus one step to 60 s
-    after; and ``recovered_s``: from the miss to the arrival after which every request
-    (to 60 s after the load) met its TTFT target."""
+    wake (or load) seconds; the request that missed: its TTFT, and whether its first token
+    came from the first step after the load (``first_step_after_load_s``: that step's start
+    less the load's end; ``bound_s``: its wait for the load plus that one step and the CPU
+    of its token); the worst TTFT beyond the wait for the load among the requests that came
+    during it; the TTFT attainment of those that came from the load's end plus one step (a
+    full token budget of prefill, ``one_step_s``) to 60 s after; and ``recovered_s``: from
+    the miss to the arrival after which every request (to 60 s after the load) met its TTFT
+    target."""
     prof = run.step_profile
     assert prof is not None
     one_step_s = prof.step_s(budget_tokens, 0, 0) + prof.cpu_s_per_output_token
@@ -643,11 +649,10 @@ def burst_figures(
         if load is None or first.ttft_s is None:
             continue
         step = one_step_s
-        # Its own prefill: one step of its whole prompt (in chunks of the budget, a step's
-        # fixed cost each), and the CPU of its token.
-        chunks = max(1, -(-first.prompt_tokens // budget_tokens))
-        own = chunks * prof.c0_s + first.prompt_tokens * prof.prefill_s_per_token
-        own += prof.cpu_s_per_output_token
+        fs = run.first_steps.get(first.request_id)
+        if fs is None:
+            continue
+        first_step_start, first_step_end = fs
         load_s = load.done_s - load.start_s
         waited = [
             r
@@ -676,7 +681,10 @@ def burst_figures(
                 "load_s": load_s,
                 "waited_for_room_s": load.start_s - miss.at_s,
                 "first_ttft_s": first.ttft_s,
-                "bound_s": (load.done_s - miss.at_s) + max(step, own),
+                "first_step_after_load_s": first_step_start - load.done_s,
+                "bound_s": (load.done_s - miss.at_s)
+                + (first_step_end - first_step_start)
+                + prof.cpu_s_per_output_token,
                 "during_load": len(waited),
                 "worst_ttft_beyond_load_s": beyond,
                 "after": len(after),

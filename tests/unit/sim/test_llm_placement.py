@@ -94,8 +94,11 @@ def test_a_sleeping_engine_wakes_behind_the_morning_burst_within_wake_plus_one_s
     [b] = s["bursts"]
     assert b["warm"] and b["load_s"] == pytest.approx(1.5)
     assert 150.0 <= b["at_s"] < 152.0
-    # The first request waited the wake and one step at most; all later met 1 s.
-    assert b["first_ttft_s"] <= b["bound_s"]
+    # The first request waited the wake and one step: its first token came from the first
+    # step after the wake; every later request met 1 s.
+    assert b["first_step_after_load_s"] == 0.0
+    assert b["first_ttft_s"] <= b["bound_s"] + 1e-9
+    assert b["first_ttft_s"] <= b["load_s"] + b["one_step_s"]
     assert b["first_ttft_s"] >= 1.5
     assert b["recovered_s"] <= b["load_s"] + b["one_step_s"]
     assert b["after_ttft_met"] == 1.0
