@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from evenserve.cli.app import console, counted_progress, fail, write_json
+from evenserve.cli.llm_placement_sim import is_llm_placement_scenario, simulate_llm_placement
 from evenserve.cli.llm_sim import simulate_llm
 from evenserve.core.errors import EvenserveError
 from evenserve.policy.batching import BATCHING
@@ -59,8 +60,13 @@ def simulate(
     seed: SeedOpt = None,
     json_path: JsonOpt = None,
 ) -> None:
-    """Simulate one arm of a scenario and print its figures (an LLM scenario, kind: llm:
-    every arm unless --arm)."""
+    """Simulate one arm of a scenario and print its figures (an LLM scenario, kind: llm, or
+    an LLM-pools one, kind: llm-placement: every arm unless --arm)."""
+    if is_llm_placement_scenario(scenario):
+        if set_ or level:
+            fail("--set and --level apply to classic scenarios, not kind: llm-placement")
+        simulate_llm_placement(scenario, arm, seed, json_path)
+        return
     if is_llm_scenario(scenario):
         if set_ or level:
             fail("--set and --level apply to classic scenarios, not an LLM one (kind: llm)")
@@ -103,6 +109,11 @@ def compare(
     plots: Annotated[Path | None, typer.Option(help="Write PNG plots into this folder.")] = None,
 ) -> None:
     """Run every arm of a scenario with the same seed; print them side by side."""
+    if is_llm_placement_scenario(scenario):
+        if set_ or level or plots:
+            fail("--set, --level and --plots apply to classic scenarios, not kind: llm-placement")
+        simulate_llm_placement(scenario, None, seed, json_path)
+        return
     if is_llm_scenario(scenario):
         if set_ or level or plots:
             fail("--set, --level and --plots apply to classic scenarios, not an LLM one")

@@ -206,3 +206,24 @@ def test_remove_engine_frees_its_memory_and_refuses_while_it_has_work() -> None:
     assert s.memory.weights_bytes == 0.0 and LLM not in s.engines
     with pytest.raises(ValueError, match="has no engine here"):
         s.remove_engine(LLM, 0.0)
+
+
+def test_evenserve_simulate_runs_an_llm_placement_scenario(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from evenserve.cli.main import app
+
+    d = doc(duration_s=60)
+    p = write(tmp_path, d)
+    out = tmp_path / "out.json"
+    res = CliRunner().invoke(app, ["simulate", str(p), "--arm", "static", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "LLMs in the pools" in res.output
+    data = json.loads(out.read_text())
+    assert list(data["arms"]) == ["static"] and data["arms"]["static"]["device_seconds"] == 60
+    res = CliRunner().invoke(app, ["simulate", str(p), "--arm", "nope"])
+    assert res.exit_code != 0 and "unknown arm 'nope'" in res.output
+    res = CliRunner().invoke(app, ["compare", str(p), "--set", "seed=2"])
+    assert res.exit_code != 0 and "kind: llm-placement" in res.output
