@@ -11,9 +11,9 @@ devices (every model resident on each, no placement) for each ``--static`` N, th
   classic streams': within SLO), the LLM's TTFT p99, loads (warm / cold), evictions, and the
   shortest time between two changes of one model on one device;
 - the must-shows: (1) a cold LLM behind a burst: for each load of the LLM a miss started,
-  the first request's TTFT against its wake (or load) plus the one step its first token came
-  from (and when that step began after the wake), and how long after the burst's first
-  request every request met its TTFT target again, against wake + one full-budget step;
+  how long after the burst's first request every request met its TTFT target again, against
+  the wake (or load) + one full-budget step (the pass); and the first request's TTFT as its
+  wait + the step its first token came from (and when that step began after the wake);
   (2) no model switches more than once per 30 s; (3) the placement arm's device-seconds
   against the tightest static layout whose SLO attainment (the LLM's and the classic
   streams', each) is within 0.5 point of the placement arm's or above.
@@ -106,23 +106,22 @@ def main() -> int:
     for k in [x for x in out if not x.startswith("static-")]:
         for b in out[k]["bursts"]:
             bound = b["load_s"] + b["one_step_s"]
-            first_ok = b["first_ttft_s"] <= b["bound_s"] + 1e-9
             rec_ok = b["recovered_s"] <= bound + 1e-9
             kind = "wake" if b["warm"] else "load from disk"
             print(
                 f"- {k}, at {b['at_s']:.1f} s on {b['device']} ({kind} {b['load_s']:.2f} s, "
-                f"one step {b['one_step_s'] * 1e3:.1f} ms): first request's TTFT "
-                f"{b['first_ttft_s']:.4f} s, its wait + its first step (which began "
-                f"{b['first_step_after_load_s'] * 1e3:.1f} ms after the {kind}) + the token's CPU "
-                f"{b['bound_s']:.4f} s: "
-                f"{'PASS' if first_ok else 'FAIL'}; every request met its TTFT target from "
-                f"{b['recovered_s']:.3f} s after the burst's first (bound: {kind} + one step = "
-                f"{bound:.3f} s): {'PASS' if rec_ok else 'FAIL'}; {b['during_load']} requests "
-                f"came during the {kind} (worst TTFT beyond it {b['worst_ttft_beyond_load_s']:.3f}"
-                f" s), {pct(b['after_ttft_met'])} of the {b['after']} after it met the target"
+                f"one step {b['one_step_s'] * 1e3:.1f} ms): every request met its TTFT target "
+                f"from {b['recovered_s']:.3f} s after the burst's first (bound: {kind} + one "
+                f"step = {bound:.3f} s): {'PASS' if rec_ok else 'FAIL'}; the first request's "
+                f"TTFT {b['first_ttft_s']:.4f} s: its wait for the {kind}, "
+                f"{b['first_step_after_load_s'] * 1e6:.1f} us (a classic batch in flight "
+                f"ending), the step its first token came from, the token's CPU; "
+                f"{b['during_load']} requests came during the "
+                f"{kind} (worst TTFT beyond it {b['worst_ttft_beyond_load_s']:.3f} s), "
+                f"{pct(b['after_ttft_met'])} of the {b['after']} after it met the target"
             )
             if k == a.arm:
-                ok_all &= first_ok and rec_ok
+                ok_all &= rec_ok
         if not out[k]["bursts"]:
             print(f"- {k}: no load of the LLM started by a miss")
             if k == a.arm:
