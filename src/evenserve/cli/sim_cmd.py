@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from evenserve.cli.app import console, counted_progress, fail, write_json
+from evenserve.cli.llm_placement_sim import is_llm_placement_scenario, simulate_llm_placement
 from evenserve.cli.llm_sim import simulate_llm, simulate_llm_pool
 from evenserve.core.errors import EvenserveError
 from evenserve.policy.batching import BATCHING
@@ -60,12 +61,17 @@ def simulate(
     seed: SeedOpt = None,
     json_path: JsonOpt = None,
 ) -> None:
-    """Simulate one arm of a scenario and print its figures (an LLM scenario, kind: llm or
-    llm-pool: every arm unless --arm)."""
+    """Simulate one arm of a scenario and print its figures (an LLM scenario, kind: llm,
+    llm-pool or llm-placement: every arm unless --arm)."""
     if is_llm_pool_scenario(scenario):
         if set_ or level:
             fail("--set and --level apply to classic scenarios, not an LLM one (kind: llm-pool)")
         simulate_llm_pool(scenario, arm, seed, json_path)
+        return
+    if is_llm_placement_scenario(scenario):
+        if set_ or level:
+            fail("--set and --level apply to classic scenarios, not kind: llm-placement")
+        simulate_llm_placement(scenario, arm, seed, json_path)
         return
     if is_llm_scenario(scenario):
         if set_ or level:
@@ -113,6 +119,11 @@ def compare(
         if set_ or level or plots:
             fail("--set, --level and --plots apply to classic scenarios, not an LLM one")
         simulate_llm_pool(scenario, None, seed, json_path)
+        return
+    if is_llm_placement_scenario(scenario):
+        if set_ or level or plots:
+            fail("--set, --level and --plots apply to classic scenarios, not kind: llm-placement")
+        simulate_llm_placement(scenario, None, seed, json_path)
         return
     if is_llm_scenario(scenario):
         if set_ or level or plots:

@@ -217,7 +217,7 @@ class GatewaySection(Strict):
 
 
 #: The driver's own keys of ``gateway.placement`` (the rest is the policy's spec).
-PLACEMENT_DRIVER_KEYS = ("interval_ms", "load_wait_ms", "host_memory_gb")
+PLACEMENT_DRIVER_KEYS = ("interval_ms", "load_wait_ms", "host_memory_gb", "min_switch_s")
 
 
 @dataclass(frozen=True)
@@ -228,6 +228,8 @@ class PlacementSettings:
     interval_ms: float = 1000.0
     load_wait_ms: float = 10_000.0
     host_memory_gb: float = 0.0
+    #: The anti-thrash window (``policy.placement.base``; 0: off).
+    min_switch_s: float = 0.0
 
     @classmethod
     def parse(cls, raw: Any, where: str = "gateway.placement") -> PlacementSettings:

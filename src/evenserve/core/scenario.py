@@ -274,6 +274,12 @@ class ArmSpec(QueueOptions):
     host_memory_gb: float = Field(
         default=0.0, ge=0, description="host memory for warm models (GiB; 0: none)"
     )
+    min_switch_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="the anti-thrash window: a model's residency on one device changes at "
+        "most once per this many seconds (0: off)",
+    )
     learn_profiles: bool = Field(
         default=False,
         description="profiles that learn: each device's profiles follow its observed batch "

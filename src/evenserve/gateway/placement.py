@@ -126,6 +126,7 @@ class PlacementDriver:
             else AUTOSCALING.build(autoscaling, where="gateway.autoscaling"),
             host_memory_bytes=settings.host_memory_gb * GIB,
             interval_s=settings.interval_ms / 1000.0,
+            min_switch_s=settings.min_switch_s,
         )
         drv = cls(registry, clock, ctl, settings, post)
         now = clock.now()

@@ -221,6 +221,23 @@ class DeviceScheduler(Generic[R]):
         self.memory.weights_bytes = self._weights_bytes()
         return host
 
+    def remove_engine(self, name: str, now: float) -> None:
+        """Stop hosting ``name``'s engine (it is unloaded, or put to sleep): its weights and
+        KV blocks are freed. ValueError: no engine of it here, or it still has sequences
+        waiting or running, or a step of it runs (a model leaves only when it has none)."""
+        host = self.engines.get(name)
+        if host is None:
+            raise ValueError(f"model {name!r} has no engine here")
+        e = host.engine
+        if host.in_flight or e.has_work:
+            raise ValueError(
+                f"model {name!r}: {e.num_waiting} sequence(s) waiting and {e.num_running} "
+                "running; an engine leaves only when it has none"
+            )
+        del self.engines[name]
+        self._derive()
+        self.memory.weights_bytes = self._weights_bytes()
+
     def begin_load(
         self,
         setup: ModelSetup,

@@ -130,6 +130,7 @@ class SimPlacement:
             None if arm.autoscaling is None else AUTOSCALING.build(arm.autoscaling, sim.policy_rng),
             host_memory_bytes=arm.host_memory_gb * GIB,
             interval_s=arm.placement_interval_ms / 1000.0,
+            min_switch_s=arm.min_switch_s,
         )
         for pd in self.devices.values():
             self._note_memory(pd)

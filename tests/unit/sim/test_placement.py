@@ -375,3 +375,37 @@ def test_the_real_policies_with_demand_autoscaling_keep_memory_and_answer_once(
         assert pd.peak_weights_bytes <= pd.spec.memory_gb * GIB
     answered_once(rec, sim)
     assert rec.device_seconds is not None and rec.device_seconds <= 5.0 * 4
+
+
+@pytest.mark.parametrize("window_s", [0.0, 3.0])
+def test_the_anti_thrash_window_spaces_each_models_switches_on_a_device(
+    tmp_path: Path, window_s: float
+) -> None:
+    """Two models taking turns every half second on a device that holds one of them (lru
+    evicts the other at every miss): without the window they switch at every turn; with
+    ``min_switch_s`` 3 no (model, device) changes twice within 3 s (the misses in between
+    are refused: 503, never a thrash)."""
+    trace = [(0.25 + 0.5 * k, "a" if k % 2 == 0 else "b") for k in range(18)]
+    sim = scenario(
+        tmp_path,
+        weights_mb={"a": 1024, "b": 1024},
+        devices=[{"name": "d0", "memory_gb": 1.5, "models": []}],
+        trace=trace,
+        arm={"placement": {"policy": "lru", "hold_s": 0}, "min_switch_s": window_s},
+        duration_s=10.0,
+    )
+    rec = sim.run()
+    assert sim.placement is not None
+    log = sim.placement.controller.counts.switch_log
+    last: dict[tuple[str, str], float] = {}
+    gaps = []
+    for t, m, d, _ in log:
+        if (m, d) in last:
+            gaps.append(t - last[(m, d)])
+        last[(m, d)] = t
+    assert gaps
+    if window_s:
+        assert min(gaps) >= window_s
+        assert sum(1 for r in rec.requests.drop_reason if r == "no-backend") > 0
+    else:
+        assert min(gaps) < 3.0

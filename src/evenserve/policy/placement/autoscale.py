@@ -126,9 +126,10 @@ def required_devices(view: ClusterView, target_utilization: float, min_devices: 
 
 
 def wanted_bytes(view: ClusterView, idle_rps: float) -> float:
-    """The weights of one replica of every model with demand (``rate_rps >= idle_rps``)."""
+    """The device bytes (weights, an engine's KV cache) of one replica of every model with
+    demand (``rate_rps >= idle_rps``)."""
     return sum(
-        info.weights_bytes
+        info.device_bytes
         for m, info in view.models.items()
         if view.rate_rps.get(m, 0.0) >= idle_rps
     )
@@ -152,10 +153,10 @@ def memory_devices(view: ClusterView, fill_target: float, idle_rps: float) -> in
 def homeless_bytes(
     view: ClusterView, victim: DeviceView, active: list[DeviceView], idle_rps: float
 ) -> float:
-    """The weights of ``victim``'s residents with demand that no other active device holds:
-    what turning it off makes miss (and reload)."""
+    """The device bytes of ``victim``'s residents with demand that no other active device
+    holds: what turning it off makes miss (and reload)."""
     return sum(
-        view.models[m].weights_bytes
+        view.models[m].device_bytes
         for m in victim.models
         if view.rate_rps.get(m, 0.0) >= idle_rps
         and not any(m in d.models for d in active if d is not victim)
@@ -171,7 +172,7 @@ def fits_elsewhere(
     free = [d.free_bytes(view.models) for d in others]
     homeless = sorted(
         (
-            view.models[m].weights_bytes
+            view.models[m].device_bytes
             for m in victim.models
             if view.rate_rps.get(m, 0.0) >= idle_rps and not any(m in d.models for d in others)
         ),
@@ -201,7 +202,7 @@ def replica_blocked(view: ClusterView, busy_utilization: float, target_utilizati
         if not ready:
             continue
         busiest = max(ready, key=lambda m: (share(view, m), m))
-        size = view.models[busiest].weights_bytes
+        size = view.models[busiest].device_bytes
         room = [
             o
             for o in active
@@ -271,7 +272,8 @@ class DemandAutoscaler:
         movable = [
             d
             for d in ranked
-            if fits_elsewhere(view, d, [o for o in candidates if o is not d], p.idle_rps)
+            if not d.pinned & d.models.keys()  # the anti-thrash rule: its residents stay
+            and fits_elsewhere(view, d, [o for o in candidates if o is not d], p.idle_rps)
         ]
         if not movable:
             return []  # the quiet clock keeps running: ask again at the next decision

@@ -12,6 +12,21 @@ Pools (the articles' hot / warm / cold):
 - *warm*: in host memory (``ClusterView.warm``): swapping it in costs ``warm_load_s``;
 - *cold*: on disk: ``cold_load_s`` (disk -> host -> device).
 
+An LLM engine is a model like the others (``ModelInfo.for_engine``): on a device it holds
+its weights and the KV cache it serves from (``kv_bytes``: at least one ``max_model_len``
+sequence), ``device_bytes`` in all; in host memory its weights only (asleep: vLLM's sleep
+mode level 1 keeps the weights in host memory and drops the KV cache), so its warm load is
+a wake (``warm_load_s``) and its cold one a load from disk. Every memory sum a policy, the
+controller or ``check_actions`` makes on a device is of ``device_bytes``; the warm pool's is
+of ``weights_bytes`` (design note 0022).
+
+The anti-thrash rule (``ClusterView.min_switch_s``, 0: off): a model's residency on one
+device (loaded there, or not) changes at most once per ``min_switch_s``. The controller
+marks each (model, device) changed within it as ``DeviceView.pinned``: no Load or Unload of a
+pinned pair (``check_actions`` refuses one; ``common.evictable`` and ``common.targets`` leave
+them out), and no ScaleDown of a device with a pinned resident. A miss that only a switch
+inside the window could place is refused (503, Retry-After), never placed by a thrash.
+
 The two questions a policy answers:
 - ``on_miss(model, view)``: a request came for a model no active device has hot. Return the
   actions that make it resident on one device: a ``Load``, preceded by the ``Unload``s that
@@ -30,6 +45,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from evenserve.core.llm import StepProfile
 from evenserve.core.profile import LatencyProfile
 from evenserve.policy.registry import Registry
 
@@ -56,6 +72,14 @@ class ModelInfo:
     batch_s: float
     max_batch_size: int = 1
     slo_s: float | None = None
+    #: Device memory it holds besides its weights while resident: an LLM engine's KV cache
+    #: (0 for a classic model: its batches' working memory comes and goes).
+    kv_bytes: float = 0.0
+
+    @property
+    def device_bytes(self) -> float:
+        """What it holds on a device while resident: its weights and its KV cache."""
+        return self.weights_bytes + self.kv_bytes
 
     @classmethod
     def from_profile(
@@ -79,6 +103,52 @@ class ModelInfo:
             slo_s,
         )
 
+    @classmethod
+    def for_engine(
+        cls,
+        name: str,
+        profile: StepProfile,
+        *,
+        kv_tokens: int,
+        cold_load_s: float,
+        warm_load_s: float,
+        max_num_seqs: int,
+        prompt_tokens: float,
+        output_tokens: float,
+        slo_s: float | None = None,
+    ) -> ModelInfo:
+        """An LLM engine as placement sees it: its weights, a KV cache of ``kv_tokens``
+        (whole blocks; at least one ``max_model_len`` sequence: ValueError naming
+        ``kv_tokens`` otherwise), and its request capacity: ``max_num_seqs`` requests of a
+        mean ``prompt_tokens`` / ``output_tokens`` run as one batch, whose time is their
+        prefill plus ``output_tokens`` decode steps of all of them (the step profile at a
+        full decode batch, context at half the mean length): the capacity of a busy
+        engine, as ``max_batch_size / batch_s`` is a classic model's."""
+        if kv_tokens < profile.max_model_len:
+            raise ValueError(
+                f"kv_tokens: {kv_tokens} is fewer than one sequence of max_model_len "
+                f"({profile.max_model_len})"
+            )
+        if max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if prompt_tokens < 0 or output_tokens < 1:
+            raise ValueError("prompt_tokens must be >= 0 and output_tokens >= 1")
+        blocks = -(-kv_tokens // profile.block_tokens)
+        context = max_num_seqs * (prompt_tokens + output_tokens / 2)
+        decode = profile.step_s(0, max_num_seqs, round(context))
+        batch_s = profile.prefill_s_per_token * prompt_tokens * max_num_seqs
+        batch_s += output_tokens * decode
+        return cls(
+            name,
+            profile.weights_bytes,
+            cold_load_s,
+            warm_load_s,
+            batch_s,
+            max_num_seqs,
+            slo_s,
+            blocks * profile.block_bytes,
+        )
+
     @property
     def capacity_rps(self) -> float:
         """Requests per second one replica serves when busy all the time."""
@@ -99,9 +169,12 @@ class DeviceView:
     outstanding: dict[str, int] = field(default_factory=dict)
     utilization: float = 0.0
     active: bool = True
+    #: Models whose residency here changed (a load or an unload started, the device
+    #: stopped) within ``ClusterView.min_switch_s``: none may be loaded or unloaded here now.
+    pinned: frozenset[str] = frozenset()
 
     def used_bytes(self, models: Mapping[str, ModelInfo]) -> float:
-        return sum(models[m].weights_bytes for m in self.models)
+        return sum(models[m].device_bytes for m in self.models)
 
     def free_bytes(self, models: Mapping[str, ModelInfo]) -> float:
         return max(0.0, self.memory_total_bytes - self.used_bytes(models))
@@ -125,6 +198,8 @@ class ClusterView:
     rate_rps: Mapping[str, float] = field(default_factory=dict)
     warm: frozenset[str] = frozenset()
     burst_rps: Mapping[str, float] | None = None
+    #: The anti-thrash window (module docstring; 0: off).
+    min_switch_s: float = 0.0
 
     def device(self, name: str) -> DeviceView:
         for d in self.devices:
@@ -163,10 +238,11 @@ class PlacementError(ValueError):
 
 def check_actions(view: ClusterView, actions: Iterable[Action]) -> None:
     """Raise PlacementError unless ``actions``, applied in order to ``view``, keep every
-    device within its memory, load only models not resident there onto active devices,
-    unload only resident models without outstanding requests, and never both load and
-    unload one model on one device. (An unload frees its memory at once for this check: the
-    driver starts a load only once the unloads before it are done.)"""
+    device within its memory (``device_bytes``), load only models not resident there onto
+    active devices, unload only resident models without outstanding requests, never both
+    load and unload one model on one device, and never load or unload a pinned one there.
+    (An unload frees its memory at once for this check: the driver starts a load only once
+    the unloads before it are done.)"""
     models = view.models
     resident = {d.name: dict(d.models) for d in view.devices}
     by_name = {d.name: d for d in view.devices}
@@ -182,6 +258,11 @@ def check_actions(view: ClusterView, actions: Iterable[Action]) -> None:
         if touched.get(key, kind) != kind:
             raise PlacementError(f"{a}: {a.model!r} both loaded and unloaded on {a.device!r}")
         touched[key] = kind
+        if a.model in d.pinned:
+            raise PlacementError(
+                f"{a}: {a.model!r} changed on {a.device!r} within the last "
+                f"{view.min_switch_s:g} s (the anti-thrash rule)"
+            )
         here = resident[a.device]
         if isinstance(a, Load):
             if not d.active:
@@ -189,7 +270,7 @@ def check_actions(view: ClusterView, actions: Iterable[Action]) -> None:
             if a.model in here:
                 raise PlacementError(f"{a}: {a.model!r} is already resident on {a.device!r}")
             here[a.model] = LOADING
-            used = sum(models[m].weights_bytes for m in here)
+            used = sum(models[m].device_bytes for m in here)
             if used > d.memory_total_bytes:
                 raise PlacementError(
                     f"{a}: {used / 2**30:.2f} GiB over {a.device!r}'s "

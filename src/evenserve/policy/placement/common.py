@@ -1,9 +1,9 @@
 """Helpers the placement policies share: where a model may go, what may leave, what fits.
 
-All of them are pure functions of a ``ClusterView``. ``fits`` sums the weights in the same
-order as ``check_actions`` does (the device's residents in their order, less the ones that
-leave, then the newcomer), so a plan the helpers accept is one ``check_actions`` accepts,
-to the last bit of floating point.
+All of them are pure functions of a ``ClusterView``. ``fits`` sums the device bytes
+(weights, and an engine's KV cache) in the same order as ``check_actions`` does (the
+device's residents in their order, less the ones that leave, then the newcomer), so a plan
+the helpers accept is one ``check_actions`` accepts, to the last bit of floating point.
 """
 
 from __future__ import annotations
@@ -23,15 +23,18 @@ from evenserve.policy.placement.base import (
 
 
 def targets(view: ClusterView, model: str) -> list[DeviceView]:
-    """Active devices where ``model`` is not resident in any state (a Load may go there)."""
-    return [d for d in view.devices if d.active and model not in d.models]
+    """Active devices where ``model`` is not resident in any state and not pinned (a Load
+    may go there)."""
+    return [d for d in view.devices if d.active and model not in d.models and model not in d.pinned]
 
 
 def evictable(device: DeviceView) -> list[str]:
-    """Residents that may be unloaded now: READY with no request outstanding here (never a
-    model still LOADING, nor one already UNLOADING), in name order."""
+    """Residents that may be unloaded now: READY with no request outstanding here and not
+    pinned (never a model still LOADING, nor one already UNLOADING), in name order."""
     return sorted(
-        m for m, s in device.models.items() if s == READY and device.outstanding.get(m, 0) == 0
+        m
+        for m, s in device.models.items()
+        if s == READY and device.outstanding.get(m, 0) == 0 and m not in device.pinned
     )
 
 
@@ -41,7 +44,7 @@ def fits(
     """Whether ``model`` fits on ``device`` once ``leaving`` have been unloaded."""
     gone = set(leaving)
     kept = [m for m in device.models if m not in gone]
-    used = sum(models[m].weights_bytes for m in [*kept, model])
+    used = sum(models[m].device_bytes for m in [*kept, model])
     return used <= device.memory_total_bytes
 
 
@@ -51,7 +54,7 @@ def free_after(
     """Bytes left free on ``device`` once ``leaving`` are gone and ``model`` is loaded."""
     gone = set(leaving)
     kept = [m for m in device.models if m not in gone]
-    return device.memory_total_bytes - sum(models[m].weights_bytes for m in [*kept, model])
+    return device.memory_total_bytes - sum(models[m].device_bytes for m in [*kept, model])
 
 
 def evict_in_order(
@@ -88,7 +91,10 @@ def apply_actions(view: ClusterView, actions: Iterable[Action]) -> ClusterView:
     on its device, an Unload removes it. (A policy plans several changes in one rebalance on
     this; the driver reports the truth in the next view.)"""
     models = {d.name: dict(d.models) for d in view.devices}
+    pinned = {d.name: set(d.pinned) for d in view.devices}
     for a in actions:
+        if view.min_switch_s > 0:
+            pinned[a.device].add(a.model)
         here = models[a.device]
         if isinstance(a, Load):
             here[a.model] = LOADING
@@ -103,10 +109,14 @@ def apply_actions(view: ClusterView, actions: Iterable[Action]) -> ClusterView:
             outstanding=dict(d.outstanding),
             utilization=d.utilization,
             active=d.active,
+            pinned=frozenset(pinned[d.name]),
         )
         for d in view.devices
     ]
-    return ClusterView(view.now_s, view.models, devices, view.rate_rps, view.warm)
+    return ClusterView(
+        view.now_s, view.models, devices, view.rate_rps, view.warm,
+        min_switch_s=view.min_switch_s,
+    )  # fmt: skip
 
 
 def ready_replicas(view: ClusterView, model: str, *, besides: str | None = None) -> int:

@@ -31,6 +31,12 @@ actions the driver starts *now*:
   reports ``device_stopped``; its residents leave with it (into the warm pool). Scale actions
   for a device already starting, or already stopping or off, are dropped.
 
+The anti-thrash rule (``min_switch_s``, 0: off; design note 0022): every change of a model's
+residency on a device (a Load or an Unload applied, the device stopped or lost with it) is
+logged (``counts.switch_log``) and pins that (model, device) for ``min_switch_s``: the view
+marks it ``DeviceView.pinned``, ``check_actions`` refuses a Load or Unload of it, and a
+ScaleDown of a device with a pinned resident is dropped.
+
 The warm pool: host memory of ``host_memory_bytes``. A model that leaves a device (an unload
 done, a device stopped) and a model loaded from disk (it passed through host memory) are
 warm; beyond the capacity the least recently used warm models go cold. A warm load touches
@@ -111,6 +117,10 @@ class PlacementCounts:
     #: that the device's index no longer lists READY (unloaded by hand, restarted empty).
     adopted: int = 0
     dropped: int = 0
+    #: (time, model, device, kind) of every change of a model's residency on a device:
+    #: ``load`` / ``unload`` decided, ``stopped`` / ``lost`` (it left with its device). The
+    #: anti-thrash rule is about these.
+    switch_log: list[tuple[float, str, str, str]] = field(default_factory=list)
 
 
 class PlacementController:
@@ -126,9 +136,12 @@ class PlacementController:
         rate_tau_s: float = PLACEMENT_RATE_TAU_S,
         scale_rate_tau_s: float | None = None,
         scale_checks_per_interval: int | None = None,
+        min_switch_s: float = 0.0,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
+        if min_switch_s < 0:
+            raise ValueError("min_switch_s must be >= 0")
         self.models = dict(models)
         self.devices = {d.name: d for d in devices}
         for d in devices:
@@ -162,6 +175,10 @@ class PlacementController:
         #: The time of the first event: the demand estimates start there (rate_rps).
         self._start_s: float | None = None
         self.counts = PlacementCounts()
+        #: The anti-thrash window, and when each (model, device) last changed (a load or an
+        #: unload decided, the device stopped or lost with the model on it).
+        self.min_switch_s = min_switch_s
+        self._changed: dict[tuple[str, str], float] = {}
 
     # -- the view ---------------------------------------------------------------------------
     def view(self, now: float) -> ClusterView:
@@ -169,12 +186,24 @@ class PlacementController:
         device is not in it: nothing is placed there and the autoscaler neither counts it
         nor turns it on, until its worker is back (``device_ready``)."""
         lost = self._lost
+        devices = [d for d in self.devices.values() if d.name not in lost]
+        if self.min_switch_s > 0:
+            for d in devices:
+                d.pinned = self.pinned(d.name, now)
         return ClusterView(
             now_s=now,
             models=self.models,
-            devices=[d for d in self.devices.values() if d.name not in lost],
+            devices=devices,
             rate_rps={m: self.rate_rps(m, now) for m in self._rates},
             warm=frozenset(self._warm),
+            min_switch_s=self.min_switch_s,
+        )
+
+    def pinned(self, device: str, now: float) -> frozenset[str]:
+        """The models whose residency on ``device`` changed within ``min_switch_s``."""
+        w = self.min_switch_s
+        return frozenset(
+            m for (m, dev), t in self._changed.items() if dev == device and now - t < w
         )
 
     def scale_view(self, now: float) -> ClusterView:
@@ -293,6 +322,7 @@ class PlacementController:
         self._stopping.discard(device)
         d.active = False
         for m in list(d.models):
+            self._switch(m, device, now, "stopped")
             self._make_warm(m)
         d.models.clear()
         self._pending[device] = []
@@ -312,6 +342,8 @@ class PlacementController:
         if not d.active or device in self._stopping or device in self._lost:
             return []
         loading = sorted(m for m, s in d.models.items() if s == LOADING)
+        for m in list(d.models):
+            self._switch(m, device, now, "lost")
         self._lost.add(device)
         d.active = False
         d.models.clear()
@@ -394,7 +426,7 @@ class PlacementController:
         if self.autoscaler is not None and now >= self._next_scale_s - _TICK_EPS_S:
             self._next_scale_s = now + self.scale_interval_s
             for s in self.autoscaler.decide(self.scale_view(now)):
-                if self._scale(s):
+                if self._scale(s, now):
                     out.append(s)
         return out
 
@@ -410,6 +442,7 @@ class PlacementController:
         touched: set[str] = set()
         for a in actions:
             d = self.devices[a.device]
+            self._switch(a.model, a.device, now, "unload" if isinstance(a, Unload) else "load")
             if isinstance(a, Unload):
                 self.counts.evictions += 1
                 pend = self._pending[a.device]
@@ -437,11 +470,11 @@ class PlacementController:
         while pend:
             load = pend[0]
             others = sum(
-                self.models[m].weights_bytes
+                self.models[m].device_bytes
                 for m, s in d.models.items()
                 if m != load.model and not (s == LOADING and self._is_pending(device, m))
             )
-            if others + self.models[load.model].weights_bytes > d.memory_total_bytes:
+            if others + self.models[load.model].device_bytes > d.memory_total_bytes:
                 return
             pend.pop(0)
             warm = load.model in self._warm
@@ -456,6 +489,10 @@ class PlacementController:
             self._make_warm(load.model)  # a cold load passes through host memory
             yield load
 
+    def _switch(self, model: str, device: str, now: float, kind: str) -> None:
+        self._changed[(model, device)] = now
+        self.counts.switch_log.append((now, model, device, kind))
+
     def _is_pending(self, device: str, model: str) -> bool:
         return any(p.model == model for p in self._pending[device])
 
@@ -467,7 +504,7 @@ class PlacementController:
         while w and sum(self.models[m].weights_bytes for m in w) > cap:
             w.popitem(last=False)
 
-    def _scale(self, s: ScaleAction) -> bool:
+    def _scale(self, s: ScaleAction, now: float | None = None) -> bool:
         d = self.devices.get(s.device)
         if d is None:
             raise PlacementError(f"autoscaler: no device {s.device!r}")
@@ -485,6 +522,12 @@ class PlacementController:
             return False
         if any(st == LOADING and self._is_pending(s.device, m) for m, st in d.models.items()):
             return False  # a load waits for room there: not now
+        if (
+            now is not None
+            and self.min_switch_s > 0
+            and self.pinned(s.device, now) & d.models.keys()
+        ):
+            return False  # a resident changed there within the anti-thrash window
         d.active = False
         self._stopping.add(s.device)
         self.counts.scale_downs += 1

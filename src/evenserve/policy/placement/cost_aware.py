@@ -58,6 +58,11 @@ a model changed within ``hold_s``, such models are considered too (a request is 
   device made busy by several models, or by one at small batches; the device's own
   utilization does not.
 - no pre-loads (an unhosted model is placed by its first miss).
+- last, with ``idle_unload_s`` set (None: off): every evictable resident without demand
+  (``r < idle_rps``) that no request used here for ``idle_unload_s``, and not changed here
+  within ``hold_s``, is unloaded: into host memory (warm), an LLM engine put to sleep, to
+  be woken by its next miss (design note 0022). Off, an idle model stays until its memory
+  is wanted.
 
 **Hysteresis.** The policy keeps, per (model, device), when it last loaded or unloaded it
 there. Nothing changed within ``hold_s`` is undone: rebalance does not unload a model it
@@ -70,7 +75,7 @@ sequence of views and actions, so the policy is deterministic.
 
 Params: ``target_utilization`` (0.7), ``low_utilization`` (0.3), ``hold_s`` (10),
 ``balance_weight`` (1.0, in the unit of a cost: requests), ``idle_rps`` (0.1),
-``busy_utilization`` (0.85).
+``busy_utilization`` (0.85), ``idle_unload_s`` (None).
 """
 
 from __future__ import annotations
@@ -110,6 +115,7 @@ class CostAwareParams(PolicyParams):
     balance_weight: float = Field(default=1.0, ge=0)
     idle_rps: float = Field(default=0.1, ge=0)
     busy_utilization: float = Field(default=0.85, gt=0, le=1)
+    idle_unload_s: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _low_below_target(self) -> CostAwareParams:
@@ -137,6 +143,15 @@ class CostAwarePlacement:
         self.params = params
         #: (model, device) -> (when, "load" | "unload") of this policy's last change there.
         self._changed: dict[tuple[str, str], tuple[float, str]] = {}
+        #: (model, device) -> the first rebalance that saw it resident there (idle unloads).
+        self._seen: dict[tuple[str, str], float] = {}
+
+    def _used_s(self, d: DeviceView, model: str, now_s: float) -> float:
+        """When ``model`` was last used on ``d``: a request sent there, else the first view
+        this policy saw it resident there in (a model never asked for is not idle since
+        forever: it was just placed, or the run just began)."""
+        first = self._seen.setdefault((model, d.name), now_s)
+        return d.last_used_s.get(model, first)
 
     # -- hysteresis --------------------------------------------------------------------
 
@@ -176,7 +191,7 @@ class CostAwarePlacement:
         order = sorted(
             costs,
             key=lambda m: (
-                costs[m] / max(view.models[m].weights_bytes, 1.0),
+                costs[m] / max(view.models[m].device_bytes, 1.0),
                 d.last_used_s.get(m, -math.inf),
                 m,
             ),
@@ -298,5 +313,22 @@ class CostAwarePlacement:
             ):
                 actions += step
                 work = apply_actions(work, step)
+
+        if p.idle_unload_s is not None:  # idle models go to host memory (asleep)
+            touched = {(a.model, a.device) for a in actions}
+            for d in sorted(work.devices, key=lambda d: d.name):
+                if not d.active:
+                    continue
+                for m, name in [k for k in self._seen if k[1] == d.name]:
+                    if m not in d.models:  # it left: a later placement starts afresh
+                        del self._seen[(m, name)]
+                for m in evictable(d):
+                    if (
+                        (m, d.name) not in touched
+                        and view.rate_rps.get(m, 0.0) < p.idle_rps
+                        and now - self._used_s(d, m, now) >= p.idle_unload_s
+                        and not self._held(m, d.name, now)
+                    ):
+                        actions.append(Unload(m, d.name))
         self._record(now, actions)
         return actions
