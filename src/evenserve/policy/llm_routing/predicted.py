@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pydantic import Field
 
@@ -91,8 +91,7 @@ class PredictedTtftParams(PolicyParams):
     default_tpot_s: float = Field(default=0.02, gt=0)
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
+class Prediction(NamedTuple):
     ttft_s: float
     tpot_s: float
     #: What the preemption risk adds to the TTFT when choosing, seconds.
@@ -205,15 +204,20 @@ def _breaks_promise(
 ) -> bool:  # fmt: skip
     """Whether r's ``u`` prompt tokens, served before every lower class at v, push the
     oldest waiting request of a lower class past ``protect_over`` x its TTFT target."""
-    if p.protect_over <= 0 or not v.own_deadlines:
+    over = p.protect_over
+    if over <= 0:
         return False
+    prio = r.priority
+    by_class = v.own_waiting_tokens_by_class
     for c, waiting in v.own_deadlines.items():
-        if c >= r.priority or not waiting:
+        if c >= prio or not waiting:
             continue
         sent, target, own = next(iter(waiting.values()))
-        before = sum(t for k, t in v.own_waiting_tokens_by_class.items() if k > c)
-        due = sent + p.protect_over * target
-        if now + (before + own + u) / tokens_per_s > due:
+        before = own + u
+        for k, t in by_class.items():
+            if k > c:
+                before += t
+        if now + before / tokens_per_s > sent + over * target:
             return True
     return False
 
