@@ -445,6 +445,8 @@ class LiveRun:
 
     records: list[GenerationRecord] = field(default_factory=list)
     workload_of: dict[int, str] = field(default_factory=dict)
+    #: The device that answered each request (the gateway's ``x-evenserve-backend``).
+    engine_of: dict[int, str] = field(default_factory=dict)
     #: Device -> model -> its classic requests.
     classic: dict[str, dict[str, list[LlmSimRequest]]] = field(default_factory=dict)
     refused: int = 0
@@ -476,6 +478,8 @@ async def drive(sc: LlmPoolScenario, arm: str, pool: LivePool, drain_s: float) -
         if reply.status == 429 and reply.reason == REFUSED:
             rec.outcome = REFUSED
             run.refused += 1
+        if reply.backend is not None:
+            run.engine_of[rid] = reply.backend
         run.records.append(rec)
 
     async def open_loop() -> None:
@@ -571,7 +575,7 @@ def live_pool_run(sc: LlmPoolScenario, arm: str, live: LiveRun,
                   counters: dict[str, dict[str, float]]) -> PoolRun:  # fmt: skip
     """The live run as a ``PoolRun`` (what ``summarize_pool_arm`` reads)."""
     out = PoolRun(arm, records=live.records, workload_of=live.workload_of,
-                  end_s=live.wall_s, refused=live.refused)  # fmt: skip
+                  engine_of=live.engine_of, end_s=live.wall_s, refused=live.refused)  # fmt: skip
     for d in sc.doc.devices:
         ar = ArmRun(d.name, classic=live.classic.get(d.name, {}), end_s=live.wall_s)
         c = counters.get(d.name, {})
@@ -592,6 +596,22 @@ def live_figures(sc: LlmPoolScenario, run: PoolRun) -> dict[str, Any]:
     for dv in f["devices"].values():
         dv["utilization"] = dv["kv_usage"] = None
     return f
+
+
+def request_rows(run: PoolRun) -> list[list[Any]]:
+    """Each LLM request of a run, for the JSON (the scaled run's seconds): workload, class,
+    scheduled time, TTFT (None: no token), outcome, the device that served it, output tokens,
+    and its last token's time after the first (None: fewer than two tokens)."""
+    rows: list[list[Any]] = []
+    for r in sorted(run.records, key=lambda x: x.scheduled_s):
+        t = r.token_times_s or []
+        rows.append([
+            run.workload_of.get(r.request_id), r.priority, round(r.scheduled_s, 6),
+            round(t[0] - r.scheduled_s, 6) if t else None, r.outcome,
+            run.engine_of.get(r.request_id), len(t),
+            round(t[-1] - t[0], 6) if len(t) > 1 else None,
+        ])  # fmt: skip
+    return rows
 
 
 # -- the comparison -----------------------------------------------------------------------
@@ -664,8 +684,9 @@ def comparison_table(arm: str, rows: list[dict[str, Any]], note: str) -> Table:
 
 def run_one(sc: LlmPoolScenario, arm: str, drain_s: float, tmp: Path, k: float) -> dict[str, Any]:
     """One arm: simulated, then live (unless its samples are stale: simulated only)."""
-    sim: PoolFigures = summarize_pool_arm(sc, run_pool_arm(sc, arm))
-    res: dict[str, Any] = {"sim": sim.to_dict()}
+    sim_run = run_pool_arm(sc, arm)
+    sim: PoolFigures = summarize_pool_arm(sc, sim_run)
+    res: dict[str, Any] = {"sim": sim.to_dict(), "requests": {"sim": request_rows(sim_run)}}
     if stale_s(sc, arm) > 0:
         res["live"] = None
         res["skipped"] = (
@@ -686,7 +707,9 @@ def run_one(sc: LlmPoolScenario, arm: str, drain_s: float, tmp: Path, k: float) 
             name: engine_counters(httpx.get(url + "/metrics", timeout=10).text, sc.doc.llm.model)
             for name, url in pool.workers.items()
         }
-    lf = live_figures(sc, live_pool_run(sc, arm, live, counters))
+    lrun = live_pool_run(sc, arm, live, counters)
+    lf = live_figures(sc, lrun)
+    res["requests"]["live"] = request_rows(lrun)
     late = np.asarray(live.lateness_s) if live.lateness_s else np.zeros(1)
     wall = live.wall_s or math.nan
     res.update(
@@ -750,7 +773,17 @@ def main(argv: list[str] | None = None) -> int:
         "vocab": args.vocab,
         "seed": base.doc.seed,
         "bound": BOUND,
-        "units": "sim and live: the scaled run's (times K x); comparison: the scenario's",
+        "units": "sim, live and requests: the scaled run's (times K x); comparison: the scenario's",
+        "request_columns": [
+            "workload",
+            "class",
+            "scheduled_s",
+            "ttft_s",
+            "outcome",
+            "device",
+            "tokens",
+            "last_after_first_s",
+        ],
         "arms": {},
     }
     with tempfile.TemporaryDirectory(prefix="llm-pool-live-") as tmp_name:
@@ -767,6 +800,9 @@ def main(argv: list[str] | None = None) -> int:
         for a in arms:
             res = run_one(sc, a, args.drain * k, tmp, k)
             out["arms"][a] = res
+            if args.json is not None:  # after each arm: a run cut short keeps what it did
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps(out, indent=2) + "\n")
             if res["live"] is None:
                 console.print(f"arm {a}: {res['skipped']}", highlight=False)
                 continue

@@ -41,7 +41,13 @@ import orjson
 
 from evenserve.core.clock import Clock
 from evenserve.core.llm import GenerationRecord, Tokenizer
-from evenserve.core.wire import PRIORITY_HEADER, REASON_HEADER, TPOT_HEADER, TTFT_HEADER
+from evenserve.core.wire import (
+    BACKEND_HEADER,
+    PRIORITY_HEADER,
+    REASON_HEADER,
+    TPOT_HEADER,
+    TTFT_HEADER,
+)
 from evenserve.loadgen.sse import SseParser
 from evenserve.loadgen.target import classify_exception, classify_status
 from evenserve.workload.llm import LlmRequest, LlmUser
@@ -60,6 +66,8 @@ class StreamedReply:
     retry_after_s: float | None = None
     #: A refusal's ``x-evenserve-reason`` (the gateway's LLM router: ``ttft-unreachable``).
     reason: str | None = None
+    #: The backend a gateway relayed the answer from (``x-evenserve-backend``), if it says.
+    backend: str | None = None
     error: str | None = None
     text: str = ""
     finish_reason: str | None = None
@@ -228,6 +236,7 @@ class OpenAiStreamClient:
         try:
             async with self._session.post(self.url, data=data, headers=headers) as resp:
                 reply.status = resp.status
+                reply.backend = resp.headers.get(BACKEND_HEADER)
                 if resp.status != 200:
                     reply.record.outcome = classify_status(resp.status)
                     reply.retry_after_s = retry_after_s(resp.headers.get("retry-after"))

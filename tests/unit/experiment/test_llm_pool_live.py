@@ -29,6 +29,7 @@ from evenserve.experiment.llm_pool_live import (
     live_figures,
     live_pool_run,
     llm_requests,
+    request_rows,
     scale_routing,
     scaled_pool,
     stale_s,
@@ -198,7 +199,13 @@ def test_the_live_runs_figures_go_through_the_simulators_summary(
     live.classic["h100-0"]["resnet50"].append(r)
     counters = {"h100-0": {"requests": 2.0, "preemptions": 1.0, "prefix_queries": 200.0,
                            "prefix_hits": 50.0}}  # fmt: skip
-    f = live_figures(scaled, live_pool_run(scaled, "predicted-ttft", live, counters))
+    live.engine_of = {1: "h100-0", 2: "a100-1"}
+    run = live_pool_run(scaled, "predicted-ttft", live, counters)
+    rows = request_rows(run)
+    assert [r[0] for r in rows] == ["chat", "tenants", "tenants"]
+    assert rows[0][3] == pytest.approx(0.1) and rows[0][5:] == ["h100-0", 3, pytest.approx(0.04)]
+    assert rows[2][3:6] == [None, REFUSED, None]
+    f = live_figures(scaled, run)
     assert f["llm"]["requests"] == 3 and f["llm"]["completed"] == 2
     assert f["llm"]["met_targets"] == 1  # the second missed its TTFT target
     assert f["refused_by_router"] == 1
