@@ -298,11 +298,16 @@ class LlmGateway:
         self, info: LlmRequestInfo, now: float, routable: Iterable[str], exclude: Iterable[str]
     ) -> LlmDecision:
         """The policy's decision among the engines of ``info.model`` on the ``routable``
-        backends (healthy, the model READY there) not in ``exclude``."""
-        ok = set(routable).difference(exclude)
+        backends (healthy, the model READY there) not in ``exclude``, offered in the order of
+        ``routable`` (the classic router's: the cluster file's), so a policy that goes by
+        position (round robin) cycles the backends as they are listed, not in the order their
+        first reports happened to arrive."""
+        rank = {name: i for i, name in enumerate(routable)}
+        ok = set(rank).difference(exclude)
         engines = [v for v in self.router.candidates(info.model) if self.backend_of[v.index] in ok]
         if not engines:
             return LlmDecision(None, reason="no-engine")
+        engines.sort(key=lambda v: rank[self.backend_of[v.index]])
         return self.router.route(info, now, engines)
 
     def refused(self, model: str, reason: str) -> None:

@@ -90,3 +90,32 @@ def test_a_whole_answers_cached_tokens_reach_the_router_at_the_first_token() -> 
         t.whole(orjson.dumps({"choices": [{"text": "ab"}], "usage": _usage(0)}))
     assert v.prefix_capacity == 900
     assert g.router.in_flight() == 0
+
+
+def test_engines_are_offered_in_the_backends_listed_order() -> None:
+    """Round robin cycles the backends as the cluster file lists them (the classic router's
+    order), whatever order their first load reports came in."""
+    clock = FakeClock()
+    cfg = parse_cluster(
+        {"gateway": {"llm_routing": "round-robin"},
+         "backends": [{"name": n, "url": "http://127.0.0.1:1"} for n in ("a", "b", "c")]},
+        Path("."),
+    ).config.gateway  # fmt: skip
+    g = LlmGateway(cfg, clock, lambda name: True)
+    load = LlmLoad(
+        running=0, waiting=0, queued_prompt_tokens=0, kv_usage=0.0, kv_blocks=1000,
+        block_tokens=16, max_num_seqs=64, max_num_batched_tokens=512, preemptions=0,
+        step_profile=STEP,
+    )  # fmt: skip
+    for name in ("c", "a", "b"):  # reports arrive out of order
+        g.observe_report(name, {"llama": load}, 0.0)
+    picks = []
+    for rid in range(6):
+        info = g.request_info(rid, "llama", False, {"prompt": [1, 2, 3]}, {}, 0.0, 10)
+        d = g.choose(info, 0.0, ["a", "b", "c"], [])
+        assert d.engine is not None
+        picks.append(g.backend_of[d.engine.index])
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+    info = g.request_info(9, "llama", False, {"prompt": [1, 2, 3]}, {}, 0.0, 10)
+    d = g.choose(info, 0.0, ["a", "b", "c"], ["a", "b"])  # tried already
+    assert d.engine is not None and g.backend_of[d.engine.index] == "c"
