@@ -258,3 +258,26 @@ def test_an_llm_folder_is_not_loaded_by_model_control(tmp_path: Path) -> None:
     _, repo = llm_repo(tmp_path)
     with pytest.raises(ConfigError, match=r"kind: llm.*--model-control none"):
         load_model(repo / "chat")
+
+
+def test_usage_carries_the_prefix_caches_cached_tokens(served: BackgroundWorker) -> None:
+    """OpenAI's ``usage.prompt_tokens_details.cached_tokens`` (vLLM's): the prompt tokens the
+    engine's prefix cache gave; whole and in a stream's usage chunk."""
+    c = client(served)
+    prompt = [65 + i % 26 for i in range(40)]  # two whole 16-token blocks and a part
+    r = c.completions.create(model="chat", prompt=prompt, max_tokens=2)
+    assert r.usage is not None and r.usage.prompt_tokens_details is not None
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    r = c.completions.create(model="chat", prompt=prompt, max_tokens=2)
+    assert r.usage is not None and r.usage.prompt_tokens_details is not None
+    assert r.usage.prompt_tokens_details.cached_tokens == 32
+    chunks = list(
+        c.completions.create(
+            model="chat", prompt=prompt, max_tokens=3, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.prompt_tokens_details is not None
+    assert last.usage.prompt_tokens_details.cached_tokens == 32

@@ -1,9 +1,10 @@
 """``evenserve bench`` (load-test a live target or a scenario's arms) and ``evenserve report``.
 
 Options are parsed here; the runs, the figures and the report are the experiment layer's
-(``evenserve.experiment``: ``scenario_bench``, ``target_bench``, ``report``). Theory of
-operation of a scenario bench and what the time scale K does: ``experiment.scenario_bench``
-and ``experiment.scaling``.
+(``evenserve.experiment``: ``scenario_bench``, ``target_bench``, ``report``; an LLM
+scenario's ``llm_live``, an LLM pool scenario's ``llm_pool_live``). Theory of operation of a
+scenario bench and what the time scale K does: ``experiment.scenario_bench`` and
+``experiment.scaling``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import typer
 from evenserve.cli.app import console, err_console, fail
 from evenserve.core.errors import ConfigError, EvenserveError
 from evenserve.experiment.scaling import DEFAULT_TIME_SCALE
+from evenserve.sim.llm_pool_scenario import is_llm_pool_scenario
 from evenserve.sim.llm_scenario import is_llm_scenario
 
-#: An LLM scenario's default time scale (``experiment.llm_live``).
+#: An LLM scenario's default time scale (``experiment.llm_live``; a pool's too,
+#: ``experiment.llm_pool_live``).
 LLM_TIME_SCALE = 5.0
 
 if TYPE_CHECKING:
@@ -143,6 +146,13 @@ def bench(
         Path | None,
         typer.Option("--json", help="Scenario: also write the summary JSON here."),
     ] = None,
+    rate_scale: Annotated[
+        float | None,
+        typer.Option(
+            help="LLM scenario (kind: llm or llm-pool): every open-loop rate times this, "
+            "live and simulated alike."
+        ),
+    ] = None,
 ) -> None:
     """Load-test a live KServe v2 target, or every arm of a scenario on a local cluster."""
     # Imported here: the other commands (worker, gateway) start without the load generator,
@@ -160,9 +170,16 @@ def bench(
             raise ConfigError("--level: only with --scenario (a load level of the scenario)")
         if json_path is not None and scenario is None:
             raise ConfigError("--json: only with --scenario (the target bench writes --out)")
+        if scenario is not None and is_llm_pool_scenario(scenario):
+            raise typer.Exit(_llm_bench(scenario, arms, duration, warmup, time_scale,
+                                        max_requests, json_path, seed, set_, level,
+                                        rate_scale, pool=True))  # fmt: skip
         if scenario is not None and is_llm_scenario(scenario):
             raise typer.Exit(_llm_bench(scenario, arms, duration, warmup, time_scale,
-                                        max_requests, json_path, seed, set_, level))  # fmt: skip
+                                        max_requests, json_path, seed, set_, level,
+                                        rate_scale))  # fmt: skip
+        if rate_scale is not None:
+            raise ConfigError("--rate-scale: only with an LLM scenario (kind: llm or llm-pool)")
         if time_scale is None:
             time_scale = DEFAULT_TIME_SCALE
         if scenario is not None:
@@ -281,13 +298,22 @@ def _llm_bench(
     seed: int | None,
     set_: list[str] | None,
     level: str | None,
+    rate_scale: float | None = None,
+    *,
+    pool: bool = False,
 ) -> int:
-    """An LLM scenario's arms live next to the simulator (``experiment.llm_live``)."""
-    from evenserve.experiment.llm_live import main as llm_live
+    """An LLM scenario's arms live next to the simulator (``experiment.llm_live``; a pool
+    scenario's: ``experiment.llm_pool_live``)."""
+    if pool:
+        from evenserve.experiment.llm_pool_live import main as live
+    else:
+        from evenserve.experiment.llm_live import main as live
 
     if seed is not None or set_ or level:
         raise ConfigError("--seed, --set and --level apply to classic scenarios, not an LLM one")
     argv = ["--scenario", str(scenario), "--time-scale", str(time_scale or LLM_TIME_SCALE)]
+    if rate_scale is not None:
+        argv += ["--rate-scale", str(rate_scale)]
     for a in (arms or "").split(","):
         if a.strip():
             argv += ["--arm", a.strip()]
@@ -298,4 +324,4 @@ def _llm_bench(
     argv += ["--max-requests", str(max_requests)]
     if json_path is not None:
         argv += ["--json", str(json_path)]
-    return llm_live(argv)
+    return live(argv)

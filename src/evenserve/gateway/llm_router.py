@@ -28,7 +28,11 @@ Accounting (``LlmTry``): ``LlmRouter.sent`` when a try is sent, ``first_token`` 
 first SSE event carrying text comes back (or the whole answer of a request not streamed),
 ``done`` once when the try ends, whatever way (answered, failed, refused by the backend and
 retried elsewhere, the client gone), with the output tokens its usage gives (else the text
-events counted).
+events counted). The prompt tokens the engine's prefix cache gave (``usage.
+prompt_tokens_details.cached_tokens``, as vLLM and evenserve's workers report them) go to
+``first_token`` when the event with the first text carries them (vLLM's
+``continuous_usage_stats``; a whole answer), else to ``done`` (a stream's final usage chunk):
+the router corrects its prefix index's size for the engine from them either way.
 """
 
 from __future__ import annotations
@@ -294,11 +298,16 @@ class LlmGateway:
         self, info: LlmRequestInfo, now: float, routable: Iterable[str], exclude: Iterable[str]
     ) -> LlmDecision:
         """The policy's decision among the engines of ``info.model`` on the ``routable``
-        backends (healthy, the model READY there) not in ``exclude``."""
-        ok = set(routable).difference(exclude)
+        backends (healthy, the model READY there) not in ``exclude``, offered in the order of
+        ``routable`` (the classic router's: the cluster file's), so a policy that goes by
+        position (round robin) cycles the backends as they are listed, not in the order their
+        first reports happened to arrive."""
+        rank = {name: i for i, name in enumerate(routable)}
+        ok = set(rank).difference(exclude)
         engines = [v for v in self.router.candidates(info.model) if self.backend_of[v.index] in ok]
         if not engines:
             return LlmDecision(None, reason="no-engine")
+        engines.sort(key=lambda v: rank[self.backend_of[v.index]])
         return self.router.route(info, now, engines)
 
     def refused(self, model: str, reason: str) -> None:
@@ -331,6 +340,7 @@ class LlmTry:
 
     __slots__ = (
         "_carry",
+        "cached",
         "clock",
         "ended",
         "first",
@@ -348,18 +358,20 @@ class LlmTry:
         self.ended = False
         self.text_events = 0
         self.usage: int | None = None
+        #: The engine's cached prompt tokens, once an answer's usage said.
+        self.cached: int | None = None
         self._carry = b""
 
     def first_token(self) -> None:
         if not self.first and not self.ended:
             self.first = True
-            self.router.first_token(self.request_id, self.clock.now())
+            self.router.first_token(self.request_id, self.clock.now(), self.cached)
 
     def end(self, output_tokens: int | None = None) -> None:
         if self.ended:
             return
         self.ended = True
-        self.router.done(self.request_id, self.clock.now(), output_tokens)
+        self.router.done(self.request_id, self.clock.now(), output_tokens, self.cached)
 
     def end_stream(self) -> None:
         """The stream is over: ended with its usage's output tokens, else its text events."""
@@ -367,8 +379,10 @@ class LlmTry:
 
     def whole(self, body: bytes) -> None:
         """A whole (not streamed) 2xx answer: its first token and its end at once."""
+        obj = _json(body)
+        self.cached = _cached_tokens(obj)
         self.first_token()
-        self.end(_completion_tokens(_json(body)))
+        self.end(_completion_tokens(obj))
 
     def feed(self, piece: bytes) -> None:
         """A piece of a streamed answer (server-sent events, possibly cut anywhere)."""
@@ -388,12 +402,15 @@ class LlmTry:
             obj = _json(payload)
             if obj is None:
                 continue
-            if _has_text(obj):
-                self.text_events += 1
-                self.first_token()
             n = _completion_tokens(obj)
             if n is not None:
                 self.usage = n
+                c = _cached_tokens(obj)
+                if c is not None:
+                    self.cached = c
+            if _has_text(obj):
+                self.text_events += 1
+                self.first_token()
 
 
 def _json(body: bytes) -> dict[str, Any] | None:
@@ -427,6 +444,14 @@ def _completion_tokens(obj: Mapping[str, Any] | None) -> int | None:
     if not isinstance(usage, dict):
         return None
     n = usage.get("completion_tokens")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+def _cached_tokens(obj: Mapping[str, Any] | None) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` (None: absent or not a count)."""
+    usage = obj.get("usage") if obj is not None else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    n = details.get("cached_tokens") if isinstance(details, dict) else None
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 

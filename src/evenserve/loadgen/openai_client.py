@@ -41,7 +41,13 @@ import orjson
 
 from evenserve.core.clock import Clock
 from evenserve.core.llm import GenerationRecord, Tokenizer
-from evenserve.core.wire import PRIORITY_HEADER
+from evenserve.core.wire import (
+    BACKEND_HEADER,
+    PRIORITY_HEADER,
+    REASON_HEADER,
+    TPOT_HEADER,
+    TTFT_HEADER,
+)
 from evenserve.loadgen.sse import SseParser
 from evenserve.loadgen.target import classify_exception, classify_status
 from evenserve.workload.llm import LlmRequest, LlmUser
@@ -58,6 +64,10 @@ class StreamedReply:
     status: int | None = None
     #: ``Retry-After`` of a refusal, seconds (information only: nothing is retried).
     retry_after_s: float | None = None
+    #: A refusal's ``x-evenserve-reason`` (the gateway's LLM router: ``ttft-unreachable``).
+    reason: str | None = None
+    #: The backend a gateway relayed the answer from (``x-evenserve-backend``), if it says.
+    backend: str | None = None
     error: str | None = None
     text: str = ""
     finish_reason: str | None = None
@@ -126,6 +136,9 @@ class OpenAiStreamClient:
     (the prompt's ids decoded with ``tokenizer``; chat always sends text). ``extra_body`` is
     merged into every request body (``temperature``, ``priority``...). ``continuous_usage``
     asks for usage in every event (vLLM's extension), so multi-token events count exactly.
+    ``target_headers``: send each request's TTFT and TPOT targets as the headers evenserve's
+    gateway reads (``x-evenserve-ttft-ms``, ``x-evenserve-tpot-ms``; its LLM router refuses
+    what no engine can meet).
     Record times are ``clock.now() - origin_s`` (default origin: the clock at construction).
     """
 
@@ -142,6 +155,7 @@ class OpenAiStreamClient:
         continuous_usage: bool = False,
         extra_body: Mapping[str, Any] | None = None,
         origin_s: float | None = None,
+        target_headers: bool = False,
     ) -> None:
         if api not in PATHS:
             raise ValueError(f"api: expected one of {sorted(PATHS)}, got {api!r}")
@@ -156,6 +170,7 @@ class OpenAiStreamClient:
         self.clock = clock
         self.origin_s = clock.now() if origin_s is None else origin_s
         self.continuous_usage = continuous_usage
+        self.target_headers = target_headers
         self.extra_body = dict(extra_body or {})
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -213,12 +228,19 @@ class OpenAiStreamClient:
             # gateway's header; the simulator reads the same field).
             PRIORITY_HEADER: str(request.priority),
         }
+        if self.target_headers:
+            if request.ttft_target_s is not None:
+                headers[TTFT_HEADER] = f"{request.ttft_target_s * 1e3:.9g}"
+            if request.tpot_target_s is not None:
+                headers[TPOT_HEADER] = f"{request.tpot_target_s * 1e3:.9g}"
         try:
             async with self._session.post(self.url, data=data, headers=headers) as resp:
                 reply.status = resp.status
+                reply.backend = resp.headers.get(BACKEND_HEADER)
                 if resp.status != 200:
                     reply.record.outcome = classify_status(resp.status)
                     reply.retry_after_s = retry_after_s(resp.headers.get("retry-after"))
+                    reply.reason = resp.headers.get(REASON_HEADER)
                     reply.error = (await resp.read()).decode(errors="replace")[:500]
                     reply.record.finished_s = self._now()
                     return reply

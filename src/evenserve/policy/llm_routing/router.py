@@ -59,6 +59,8 @@ class _Sent:
     promised_blocks: int
     shared: Sequence[int] = ()
     first_s: float | None = None
+    #: The engine's cached prompt tokens were learned from (``first_token`` or ``done``).
+    cache_learned: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,14 +242,8 @@ class LlmRouter:
             return
         s.first_s = now
         v = s.view
-        if cached_tokens is not None and s.promised_blocks > 0:
-            got = cached_tokens // v.block_tokens
-            if got < s.promised_blocks:
-                v.prefix_capacity = max(v.kv_blocks // 16, int(v.prefix_capacity * 0.9))
-                self.prefix.trim(v.index, v.prefix_capacity)
-                v.prefix_held = self.prefix.size(v.index)
-            elif v.prefix_capacity < v.kv_blocks:
-                v.prefix_capacity = min(v.kv_blocks, v.prefix_capacity + max(1, v.kv_blocks // 100))
+        if cached_tokens is not None:
+            self._learn_cache(s, cached_tokens)
         self._unwait(s, request_id)
         v.own_running += 1
         v.own_context_tokens += s.uncached_tokens + s.max_tokens // 2
@@ -266,12 +262,22 @@ class LlmRouter:
                 v.learned_base_s = (1 - a) * base + a * ttft
         self._snapshot(v, now)
 
-    def done(self, request_id: int, now: float, output_tokens: int | None = None) -> None:
+    def done(
+        self,
+        request_id: int,
+        now: float,
+        output_tokens: int | None = None,
+        cached_tokens: int | None = None,
+    ) -> None:
         """``request_id`` ended (whatever the outcome); ``output_tokens``: how many it got
-        (for the learned time per output token)."""
+        (for the learned time per output token). ``cached_tokens``: as ``first_token``'s, for
+        a driver that learns it only at the end (a stream's final usage chunk); used once,
+        when ``first_token`` had none."""
         s = self._sent.pop(request_id, None)
         if s is None:
             return
+        if cached_tokens is not None and s.first_s is not None:
+            self._learn_cache(s, cached_tokens)
         v = s.view
         if s.first_s is None:
             self._unwait(s, request_id)
@@ -296,6 +302,22 @@ class LlmRouter:
             v.own_shared_tokens -= gone * v.block_tokens
         v.own_out_tokens -= s.max_tokens
         self._snapshot(v, now)
+
+    def _learn_cache(self, s: _Sent, cached_tokens: int) -> None:
+        """The engine said how many of ``s``'s prompt tokens its cache gave (once a request:
+        ``first_token`` or ``done``)."""
+        if s.cache_learned:
+            return
+        s.cache_learned = True
+        v = s.view
+        if s.promised_blocks > 0:
+            got = cached_tokens // v.block_tokens
+            if got < s.promised_blocks:
+                v.prefix_capacity = max(v.kv_blocks // 16, int(v.prefix_capacity * 0.9))
+                self.prefix.trim(v.index, v.prefix_capacity)
+                v.prefix_held = self.prefix.size(v.index)
+            elif v.prefix_capacity < v.kv_blocks:
+                v.prefix_capacity = min(v.kv_blocks, v.prefix_capacity + max(1, v.kv_blocks // 100))
 
     def _unwait(self, s: _Sent, request_id: int) -> None:
         v = s.view

@@ -201,6 +201,8 @@ class LlmFront:
                     outcome = _outcome(openai_error(got))
                     raise openai_error(got)
                 now = clock.now()
+                if got.cached is not None:
+                    tally.cached_tokens = got.cached
                 if m is not None:
                     if last is None:
                         m.ttft.labels(name).observe(now - pending.arrival_s)

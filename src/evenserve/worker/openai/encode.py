@@ -11,7 +11,9 @@ OpenAI's, as the official client's types read them:
 * ``/v1/chat/completions``: ``object`` ``chat.completion`` with ``choices[0].message``
   ``{"role": "assistant", "content"}``; a stream sends ``chat.completion.chunk`` objects whose
   ``choices[0].delta`` holds the role (first chunk) or the content's delta.
-* ``usage``: ``{"prompt_tokens", "completion_tokens", "total_tokens"}``. With
+* ``usage``: ``{"prompt_tokens", "completion_tokens", "total_tokens"}``, and
+  ``prompt_tokens_details: {"cached_tokens"}`` (the prompt tokens the engine's prefix cache
+  gave, as vLLM reports them) when the engine said how many. With
   ``stream_options.include_usage`` every chunk carries ``"usage": null`` and a last chunk
   has ``choices: []`` and the usage.
 * ``/v1/models``: ``{"object": "list", "data": [{"id", "object": "model", "created",
@@ -53,12 +55,18 @@ class Reply:
     prompt_tokens: int
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """OpenAI's usage object (``cached_tokens`` None: no ``prompt_tokens_details``)."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def _head(reply: Reply, obj: str) -> dict[str, Any]:
@@ -66,17 +74,25 @@ def _head(reply: Reply, obj: str) -> dict[str, Any]:
 
 
 def completion_body(
-    reply: Reply, text: str, finish_reason: FinishReason, completion_tokens: int
+    reply: Reply,
+    text: str,
+    finish_reason: FinishReason,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
 ) -> bytes:
     """A whole ``/v1/completions`` answer."""
     body = _head(reply, TEXT_COMPLETION)
     body["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]
-    body["usage"] = usage(reply.prompt_tokens, completion_tokens)
+    body["usage"] = usage(reply.prompt_tokens, completion_tokens, cached_tokens)
     return orjson.dumps(body)
 
 
 def chat_completion_body(
-    reply: Reply, content: str, finish_reason: FinishReason, completion_tokens: int
+    reply: Reply,
+    content: str,
+    finish_reason: FinishReason,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
 ) -> bytes:
     """A whole ``/v1/chat/completions`` answer."""
     body = _head(reply, CHAT_COMPLETION)
@@ -88,7 +104,7 @@ def chat_completion_body(
             "finish_reason": finish_reason,
         }
     ]
-    body["usage"] = usage(reply.prompt_tokens, completion_tokens)
+    body["usage"] = usage(reply.prompt_tokens, completion_tokens, cached_tokens)
     return orjson.dumps(body)
 
 
@@ -129,11 +145,13 @@ def chat_chunk(
     return orjson.dumps(chunk)
 
 
-def usage_chunk(reply: Reply, completion_tokens: int, *, chat: bool) -> bytes:
+def usage_chunk(
+    reply: Reply, completion_tokens: int, *, chat: bool, cached_tokens: int | None = None
+) -> bytes:
     """A stream's last chunk with ``stream_options.include_usage``: no choices, the usage."""
     chunk = _head(reply, CHAT_CHUNK if chat else TEXT_COMPLETION)
     chunk["choices"] = []
-    chunk["usage"] = usage(reply.prompt_tokens, completion_tokens)
+    chunk["usage"] = usage(reply.prompt_tokens, completion_tokens, cached_tokens)
     return orjson.dumps(chunk)
 
 

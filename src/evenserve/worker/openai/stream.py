@@ -17,7 +17,9 @@ added, and ``finish_reason`` on the last (``stop``: end-of-sequence; ``length``:
 
 A stop string cuts the text and finishes with ``stop``; the drivers then stop reading and
 close the event iterator (``aclose``), which is how the engine learns to drop the sequence.
-The usage counts the tokens of every step read, the one that completed the stop included.
+The usage counts the tokens of every step read, the one that completed the stop included,
+and carries ``prompt_tokens_details.cached_tokens`` when the caller set ``Tally.cached_tokens``
+(the engine's prefix-cache hit, known at the first token).
 
 Errors: a non-streamed answer lets them propagate (the server answers with the status). A
 stream's status is already sent: an error becomes an in-band error event then ``[DONE]``
@@ -65,6 +67,9 @@ class Tally:
     finish_reason: FinishReason | None = None
     #: The exception that ended a stream (sent to the client as an error event).
     error: BaseException | None = None
+    #: The prompt tokens the engine's prefix cache gave (set by the caller when the engine
+    #: says, on the first token; the usage's ``prompt_tokens_details.cached_tokens``).
+    cached_tokens: int | None = None
 
 
 class _Steps:
@@ -162,7 +167,16 @@ async def _stream(
                 continue
             out.append(chunk(text or None, finish))
             if include_usage:
-                out.append(sse(usage_chunk(reply, tally.completion_tokens, chat=chat)))
+                out.append(
+                    sse(
+                        usage_chunk(
+                            reply,
+                            tally.completion_tokens,
+                            chat=chat,
+                            cached_tokens=tally.cached_tokens,
+                        )
+                    )
+                )
             out.append(SSE_DONE)
             yield b"".join(out)
             return
@@ -203,7 +217,7 @@ async def collect_completion(
     """A whole ``/v1/completions`` answer; the engine's errors propagate."""
     tally = tally if tally is not None else Tally()
     text, finish = await _collect(events, stop, tally)
-    return completion_body(reply, text, finish, tally.completion_tokens)
+    return completion_body(reply, text, finish, tally.completion_tokens, tally.cached_tokens)
 
 
 async def collect_chat(
@@ -216,4 +230,6 @@ async def collect_chat(
     """A whole ``/v1/chat/completions`` answer; the engine's errors propagate."""
     tally = tally if tally is not None else Tally()
     content, finish = await _collect(events, stop, tally)
-    return chat_completion_body(reply, content, finish, tally.completion_tokens)
+    return chat_completion_body(
+        reply, content, finish, tally.completion_tokens, tally.cached_tokens
+    )
