@@ -63,7 +63,13 @@ not; reported with it, the CPU of the workers, the gateway and this client over 
 send lateness and how late the emulated runtime's precise sleep wakes on this host.
 
     evenserve bench --scenario scenarios/llm-pool.yaml --arms round-robin,kv-load,predicted-ttft \\
-        --duration 60 --warmup 10 --time-scale 5 --rate-scale 0.5 [--json out/pool-live.json]
+        --duration 90s --warmup 15s --time-scale 5 [--rate-scale 0.5] [--json out/pool-live.json]
+
+Measured (2 shared cores, the first 90 s of the scenario at its rates, K = 5, about 10
+minutes an arm): design note 0021, section "Live": round robin within 6 % on every figure;
+predicted-ttft within 15 % on goodput, TTFT and TPOT but chat's TTFT P90; kv-load within on
+goodput, TPOT and the overall TTFT, not on some per-workload TTFT figures (what differs,
+measured, is said there).
 """
 
 from __future__ import annotations
