@@ -276,12 +276,24 @@ def _classic_arrivals(
     c: ClassicSection, i: int, loop: EventLoop, sched: DeviceScheduler[LlmSimRequest],
     run: ArmRun, seed: int, end_s: float, ids: Iterator[int],
 ) -> None:  # fmt: skip
-    proc = PoissonProcess(c.rate_rps, [], arrivals_rng(seed, f"classic:{c.model}"))
-    out = run.classic[c.model]
+    classic_stream(
+        c.model, c.priority, c.rate_rps, f"classic:{c.model}", loop, sched,
+        run.classic[c.model], seed, end_s, ids,
+    )  # fmt: skip
+
+
+def classic_stream(
+    model: str, priority: int, rate: float, stream: str, loop: EventLoop,
+    sched: DeviceScheduler[LlmSimRequest], out: list[LlmSimRequest], seed: int, end_s: float,
+    ids: Iterator[int],
+) -> None:  # fmt: skip
+    """A classic model's Poisson stream at ``rate`` (seeded ``stream``) offered to ``sched``
+    until ``end_s``; each request appended to ``out`` (a refusal is its outcome)."""
+    proc = PoissonProcess(rate, [], arrivals_rng(seed, stream))
 
     def arrive(_: Any) -> None:
         now = loop.now
-        r = LlmSimRequest(next(ids), c.model, now, c.priority, None, 1)
+        r = LlmSimRequest(next(ids), model, now, priority, None, 1)
         out.append(r)
         why = sched.offer(r, now)
         if why is not None:
@@ -294,6 +306,31 @@ def _classic_arrivals(
     t0 = proc.next_after(0.0)
     if t0 < end_s:
         loop.at(t0, arrive)
+
+
+def classic_figures(
+    reqs: list[LlmSimRequest], slo_s: float, lo: float, hi: float
+) -> dict[str, Any]:
+    """A classic model's figures over the requests that arrived in ``[lo, hi)``: latency of
+    the completed ones, refusals by reason, goodput (answered within ``slo_s``) per second."""
+    inw = [r for r in reqs if lo <= r.arrival_s < hi]
+    ok = [r.done_s - r.arrival_s for r in inw if r.outcome == "completed"]
+    good = sum(1 for x in ok if x <= slo_s)
+    refused: dict[str, int] = {}
+    for r in inw:
+        if r.outcome not in ("completed", ""):
+            refused[r.outcome] = refused.get(r.outcome, 0) + 1
+    lat = np.asarray(ok) if ok else np.zeros(0)
+    return {
+        "requests": len(inw),
+        "completed": len(ok),
+        "refused": refused,
+        "p50_ms": float(np.percentile(lat, 50)) * 1e3 if ok else None,
+        "p99_ms": float(np.percentile(lat, 99)) * 1e3 if ok else None,
+        "slo_ms": slo_s * 1e3,
+        "goodput_rps": good / (hi - lo),
+        "goodput_fraction": good / len(inw) if inw else None,
+    }
 
 
 @dataclass
@@ -319,7 +356,6 @@ def summarize_arm(sc: LlmScenario, run: ArmRun) -> ArmFigures:
     and goodput (answered within its SLO, per second of the window), the device's."""
     doc = sc.doc
     lo, hi = doc.warmup_s, doc.duration_s
-    window = hi - lo
     llm: LlmSummary | None = None
     if run.records:
         s = summarize_generations(
@@ -341,24 +377,7 @@ def summarize_arm(sc: LlmScenario, run: ArmRun) -> ArmFigures:
     classic: dict[str, Any] = {}
     slos = {c.model: c.slo_ms / 1e3 for c in doc.classic}
     for model, reqs in run.classic.items():
-        inw = [r for r in reqs if lo <= r.arrival_s < hi]
-        ok = [r.done_s - r.arrival_s for r in inw if r.outcome == "completed"]
-        good = sum(1 for x in ok if x <= slos[model])
-        refused: dict[str, int] = {}
-        for r in inw:
-            if r.outcome not in ("completed", ""):
-                refused[r.outcome] = refused.get(r.outcome, 0) + 1
-        lat = np.asarray(ok) if ok else np.zeros(0)
-        classic[model] = {
-            "requests": len(inw),
-            "completed": len(ok),
-            "refused": refused,
-            "p50_ms": float(np.percentile(lat, 50)) * 1e3 if ok else None,
-            "p99_ms": float(np.percentile(lat, 99)) * 1e3 if ok else None,
-            "slo_ms": slos[model] * 1e3,
-            "goodput_rps": good / window,
-            "goodput_fraction": good / len(inw) if inw else None,
-        }
+        classic[model] = classic_figures(reqs, slos[model], lo, hi)
     device = {
         "utilization": run.busy_s / run.end_s if run.end_s else None,
         "steps": run.steps,

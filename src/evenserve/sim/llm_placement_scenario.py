@@ -44,7 +44,7 @@ from evenserve.core.errors import ConfigError
 from evenserve.core.scenario import Phase
 from evenserve.core.validation import Strict, read_yaml, validate_document
 from evenserve.core.wire import ONLINE, PRIORITY_CLASSES
-from evenserve.sim.llm_scenario import EngineSpec
+from evenserve.sim.llm_scenario import EngineSpec, find_profile_set
 from evenserve.workload.llm import LlmWorkloadSpec
 
 
@@ -182,16 +182,7 @@ class LlmPlacementScenario:
             )
 
     def profile_dir(self) -> Path:
-        from evenserve.core.profile import bundled_profile_set
-
-        name = self.doc.profiles
-        local = self.base_dir / name
-        if local.is_dir():
-            return local
-        found = bundled_profile_set(name)
-        if found is None:
-            raise ConfigError(f"{self.source}: profiles: no profile set {name!r}")
-        return found
+        return find_profile_set(self.doc.profiles, self.base_dir, self.source, "profiles")
 
     def with_arms(self, arms: dict[str, ArmEntry]) -> LlmPlacementScenario:
         """The same scenario with other arms (a static search builds its layouts)."""

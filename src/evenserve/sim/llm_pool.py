@@ -28,8 +28,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from evenserve.core.llm import GenerationRecord, load_step_profiles
 from evenserve.core.profile import load_profile_set
 from evenserve.policy.llm_routing import EngineSample, EngineView, LlmRequestInfo, LlmRouter
@@ -37,11 +35,17 @@ from evenserve.report.llm_summary import LlmSummary, summarize_generations
 from evenserve.sched import DeviceScheduler, scheduler_for
 from evenserve.sched.engine import GenSpec, prompt_hashes
 from evenserve.sim.engine import EventLoop
-from evenserve.sim.llm import ArmRun, LlmSimRequest, _classic_setup, _Device, engine_setup
+from evenserve.sim.llm import (
+    ArmRun,
+    LlmSimRequest,
+    _classic_setup,
+    _Device,
+    classic_figures,
+    classic_stream,
+    engine_setup,
+)
 from evenserve.sim.llm_pool_scenario import LlmPoolScenario
 from evenserve.workload.llm import LlmRequest, LlmUser, iter_llm_open_loop, llm_users
-from evenserve.workload.poisson import PoissonProcess
-from evenserve.workload.seeding import arrivals_rng
 
 
 @dataclass
@@ -205,7 +209,10 @@ def run_pool_arm(sc: LlmPoolScenario, arm: str, seed: int | None = None) -> Pool
         for m in d.classic:
             c = classic_by_model[m]
             hosts = sum(1 for x in doc.devices if m in x.classic)
-            _classic_stream(c.model, c.priority, c.rate_rps / hosts, p, loop, seed, end, ids)
+            classic_stream(
+                c.model, c.priority, c.rate_rps / hosts, f"classic:{c.model}:{p.name}", loop,
+                p.sched, p.run.classic[c.model], seed, end, ids,
+            )  # fmt: skip
 
     drain_end = doc.duration_s + doc.drain_s
 
@@ -265,31 +272,6 @@ def _open_loop(it: Iterator[LlmRequest], loop: EventLoop, offer: Any, name: str)
         loop.at(first.arrival_s, arrive, first)
 
 
-def _classic_stream(
-    model: str, priority: int, rate: float, p: _PoolDevice, loop: EventLoop, seed: int,
-    end_s: float, ids: Iterator[int],
-) -> None:  # fmt: skip
-    proc = PoissonProcess(rate, [], arrivals_rng(seed, f"classic:{model}:{p.name}"))
-    out = p.run.classic[model]
-    sched = p.sched
-
-    def arrive(_: Any) -> None:
-        now = loop.now
-        r = LlmSimRequest(next(ids), model, now, priority, None, 1)
-        out.append(r)
-        why = sched.offer(r, now)
-        if why is not None:
-            r.outcome = why
-            r.done_s = now
-        t = proc.next_after(now)
-        if t < end_s:
-            loop.at(t, arrive)
-
-    t0 = proc.next_after(0.0)
-    if t0 < end_s:
-        loop.at(t0, arrive)
-
-
 # -- figures ---------------------------------------------------------------------------------
 
 
@@ -324,7 +306,6 @@ def summarize_pool_arm(sc: LlmPoolScenario, run: PoolRun) -> PoolFigures:
 
     doc = sc.doc
     lo, hi = doc.warmup_s, doc.duration_s
-    window = hi - lo
     preempt = sum(r.preemptions for r in run.devices.values())
     llm = summarize_generations(run.records, arm=run.arm, window=(lo, hi), preemptions=preempt)
     by_wl: dict[str, LlmSummary] = {}
@@ -335,19 +316,7 @@ def summarize_pool_arm(sc: LlmPoolScenario, run: PoolRun) -> PoolFigures:
     classic: dict[str, dict[str, Any]] = {}
     for c in doc.classic:
         reqs = [r for dr in run.devices.values() for r in dr.classic.get(c.model, [])]
-        inw = [r for r in reqs if lo <= r.arrival_s < hi]
-        ok = [r.done_s - r.arrival_s for r in inw if r.outcome == "completed"]
-        good = sum(1 for x in ok if x <= c.slo_ms / 1e3)
-        lat = np.asarray(ok) if ok else np.zeros(0)
-        classic[c.model] = {
-            "requests": len(inw),
-            "completed": len(ok),
-            "p50_ms": float(np.percentile(lat, 50)) * 1e3 if ok else None,
-            "p99_ms": float(np.percentile(lat, 99)) * 1e3 if ok else None,
-            "slo_ms": c.slo_ms,
-            "goodput_rps": good / window,
-            "goodput_fraction": good / len(inw) if inw else None,
-        }
+        classic[c.model] = classic_figures(reqs, c.slo_ms / 1e3, lo, hi)
     devices: dict[str, dict[str, Any]] = {}
     for name, dr in run.devices.items():
         devices[name] = {

@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 from evenserve.core.errors import ConfigError
 from evenserve.core.validation import Strict, read_yaml, validate_document
 from evenserve.policy.llm_routing import LLM_ROUTING
-from evenserve.sim.llm_scenario import ClassicSection, EngineSpec, LlmSection
+from evenserve.sim.llm_scenario import ClassicSection, EngineSpec, LlmSection, find_profile_set
 from evenserve.workload.llm import LlmWorkloadSpec
 
 
@@ -124,15 +124,7 @@ class LlmPoolScenario:
             raise ConfigError(f"{source}: llm.workloads: two workloads share a name")
 
     def profile_dir(self, name: str) -> Path:
-        from evenserve.core.profile import bundled_profile_set
-
-        local = self.base_dir / name
-        if local.is_dir():
-            return local
-        found = bundled_profile_set(name)
-        if found is None:
-            raise ConfigError(f"{self.source}: devices: no profile set {name!r}")
-        return found
+        return find_profile_set(name, self.base_dir, self.source, "devices")
 
 
 def is_llm_pool_scenario(path: Path) -> bool:

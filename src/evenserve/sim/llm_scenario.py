@@ -123,16 +123,23 @@ class LlmScenario:
                 )
 
     def profile_dir(self) -> Path:
-        from evenserve.core.profile import bundled_profile_set
+        return find_profile_set(
+            self.doc.device.profiles, self.base_dir, self.source, "device.profiles"
+        )
 
-        name = self.doc.device.profiles
-        local = self.base_dir / name
-        if local.is_dir():
-            return local
-        found = bundled_profile_set(name)
-        if found is None:
-            raise ConfigError(f"{self.source}: device.profiles: no profile set {name!r}")
-        return found
+
+def find_profile_set(name: str, base_dir: Path, source: str, field: str) -> Path:
+    """A scenario's profile set: a folder next to the scenario file, else a bundled one;
+    ConfigError naming ``source`` and ``field`` when neither exists."""
+    from evenserve.core.profile import bundled_profile_set
+
+    local = base_dir / name
+    if local.is_dir():
+        return local
+    found = bundled_profile_set(name)
+    if found is None:
+        raise ConfigError(f"{source}: {field}: no profile set {name!r}")
+    return found
 
 
 def is_llm_scenario(path: Path) -> bool:

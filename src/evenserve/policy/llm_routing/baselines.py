@@ -146,8 +146,10 @@ class KvLoad:
         prefix_blocks: Mapping[int, int],
         now_s: float,
     ) -> LlmDecision:
-        kept = saturation_filter(engines, self.params, now_s)
-        return LlmDecision(_pick(kept, _scores(kept, self.params, 0.0, request, {}), self.rng))
+        p = self.params
+        kept = saturation_filter(engines, p, now_s)
+        w = p.prefix_weight if isinstance(p, PrefixApproxParams) else 0.0
+        return LlmDecision(_pick(kept, _scores(kept, p, w, request, prefix_blocks), self.rng))
 
 
 @LLM_ROUTING.register(
@@ -156,19 +158,7 @@ class KvLoad:
     "llm-d's approximate prefix-cache scorer with its queue and KV scorers",
     seeded=True,
 )
-class PrefixApprox:
-    def __init__(self, params: PrefixApproxParams, rng: random.Random) -> None:
-        self.params = params
-        self.rng = rng
+class PrefixApprox(KvLoad):
+    """``kv-load`` with the approximate prefix scorer (its weight in the params)."""
 
-    def choose(
-        self,
-        request: LlmRequestInfo,
-        engines: Sequence[EngineView],
-        prefix_blocks: Mapping[int, int],
-        now_s: float,
-    ) -> LlmDecision:
-        p = self.params
-        kept = saturation_filter(engines, p, now_s)
-        scores = _scores(kept, p, p.prefix_weight, request, prefix_blocks)
-        return LlmDecision(_pick(kept, scores, self.rng))
+    uses_prefix = True
