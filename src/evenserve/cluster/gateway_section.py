@@ -134,6 +134,13 @@ class LlmGatewayConfig(Strict):
         description="an LLM engine whose newest signal sample is older than this is routed "
         "on the gateway's own accounting alone (its last sample's corrections dropped)",
     )
+    signal_delay_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="experiments: every LLM engine sample reaches the router this long after "
+        "it was read, with the time it was read (a lagging metrics pipeline; the simulator's "
+        "signals.stale_s)",
+    )
     ttft_ms: float | None = Field(
         default=None,
         gt=0,

@@ -13,7 +13,9 @@ Engines. An LLM engine is one model on one backend (``backend/model``):
 Staleness: every sample keeps the time it was read (``EngineView.age_s``; the gauge
 ``evenserve_gateway_llm_engine_signal_age_seconds``); once it is older than
 ``gateway.llm.stale_after_ms`` (``expire``, on the poller's signal tick) its corrections are
-dropped and the engine is routed on the router's own accounting alone.
+dropped and the engine is routed on the router's own accounting alone. An experiment can hold
+every sample back ``gateway.llm.signal_delay_ms`` before the router sees it, with the time it
+was read (``feed``): a lagging metrics pipeline, as the simulator's ``signals.stale_s``.
 
 A request. The gateway has the request's text, not its tokens (``request_info``): the
 prompt (a completion's ``prompt``; a chat's messages' content, joined) is cut into blocks
@@ -37,6 +39,7 @@ the router corrects its prefix index's size for the engine from them either way.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -157,6 +160,7 @@ class LlmGateway:
         )
         self.block_chars = max(1, round(llm.prefix_block_tokens * llm.chars_per_token))
         self.stale_after_s = llm.stale_after_ms / 1000.0
+        self.delay_s = llm.signal_delay_ms / 1000.0
         #: Each backend's engines, by model.
         self.by_backend: dict[str, dict[str, EngineView]] = {}
         #: Each engine's backend (by the view's index).
@@ -222,7 +226,7 @@ class LlmGateway:
                     v.profile = profile
                 v.max_num_seqs = load.max_num_seqs
                 v.max_num_batched_tokens = load.max_num_batched_tokens
-            self.router.observe(v.name, sample_of_report(load, now), now)
+            self.feed(v.name, sample_of_report(load, now), now)
 
     def forget_backend(self, backend: str) -> None:
         """``backend`` reports no engines any more."""
@@ -242,7 +246,19 @@ class LlmGateway:
         mine = self.by_backend.get(backend, {})
         views = list(mine.values()) if model is None else [mine[model]] if model in mine else []
         for v in views:
-            self.router.observe(v.name, sample, now)
+            self.feed(v.name, sample, now)
+
+    def feed(self, engine: str, sample: EngineSample, now: float) -> None:
+        """Hand ``sample`` of ``engine`` to the router: now, or ``signal_delay_ms`` after it
+        was read (an experiment's lagging pipeline; the router gets it with its read time)."""
+        if self.delay_s <= 0:
+            self.router.observe(engine, sample, now)
+            return
+        wait = max(0.0, sample.taken_s + self.delay_s - now)
+        asyncio.get_running_loop().call_later(wait, self._late, engine, sample)
+
+    def _late(self, engine: str, sample: EngineSample) -> None:
+        self.router.observe(engine, sample, self.clock.now())
 
     def expire(self, now: float) -> None:
         """Engines whose newest sample is older than ``stale_after_ms``: on the router's own

@@ -131,6 +131,18 @@ def test_the_gateway_cluster_file_is_the_arms_router_on_the_scenarios_signals(
     assert [b["name"] for b in raw["backends"]] == list(urls)
 
 
+def test_a_stale_arms_gateway_holds_its_samples_back_as_long(scaled: LlmPoolScenario) -> None:
+    urls = {d.name: f"http://127.0.0.1:{9000 + i}" for i, d in enumerate(scaled.doc.devices)}
+    stale = parse_cluster(
+        gateway_cluster(scaled, "predicted-ttft-stale5", urls, 8123), Path(".")
+    ).config.gateway
+    fresh = parse_cluster(gateway_cluster(scaled, "predicted-ttft", urls, 8123), Path("."))
+    assert stale.llm.signal_delay_ms == pytest.approx(5000.0 * K)
+    assert fresh.config.gateway.llm.signal_delay_ms == 0.0
+    # the held samples' corrections are not dropped as stale (the simulator drops none)
+    assert stale.llm.stale_after_ms > stale.llm.signal_delay_ms + stale.signals.interval_ms
+
+
 def test_the_gateways_block_names_match_the_engines_blocks() -> None:
     """Two prompts share as many leading names at the gateway (ids in blocks of 16) as the
     engine's cache shares blocks of them (``prompt_hashes``)."""

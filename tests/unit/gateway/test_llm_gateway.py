@@ -5,6 +5,7 @@ stale samples dropped to the router's own accounting."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +209,18 @@ def test_stale_samples_are_dropped_to_the_routers_own_accounting() -> None:
         0, 0, 0, 0,
     )  # fmt: skip
     assert v.age_s(1.5) == pytest.approx(1.5)  # the sample stays: its age keeps growing
+
+
+async def test_a_delayed_sample_reaches_the_router_later_with_its_read_time() -> None:
+    clock = FakeClock()
+    g = llm_gateway(clock, signal_delay_ms=50)
+    g.observe_report("w0", {"llama": load()}, 0.0)
+    v = g.router.engines["w0/llama"]  # the engine is known at once ...
+    assert v.sample is None and v.extra_waiting == 0  # ... its sample is held back
+    clock.advance(7.0)
+    await asyncio.sleep(0.2)  # the loop's timer for the sample (50 ms) fires first
+    assert v.sample is not None and v.sample.taken_s == 0.0 and v.received_s == 7.0
+    assert v.extra_waiting == 3 and v.age_s(7.0) == pytest.approx(7.0)
 
 
 def test_retry_after_whole_seconds_rounded_up_at_least_one() -> None:
