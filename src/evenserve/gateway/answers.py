@@ -17,6 +17,7 @@ from typing import Any
 
 from evenserve.core import wire
 from evenserve.httpio.client import parse_headers
+from evenserve.httpio.server.messages import Response
 from evenserve.policy.routing.dispatch import Refusal
 
 #: Response headers relayed to the client.
@@ -45,24 +46,42 @@ class GrpcReply:
     response: Any = None
 
 
-@dataclass(slots=True)
-class Answer:
-    """What the gateway sends back: exactly one per request."""
+class Answer(Response):
+    """What the gateway sends back: exactly one per request. It is the HTTP server's
+    ``Response`` as well (status, body, headers, ``raw``, ``raw_head``), so the fast path
+    hands it to the server as it is."""
 
-    status: int
-    body: bytes
+    __slots__ = ("backend", "grpc", "head", "outcome")
     headers: dict[str, str]
-    backend: str | None
-    outcome: str
-    #: A backend's gRPC answer, relayed as it is (gRPC requests only).
-    grpc: GrpcReply | None = None
-    #: A backend's HTTP answer relayed as the bytes it came in, ``x-evenserve-backend``
-    #: added (``relayed_bytes``); ``headers`` is then empty and ``head`` (the backend's
-    #: head) has them.
-    raw: bytes | None = None
-    #: Where the head of ``raw`` ends.
-    raw_head: int = 0
-    head: bytes = b""
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        headers: dict[str, str],
+        backend: str | None,
+        outcome: str,
+        grpc: GrpcReply | None = None,
+        raw: bytes | None = None,
+        raw_head: int = 0,
+        head: bytes = b"",
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers = headers
+        self.backend = backend
+        self.outcome = outcome
+        #: A backend's gRPC answer, relayed as it is (gRPC requests only).
+        self.grpc = grpc
+        #: A backend's HTTP answer relayed as the bytes it came in, ``x-evenserve-backend``
+        #: added (``relayed_bytes``); ``headers`` is then empty and ``head`` (the backend's
+        #: head) has them. ``raw_head``: where the head of ``raw`` ends.
+        self.raw = raw
+        self.raw_head = raw_head
+        self.head = head
+
+    def __repr__(self) -> str:
+        return f"Answer({self.status}, backend={self.backend!r}, outcome={self.outcome!r})"
 
     def header(self, name: str) -> str | None:
         """A response header (lower-case name) whichever way the answer goes out."""

@@ -63,10 +63,6 @@ log = logging.getLogger("evenserve.gateway")
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def _answer(ans: Answer) -> Response:
-    return Response(ans.status, ans.body, ans.headers, ans.raw, ans.raw_head)
-
-
 def _error(status: int, message: str) -> Response:
     return json_response(json.dumps({"error": message}).encode(), status)
 
@@ -274,15 +270,14 @@ class Gateway:
         model, path = route
         rec = self.recorder
         if rec is None:
-            self.dispatcher.infer_fast(
-                model, path, request.body, request.headers, lambda a: respond(_answer(a))
-            )
+            # An Answer is the server's Response: handed over as it is.
+            self.dispatcher.infer_fast(model, path, request.body, request.headers, respond)
             return True
         t_s, unix_s, h = rec.clock.now(), time.time(), request.headers
 
         def answered(a: Answer) -> None:
             record_answer(rec, t_s, unix_s, model, h, a)
-            respond(_answer(a))
+            respond(a)
 
         self.dispatcher.infer_fast(model, path, request.body, h, answered)
         return True
@@ -326,13 +321,13 @@ class Gateway:
                     ans = await self.dispatcher.infer(
                         model, found.path(), request.body, request.headers
                     )
-                    return _answer(ans)
+                    return ans
                 t_s, unix_s = rec.clock.now(), time.time()
                 ans = await self.dispatcher.infer(
                     model, found.path(), request.body, request.headers
                 )
                 record_answer(rec, t_s, unix_s, model, request.headers, ans)
-                return _answer(ans)
+                return ans
             if method != "GET":
                 return _error(405, f"{path[:200]!r} takes GET")
             if suffix == "ready" and found.version is None:
@@ -340,7 +335,7 @@ class Gateway:
             if suffix == "stats":
                 return await self.model_stats(model, found.path())
             # A version is the backends' to judge (the gateway does not know them).
-            return _answer(await self.dispatcher.passthrough(model, "GET", found.path(), b""))
+            return await self.dispatcher.passthrough(model, "GET", found.path(), b"")
         endpoint = self._exact.get((method, path))
         if endpoint is not None:
             return await endpoint(request)

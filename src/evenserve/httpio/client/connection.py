@@ -20,6 +20,9 @@ from evenserve.httpio.client.reply import (
     parse_headers,
 )
 
+#: Status codes (1xx aside) whose answers have no body whatever their Content-Length says.
+_NO_BODY = (b"204", b"304")
+
 
 class Connection(asyncio.Protocol):
     """One connection. httptools calls no method per header (there is no ``on_header``):
@@ -59,6 +62,44 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        if not self.reads and self.in_head and data.startswith(b"HTTP/1.1 "):
+            # An answer read whole in one piece, its body framed by its Content-Length (what
+            # a backend's answer nearly always is): taken without the parser's callbacks.
+            # Anything else (partial, chunked, 1xx, no body by its status, a Connection
+            # header, folded or bare-LF lines) is the parser's, as before.
+            end = data.find(b"\r\n\r\n") + 4
+            if end > 4:
+                low = data[:end].lower()
+                at = low.find(b"\ncontent-length:")
+                code = data[9:12]
+                if (
+                    at > 0
+                    and b"200" <= code <= b"599"
+                    and code.isdigit()
+                    and data[12:13] in b" \r"
+                    and code not in _NO_BODY
+                    and low.count(b"\ncontent-length:") == 1
+                    and b"\ntransfer-encoding:" not in low
+                    and b"\nconnection:" not in low
+                    and low.count(b"\n") == low.count(b"\r\n")
+                    and b"\n " not in low
+                    and b"\n\t" not in low
+                ):
+                    value = low[at + 16 : low.find(b"\r", at)].strip()
+                    if value.isdigit() and int(value) == len(data) - end:
+                        head = data[:end]
+                        self.reusable = True
+                        keep = self.keep
+                        self._deliver(
+                            (
+                                int(code),
+                                parse_headers(head, keep) if keep else {},
+                                data[end:],
+                                head,
+                                data,
+                            )
+                        )
+                        return
         self.reads += 1
         if self.reads == 1:
             self.first = data
@@ -110,7 +151,10 @@ class Connection(asyncio.Protocol):
         self.reads = 0
         self.first = b""
         headers = parse_headers(head, self.keep) if self.keep else {}
-        result = (status, headers, body, head, raw)
+        self._deliver((status, headers, body, head, raw))
+
+    def _deliver(self, result: Result) -> None:
+        """The answer to whoever waits for it (the future or the callback)."""
         fut = self.fut
         self.fut = None
         if fut is not None and not fut.done():

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from functools import partial
 from typing import cast
 
 import httptools
@@ -48,6 +47,11 @@ def origin_form(target: bytes) -> bytes:
     return path if path.startswith(b"/") else b"/" + path
 
 
+#: Request methods as strings, without a decode per request.
+_METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}
+_NO_REQUEST = Request("", "", "", {})
+
+
 class _Refuse(Exception):
     """Raised from a parser callback: answer ``status`` with ``message`` and close."""
 
@@ -72,7 +76,13 @@ class Connection(asyncio.Protocol):
         # the request being read
         self.url = b""
         self.headers: dict[str, str] = {}
-        self.head_bytes = 0
+        #: The head being read's header names and values as they came, one after the other.
+        self.raw_headers: list[bytes] = []
+        self.max_raw_headers = 2 * self.max_headers
+        #: The last head read's header lines and what they read as (a keep-alive client
+        #: sends the same ones again: ``on_headers_complete``).
+        self.last_raw: list[bytes] = []
+        self.last_headers: dict[str, str] = {}
         #: Bytes the head being read may still take, counted as they arrive (data_received);
         #: _NOT_IN_HEAD from a head's end to the end of its request.
         self.head_left = self.max_head
@@ -81,6 +91,15 @@ class Connection(asyncio.Protocol):
         self.body_len = 0
         # requests read, waiting for their turn; the one being handled
         self.pending: deque[tuple[Request, bool]] = deque()
+        #: The request being handled and whether its connection may stay open after it.
+        self.req = _NO_REQUEST
+        self.keep = False
+        #: What a fast handler calls with its answer (the request being handled's).
+        self.respond = self._answer
+        #: The last request target read and its path and query (a client asks for the same
+        #: one again and again: decoded once).
+        self.last_url = b""
+        self.last_target = ("", "")
         #: A request is being handled (its answer is due before the next one's).
         self.busy = False
         #: When this connection times out (the loop's clock; 0: not timed). The server's
@@ -196,8 +215,7 @@ class Connection(asyncio.Protocol):
     # -- httptools callbacks --------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.url = b""
-        self.headers = {}
-        self.head_bytes = 0
+        self.raw_headers = []
         self.reading = True
         self.body = []
         self.body_len = 0
@@ -205,38 +223,42 @@ class Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # Called per header of every request: the checks are inlined.
-        self.head_bytes += len(name) + len(value) + 4
-        headers = self.headers
-        if self.head_bytes > self.max_head or len(headers) >= self.max_headers:
-            self._count(0)  # 431 naming the byte limit when that is what was passed
+        # Called per header of every request: the names and values are kept as they came
+        # and read once the head is complete (``on_headers_complete``).
+        raw = self.raw_headers
+        raw.append(name)
+        raw.append(value)
+        if len(raw) > self.max_raw_headers:
             raise _Refuse(431, f"more than {self.max_headers} request headers")
-        key = name.decode("latin-1").lower()
-        if key in headers:
-            headers[key] = f"{headers[key]}, {value.decode('latin-1')}"
-        else:
-            headers[key] = value.decode("latin-1")
-
-    def _count(self, n: int) -> None:
-        self.head_bytes += n
-        if self.head_bytes > self.limits.max_header_bytes:
-            raise _Refuse(
-                431, f"request head over the limit of {self.limits.max_header_bytes} bytes"
-            )
 
     def on_headers_complete(self) -> None:
         self.head_left = _NOT_IN_HEAD
+        raw = self.raw_headers
+        # The head's bytes as counted before: the request target and each header line (a
+        # pipelined head's first part, read with the request before it, is counted here).
+        if len(self.url) + sum(map(len, raw)) + 2 * len(raw) > self.max_head:
+            raise _Refuse(431, f"request head over the limit of {self.max_head} bytes")
+        if raw == self.last_raw:
+            # A client sends the same header lines request after request: read once.
+            headers = self.headers = self.last_headers.copy()
+        else:
+            headers = self.headers = {}
+            for i in range(0, len(raw), 2):
+                key = raw[i].decode("latin-1").lower()
+                value = raw[i + 1].decode("latin-1")
+                headers[key] = f"{headers[key]}, {value}" if key in headers else value
+            self.last_raw = raw
+            self.last_headers = headers.copy()
         if self.parser.should_upgrade():
             raise _Refuse(501, "protocol upgrades are not supported")
-        cl = self.headers.get("content-length")
+        cl = headers.get("content-length")
         limit = self.limits.max_body_bytes
         if cl is not None and (len(cl) > 18 or (cl.isdigit() and int(cl) > limit)):
             raise _Refuse(413, f"request body over the limit of {limit} bytes")
         self._arm(self.limits.body_timeout_s)
-        if self.headers.get("expect", "").lower() == "100-continue" and self.transport:
+        if "expect" in headers and headers["expect"].lower() == "100-continue" and self.transport:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -246,25 +268,33 @@ class Connection(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        self.deadline = 0.0
         self.reading = False
         self.head_left = self.max_head  # the next request's head begins
         url = self.url
-        if not url.startswith(b"/"):
-            url = origin_form(url)
-        q = url.find(b"?")
-        path, query = (url, b"") if q < 0 else (url[:q], url[q + 1 :])
+        if url == self.last_url:
+            path, query = self.last_target
+        else:
+            target = url if url.startswith(b"/") else origin_form(url)
+            q = target.find(b"?")
+            raw_path, raw_query = (target, b"") if q < 0 else (target[:q], target[q + 1 :])
+            path, query = self.last_target = raw_path.decode("latin-1"), raw_query.decode("latin-1")
+            self.last_url = url
         parts = self.body
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         self.body = []
-        method = self.parser.get_method().decode("latin-1")
-        req = Request(method, path.decode("latin-1"), query.decode("latin-1"), self.headers, body)
-        self.pending.append((req, self.parser.should_keep_alive()))
-        if len(self.pending) >= self.limits.max_pipelined and self.transport is not None:
-            self.transport.pause_reading()
-            self.reading_paused = True
-        if not self.busy:
-            self._next()
+        parser = self.parser
+        m = parser.get_method()
+        method = _METHODS.get(m) or m.decode("latin-1")
+        req = Request(method, path, query, self.headers, body)
+        keep = parser.should_keep_alive()
+        if self.busy or self.pending:
+            self.pending.append((req, keep))
+            if len(self.pending) >= self.limits.max_pipelined and self.transport is not None:
+                self.transport.pause_reading()
+                self.reading_paused = True
+        elif not self.closed:
+            self._take(req, keep)
 
     # -- handling -------------------------------------------------------------------------------
     def _next(self) -> None:
@@ -274,29 +304,38 @@ class Connection(asyncio.Protocol):
         if self.reading_paused and self.transport is not None:
             self.transport.resume_reading()
             self.reading_paused = False
+        self._take(req, keep)
+
+    def _take(self, req: Request, keep: bool) -> None:
+        """Handle ``req``: by the fast handler if it takes it, else by a task."""
         self.busy = True
+        self.req = req
+        self.keep = keep
         fast = self.server.fast
         if fast is not None:
             try:
-                taken = fast(req, partial(self._answer, req, keep))
+                taken = fast(req, self.respond)
             except Exception:
                 log.exception("%s %s: the handler failed", req.method, req.path[:200])
-                self._answer(req, keep, json_response(b'{"error":"internal server error"}', 500))
+                self._answer(json_response(b'{"error":"internal server error"}', 500))
                 return
             if taken:
                 return
-        self.loop.create_task(self._handle(req, keep))
+        self.loop.create_task(self._handle(req))
 
-    async def _handle(self, req: Request, keep: bool) -> None:
+    async def _handle(self, req: Request) -> None:
         try:
             resp = await self.server.handler(req)
         except Exception:
             log.exception("%s %s: the handler failed", req.method, req.path[:200])
             resp = json_response(b'{"error":"internal server error"}', 500)
-        self._answer(req, keep, resp)
+        self._answer(resp)
 
-    def _answer(self, req: Request, keep: bool, resp: Response) -> None:
-        """Write the answer to ``req`` (exactly once per request), then take the next one."""
+    def _answer(self, resp: Response) -> None:
+        """Write the answer to the request being handled (``self.req``: exactly one answer
+        per request), then take the next one."""
+        req = self.req
+        keep = self.keep
         self.busy = False
         if self.closed or self.transport is None:
             if isinstance(resp, StreamResponse):
