@@ -22,6 +22,8 @@ from evenserve.httpio.client.reply import (
 
 #: Status codes (1xx aside) whose answers have no body whatever their Content-Length says.
 _NO_BODY = (b"204", b"304")
+#: What may follow a status code: the reason's space or the line's end.
+_AFTER_CODE = (0x20, 0x0D)
 
 
 class Connection(asyncio.Protocol):
@@ -76,14 +78,16 @@ class Connection(asyncio.Protocol):
                     at > 0
                     and b"200" <= code <= b"599"
                     and code.isdigit()
-                    and data[12:13] in b" \r"
+                    and data[12] in _AFTER_CODE
                     and code not in _NO_BODY
                     and low.count(b"\ncontent-length:") == 1
-                    and b"\ntransfer-encoding:" not in low
-                    and b"\nconnection:" not in low
+                    # find, not ``in``: ``bytes in bytes`` tries the operand as an integer
+                    # first and raises and clears a TypeError each time (CPython 3.11).
+                    and low.find(b"\ntransfer-encoding:") < 0
+                    and low.find(b"\nconnection:") < 0
                     and low.count(b"\n") == low.count(b"\r\n")
-                    and b"\n " not in low
-                    and b"\n\t" not in low
+                    and low.find(b"\n ") < 0
+                    and low.find(b"\n\t") < 0
                 ):
                     value = low[at + 16 : low.find(b"\r", at)].strip()
                     if value.isdigit() and int(value) == len(data) - end:
