@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import TypeVar
@@ -275,14 +276,10 @@ class Dispatcher:
         if ref is not None:
             return refusal_answer(ref, self._retry_after_s)
         values = tuple(map(headers.get, FORWARD_REQUEST_HEADERS))
-        fwd_headers = {"accept-encoding": "identity"}
-        for h, v in zip(FORWARD_REQUEST_HEADERS, values, strict=True):
-            if v is not None:
-                fwd_headers[h] = v
         req = RequestInfo(next(self._ids), model, now)
         if values[3] is not None or values[4] is not None:
             classify(req, values[3], values[4])
-        return Forward(req, path, body, fwd_headers, t0, values)
+        return Forward(req, path, body, t0, values)
 
     def pick(self, fw: Forward) -> str | None:
         """The next backend to try (counted as sent), or None when none is left."""
@@ -292,7 +289,10 @@ class Dispatcher:
         now = fw.req.arrival_s if fw.attempt == 0 else self.clock.now()
         d0 = time.perf_counter()
         name = self.door.choose(fw, now)
-        self._decision.observe(time.perf_counter() - d0)
+        took = time.perf_counter() - d0
+        h = self._decision  # Hist.observe, inlined (one call less per request)
+        h.counts[bisect_left(h.bounds, took)] += 1
+        h.total += took
         if name is None:
             return None
         if fw.attempt > 1:

@@ -147,15 +147,16 @@ class HttpClient:
         idle = self._idle
         while idle:
             c = idle[0]
-            if c.usable() and now - c.idle_since < self.max_idle_s:
-                break
+            if now - c.idle_since < self.max_idle_s:
+                break  # the oldest is not idle too long: none is
             idle.popleft()
             if c.usable():
                 self.retired_idle += 1
             self._drop(c)
         while idle:
             c = idle.pop()
-            if c.usable():
+            t = c.transport
+            if not c.closed and t is not None and not t.is_closing():  # usable(), inlined
                 return c
             self._drop(c)
         return None
@@ -364,8 +365,9 @@ class HttpClient:
 
     def _release(self, conn: Connection) -> None:
         """Back to the pool, or closed when the answer said so."""
-        if conn.reusable and conn.usable():
-            conn.idle_since = self._running_loop().time()  # the loop is known by now
+        loop = self._loop
+        if conn.reusable and conn.usable() and loop is not None:
+            conn.idle_since = loop.time()  # the loop is known by now
             self._idle.append(conn)
             if self._waiters:
                 self._wake()

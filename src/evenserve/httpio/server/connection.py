@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
 from typing import cast
 
@@ -50,6 +51,13 @@ def origin_form(target: bytes) -> bytes:
 #: Request methods as strings, without a decode per request.
 _METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}
 _NO_REQUEST = Request("", "", "", {})
+#: An origin-form request target the parser-free path takes (printable ASCII, no space).
+_TARGET = re.compile(rb"/[!-~]*")
+#: Header lines the parser-free path takes, up to and with the blank line (RFC 9110 5.1,
+#: 5.5: a token, a colon, a value of visible characters, spaces, tabs and obs-text).
+_HEADER_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*\r\n")
+#: Headers that change how a request is framed or answered: the parser's to read.
+_FRAMING = frozenset(("transfer-encoding", "connection", "expect", "upgrade"))
 
 
 class _Refuse(Exception):
@@ -100,6 +108,14 @@ class Connection(asyncio.Protocol):
         #: one again and again: decoded once).
         self.last_url = b""
         self.last_target = ("", "")
+        #: The parser-free path's last request line and header lines, and what they read
+        #: as (None: not for that path): ``data_received``.
+        self.fast_line = b""
+        self.fast_target: tuple[str, str, str] | None = None
+        self.fast_block = b""
+        self.fast_info: tuple[dict[str, str], int] | None = None
+        #: Whether the request being handled was read by the parser (else it is HTTP/1.1).
+        self.by_parser = False
         #: A request is being handled (its answer is due before the next one's).
         self.busy = False
         #: When this connection times out (the loop's clock; 0: not timed). The server's
@@ -158,6 +174,29 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed or self.lingering:
             return  # a refused request's rest is read and dropped (see _refuse)
+        if not self.reading:
+            # A request read whole in one piece (what a keep-alive client's nearly always
+            # is): taken without the parser when its request line and header lines are
+            # ones this connection has read and checked before (``_learn_line``,
+            # ``_learn_block``) and its body is exactly its Content-Length; anything else
+            # is the parser's.
+            end = data.find(b"\r\n\r\n") + 4
+            if 4 < end <= self.max_head:
+                at = data.find(b"\r\n")
+                line = data[:at]
+                target = self.fast_target if line == self.fast_line else self._learn_line(line)
+                block = data[at + 2 : end]
+                info = self.fast_info if block == self.fast_block else self._learn_block(block)
+                if target is not None and info is not None and len(data) - end == info[1]:
+                    self.deadline = 0.0
+                    self.by_parser = False
+                    method, path, query = target
+                    req = Request(method, path, query, info[0].copy(), data[end:])
+                    if self.busy or self.pending:
+                        self._queue(req, True)
+                    else:
+                        self._take(req, True)
+                    return
         n = len(data)
         if n > self.head_left:
             self._over_head(data)
@@ -167,6 +206,57 @@ class Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Refuse) as exc:
             self._parse_failed(exc)
+
+    def _learn_line(self, line: bytes) -> tuple[str, str, str] | None:
+        """A request line the parser-free path takes (``data_received``): a known method, an
+        origin-form target of printable ASCII, HTTP/1.1; as (method, path, query), or None.
+        Remembered: the next request's line is compared with it, not checked again."""
+        self.fast_line = line
+        self.fast_target = None
+        parts = line.split(b" ")
+        if len(parts) != 3 or parts[2] != b"HTTP/1.1" or parts[0] not in _METHODS:
+            return None
+        target = parts[1]
+        if _TARGET.fullmatch(target) is None:
+            return None
+        q = target.find(b"?")
+        raw_path, raw_query = (target, b"") if q < 0 else (target[:q], target[q + 1 :])
+        self.fast_target = (
+            _METHODS[parts[0]],
+            raw_path.decode("latin-1"),
+            raw_query.decode("latin-1"),
+        )
+        return self.fast_target
+
+    def _learn_block(self, block: bytes) -> tuple[dict[str, str], int] | None:
+        """Header lines the parser-free path takes (``data_received``): well-formed lines
+        (a token, a colon, a value of visible characters, spaces and tabs), at most
+        ``max_headers``, none that changes how the request is framed or answered
+        (Transfer-Encoding, Connection, Expect, Upgrade), one Content-Length at most, its
+        body within the limit; as (headers, body length), or None. Remembered as
+        ``_learn_line`` is."""
+        self.fast_block = block
+        self.fast_info = None
+        if _HEADER_LINES.fullmatch(block) is None:
+            return None
+        headers: dict[str, str] = {}
+        lines = block.split(b"\r\n")[:-2]
+        if len(lines) > self.max_headers:
+            return None
+        length = 0
+        for raw in lines:
+            name, _, value = raw.partition(b":")
+            key = name.decode("latin-1").lower()
+            if key in headers or key in _FRAMING:
+                return None  # a repeated header is joined by the parser's path
+            headers[key] = value.strip(b" \t").decode("latin-1")
+        cl = headers.get("content-length")
+        if cl is not None:
+            if not cl.isdigit() or len(cl) > 18 or int(cl) > self.limits.max_body_bytes:
+                return None
+            length = int(cl)
+        self.fast_info = (headers, length)
+        return self.fast_info
 
     def _over_head(self, data: bytes) -> None:
         """A chunk longer than what the head being read may still take: feed the parser what
@@ -288,13 +378,18 @@ class Connection(asyncio.Protocol):
         method = _METHODS.get(m) or m.decode("latin-1")
         req = Request(method, path, query, self.headers, body)
         keep = parser.should_keep_alive()
+        self.by_parser = True
         if self.busy or self.pending:
-            self.pending.append((req, keep))
-            if len(self.pending) >= self.limits.max_pipelined and self.transport is not None:
-                self.transport.pause_reading()
-                self.reading_paused = True
+            self._queue(req, keep)
         elif not self.closed:
             self._take(req, keep)
+
+    def _queue(self, req: Request, keep: bool) -> None:
+        """A request read while another is handled: its turn comes (``_next``)."""
+        self.pending.append((req, keep))
+        if len(self.pending) >= self.limits.max_pipelined and self.transport is not None:
+            self.transport.pause_reading()
+            self.reading_paused = True
 
     # -- handling -------------------------------------------------------------------------------
     def _next(self) -> None:
@@ -380,7 +475,7 @@ class Connection(asyncio.Protocol):
         connection."""
         transport = self.transport
         assert transport is not None
-        chunked = self.parser.get_http_version() != "1.0"
+        chunked = not self.by_parser or self.parser.get_http_version() != "1.0"
         keep = keep and chunked
         transport.write(encode_stream_head(resp.status, resp.headers, chunked, not keep))
         chunks = resp.chunks
