@@ -249,7 +249,7 @@ class Connection(asyncio.Protocol):
             key = name.decode("latin-1").lower()
             if key in headers or key in _FRAMING:
                 return None  # a repeated header is joined by the parser's path
-            headers[key] = value.strip(b" \t").decode("latin-1")
+            headers[key] = value.lstrip(b" \t").decode("latin-1")  # as the parser gives it
         cl = headers.get("content-length")
         if cl is not None:
             if not cl.isdigit() or len(cl) > 18 or int(cl) > self.limits.max_body_bytes:
