@@ -93,22 +93,11 @@ class Answer(Response):
 def relayed_bytes(raw: bytes | None, head: bytes, backend_line: bytes) -> bytes | None:
     """A backend's answer as the bytes to send on, ``backend_line`` (the
     ``x-evenserve-backend`` header line) added at the end of its head; None when it cannot
-    go as it came (not read whole in one piece, its body not framed by Content-Length, a
-    hop-by-hop header): then its headers are read and the answer is written anew. Every
-    other header goes on as the backend sent it, as nginx relays them."""
-    if raw is None or not head.endswith(b"\r\n\r\n"):
-        return None
-    low = head.lower()
-    # find, not ``in``: ``bytes in bytes`` tries the operand as an integer first and raises
-    # and clears a TypeError each time (CPython 3.11), several microseconds per answer.
-    if (
-        low.find(b"\ncontent-length:") < 0
-        or low.find(b"\nconnection:") >= 0
-        or low.find(b"\nkeep-alive:") >= 0
-        or low.find(b"\nproxy-") >= 0
-        or low.find(b"\nupgrade:") >= 0
-        or low.find(b"\ntrailer:") >= 0
-    ):
+    go as it came: then its headers are read and the answer is written anew. The HTTP
+    client keeps an answer whole (``raw``) only when it can (read whole in one piece, its
+    body framed by its one Content-Length, no hop-by-hop header: ``httpio.client.Reply``).
+    Every other header goes on as the backend sent it, as nginx relays them."""
+    if raw is None:
         return None
     n = len(head) - 2
     return b"".join((raw[:n], backend_line, raw[n:]))
