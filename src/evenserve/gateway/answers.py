@@ -2,8 +2,10 @@
 bytes it came in where it can go so, the front door's own refusals written anew.
 
 A backend's answer that came in one read with an exact ``Content-Length`` and no hop-by-hop
-header goes to the client as it is, with ``x-evenserve-backend`` added at the end of its head
-(``relayed_bytes``); any other is written anew from its status, body and the relayed headers
+header (the HTTP client keeps such an answer whole: ``httpio.client.Reply.raw``) goes to the
+client as it is, with ``x-evenserve-backend`` added at the end of its head
+(``Dispatcher.settle``), every other header as the backend sent it, as nginx relays them; any
+other is written anew from its status, body and the relayed headers
 (``RELAY_RESPONSE_HEADERS``). A gRPC try's answer (``GrpcReply``) carries the HTTP status the
 front door's rules judge it by.
 """
@@ -74,7 +76,7 @@ class Answer(Response):
         #: A backend's gRPC answer, relayed as it is (gRPC requests only).
         self.grpc = grpc
         #: A backend's HTTP answer relayed as the bytes it came in, ``x-evenserve-backend``
-        #: added (``relayed_bytes``); ``headers`` is then empty and ``head`` (the backend's
+        #: added (``Dispatcher.settle``); ``headers`` is then empty and ``head`` (the backend's
         #: head) has them. ``raw_head``: where the head of ``raw`` ends.
         self.raw = raw
         self.raw_head = raw_head
@@ -88,19 +90,6 @@ class Answer(Response):
         if self.raw is not None:
             return parse_headers(self.head).get(name)
         return self.headers.get(name)
-
-
-def relayed_bytes(raw: bytes | None, head: bytes, backend_line: bytes) -> bytes | None:
-    """A backend's answer as the bytes to send on, ``backend_line`` (the
-    ``x-evenserve-backend`` header line) added at the end of its head; None when it cannot
-    go as it came: then its headers are read and the answer is written anew. The HTTP
-    client keeps an answer whole (``raw``) only when it can (read whole in one piece, its
-    body framed by its one Content-Length, no hop-by-hop header: ``httpio.client.Reply``).
-    Every other header goes on as the backend sent it, as nginx relays them."""
-    if raw is None:
-        return None
-    n = len(head) - 2
-    return b"".join((raw[:n], backend_line, raw[n:]))
 
 
 def error_answer(

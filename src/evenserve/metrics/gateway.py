@@ -155,6 +155,17 @@ class GatewayMetrics:
             h = hot.latency[label] = Hist(tuple(names.TIME_BUCKETS_S))
         h.observe(seconds)
 
+    def observe_served(self, backend: str, model: str, outcome: str, seconds: float) -> None:
+        """``observe_request`` for a backend's answer to a request admitted for ``model``:
+        the gateway serves that model (admission said so), so its label is its name."""
+        hot = self._hot
+        key = (backend, model, outcome)
+        hot.requests[key] = hot.requests.get(key, 0) + 1
+        h = hot.latency.get(model)
+        if h is None:
+            h = hot.latency[model] = Hist(tuple(names.TIME_BUCKETS_S))
+        h.observe(seconds)
+
     def count_record_drops(self, read: Callable[[], int]) -> None:
         """Export the request log's lost records (``core.requestlog.Recorder.dropped``)."""
         self.registry.register(

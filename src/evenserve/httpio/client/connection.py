@@ -96,15 +96,19 @@ class Connection(asyncio.Protocol):
                         head = data[:end]
                         self.reusable = True
                         keep = self.keep
-                        self._deliver(
-                            (
-                                int(code),
-                                parse_headers(head, keep) if keep else {},
-                                data[end:],
-                                head,
-                                data,
-                            )
+                        result = (
+                            int(code),
+                            parse_headers(head, keep) if keep else {},
+                            data[end:],
+                            head,
+                            data,
                         )
+                        cb = self.cb
+                        if cb is not None and self.fut is None:  # _deliver, inlined
+                            self.cb = None
+                            cb(result, None)
+                        else:
+                            self._deliver(result)
                         return
         self.reads += 1
         if self.in_head:

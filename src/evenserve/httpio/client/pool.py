@@ -284,10 +284,12 @@ class HttpClient:
         result: Result | None,
         exc: BaseException | None,
     ) -> None:
-        self._answered(conn)
+        if conn.overdue:  # _answered, inlined
+            self.late_deadlines += 1
+        conn.deadline = 0.0
         if result is not None:
             self._release(conn)
-            callback(_reply(result, 0), None)
+            callback(Reply(result[0], result[1], result[2], 0, result[3], result[4]), None)
             return
         self._drop(conn)
         if isinstance(exc, ConnectionLost) and not conn.got_bytes:
