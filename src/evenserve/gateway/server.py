@@ -264,7 +264,7 @@ class Gateway:
         without a task; everything else goes to ``__call__``."""
         if request.method != "POST" or not self.dispatcher.fast:
             return False
-        route = self._infer_route(request.path)
+        route = self._infer_routes.get(request.path) or self._infer_route(request.path)
         if route is None:
             return False
         model, path = route

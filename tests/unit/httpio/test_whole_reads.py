@@ -200,6 +200,8 @@ ANSWERS = [
     b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n",
     b"HTTP/1.1 200 OK\r\nx-a: 1\r\n folded\r\ncontent-length: 2\r\n\r\nok",
     b"HTTP/1.1 200 OK\ncontent-length: 2\n\nok",
+    b"HTTP/1.1 200 OK\ncontent-length: 6\n\nab\r\n\r\n",  # a bare-LF head, CRLFs in the body
+    b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok",
 ]
 
 

@@ -87,9 +87,12 @@ class Connection(asyncio.Protocol):
                     and code.isdigit()
                     and data[12] in _AFTER_CODE
                     and code not in _NO_BODY
-                    and low.count(b"\ncontent-length:") == 1
+                    and low.find(b"\ncontent-length:", at + 1) < 0  # one Content-Length
                     and _NOT_PLAIN(low) is None
-                    and low.count(b"\n") == low.count(b"\r\n")
+                    # The head ends where it was found: no blank line before it, CRLF or not
+                    # (a lenient parser ends a head at a bare-LF blank line too).
+                    and low.find(b"\n\n") < 0
+                    and low.find(b"\n\r\n") == end - 3
                 ):
                     value = low[at + 16 : low.find(b"\r", at)].strip()
                     if value.isdigit() and int(value) == len(data) - end:

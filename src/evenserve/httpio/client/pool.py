@@ -269,7 +269,17 @@ class HttpClient:
             return False
         deadline = now + (self.timeout_s if timeout_s is None else timeout_s)
         conn.cb = partial(self._cb_done, conn, head, body, deadline, callback)
-        conn._write(head, body, deadline)
+        conn.deadline = deadline  # conn._write, inlined
+        conn.overdue = False
+        conn.got_bytes = False
+        t = conn.transport
+        assert t is not None
+        if not body:
+            t.write(head)
+        elif len(body) < 65536:
+            t.write(head + body)
+        else:
+            t.writelines((head, body))
         if self._sweeper is None:
             self._sweeping()
         return True
