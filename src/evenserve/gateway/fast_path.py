@@ -35,6 +35,10 @@ class Steps(Protocol):
     registry: BackendRegistry
     forwarder: Forwarder
 
+    @property
+    def placement(self) -> object | None:
+        """The placement driver, None without placement (then no miss path)."""
+
     def admit(
         self, model: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Answer | Forward: ...
