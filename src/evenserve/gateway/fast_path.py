@@ -152,11 +152,12 @@ class FastPath:
     ) -> None:
         d = self.d
         d.done(name, fw.model, reply)
-        if error is not None and not isinstance(error, ForwardError):
+        if error is None:
+            ans = d.settle(fw, name, reply, None)
+        elif isinstance(error, ForwardError):
+            ans = d.settle(fw, name, reply, PooledForwarder.sorted_error(error))
+        else:
             raise error  # not a forwarding failure: a bug, not an outcome
-        if error is not None:
-            error = PooledForwarder.sorted_error(error)
-        ans = d.settle(fw, name, reply, error)
         if ans is None:
             self._next_try(fw)
         else:

@@ -128,6 +128,9 @@ class Gateway:
         #: the backends (``gateway.params_api``).
         self.params = GatewayParams(self.registry, self.admin, self.admin_token)
         self.dispatcher = Dispatcher(self.registry, cfg, self.clock, self.metrics)
+        #: Whether inference goes by the dispatcher's fast path (``Dispatcher.fast``; read
+        #: once per request, so a property's call is not made per request).
+        self._fast_forward = self.dispatcher.fast
         #: The LLM router of OpenAI requests of LLM models (``gateway.llm_router``).
         self.llm = LlmGateway(cfg, self.clock, self.registry.is_healthy)
         self.metrics.registry.register(self.llm.collector())
@@ -262,7 +265,7 @@ class Gateway:
     def fast(self, request: Request, respond: Callable[[Response], None]) -> bool:
         """The server's fast path (``httpio.server.FastHandler``): inference is forwarded
         without a task; everything else goes to ``__call__``."""
-        if request.method != "POST" or not self.dispatcher.fast:
+        if request.method != "POST" or not self._fast_forward:
             return False
         route = self._infer_routes.get(request.path) or self._infer_route(request.path)
         if route is None:
