@@ -9,6 +9,7 @@ the cluster file: a request for a model no backend hosts is counted under
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Collection, Container, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -164,7 +165,8 @@ class GatewayMetrics:
         h = hot.latency.get(model)
         if h is None:
             h = hot.latency[model] = Hist(tuple(names.TIME_BUCKETS_S))
-        h.observe(seconds)
+        h.counts[bisect_left(h.bounds, seconds)] += 1  # Hist.observe, inlined
+        h.total += seconds
 
     def count_record_drops(self, read: Callable[[], int]) -> None:
         """Export the request log's lost records (``core.requestlog.Recorder.dropped``)."""

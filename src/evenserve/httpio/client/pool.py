@@ -378,7 +378,9 @@ class HttpClient:
     def _release(self, conn: Connection) -> None:
         """Back to the pool, or closed when the answer said so."""
         loop = self._loop
-        if conn.reusable and conn.usable() and loop is not None:
+        t = conn.transport
+        usable = not conn.closed and t is not None and not t.is_closing()  # usable(), inlined
+        if conn.reusable and usable and loop is not None:
             conn.idle_since = loop.time()  # the loop is known by now
             self._idle.append(conn)
             if self._waiters:
