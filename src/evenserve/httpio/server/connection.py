@@ -430,20 +430,20 @@ class Connection(asyncio.Protocol):
         """Write the answer to the request being handled (``self.req``: exactly one answer
         per request), then take the next one."""
         req = self.req
-        keep = self.keep
         self.busy = False
-        if self.closed or self.transport is None:
+        transport = self.transport
+        if self.closed or transport is None:
             if isinstance(resp, StreamResponse):
                 self._discard(resp)
             return  # the client went away; nothing to answer
-        keep = keep and not self.stopping
+        keep = self.keep and not self.stopping
         raw = resp.raw
         if raw is not None:
             n = resp.raw_head
             if not keep:
                 raw = b"".join((raw[: n - 2], b"connection: close\r\n", raw[n - 2 :]))
                 n += 19
-            self.transport.write(raw[:n] if req.method == "HEAD" else raw)
+            transport.write(raw if req.method != "HEAD" else raw[:n])
         elif resp.raw_head < 0:  # a StreamResponse (a slot read: no call on this path)
             assert isinstance(resp, StreamResponse)
             self.busy = True  # until its last piece is written (_stream)
@@ -453,9 +453,9 @@ class Connection(asyncio.Protocol):
             body = b"" if req.method == "HEAD" else resp.body
             head = encode_head(resp.status, resp.headers, len(resp.body), not keep)
             if len(body) < 65536:
-                self.transport.write(head + body)
+                transport.write(head + body)
             else:
-                self.transport.writelines((head, body))
+                transport.writelines((head, body))
         if not keep:
             self._close()
         elif self.pending:
