@@ -90,8 +90,9 @@ def _status(out: bytes) -> bytes:
     return out[out.rfind(b"HTTP/1.1 ") :][9:12]
 
 
-TAKEN_WHOLE = 5
+TAKEN_WHOLE = 6
 REQUESTS = [
+    b"POST /p HTTP/1.1\r\nConnection: Keep-Alive\r\ncontent-length: 1\r\n\r\nx",
     b"POST /v2/models/m/infer HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\n"
     b"content-length: 4\r\n\r\nbody",
     b"GET /a?b=1&c HTTP/1.1\r\nX-Thing:   spaced value \t\r\n\r\n",

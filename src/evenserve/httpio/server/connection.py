@@ -232,7 +232,8 @@ class Connection(asyncio.Protocol):
         """Header lines the parser-free path takes (``data_received``): well-formed lines
         (a token, a colon, a value of visible characters, spaces and tabs), at most
         ``max_headers``, none that changes how the request is framed or answered
-        (Transfer-Encoding, Connection, Expect, Upgrade), one Content-Length at most, its
+        (Transfer-Encoding, Connection other than ``keep-alive``, which HTTP/1.1 implies,
+        Expect, Upgrade), one Content-Length at most, its
         body within the limit; as (headers, body length), or None. Remembered as
         ``_learn_line`` is."""
         self.fast_block = block
@@ -247,9 +248,12 @@ class Connection(asyncio.Protocol):
         for raw in lines:
             name, _, value = raw.partition(b":")
             key = name.decode("latin-1").lower()
-            if key in headers or key in _FRAMING:
+            v = value.lstrip(b" \t").decode("latin-1")  # as the parser gives it
+            if key in headers:
                 return None  # a repeated header is joined by the parser's path
-            headers[key] = value.lstrip(b" \t").decode("latin-1")  # as the parser gives it
+            if key in _FRAMING and (key != "connection" or v.lower() != "keep-alive"):
+                return None
+            headers[key] = v
         cl = headers.get("content-length")
         if cl is not None:
             if not cl.isdigit() or len(cl) > 18 or int(cl) > self.limits.max_body_bytes:
