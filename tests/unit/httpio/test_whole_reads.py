@@ -54,7 +54,7 @@ class Sink(asyncio.Transport):
         return default
 
 
-async def _serve(chunks: list[bytes]) -> tuple[list[Request], bytes]:
+async def _serve(chunks: list[bytes], max_header_bytes: int = 4096) -> tuple[list[Request], bytes]:
     """Feed ``chunks`` to one server connection: the requests its fast handler got (each
     answered at once) and what it wrote. ``_serve.parsed``: whether the parser read the
     last request."""
@@ -68,7 +68,7 @@ async def _serve(chunks: list[bytes]) -> tuple[list[Request], bytes]:
     async def handler(req: Request) -> Response:
         raise AssertionError("the fast handler takes every request")
 
-    srv = HttpServer(handler, Limits(max_header_bytes=4096, max_headers=8), None, fast)
+    srv = HttpServer(handler, Limits(max_header_bytes=max_header_bytes, max_headers=8), None, fast)
     srv._loop = asyncio.get_running_loop()
     conn = ServerConnection(srv)
     sink = Sink()
@@ -130,6 +130,14 @@ async def test_the_same_lines_again_are_read_once_and_each_request_gets_its_own_
     assert all(r.headers == {"x-thing": "1", "content-length": "2"} for r in got)
     got[0].headers["x-thing"] = "changed"
     assert got[1].headers["x-thing"] == "1"  # not one dict shared by the requests
+
+
+async def test_long_header_lines_are_not_remembered_and_take_the_parser() -> None:
+    pad = b"x-pad: " + b"p" * 3000 + b"\r\n"
+    msg = b"GET / HTTP/1.1\r\n" + pad * 3 + b"\r\n"  # 9 kB: over what is remembered
+    got, out = await _serve([msg, msg], max_header_bytes=16384)
+    assert _serve.parsed  # type: ignore[attr-defined]
+    assert len(got) == 2 and _status(out) == b"200"
 
 
 BAD = [

@@ -48,6 +48,10 @@ def origin_form(target: bytes) -> bytes:
     return path if path.startswith(b"/") else b"/" + path
 
 
+#: A request line or header lines longer than this are not remembered by a connection (the
+#: parser-free path and the parser's path's memo: ``data_received``, ``on_headers_complete``),
+#: so what an idle keep-alive connection keeps stays small; such requests take the parser.
+MEMO_MAX_BYTES = 8192
 #: Request methods as strings, without a decode per request.
 _METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}
 _NO_REQUEST = Request("", "", "", {})
@@ -213,6 +217,9 @@ class Connection(asyncio.Protocol):
         Remembered: the next request's line is compared with it, not checked again."""
         self.fast_line = line
         self.fast_target = None
+        if len(line) > MEMO_MAX_BYTES:
+            self.fast_line = b""  # not kept: what an idle connection keeps stays small
+            return None
         parts = line.split(b" ")
         if len(parts) != 3 or parts[2] != b"HTTP/1.1" or parts[0] not in _METHODS:
             return None
@@ -238,6 +245,9 @@ class Connection(asyncio.Protocol):
         ``_learn_line`` is."""
         self.fast_block = block
         self.fast_info = None
+        if len(block) > MEMO_MAX_BYTES:
+            self.fast_block = b""  # not kept: what an idle connection keeps stays small
+            return None
         if _HEADER_LINES.fullmatch(block) is None:
             return None
         headers: dict[str, str] = {}
@@ -332,7 +342,8 @@ class Connection(asyncio.Protocol):
         raw = self.raw_headers
         # The head's bytes as counted before: the request target and each header line (a
         # pipelined head's first part, read with the request before it, is counted here).
-        if len(self.url) + sum(map(len, raw)) + 2 * len(raw) > self.max_head:
+        lines = sum(map(len, raw)) + 2 * len(raw)
+        if len(self.url) + lines > self.max_head:
             raise _Refuse(431, f"request head over the limit of {self.max_head} bytes")
         if raw == self.last_raw:
             # A client sends the same header lines request after request: read once.
@@ -343,8 +354,9 @@ class Connection(asyncio.Protocol):
                 key = raw[i].decode("latin-1").lower()
                 value = raw[i + 1].decode("latin-1")
                 headers[key] = f"{headers[key]}, {value}" if key in headers else value
-            self.last_raw = raw
-            self.last_headers = headers.copy()
+            if lines <= MEMO_MAX_BYTES:  # what an idle connection keeps stays small
+                self.last_raw = raw
+                self.last_headers = headers.copy()
         if self.parser.should_upgrade():
             raise _Refuse(501, "protocol upgrades are not supported")
         cl = headers.get("content-length")
