@@ -2,8 +2,10 @@
 bytes it came in where it can go so, the front door's own refusals written anew.
 
 A backend's answer that came in one read with an exact ``Content-Length`` and no hop-by-hop
-header goes to the client as it is, with ``x-evenserve-backend`` added at the end of its head
-(``relayed_bytes``); any other is written anew from its status, body and the relayed headers
+header (the HTTP client keeps such an answer whole: ``httpio.client.Reply.raw``) goes to the
+client as it is, with ``x-evenserve-backend`` added at the end of its head
+(``Dispatcher.settle``), every other header as the backend sent it, as nginx relays them; any
+other is written anew from its status, body and the relayed headers
 (``RELAY_RESPONSE_HEADERS``). A gRPC try's answer (``GrpcReply``) carries the HTTP status the
 front door's rules judge it by.
 """
@@ -17,6 +19,7 @@ from typing import Any
 
 from evenserve.core import wire
 from evenserve.httpio.client import parse_headers
+from evenserve.httpio.server.messages import Response
 from evenserve.policy.routing.dispatch import Refusal
 
 #: Response headers relayed to the client.
@@ -45,53 +48,48 @@ class GrpcReply:
     response: Any = None
 
 
-@dataclass(slots=True)
-class Answer:
-    """What the gateway sends back: exactly one per request."""
+class Answer(Response):
+    """What the gateway sends back: exactly one per request. It is the HTTP server's
+    ``Response`` as well (status, body, headers, ``raw``, ``raw_head``), so the fast path
+    hands it to the server as it is."""
 
-    status: int
-    body: bytes
+    __slots__ = ("backend", "grpc", "head", "outcome")
     headers: dict[str, str]
-    backend: str | None
-    outcome: str
-    #: A backend's gRPC answer, relayed as it is (gRPC requests only).
-    grpc: GrpcReply | None = None
-    #: A backend's HTTP answer relayed as the bytes it came in, ``x-evenserve-backend``
-    #: added (``relayed_bytes``); ``headers`` is then empty and ``head`` (the backend's
-    #: head) has them.
-    raw: bytes | None = None
-    #: Where the head of ``raw`` ends.
-    raw_head: int = 0
-    head: bytes = b""
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes,
+        headers: dict[str, str],
+        backend: str | None,
+        outcome: str,
+        grpc: GrpcReply | None = None,
+        raw: bytes | None = None,
+        raw_head: int = 0,
+        head: bytes = b"",
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.headers = headers
+        self.backend = backend
+        self.outcome = outcome
+        #: A backend's gRPC answer, relayed as it is (gRPC requests only).
+        self.grpc = grpc
+        #: A backend's HTTP answer relayed as the bytes it came in, ``x-evenserve-backend``
+        #: added (``Dispatcher.settle``); ``headers`` is then empty and ``head`` (the backend's
+        #: head) has them. ``raw_head``: where the head of ``raw`` ends.
+        self.raw = raw
+        self.raw_head = raw_head
+        self.head = head
+
+    def __repr__(self) -> str:
+        return f"Answer({self.status}, backend={self.backend!r}, outcome={self.outcome!r})"
 
     def header(self, name: str) -> str | None:
         """A response header (lower-case name) whichever way the answer goes out."""
         if self.raw is not None:
             return parse_headers(self.head).get(name)
         return self.headers.get(name)
-
-
-#: Headers that concern one connection, not the answer (RFC 9110 7.6.1): an answer that has
-#: one is not relayed as its bytes.
-_HOP_BY_HOP = (b"\nconnection:", b"\nkeep-alive:", b"\nproxy-", b"\nupgrade:", b"\ntrailer:")
-
-
-def relayed_bytes(raw: bytes | None, head: bytes, backend_line: bytes) -> bytes | None:
-    """A backend's answer as the bytes to send on, ``backend_line`` (the
-    ``x-evenserve-backend`` header line) added at the end of its head; None when it cannot
-    go as it came (not read whole in one piece, its body not framed by Content-Length, a
-    hop-by-hop header): then its headers are read and the answer is written anew. Every
-    other header goes on as the backend sent it, as nginx relays them."""
-    if raw is None or not head.endswith(b"\r\n\r\n"):
-        return None
-    low = head.lower()
-    if b"\ncontent-length:" not in low:
-        return None
-    for h in _HOP_BY_HOP:
-        if h in low:
-            return None
-    n = len(head) - 2
-    return b"".join((raw[:n], backend_line, raw[n:]))
 
 
 def error_answer(

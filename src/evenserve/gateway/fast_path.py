@@ -35,6 +35,10 @@ class Steps(Protocol):
     registry: BackendRegistry
     forwarder: Forwarder
 
+    @property
+    def placement(self) -> object | None:
+        """The placement driver, None without placement (then no miss path)."""
+
     def admit(
         self, model: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Answer | Forward: ...
@@ -61,9 +65,10 @@ class FastPath:
 
     def __init__(self, dispatcher: Steps) -> None:
         self.d = dispatcher
-        #: Forwarded request heads up to their Content-Length, by backend, path and forwarded
-        #: headers (a client sends few kinds of request): made once, not per request.
-        self._heads: dict[tuple[str, str, tuple[str | None, ...]], bytes] = {}
+        #: Each backend's client and the forwarded request head up to its Content-Length, by
+        #: backend, path and forwarded headers (a client sends few kinds of request): made
+        #: once, not per request.
+        self._heads: dict[tuple[str, str, tuple[str | None, ...]], tuple[HttpClient, bytes]] = {}
         #: Each backend's pooled HTTP client.
         self._clients: dict[str, HttpClient] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -94,7 +99,7 @@ class FastPath:
             answer(d.finish(model, fw, time.perf_counter()))
             return
         fw.answer = answer
-        if d.missing(model):
+        if d.placement is not None and d.missing(model):
             task = asyncio.get_running_loop().create_task(self._miss_then_try(fw))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -108,18 +113,19 @@ class FastPath:
         if name is None:
             fw.answer(d.finish(fw.model, d.exhausted(fw), fw.t0))
             return
-        client = self._clients.get(name)
-        if client is None:
-            fwd = d.forwarder
-            assert isinstance(fwd, PooledForwarder)
-            client = self._clients[name] = fwd.client(d.registry.url(name))
         key = (name, fw.path, fw.head_key)
-        prefix = self._heads.get(key)
-        if prefix is None:
+        known = self._heads.get(key)
+        if known is None:
+            client = self._clients.get(name)
+            if client is None:
+                fwd = d.forwarder
+                assert isinstance(fwd, PooledForwarder)
+                client = self._clients[name] = fwd.client(d.registry.url(name))
             prefix = client.head("POST", fw.path, fw.headers, 0)[: -len(_LENGTH_ZERO)]
             if len(self._heads) >= FORWARD_HEADS:
                 self._heads.clear()
-            self._heads[key] = prefix
+            known = self._heads[key] = (client, prefix)
+        client, prefix = known
         head = b"%scontent-length: %d\r\n\r\n" % (prefix, len(fw.body))
         if not client.send_cb(head, fw.body, partial(self._tried, fw, name)):
             task = asyncio.get_running_loop().create_task(self._try_async(fw, name))
@@ -146,11 +152,12 @@ class FastPath:
     ) -> None:
         d = self.d
         d.done(name, fw.model, reply)
-        if error is not None and not isinstance(error, ForwardError):
+        if error is None:
+            ans = d.settle(fw, name, reply, None)
+        elif isinstance(error, ForwardError):
+            ans = d.settle(fw, name, reply, PooledForwarder.sorted_error(error))
+        else:
             raise error  # not a forwarding failure: a bug, not an outcome
-        if error is not None:
-            error = PooledForwarder.sorted_error(error)
-        ans = d.settle(fw, name, reply, error)
         if ans is None:
             self._next_try(fw)
         else:

@@ -25,14 +25,13 @@ class Forward(Tries):
     """One inference request on its way through the gateway: the rules' ``Tries`` and what
     the drivers need to forward it and answer."""
 
-    __slots__ = ("answer", "body", "head_key", "headers", "model", "path", "relayed", "t0")
+    __slots__ = ("_headers", "answer", "body", "head_key", "model", "path", "relayed", "t0")
 
     def __init__(
         self,
         req: RequestInfo,
         path: str,
         body: bytes,
-        headers: dict[str, str],
         t0: float,
         head_key: tuple[str | None, ...],
     ) -> None:
@@ -44,13 +43,25 @@ class Forward(Tries):
         self.model = req.model
         self.path = path
         self.body = body
-        self.headers = headers
         self.t0 = t0
         #: The forwarded headers' values (FORWARD_REQUEST_HEADERS' order): a key of its head.
         self.head_key = head_key
+        self._headers: dict[str, str] | None = None
         #: The kept refusal (``FrontDoor.judge``), relayed when no try is left.
         self.relayed: Answer | None = None
         self.answer: Callable[[Answer], None] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers to forward (made when first asked for: the fast path's heads are
+        made once per kind of request, not per request)."""
+        h = self._headers
+        if h is None:
+            h = self._headers = {"accept-encoding": "identity"}
+            for name, v in zip(FORWARD_REQUEST_HEADERS, self.head_key, strict=True):
+                if v is not None:
+                    h[name] = v
+        return h
 
 
 def classify(req: RequestInfo, priority: str | None, deadline_ms: str | None) -> None:

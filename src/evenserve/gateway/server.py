@@ -63,10 +63,6 @@ log = logging.getLogger("evenserve.gateway")
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def _answer(ans: Answer) -> Response:
-    return Response(ans.status, ans.body, ans.headers, ans.raw, ans.raw_head)
-
-
 def _error(status: int, message: str) -> Response:
     return json_response(json.dumps({"error": message}).encode(), status)
 
@@ -132,6 +128,9 @@ class Gateway:
         #: the backends (``gateway.params_api``).
         self.params = GatewayParams(self.registry, self.admin, self.admin_token)
         self.dispatcher = Dispatcher(self.registry, cfg, self.clock, self.metrics)
+        #: Whether inference goes by the dispatcher's fast path (``Dispatcher.fast``; read
+        #: once per request, so a property's call is not made per request).
+        self._fast_forward = self.dispatcher.fast
         #: The LLM router of OpenAI requests of LLM models (``gateway.llm_router``).
         self.llm = LlmGateway(cfg, self.clock, self.registry.is_healthy)
         self.metrics.registry.register(self.llm.collector())
@@ -266,23 +265,22 @@ class Gateway:
     def fast(self, request: Request, respond: Callable[[Response], None]) -> bool:
         """The server's fast path (``httpio.server.FastHandler``): inference is forwarded
         without a task; everything else goes to ``__call__``."""
-        if request.method != "POST" or not self.dispatcher.fast:
+        if request.method != "POST" or not self._fast_forward:
             return False
-        route = self._infer_route(request.path)
+        route = self._infer_routes.get(request.path) or self._infer_route(request.path)
         if route is None:
             return False
         model, path = route
         rec = self.recorder
         if rec is None:
-            self.dispatcher.infer_fast(
-                model, path, request.body, request.headers, lambda a: respond(_answer(a))
-            )
+            # An Answer is the server's Response: handed over as it is.
+            self.dispatcher.infer_fast(model, path, request.body, request.headers, respond)
             return True
         t_s, unix_s, h = rec.clock.now(), time.time(), request.headers
 
         def answered(a: Answer) -> None:
             record_answer(rec, t_s, unix_s, model, h, a)
-            respond(_answer(a))
+            respond(a)
 
         self.dispatcher.infer_fast(model, path, request.body, h, answered)
         return True
@@ -326,13 +324,13 @@ class Gateway:
                     ans = await self.dispatcher.infer(
                         model, found.path(), request.body, request.headers
                     )
-                    return _answer(ans)
+                    return ans
                 t_s, unix_s = rec.clock.now(), time.time()
                 ans = await self.dispatcher.infer(
                     model, found.path(), request.body, request.headers
                 )
                 record_answer(rec, t_s, unix_s, model, request.headers, ans)
-                return _answer(ans)
+                return ans
             if method != "GET":
                 return _error(405, f"{path[:200]!r} takes GET")
             if suffix == "ready" and found.version is None:
@@ -340,7 +338,7 @@ class Gateway:
             if suffix == "stats":
                 return await self.model_stats(model, found.path())
             # A version is the backends' to judge (the gateway does not know them).
-            return _answer(await self.dispatcher.passthrough(model, "GET", found.path(), b""))
+            return await self.dispatcher.passthrough(model, "GET", found.path(), b"")
         endpoint = self._exact.get((method, path))
         if endpoint is not None:
             return await endpoint(request)

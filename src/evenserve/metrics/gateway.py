@@ -9,6 +9,7 @@ the cluster file: a request for a model no backend hosts is counted under
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Collection, Container, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -154,6 +155,18 @@ class GatewayMetrics:
         if h is None:
             h = hot.latency[label] = Hist(tuple(names.TIME_BUCKETS_S))
         h.observe(seconds)
+
+    def observe_served(self, backend: str, model: str, outcome: str, seconds: float) -> None:
+        """``observe_request`` for a backend's answer to a request admitted for ``model``:
+        the gateway serves that model (admission said so), so its label is its name."""
+        hot = self._hot
+        key = (backend, model, outcome)
+        hot.requests[key] = hot.requests.get(key, 0) + 1
+        h = hot.latency.get(model)
+        if h is None:
+            h = hot.latency[model] = Hist(tuple(names.TIME_BUCKETS_S))
+        h.counts[bisect_left(h.bounds, seconds)] += 1  # Hist.observe, inlined
+        h.total += seconds
 
     def count_record_drops(self, read: Callable[[], int]) -> None:
         """Export the request log's lost records (``core.requestlog.Recorder.dropped``)."""

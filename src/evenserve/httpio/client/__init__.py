@@ -19,7 +19,8 @@ busy to read it is read first: the caller's own lag never reads as the server's.
 
 Answers are parsed by httptools without a callback per header: the head arrives as bytes
 (``Reply.head``), and only the headers asked for (``keep_headers``) are read out of it. An
-answer that came in one read with a ``Content-Length`` body is also kept whole
+answer that came in one read with a ``Content-Length`` body and no hop-by-hop header (what a
+backend's answer nearly always is) is read without the parser's callbacks and kept whole
 (``Reply.raw``), so a proxy can relay it without building it again (the gateway does).
 
 Keep-alive without losing requests. A server closes a connection that has been idle for its

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import Callable
 from typing import cast
 
@@ -19,6 +20,17 @@ from evenserve.httpio.client.reply import (
     head_end,
     parse_headers,
 )
+
+#: Status codes (1xx aside) whose answers have no body whatever their Content-Length says.
+_NO_BODY = (b"204", b"304")
+#: What may follow a status code: the reason's space or the line's end.
+_AFTER_CODE = (0x20, 0x0D)
+#: In a lower-cased head: a header that concerns one connection, not the answer (RFC 9110
+#: 7.6.1), Transfer-Encoding, or a folded line (one search: a regular expression's, cheaper
+#: than a ``find`` per name, whose arguments CPython 3.11 parses by format string).
+_NOT_PLAIN = re.compile(
+    rb"\n(?:transfer-encoding:|connection:|keep-alive:|proxy-|upgrade:|trailer:|[ \t])"
+).search
 
 
 class Connection(asyncio.Protocol):
@@ -37,9 +49,8 @@ class Connection(asyncio.Protocol):
         self.head_parts: list[bytes] = []
         self.head = b""
         self.in_head = True
-        #: Reads of the current answer so far, and the first one.
+        #: Reads of the current answer so far (by the parser).
         self.reads = 0
-        self.first = b""
         self.body: list[bytes] = []
         self.closed = False
         self.reusable = True
@@ -59,9 +70,50 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        if not self.reads and self.in_head and data.startswith(b"HTTP/1.1 "):
+            # An answer read whole in one piece, its body framed by its Content-Length, no
+            # hop-by-hop header (what a backend's answer nearly always is): taken without
+            # the parser's callbacks, and kept whole as ``raw`` (a proxy relays it as it
+            # is). Anything else (partial, chunked, 1xx, no body by its status, a hop-by-hop
+            # header, folded or bare-LF lines) is the parser's, and has no ``raw``.
+            end = data.find(b"\r\n\r\n") + 4
+            if end > 4:
+                low = data[:end].lower()
+                at = low.find(b"\ncontent-length:")
+                code = data[9:12]
+                if (
+                    at > 0
+                    and b"200" <= code <= b"599"
+                    and code.isdigit()
+                    and data[12] in _AFTER_CODE
+                    and code not in _NO_BODY
+                    and low.find(b"\ncontent-length:", at + 1) < 0  # one Content-Length
+                    and _NOT_PLAIN(low) is None
+                    # The head ends where it was found: no blank line before it, CRLF or not
+                    # (a lenient parser ends a head at a bare-LF blank line too).
+                    and low.find(b"\n\n") < 0
+                    and low.find(b"\n\r\n") == end - 3
+                ):
+                    value = low[at + 16 : low.find(b"\r", at)].strip()
+                    if value.isdigit() and int(value) == len(data) - end:
+                        head = data[:end]
+                        self.reusable = True
+                        keep = self.keep
+                        result = (
+                            int(code),
+                            parse_headers(head, keep) if keep else {},
+                            data[end:],
+                            head,
+                            data,
+                        )
+                        cb = self.cb
+                        if cb is not None and self.fut is None:  # _deliver, inlined
+                            self.cb = None
+                            cb(result, None)
+                        else:
+                            self._deliver(result)
+                        return
         self.reads += 1
-        if self.reads == 1:
-            self.first = data
         if self.in_head:
             self.head_parts.append(data)
         try:
@@ -104,13 +156,12 @@ class Connection(asyncio.Protocol):
             return
         self.reusable = self.parser.should_keep_alive()
         body = parts[0] if len(parts) == 1 else b"".join(parts)
-        raw = None
-        if self.reads == 1 and len(self.first) == len(head) + len(body):
-            raw = self.first  # one read, the body framed by its length: relayable as it is
         self.reads = 0
-        self.first = b""
         headers = parse_headers(head, self.keep) if self.keep else {}
-        result = (status, headers, body, head, raw)
+        self._deliver((status, headers, body, head, None))
+
+    def _deliver(self, result: Result) -> None:
+        """The answer to whoever waits for it (the future or the callback)."""
         fut = self.fut
         self.fut = None
         if fut is not None and not fut.done():

@@ -147,15 +147,16 @@ class HttpClient:
         idle = self._idle
         while idle:
             c = idle[0]
-            if c.usable() and now - c.idle_since < self.max_idle_s:
-                break
+            if now - c.idle_since < self.max_idle_s:
+                break  # the oldest is not idle too long: none is
             idle.popleft()
             if c.usable():
                 self.retired_idle += 1
             self._drop(c)
         while idle:
             c = idle.pop()
-            if c.usable():
+            t = c.transport
+            if not c.closed and t is not None and not t.is_closing():  # usable(), inlined
                 return c
             self._drop(c)
         return None
@@ -268,7 +269,17 @@ class HttpClient:
             return False
         deadline = now + (self.timeout_s if timeout_s is None else timeout_s)
         conn.cb = partial(self._cb_done, conn, head, body, deadline, callback)
-        conn._write(head, body, deadline)
+        conn.deadline = deadline  # conn._write, inlined
+        conn.overdue = False
+        conn.got_bytes = False
+        t = conn.transport
+        assert t is not None
+        if not body:
+            t.write(head)
+        elif len(body) < 65536:
+            t.write(head + body)
+        else:
+            t.writelines((head, body))
         if self._sweeper is None:
             self._sweeping()
         return True
@@ -283,10 +294,12 @@ class HttpClient:
         result: Result | None,
         exc: BaseException | None,
     ) -> None:
-        self._answered(conn)
+        if conn.overdue:  # _answered, inlined
+            self.late_deadlines += 1
+        conn.deadline = 0.0
         if result is not None:
             self._release(conn)
-            callback(_reply(result, 0), None)
+            callback(Reply(result[0], result[1], result[2], 0, result[3], result[4]), None)
             return
         self._drop(conn)
         if isinstance(exc, ConnectionLost) and not conn.got_bytes:
@@ -364,8 +377,11 @@ class HttpClient:
 
     def _release(self, conn: Connection) -> None:
         """Back to the pool, or closed when the answer said so."""
-        if conn.reusable and conn.usable():
-            conn.idle_since = self._running_loop().time()  # the loop is known by now
+        loop = self._loop
+        t = conn.transport
+        usable = not conn.closed and t is not None and not t.is_closing()  # usable(), inlined
+        if conn.reusable and usable and loop is not None:
+            conn.idle_since = loop.time()  # the loop is known by now
             self._idle.append(conn)
             if self._waiters:
                 self._wake()

@@ -34,8 +34,9 @@ class Reply(NamedTuple):
     """One answer: status, the response headers asked for (lower-case names), the body,
     ``resent``: 1 when the request was sent again on a fresh connection (see ``send``), the
     head as received (status line and headers, up to and with the blank line), and ``raw``:
-    the whole answer as received when it came in one read and its body is exactly
-    ``Content-Length`` bytes (else None)."""
+    the whole answer as received when it came in one read, its head's lines end in CRLF, its
+    body is exactly its one ``Content-Length`` and it has no hop-by-hop header (RFC 9110
+    7.6.1) nor Transfer-Encoding (else None): an answer a proxy may relay as it is."""
 
     status: int
     headers: dict[str, str]

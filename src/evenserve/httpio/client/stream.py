@@ -226,7 +226,6 @@ class StreamReply:
         conn.in_head = True
         conn.head_parts = []
         conn.reads = 0
-        conn.first = b""
         conn.cb = None
         conn.deadline = 0.0
         if self._paused and not conn.closed and conn.transport is not None:

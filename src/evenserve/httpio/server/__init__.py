@@ -11,6 +11,14 @@ lookup and ``core.wire.split_model_path``). A handler may instead return a
 (close-delimited to an HTTP/1.0 client) as the pieces come, beside the whole-body path, which
 does not change for it (see ``StreamResponse``).
 
+One path skips the parser: a request read whole in one piece (head and a body of exactly its
+``Content-Length``) whose request line and header lines are byte for byte ones this
+connection has read before and checked (a known method, an origin-form target of printable
+ASCII, HTTP/1.1; well-formed header lines, none repeated, no Transfer-Encoding, Expect,
+Upgrade or Connection other than ``keep-alive``) is handed over as the parser would hand it,
+without its callbacks: a keep-alive client sends the same lines request after request.
+Anything else, bad input included, is the parser's (``connection.Connection.data_received``).
+
 Limits, each answered as HTTP says (and then the connection is closed, since what follows on
 it cannot be trusted):
 - a request head (request line and headers) over ``max_header_bytes`` or with more than

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
-from functools import partial
 from typing import cast
 
 import httptools
@@ -48,6 +48,22 @@ def origin_form(target: bytes) -> bytes:
     return path if path.startswith(b"/") else b"/" + path
 
 
+#: A request line or header lines longer than this are not remembered by a connection (the
+#: parser-free path and the parser's path's memo: ``data_received``, ``on_headers_complete``),
+#: so what an idle keep-alive connection keeps stays small; such requests take the parser.
+MEMO_MAX_BYTES = 8192
+#: Request methods as strings, without a decode per request.
+_METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}
+_NO_REQUEST = Request("", "", "", {})
+#: An origin-form request target the parser-free path takes (printable ASCII, no space).
+_TARGET = re.compile(rb"/[!-~]*")
+#: Header lines the parser-free path takes, up to and with the blank line (RFC 9110 5.1,
+#: 5.5: a token, a colon, a value of visible characters, spaces, tabs and obs-text).
+_HEADER_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*\r\n")
+#: Headers that change how a request is framed or answered: the parser's to read.
+_FRAMING = frozenset(("transfer-encoding", "connection", "expect", "upgrade"))
+
+
 class _Refuse(Exception):
     """Raised from a parser callback: answer ``status`` with ``message`` and close."""
 
@@ -72,7 +88,13 @@ class Connection(asyncio.Protocol):
         # the request being read
         self.url = b""
         self.headers: dict[str, str] = {}
-        self.head_bytes = 0
+        #: The head being read's header names and values as they came, one after the other.
+        self.raw_headers: list[bytes] = []
+        self.max_raw_headers = 2 * self.max_headers
+        #: The last head read's header lines and what they read as (a keep-alive client
+        #: sends the same ones again: ``on_headers_complete``).
+        self.last_raw: list[bytes] = []
+        self.last_headers: dict[str, str] = {}
         #: Bytes the head being read may still take, counted as they arrive (data_received);
         #: _NOT_IN_HEAD from a head's end to the end of its request.
         self.head_left = self.max_head
@@ -81,6 +103,23 @@ class Connection(asyncio.Protocol):
         self.body_len = 0
         # requests read, waiting for their turn; the one being handled
         self.pending: deque[tuple[Request, bool]] = deque()
+        #: The request being handled and whether its connection may stay open after it.
+        self.req = _NO_REQUEST
+        self.keep = False
+        #: What a fast handler calls with its answer (the request being handled's).
+        self.respond = self._answer
+        #: The last request target read and its path and query (a client asks for the same
+        #: one again and again: decoded once).
+        self.last_url = b""
+        self.last_target = ("", "")
+        #: The parser-free path's last request line and header lines, and what they read
+        #: as (None: not for that path): ``data_received``.
+        self.fast_line = b""
+        self.fast_target: tuple[str, str, str] | None = None
+        self.fast_block = b""
+        self.fast_info: tuple[dict[str, str], int] | None = None
+        #: Whether the request being handled was read by the parser (else it is HTTP/1.1).
+        self.by_parser = False
         #: A request is being handled (its answer is due before the next one's).
         self.busy = False
         #: When this connection times out (the loop's clock; 0: not timed). The server's
@@ -139,6 +178,29 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed or self.lingering:
             return  # a refused request's rest is read and dropped (see _refuse)
+        if not self.reading:
+            # A request read whole in one piece (what a keep-alive client's nearly always
+            # is): taken without the parser when its request line and header lines are
+            # ones this connection has read and checked before (``_learn_line``,
+            # ``_learn_block``) and its body is exactly its Content-Length; anything else
+            # is the parser's.
+            end = data.find(b"\r\n\r\n") + 4
+            if 4 < end <= self.max_head:
+                at = data.find(b"\r\n")
+                line = data[:at]
+                target = self.fast_target if line == self.fast_line else self._learn_line(line)
+                block = data[at + 2 : end]
+                info = self.fast_info if block == self.fast_block else self._learn_block(block)
+                if target is not None and info is not None and len(data) - end == info[1]:
+                    self.deadline = 0.0
+                    self.by_parser = False
+                    method, path, query = target
+                    req = Request(method, path, query, info[0].copy(), data[end:])
+                    if self.busy or self.pending:
+                        self._queue(req, True)
+                    else:
+                        self._take(req, True)
+                    return
         n = len(data)
         if n > self.head_left:
             self._over_head(data)
@@ -148,6 +210,67 @@ class Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade, _Refuse) as exc:
             self._parse_failed(exc)
+
+    def _learn_line(self, line: bytes) -> tuple[str, str, str] | None:
+        """A request line the parser-free path takes (``data_received``): a known method, an
+        origin-form target of printable ASCII, HTTP/1.1; as (method, path, query), or None.
+        Remembered: the next request's line is compared with it, not checked again."""
+        self.fast_line = line
+        self.fast_target = None
+        if len(line) > MEMO_MAX_BYTES:
+            self.fast_line = b""  # not kept: what an idle connection keeps stays small
+            return None
+        parts = line.split(b" ")
+        if len(parts) != 3 or parts[2] != b"HTTP/1.1" or parts[0] not in _METHODS:
+            return None
+        target = parts[1]
+        if _TARGET.fullmatch(target) is None:
+            return None
+        q = target.find(b"?")
+        raw_path, raw_query = (target, b"") if q < 0 else (target[:q], target[q + 1 :])
+        self.fast_target = (
+            _METHODS[parts[0]],
+            raw_path.decode("latin-1"),
+            raw_query.decode("latin-1"),
+        )
+        return self.fast_target
+
+    def _learn_block(self, block: bytes) -> tuple[dict[str, str], int] | None:
+        """Header lines the parser-free path takes (``data_received``): well-formed lines
+        (a token, a colon, a value of visible characters, spaces and tabs), at most
+        ``max_headers``, none that changes how the request is framed or answered
+        (Transfer-Encoding, Connection other than ``keep-alive``, which HTTP/1.1 implies,
+        Expect, Upgrade), one Content-Length at most, its
+        body within the limit; as (headers, body length), or None. Remembered as
+        ``_learn_line`` is."""
+        self.fast_block = block
+        self.fast_info = None
+        if len(block) > MEMO_MAX_BYTES:
+            self.fast_block = b""  # not kept: what an idle connection keeps stays small
+            return None
+        if _HEADER_LINES.fullmatch(block) is None:
+            return None
+        headers: dict[str, str] = {}
+        lines = block.split(b"\r\n")[:-2]
+        if len(lines) > self.max_headers:
+            return None
+        length = 0
+        for raw in lines:
+            name, _, value = raw.partition(b":")
+            key = name.decode("latin-1").lower()
+            v = value.lstrip(b" \t").decode("latin-1")  # as the parser gives it
+            if key in headers:
+                return None  # a repeated header is joined by the parser's path
+            if key in _FRAMING and (key != "connection" or v.lower() != "keep-alive"):
+                return None
+            headers[key] = v
+        cl = headers.get("content-length")
+        if cl is not None:
+            if not cl.isdigit() or len(cl) > 18 or int(cl) > self.limits.max_body_bytes:
+                return None
+            length = int(cl)
+        self.fast_info = (headers, length)
+        return self.fast_info
 
     def _over_head(self, data: bytes) -> None:
         """A chunk longer than what the head being read may still take: feed the parser what
@@ -196,8 +319,7 @@ class Connection(asyncio.Protocol):
     # -- httptools callbacks --------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.url = b""
-        self.headers = {}
-        self.head_bytes = 0
+        self.raw_headers = []
         self.reading = True
         self.body = []
         self.body_len = 0
@@ -205,38 +327,44 @@ class Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # Called per header of every request: the checks are inlined.
-        self.head_bytes += len(name) + len(value) + 4
-        headers = self.headers
-        if self.head_bytes > self.max_head or len(headers) >= self.max_headers:
-            self._count(0)  # 431 naming the byte limit when that is what was passed
+        # Called per header of every request: the names and values are kept as they came
+        # and read once the head is complete (``on_headers_complete``).
+        raw = self.raw_headers
+        raw.append(name)
+        raw.append(value)
+        if len(raw) > self.max_raw_headers:
             raise _Refuse(431, f"more than {self.max_headers} request headers")
-        key = name.decode("latin-1").lower()
-        if key in headers:
-            headers[key] = f"{headers[key]}, {value.decode('latin-1')}"
-        else:
-            headers[key] = value.decode("latin-1")
-
-    def _count(self, n: int) -> None:
-        self.head_bytes += n
-        if self.head_bytes > self.limits.max_header_bytes:
-            raise _Refuse(
-                431, f"request head over the limit of {self.limits.max_header_bytes} bytes"
-            )
 
     def on_headers_complete(self) -> None:
         self.head_left = _NOT_IN_HEAD
+        raw = self.raw_headers
+        # The head's bytes as counted before: the request target and each header line (a
+        # pipelined head's first part, read with the request before it, is counted here).
+        lines = sum(map(len, raw)) + 2 * len(raw)
+        if len(self.url) + lines > self.max_head:
+            raise _Refuse(431, f"request head over the limit of {self.max_head} bytes")
+        if raw == self.last_raw:
+            # A client sends the same header lines request after request: read once.
+            headers = self.headers = self.last_headers.copy()
+        else:
+            headers = self.headers = {}
+            for i in range(0, len(raw), 2):
+                key = raw[i].decode("latin-1").lower()
+                value = raw[i + 1].decode("latin-1")
+                headers[key] = f"{headers[key]}, {value}" if key in headers else value
+            if lines <= MEMO_MAX_BYTES:  # what an idle connection keeps stays small
+                self.last_raw = raw
+                self.last_headers = headers.copy()
         if self.parser.should_upgrade():
             raise _Refuse(501, "protocol upgrades are not supported")
-        cl = self.headers.get("content-length")
+        cl = headers.get("content-length")
         limit = self.limits.max_body_bytes
         if cl is not None and (len(cl) > 18 or (cl.isdigit() and int(cl) > limit)):
             raise _Refuse(413, f"request body over the limit of {limit} bytes")
         self._arm(self.limits.body_timeout_s)
-        if self.headers.get("expect", "").lower() == "100-continue" and self.transport:
+        if "expect" in headers and headers["expect"].lower() == "100-continue" and self.transport:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -246,25 +374,38 @@ class Connection(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        self.deadline = 0.0
         self.reading = False
         self.head_left = self.max_head  # the next request's head begins
         url = self.url
-        if not url.startswith(b"/"):
-            url = origin_form(url)
-        q = url.find(b"?")
-        path, query = (url, b"") if q < 0 else (url[:q], url[q + 1 :])
+        if url == self.last_url:
+            path, query = self.last_target
+        else:
+            target = url if url.startswith(b"/") else origin_form(url)
+            q = target.find(b"?")
+            raw_path, raw_query = (target, b"") if q < 0 else (target[:q], target[q + 1 :])
+            path, query = self.last_target = raw_path.decode("latin-1"), raw_query.decode("latin-1")
+            self.last_url = url
         parts = self.body
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         self.body = []
-        method = self.parser.get_method().decode("latin-1")
-        req = Request(method, path.decode("latin-1"), query.decode("latin-1"), self.headers, body)
-        self.pending.append((req, self.parser.should_keep_alive()))
+        parser = self.parser
+        m = parser.get_method()
+        method = _METHODS.get(m) or m.decode("latin-1")
+        req = Request(method, path, query, self.headers, body)
+        keep = parser.should_keep_alive()
+        self.by_parser = True
+        if self.busy or self.pending:
+            self._queue(req, keep)
+        elif not self.closed:
+            self._take(req, keep)
+
+    def _queue(self, req: Request, keep: bool) -> None:
+        """A request read while another is handled: its turn comes (``_next``)."""
+        self.pending.append((req, keep))
         if len(self.pending) >= self.limits.max_pipelined and self.transport is not None:
             self.transport.pause_reading()
             self.reading_paused = True
-        if not self.busy:
-            self._next()
 
     # -- handling -------------------------------------------------------------------------------
     def _next(self) -> None:
@@ -274,42 +415,51 @@ class Connection(asyncio.Protocol):
         if self.reading_paused and self.transport is not None:
             self.transport.resume_reading()
             self.reading_paused = False
+        self._take(req, keep)
+
+    def _take(self, req: Request, keep: bool) -> None:
+        """Handle ``req``: by the fast handler if it takes it, else by a task."""
         self.busy = True
+        self.req = req
+        self.keep = keep
         fast = self.server.fast
         if fast is not None:
             try:
-                taken = fast(req, partial(self._answer, req, keep))
+                taken = fast(req, self.respond)
             except Exception:
                 log.exception("%s %s: the handler failed", req.method, req.path[:200])
-                self._answer(req, keep, json_response(b'{"error":"internal server error"}', 500))
+                self._answer(json_response(b'{"error":"internal server error"}', 500))
                 return
             if taken:
                 return
-        self.loop.create_task(self._handle(req, keep))
+        self.loop.create_task(self._handle(req))
 
-    async def _handle(self, req: Request, keep: bool) -> None:
+    async def _handle(self, req: Request) -> None:
         try:
             resp = await self.server.handler(req)
         except Exception:
             log.exception("%s %s: the handler failed", req.method, req.path[:200])
             resp = json_response(b'{"error":"internal server error"}', 500)
-        self._answer(req, keep, resp)
+        self._answer(resp)
 
-    def _answer(self, req: Request, keep: bool, resp: Response) -> None:
-        """Write the answer to ``req`` (exactly once per request), then take the next one."""
+    def _answer(self, resp: Response) -> None:
+        """Write the answer to the request being handled (``self.req``: exactly one answer
+        per request), then take the next one."""
+        req = self.req
         self.busy = False
-        if self.closed or self.transport is None:
+        transport = self.transport
+        if self.closed or transport is None:
             if isinstance(resp, StreamResponse):
                 self._discard(resp)
             return  # the client went away; nothing to answer
-        keep = keep and not self.stopping
+        keep = self.keep and not self.stopping
         raw = resp.raw
         if raw is not None:
             n = resp.raw_head
             if not keep:
                 raw = b"".join((raw[: n - 2], b"connection: close\r\n", raw[n - 2 :]))
                 n += 19
-            self.transport.write(raw[:n] if req.method == "HEAD" else raw)
+            transport.write(raw if req.method != "HEAD" else raw[:n])
         elif resp.raw_head < 0:  # a StreamResponse (a slot read: no call on this path)
             assert isinstance(resp, StreamResponse)
             self.busy = True  # until its last piece is written (_stream)
@@ -319,9 +469,9 @@ class Connection(asyncio.Protocol):
             body = b"" if req.method == "HEAD" else resp.body
             head = encode_head(resp.status, resp.headers, len(resp.body), not keep)
             if len(body) < 65536:
-                self.transport.write(head + body)
+                transport.write(head + body)
             else:
-                self.transport.writelines((head, body))
+                transport.writelines((head, body))
         if not keep:
             self._close()
         elif self.pending:
@@ -341,7 +491,7 @@ class Connection(asyncio.Protocol):
         connection."""
         transport = self.transport
         assert transport is not None
-        chunked = self.parser.get_http_version() != "1.0"
+        chunked = not self.by_parser or self.parser.get_http_version() != "1.0"
         keep = keep and chunked
         transport.write(encode_stream_head(resp.status, resp.headers, chunked, not keep))
         chunks = resp.chunks
