@@ -87,10 +87,10 @@ def _check_index(model: str, ix: FinishIndex) -> None:
     for p, placed in enumerate(ix.placed):
         if placed:
             assert ix.finish[p] == settled_finish_s(model, ix.views[p])
-            assert (ix.finish[p], p) in ix.order
+            assert p in ix.at[ix.finish[p]]
         else:
             assert ix.quick[p] is None
-    assert ix.order == sorted((ix.finish[p], p) for p, placed in enumerate(ix.placed) if placed)
+    assert ix.keys == sorted(ix.at) and all(t == sorted(t) for t in ix.at.values())
     assert ix.busy_order == sorted((ix.finish[p], p) for p in ix.busy)
     assert ix.stale_order == sorted((ix.finish[p], p) for p in ix.stale)
     assert {(t, p) for p, t in ix.busy.items()} <= set(ix.busy_due)

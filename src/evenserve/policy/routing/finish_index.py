@@ -15,9 +15,10 @@ through its ``cells`` entry, which the Router clears on each change. Between eve
 moves except the clock, and the clock moves one term only, the aged busy time, which is
 exactly 0.0 once it has run out. So:
 
-- ``order``: (settled finish, position) in order, for the backends whose exact finish *is*
-  the settled one (fresh signals, no busy time left): the least finish, and its ties in
-  position order (a rotation's pick is a bisect away), are at the front;
+- ``keys`` and ``at``: the distinct settled finishes in order, and per finish the
+  positions that have it, in order, for the backends whose exact finish *is* the settled
+  one (fresh signals, no busy time left): the least finish, and its ties in position order
+  (a rotation's pick is a bisect away), are at the front;
 - ``busy``: fresh backends whose sampled busy time may not have aged away yet. Their settled
   finish is a lower bound of the exact one (floating-point addition is monotone), so a
   policy reads them in order of it (``busy_order``) and computes the exact finish
@@ -64,6 +65,7 @@ QUICK_MEMO = 1024
 
 class FinishIndex:
     __slots__ = (
+        "at",
         "bad",
         "busy",
         "busy_due",
@@ -71,9 +73,9 @@ class FinishIndex:
         "cells",
         "dirty",
         "finish",
+        "keys",
         "model",
         "now_s",
-        "order",
         "owner",
         "owner_state",
         "placed",
@@ -95,10 +97,11 @@ class FinishIndex:
         n = len(views)
         #: Per position, its settled finish (valid unless it is bad or dirty).
         self.finish: list[float] = [0.0] * n
-        #: Per position, whether it is in the order.
+        #: Per position, whether it is in the order (``keys``/``at``).
         self.placed: list[bool] = [False] * n
-        #: (settled finish, position) of the placed ones, in order.
-        self.order: list[tuple[float, int]] = []
+        self.keys: list[float] = []
+        #: Per finish in ``keys``, the positions that have it, in order.
+        self.at: dict[float, list[int]] = {}
         #: Busy positions: when their busy time runs out (inf: it never ages, no sample time).
         self.busy: dict[int, float] = {}
         #: (settled finish, position) of the busy ones, in order.
@@ -127,12 +130,23 @@ class FinishIndex:
     def _place(self, p: int, f: float) -> None:
         self.finish[p] = f
         self.placed[p] = True
-        insort(self.order, (f, p))
+        tied = self.at.get(f)
+        if tied is None:
+            self.at[f] = [p]
+            insort(self.keys, f)
+        else:
+            insort(tied, p)
 
     def _unplace(self, p: int) -> None:
         self.placed[p] = False
-        order = self.order
-        del order[bisect_left(order, (self.finish[p], p))]
+        f = self.finish[p]
+        tied = self.at[f]
+        if len(tied) == 1:
+            del self.at[f]
+            keys = self.keys
+            del keys[bisect_left(keys, f)]
+        else:
+            del tied[bisect_left(tied, p)]
 
     def _backlog(self, p: int, b: BackendView, counts: Mapping[str, float]) -> float:
         """``work.backlog_s(b, counts, 0.0, None)``, once per change of the backend (its
@@ -153,7 +167,7 @@ class FinishIndex:
         if dirty:
             views = self.views
             finish = self.finish
-            order = self.order
+            keys, at = self.keys, self.at
             quick = self.quick
             for p in dirty:
                 q = quick[p]
@@ -171,9 +185,19 @@ class FinishIndex:
                         memo[seen] = f
                     old = finish[p]
                     if f != old:  # it moves in the order (_unplace, _place inlined)
-                        del order[bisect_left(order, (old, p))]
+                        tied = at[old]
+                        if len(tied) == 1:
+                            del at[old]
+                            del keys[bisect_left(keys, old)]
+                        else:
+                            del tied[bisect_left(tied, p)]
                         finish[p] = f
-                        insort(order, (f, p))
+                        into = at.get(f)
+                        if into is None:
+                            at[f] = [p]
+                            insort(keys, f)
+                        else:
+                            insort(into, p)
                     continue
                 self._recompute(p, views[p], now_s)
             dirty.clear()
@@ -282,12 +306,11 @@ class FinishIndex:
     def first_tied(self, best: float, start: int) -> tuple[int, int]:
         """Among the positions in the order whose finish is ``best``: the first at or after
         ``start`` and the first of all (-1, -1 when none)."""
-        order = self.order
-        # ``best`` is at most the least finish in the order.
-        if not order or order[0][0] != best:
+        tied = self.at.get(best)
+        if tied is None:
             return -1, -1
-        i = bisect_left(order, (best, start))
-        return (order[i][1] if i < len(order) and order[i][0] == best else -1), order[0][1]
+        i = bisect_left(tied, start)
+        return (tied[i] if i < len(tied) else -1), tied[0]
 
 
 def queue_parts_by_model(b: BackendView) -> dict[str, Mapping[int, tuple[float, float]]]:

@@ -72,19 +72,16 @@ class LeastExpectedWork:
         in ``choose``. None (nothing done) when the index cannot answer."""
         if not ix.refresh(now_s):
             return None
-        order = ix.order
+        keys = ix.keys
         busy, stale = ix.busy_order, ix.stale_order
         if not busy and not stale:  # every backend settled: the order alone answers
             self._tick += 1
-            views = ix.views
-            least = order[0]
-            f = least[0]
-            # The first tied at or after the rotation's start, else the first of all.
-            i = bisect_left(order, (f, self._tick % len(views)))
-            if i < len(order) and (at := order[i])[0] == f:
-                return views[at[1]]
-            return views[least[1]]
-        best = order[0][0] if order else math.inf
+            tied = ix.at[keys[0]]
+            if len(tied) == 1:
+                return ix.views[tied[0]]
+            i = bisect_left(tied, self._tick % len(ix.views))  # the first at or after start
+            return ix.views[tied[i] if i < len(tied) else tied[0]]
+        best = keys[0] if keys else math.inf
         extra: list[tuple[float, int]] = []
         views = ix.views
         # In order of their lower bounds, while one could tie or beat the best (the rest's

@@ -148,9 +148,9 @@ class QueueAware:
         views = ix.views
         n = len(views)
         finish = ix.finish
-        order = ix.order
+        keys, at = ix.keys, ix.at
         # Every backend's predicted work: the settled finish, exact for the busy ones.
-        wmax = order[-1][0] if order else -math.inf
+        wmax = keys[-1] if keys else -math.inf
         work: dict[int, float] | None = None
         by_work: list[tuple[float, int]] = []
         if ix.busy or ix.stale:
@@ -175,15 +175,22 @@ class QueueAware:
         seen: set[int] = set()
         best = math.inf
         tied: list[int] = []
-        n_order, n_extra = len(order), len(by_work)
-        oi = j = k = 0
-        w_at = c_at = -math.inf
+        n_keys, n_extra = len(keys), len(by_work)
+        ki = bi = j = k = 0
+        bucket: list[int] = []
+        w_key = w_at = c_at = -math.inf
         while True:
             # Next by work: the settled order (by finish, then position) merged with the
             # exact ones.
-            if oi < n_order and (k >= n_extra or order[oi][0] <= by_work[k][0]):
-                w_at, p = order[oi]
-                oi += 1
+            if bi >= len(bucket) and ki < n_keys:
+                w_key = keys[ki]
+                bucket = at[w_key]
+                bi = 0
+                ki += 1
+            if bi < len(bucket) and (k >= n_extra or w_key <= by_work[k][0]):
+                w_at = w_key
+                p = bucket[bi]
+                bi += 1
             elif k < n_extra:
                 w_at, p = by_work[k]
                 k += 1
