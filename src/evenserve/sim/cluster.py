@@ -513,7 +513,6 @@ class Simulation:
                 d.trace.exact_max_queue_depth = float(d.sched.queues.depth_max)
         pl = self.placement
         for d in self.devices:
-            d.close_trace()
             d.trace.active_s = end if pl is None else pl.active_s(d.name, end)
             d.trace.models = list(d.models)
             d.trace.profiles = {

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import random
-from array import array
 from dataclasses import dataclass
 from heapq import heappush
 from typing import Protocol
@@ -56,13 +55,7 @@ class SimDevice:
     """Carries out one device scheduler's actions on the simulation's event heap."""
 
     __slots__ = (
-        "_busy_end",
-        "_busy_start",
         "_end_cb",
-        "_expected",
-        "_held",
-        "_memory",
-        "_staging",
         "idle_since_s",
         "loop",
         "models",
@@ -80,14 +73,6 @@ class SimDevice:
         self.profiles = profiles
         self.models = tuple(sorted(profiles))
         self.trace = DeviceTrace(name=name)
-        # The trace's per-batch seconds and fractions, as doubles until ``close_trace``
-        # (no float object kept per batch while the run goes on).
-        self._busy_start = array("d")
-        self._busy_end = array("d")
-        self._held = array("d")
-        self._expected = array("d")
-        self._staging = array("d")
-        self._memory = array("d")
         self.idle_since_s = 0.0
         self._end_cb = self._end  # one bound method for every event
         self.sched: DeviceScheduler[SimRequest]
@@ -95,29 +80,17 @@ class SimDevice:
     # -- SchedulerActions ---------------------------------------------------------------
     def start_batch(self, batch: Batch[SimRequest]) -> None:
         tr = self.trace
-        started, solo, items = batch.started_s, batch.solo_s, batch.items
-        self._busy_start.append(started)
-        self._busy_end.append(started + solo)  # set again when it ends
-        tr.batch_sizes.append(items)
+        tr.busy_start_s.append(batch.started_s)
+        tr.busy_end_s.append(batch.started_s + batch.solo_s)  # set again when it ends
+        tr.batch_sizes.append(batch.items)
         tr.batch_models.append(batch.model)
-        self._held.append(batch.held_s)
+        tr.batch_held_s.append(batch.held_s)
         tr.batch_cap.append(batch.cap)
-        self._expected.append(solo)
-        sched = self.sched
-        self._staging.append(sched.slots.staging_s_per_item * items)
-        used, total = sched.memory.used_total()
-        self._memory.append(used / total if used is not None and total else NAN)
-
-    def close_trace(self) -> None:
-        """The run is over: the trace's per-batch columns get their figures (``start_batch``
-        keeps them as doubles while it runs)."""
-        tr = self.trace
-        tr.busy_start_s = self._busy_start.tolist()
-        tr.busy_end_s = self._busy_end.tolist()
-        tr.batch_held_s = self._held.tolist()
-        tr.batch_expected_s = self._expected.tolist()
-        tr.batch_staging_s = self._staging.tolist()
-        tr.batch_memory_fraction = self._memory.tolist()
+        tr.batch_expected_s.append(batch.solo_s)
+        slots = self.sched.slots
+        tr.batch_staging_s.append(slots.staging_s_per_item * batch.items)
+        used, total = self.sched.memory.used_total()
+        tr.batch_memory_fraction.append(used / total if used is not None and total else NAN)
 
     def drop(self, request: SimRequest, reason: str) -> None:
         self.sim.drop(request, reason, self.name)
@@ -143,5 +116,5 @@ class SimDevice:
         # its profiles hears it, as the worker's hears its executor's measured time.
         self.sched.finished(batch, now, now - batch.started_s)
         self.idle_since_s = now
-        self._busy_end[batch.index] = now
+        self.trace.busy_end_s[batch.index] = now
         self.sim.completed(batch, now, self.name)
