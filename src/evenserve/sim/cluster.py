@@ -322,8 +322,10 @@ class Simulation:
         self,
         arg: tuple[str, PoissonProcess, int, float | None, Callable[[], float] | None, float],
     ) -> None:
-        """``_open_arrival`` with ``_new_request`` and ``_routed_arrival`` inlined: the
-        benchmark's per-request path (one router, no placement). ``arg`` carries the
+        """``_open_arrival`` with ``_new_request`` and ``_routed_arrival`` inlined (and,
+        with the overload rule off, ``SimFront.route``: the router's pick, ``sent``, the
+        device's ``offer``, the front's retries only on a refusal): the benchmark's
+        per-request path (one router, no placement). ``arg`` carries the
         stream's class and relative deadline in seconds, resolved, and for a constant rate
         its generator's ``random`` and the rate: the next arrival is then
         ``PoissonProcess.next_after`` inlined (``Random.expovariate``'s formula, the same
