@@ -159,6 +159,24 @@ class ModelQueue(Generic[R]):
 
 
 class QueueSet(Generic[R]):
+    # Attributes in slots: the per-request path reads them on one of many devices.
+    __slots__ = (
+        "_depth_t",
+        "_seq",
+        "_track_rates",
+        "class_headroom",
+        "deadlines",
+        "depth_area",
+        "depth_max",
+        "ignore_priority",
+        "on_drop",
+        "queues",
+        "starvation_s",
+        "stats_since_s",
+        "waiting",
+        "watches",
+    )
+
     def __init__(
         self,
         models: Sequence[ModelSetup],

@@ -76,6 +76,40 @@ class DeviceScheduler(Generic[R]):
     them by default; a subset when several devices share one QueueSet); ``profiles``: this
     device's (by default the queues')."""
 
+    # Attributes in slots: the per-request path reads them on one of many devices.
+    __slots__ = (
+        "_announces",
+        "_by_name",
+        "_deadlines",
+        "_direct",
+        "_free",
+        "_hosted",
+        "_last_kind",
+        "_loading",
+        "_owns_queues",
+        "_plan_wake",
+        "_planning",
+        "_replan",
+        "_serving",
+        "_timers",
+        "_watch",
+        "actions",
+        "batches_started",
+        "busy",
+        "draining",
+        "engines",
+        "in_flight",
+        "instances",
+        "learn_profiles",
+        "max_batch_size",
+        "max_queue",
+        "memory",
+        "models",
+        "queues",
+        "slo_s",
+        "slots",
+    )
+
     def __init__(
         self,
         queues: QueueSet[R],

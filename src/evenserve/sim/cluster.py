@@ -45,7 +45,7 @@ from evenserve.core.scenario import (
     OpenLoop,
     TraceWorkload,
 )
-from evenserve.core.wire import LOAD_TIMEOUT
+from evenserve.core.wire import LOAD_TIMEOUT, NO_BACKEND
 from evenserve.policy.batching import BATCHING
 from evenserve.policy.registry import batching_label, spec_label
 from evenserve.policy.routing import ROUTING, Router
@@ -123,6 +123,8 @@ class Simulation:
         #: One bound method for every open-loop arrival event (``_open_arrival``, or
         #: ``_open_arrival_routed`` with its stream's class and deadline resolved).
         self._open_arrival_cb: Callable[[Any], None] = self._open_arrival
+        #: Per device, its scheduler's ``offer`` (``_open_arrival_routed``'s first try).
+        self._offers: dict[str, Callable[[SimRequest, float], str | None]] = {}
         self.central: CentralQueue | None = None
         self.placement: SimPlacement | None = None
         if self.arm.routing == CENTRAL_QUEUE:
@@ -136,6 +138,9 @@ class Simulation:
                 self._arrive = self._routed_arrival
                 if len(self.routers) == 1:
                     self._open_arrival_cb = self._open_arrival_routed
+                    # Each device scheduler's ``offer``, for its first try (a plain arm
+                    # keeps its schedulers the whole run).
+                    self._offers = {d.name: d.sched.offer for d in self.devices}
 
     def batching(self, model: str, rng: random.Random | None = None) -> Batching:
         """``model``'s batching in this arm under the batch-cap rule the worker applies
@@ -317,8 +322,10 @@ class Simulation:
         self,
         arg: tuple[str, PoissonProcess, int, float | None, Callable[[], float] | None, float],
     ) -> None:
-        """``_open_arrival`` with ``_new_request`` and ``_routed_arrival`` inlined: the
-        benchmark's per-request path (one router, no placement). ``arg`` carries the
+        """``_open_arrival`` with ``_new_request`` and ``_routed_arrival`` inlined (and,
+        with the overload rule off, ``SimFront.route``: the router's pick, ``sent``, the
+        device's ``offer``, the front's retries only on a refusal): the benchmark's
+        per-request path (one router, no placement). ``arg`` carries the
         stream's class and relative deadline in seconds, resolved, and for a constant rate
         its generator's ``random`` and the rate: the next arrival is then
         ``PoissonProcess.next_after`` inlined (``Random.expovariate``'s formula, the same
@@ -337,7 +344,20 @@ class Simulation:
         r = SimRequest(idx + 1, m, now, prio, deadline_s, 1, QUEUED, idx, -1)
         front = self.front
         assert front is not None
-        front.route(r, 0, now)
+        if self.refusals:
+            front.route(r, 0, now)
+        else:  # SimFront.route without the overload rule, inlined: its first try
+            router = self.router
+            assert router is not None
+            view = router.choose(r, now)
+            if view is None:
+                self.drop(r, NO_BACKEND, None)
+            else:
+                name = view.name
+                router.sent(name, m, now)
+                reason = self._offers[name](r, now)
+                if reason is not None:
+                    front.refused(r, 0, name, reason, now)
         if draw is None:
             t = proc.next_after(now)
             if t < self.end_s:
