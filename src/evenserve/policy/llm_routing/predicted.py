@@ -269,7 +269,11 @@ class _Terms(NamedTuple):
     committed: int
     prefix_held: int
     prefix_capacity: int
-    deadlines: bool
+    #: ``_breaks_promise`` less r's tokens: for each lower class with a request waiting, its
+    #: oldest one's own tokens and those of the classes above it, and its deadline (sent +
+    #: ``protect_over`` x its target); r breaks a promise when ``now + (before + u) /
+    #: tokens_per_s`` passes one.
+    promises: tuple[tuple[int, float], ...]
 
 
 def _terms(v: EngineView, prio: int, p: PredictedTtftParams) -> _Terms:
@@ -322,13 +326,25 @@ def _terms(v: EngineView, prio: int, p: PredictedTtftParams) -> _Terms:
         cp_per2 = cp * per2
     cap = v.kv_blocks * v.block_tokens
     n_own = v.own_waiting + v.own_running
+    promises = []
+    over = p.protect_over
+    if over > 0:
+        by_class = v.own_waiting_tokens_by_class
+        for c, waiting in v.own_deadlines.items():
+            if c >= prio or not waiting:
+                continue
+            sent, target, before = next(iter(waiting.values()))
+            for k, t in by_class.items():
+                if k > c:
+                    before += t
+            promises.append((before, sent + over * target))
     return _Terms(
         p, prof is not None, v.block_tokens, ahead, held, held + ahead, per_step, fixed, full,
         half, cp, ckv, cpu, decode0, backlog, per2, cp_per2, base, tpot, per_token,
         tokens_per_s, rate, higher, bool(rates), v.rate_at_s, v.rate_tau_s, cap,
         p.kv_admit * cap, n_own, v.own_out_tokens / n_own if n_own else -1.0,
         v.own_committed_tokens + v.extra_kv_tokens, v.prefix_held, v.prefix_capacity,
-        bool(v.own_deadlines),
+        tuple(promises),
     )  # fmt: skip
 
 
@@ -343,10 +359,10 @@ def _terms_of(v: EngineView, prio: int, p: PredictedTtftParams) -> _Terms:
     return t
 
 
-#: What ``_predict_one`` needs of the request and the policy: r, its class, its
-#: ``max_tokens``, that at least 1 and half of it, its block names' count, the clock, the
-#: prefill share's cap, the risk threshold and weight.
-_Ask = tuple[LlmRequestInfo, int, int, int, float, int, float, float, float, float]
+#: What ``_predict_one`` needs of the request and the policy: r's ``max_tokens``, that at
+#: least 1 and half of it, its block names' count, the clock, the prefill share's cap, the
+#: risk threshold and weight.
+_Ask = tuple[int, int, float, int, float, float, float, float]
 
 #: ttft, tpot, risk, breaks its promise, cost (``Prediction``'s fields).
 _Pred = tuple[float, float, float, bool, float]
@@ -354,21 +370,19 @@ _Pred = tuple[float, float, float, bool, float]
 
 def _ask(r: LlmRequestInfo, p: PredictedTtftParams, now: float) -> _Ask:
     out = r.max_tokens if r.max_tokens > 1 else 1
-    return (r, r.priority, r.max_tokens, out, out / 2, len(r.prefix_hashes), now,
-            p.max_prefill_share, p.kv_risk_threshold, p.risk_weight)  # fmt: skip
+    return (r.max_tokens, out, out / 2, len(r.prefix_hashes), now, p.max_prefill_share,
+            p.kv_risk_threshold, p.risk_weight)  # fmt: skip
 
 
-def _predict_one(
-    v: EngineView, t: _Terms, u: int, cached: int, ask: _Ask, p: PredictedTtftParams
-) -> _Pred:
+def _predict_one(t: _Terms, u: int, cached: int, ask: _Ask) -> _Pred:
     """``predict(v, r, cached, p, now)`` from v's terms ``t`` for r's class and r's uncached
     tokens ``u``: what depends on r and on the clock only (the decay of the sent rates,
     the promises to waiting requests)."""
     (_, profiled, bt, ahead, held, held_ahead, per_step, fixed, full, half, cp, ckv, cpu,
      decode0, backlog, per2, cp_per2, base, tpot, per_token, tokens_per_s, rate, higher,
      has_rates, rate_at_s, rate_tau_s, cap, admit_cap, n_own, mean_out, committed,
-     prefix_held, prefix_capacity, deadlines) = t  # fmt: skip
-    r, _, max_tokens, out, half_out, n_hashes, now, share_cap, threshold, weight = ask
+     prefix_held, prefix_capacity, promises) = t  # fmt: skip
+    max_tokens, out, half_out, n_hashes, now, share_cap, threshold, weight = ask
     if profiled:
         if has_rates:
             dt = now - rate_at_s
@@ -383,7 +397,6 @@ def _predict_one(
             x = higher * full / per_step
             wait /= 1.0 - (x if x < share_cap else share_cap)
         ttft = wait + cpu
-        breaks = _breaks_promise(v, r, u, tokens_per_s, p, now) if deadlines else False
         decode = decode0 + ckv * (held + u)
         if rate:
             x = cp * rate
@@ -399,7 +412,11 @@ def _predict_one(
                 tpot = drain
     else:
         ttft = base + (ahead + u) * per_token
-        breaks = _breaks_promise(v, r, u, tokens_per_s, p, now) if deadlines else False
+    breaks = False
+    for before, deadline in promises:
+        if now + (before + u) / tokens_per_s > deadline:
+            breaks = True
+            break
     risk = 0.0
     if cap > 0:
         excess = held_ahead + u + half_out - admit_cap
@@ -430,7 +447,7 @@ def _predict_all(
         t = _terms_of(v, r.priority, p)
         cached = prefix_blocks.get(v.index, 0)
         u = r.prompt_tokens - cached * t.block_tokens
-        out.append(_predict_one(v, t, u if u > 1 else 1, cached, ask, p))
+        out.append(_predict_one(t, u if u > 1 else 1, cached, ask))
     return out
 
 
@@ -500,7 +517,7 @@ class PredictedTtft:
                 rot = i - start if i >= start else i - start + n
                 if low == best_cost and rot > best_rot:
                     break
-                pr = preds[i] = _predict_one(engines[i], terms[i], us[i], cached[i], ask, p)
+                pr = preds[i] = _predict_one(terms[i], us[i], cached[i], ask)
                 if (
                     not pr[3]
                     and (target_tpot is None or pr[1] <= target_tpot)
@@ -515,7 +532,7 @@ class PredictedTtft:
                     return LlmDecision(None, ttft, tpot, REFUSED, max(0.0, ttft - target))
                 return LlmDecision(engines[best_i], ttft, tpot)
         full = [
-            pr if pr is not None else _predict_one(engines[i], terms[i], us[i], cached[i], ask, p)
+            pr if pr is not None else _predict_one(terms[i], us[i], cached[i], ask)
             for i, pr in enumerate(preds)
         ]
         return self._choose(request, engines, full)
