@@ -474,12 +474,17 @@ class PredictedTtft:
         prio = request.priority
         prompt = request.prompt_tokens
         ask = _ask(request, p, now_s)
-        # Each engine's terms, r's uncached tokens there and the least device time r can
-        # cost it (``cost``'s first term: the rest is never negative).
+        # Each engine's terms, r's uncached tokens there, the least device time r can cost
+        # it (``cost``'s first term: the rest is never negative) and the soonest its first
+        # token can come (``ttft`` before the higher classes' share, the KV wait and the
+        # risk: each of those adds, and a float sum or a division by at most 1 does not
+        # fall). Indices into ``_Terms``: 1 profiled, 2 block_tokens, 3 ahead, 6 per_step,
+        # 7 fixed, 8 full, 9 half, 10 cp, 12 cpu, 17 base, 19 per_token.
         terms: list[_Terms] = []
         us: list[int] = []
         cached: list[int] = []
         least: list[float] = []
+        soonest: list[float] = []
         for v in engines:
             memo = v.memo
             if memo is None:
@@ -495,7 +500,17 @@ class PredictedTtft:
             us.append(u)
             cached.append(c)
             least.append(u * t[19])
+            work = t[3] + u
+            if t[1]:
+                per_step = t[6]
+                k = -(-work // per_step) - 1
+                soonest.append(k * t[8] + t[7] + t[10] * (work - k * per_step) + t[9] + t[12])
+            else:
+                soonest.append(t[17] + work * t[19])
         preds: list[_Pred | None] = [None] * n
+        start = (self._start + 1) % n
+        rotation = itertools.chain(range(start, n), range(start))
+        target_tpot = request.tpot_target_s
         if target is not None and p.headroom > 0:
             # The engines in order of that least cost (ties in the rotation's order, which
             # starts one further on for this decision): r's engine is the one of least cost
@@ -503,10 +518,8 @@ class PredictedTtft:
             # token within the headroom; one whose least cost is over the best found cannot
             # be it. None found: the full pass below decides (the TPOT target may be out of
             # every engine's reach, so that any engine within the headroom may be r's).
-            start = (self._start + 1) % n
-            order = sorted(itertools.chain(range(start, n), range(start)), key=least.__getitem__)
+            order = sorted(rotation, key=least.__getitem__)
             limit = target * p.headroom
-            target_tpot = request.tpot_target_s
             best_cost = math.inf
             best_i = best_rot = -1
             best_pr: _Pred | None = None
@@ -517,6 +530,8 @@ class PredictedTtft:
                 rot = i - start if i >= start else i - start + n
                 if low == best_cost and rot > best_rot:
                     break
+                if soonest[i] > limit:
+                    continue
                 pr = preds[i] = _predict_one(terms[i], us[i], cached[i], ask)
                 if (
                     not pr[3]
@@ -531,6 +546,34 @@ class PredictedTtft:
                 if p.refuse_over > 0 and ttft > target * p.refuse_over:
                     return LlmDecision(None, ttft, tpot, REFUSED, max(0.0, ttft - target))
                 return LlmDecision(engines[best_i], ttft, tpot)
+            rotation = itertools.chain(range(start, n), range(start))
+        # No engine within the headroom keeps r's TPOT target (each was predicted or cannot
+        # be within it): r's engine is the soonest first token (with the risk) among those
+        # that keep their promises and r's TPOT target, in order of the soonest each can
+        # give, until none left can beat the best found. None found: the full pass decides.
+        best_key = math.inf
+        best_i = best_rot = -1
+        best_pr = None
+        for i in sorted(rotation, key=soonest.__getitem__):
+            low = soonest[i]
+            if low > best_key:
+                break
+            rot = i - start if i >= start else i - start + n
+            if low == best_key and rot > best_rot:
+                break
+            q = preds[i]
+            if q is None:
+                q = preds[i] = _predict_one(terms[i], us[i], cached[i], ask)
+            if not q[3] and (target_tpot is None or q[1] <= target_tpot):
+                key = q[0] + q[2]
+                if key < best_key or (key == best_key and rot < best_rot):
+                    best_key, best_i, best_rot, best_pr = key, i, rot, q
+        if best_pr is not None:
+            self._start = start
+            ttft, tpot = best_pr[0], best_pr[1]
+            if target is not None and p.refuse_over > 0 and ttft > target * p.refuse_over:
+                return LlmDecision(None, ttft, tpot, REFUSED, max(0.0, ttft - target))
+            return LlmDecision(engines[best_i], ttft, tpot)
         full = [
             pr if pr is not None else _predict_one(terms[i], us[i], cached[i], ask)
             for i, pr in enumerate(preds)
