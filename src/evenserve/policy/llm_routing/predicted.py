@@ -47,6 +47,18 @@ request of a lower class past ``protect_over`` x its target is out; none left: r
 If that TTFT is over r's TTFT target x ``refuse_over``, r is refused (``ttft-unreachable``)
 with a retry after the predicted excess: no engine can give it its first token in time, and
 admitting it would only delay the requests that can.
+
+Decision time: ``predict`` is the prediction as stated; ``choose`` computes the same floats by
+the same operations from each engine's terms that do not depend on the request (``_terms``:
+its queued tokens by class, step times, KV figures, undecayed sent rates, promises), kept in
+``EngineView.memo`` by class until the router changes the engine, so a request costs only its
+own part per engine (its uncached tokens, the rates' decay to now). It then predicts in full
+only the engines that can be its answer: in order of the least device time r can cost each
+(its uncached tokens x ``c_p``) while one within the headroom may be, else in order of the
+soonest first token each can give (the wait before the higher classes' share, the KV wait
+and the risk), each time until none left can beat or tie the best found; when that finds
+none, every engine is predicted and the choice made as stated. The decisions are those of
+``predict`` on every engine (a seeded test drives both with the same calls).
 """
 
 from __future__ import annotations
@@ -433,6 +445,18 @@ def _predict_one(t: _Terms, u: int, cached: int, ask: _Ask) -> _Pred:
     return (ttft, tpot, risk, breaks, cost)
 
 
+def _soonest(t: _Terms, u: int) -> float:
+    """The soonest ``_predict_one(t, u, ...)``'s TTFT can be: before the higher classes'
+    share, the KV wait and the risk (each of those adds, and neither a float sum nor a
+    division by at most 1 falls), by the same operations."""
+    work = t.ahead + u
+    if t.profiled:
+        per_step = t.per_step
+        k = -(-work // per_step) - 1
+        return k * t.full + t.fixed + t.cp * (work - k * per_step) + t.half + t.cpu
+    return t.base + work * t.per_token
+
+
 def _predict_all(
     r: LlmRequestInfo,
     engines: Sequence[EngineView],
@@ -474,17 +498,14 @@ class PredictedTtft:
         prio = request.priority
         prompt = request.prompt_tokens
         ask = _ask(request, p, now_s)
-        # Each engine's terms, r's uncached tokens there, the least device time r can cost
-        # it (``cost``'s first term: the rest is never negative) and the soonest its first
-        # token can come (``ttft`` before the higher classes' share, the KV wait and the
-        # risk: each of those adds, and a float sum or a division by at most 1 does not
-        # fall). Indices into ``_Terms``: 1 profiled, 2 block_tokens, 3 ahead, 6 per_step,
-        # 7 fixed, 8 full, 9 half, 10 cp, 12 cpu, 17 base, 19 per_token.
+        # Each engine's terms, r's uncached tokens there and the least device time r can
+        # cost it (``cost``'s first term: the rest is never negative). Indices into
+        # ``_Terms``: 2 block_tokens, 19 per_token.
         terms: list[_Terms] = []
         us: list[int] = []
         cached: list[int] = []
         least: list[float] = []
-        soonest: list[float] = []
+        soonest: list[float | None] = [None] * n
         for v in engines:
             memo = v.memo
             if memo is None:
@@ -500,13 +521,6 @@ class PredictedTtft:
             us.append(u)
             cached.append(c)
             least.append(u * t[19])
-            work = t[3] + u
-            if t[1]:
-                per_step = t[6]
-                k = -(-work // per_step) - 1
-                soonest.append(k * t[8] + t[7] + t[10] * (work - k * per_step) + t[9] + t[12])
-            else:
-                soonest.append(t[17] + work * t[19])
         preds: list[_Pred | None] = [None] * n
         start = (self._start + 1) % n
         rotation = itertools.chain(range(start, n), range(start))
@@ -530,7 +544,8 @@ class PredictedTtft:
                 rot = i - start if i >= start else i - start + n
                 if low == best_cost and rot > best_rot:
                     break
-                if soonest[i] > limit:
+                low = soonest[i] = _soonest(terms[i], us[i])
+                if low > limit:
                     continue
                 pr = preds[i] = _predict_one(terms[i], us[i], cached[i], ask)
                 if (
@@ -554,8 +569,9 @@ class PredictedTtft:
         best_key = math.inf
         best_i = best_rot = -1
         best_pr = None
-        for i in sorted(rotation, key=soonest.__getitem__):
-            low = soonest[i]
+        soon = [_soonest(terms[i], us[i]) if x is None else x for i, x in enumerate(soonest)]
+        for i in sorted(rotation, key=soon.__getitem__):
+            low = soon[i]
             if low > best_key:
                 break
             rot = i - start if i >= start else i - start + n
