@@ -239,3 +239,13 @@ def test_a_kept_term_goes_when_the_router_changes_the_engine() -> None:
         assert v.memo is not None
         change()
         assert v.memo is None
+
+
+def test_the_terms_fields_choose_reads_by_position_are_where_it_reads_them() -> None:
+    from evenserve.policy.llm_routing.predicted import _Terms
+
+    assert (_Terms._fields[0], _Terms._fields[2], _Terms._fields[19]) == (
+        "params",
+        "block_tokens",
+        "per_token",
+    )
