@@ -25,7 +25,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from evenserve.core.llm import StepProfile
 from evenserve.policy.registry import Registry
@@ -130,6 +130,10 @@ class EngineView:
     learned_s_per_token: float | None = None
     learned_base_s: float | None = None
     learned_tpot_s: float | None = None
+    #: What a policy computed from this view's fields alone (no request, no clock), by a
+    #: key of the policy's; the router drops it (None) at every change it makes to the view.
+    #: One who changes a field by hand (a new profile, new batch limits) drops it too.
+    memo: dict[Any, Any] | None = None
 
     def age_s(self, now: float) -> float | None:
         """How old the newest sample is (None: never sampled)."""

@@ -197,6 +197,7 @@ class LlmRouter:
         if request.request_id in self._sent:
             raise ValueError(f"request {request.request_id} sent twice")
         u = self.uncached_tokens(request, view) if uncached_tokens is None else uncached_tokens
+        view.memo = None
         ahead = view.waiting_tokens_at_or_above(request.priority)
         promised = (request.prompt_tokens - u) // view.block_tokens
         shared: Sequence[int] = ()
@@ -242,6 +243,7 @@ class LlmRouter:
             return
         s.first_s = now
         v = s.view
+        v.memo = None
         if cached_tokens is not None:
             self._learn_cache(s, cached_tokens)
         self._unwait(s, request_id)
@@ -276,9 +278,10 @@ class LlmRouter:
         s = self._sent.pop(request_id, None)
         if s is None:
             return
+        v = s.view
+        v.memo = None
         if cached_tokens is not None and s.first_s is not None:
             self._learn_cache(s, cached_tokens)
-        v = s.view
         if s.first_s is None:
             self._unwait(s, request_id)
         else:
@@ -345,6 +348,9 @@ class LlmRouter:
         v = self.engines.get(name)
         if v is None:
             return
+        # Before the test below: a driver that changed the view's profile or batch limits by
+        # hand calls this right after (``gateway.llm_router``), an older reading or not.
+        v.memo = None
         if v.sample is not None and sample.taken_s < v.sample.taken_s:
             return  # an older reading than the one held
         v.sample = sample
@@ -373,6 +379,7 @@ class LlmRouter:
         v = self.engines.get(name)
         if v is None:
             return
+        v.memo = None
         v.extra_waiting = v.extra_waiting_tokens = v.extra_running = v.extra_kv_tokens = 0
 
     def _snapshot(self, v: EngineView, now: float) -> None:
