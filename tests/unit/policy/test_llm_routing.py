@@ -309,3 +309,20 @@ def test_ours_uses_what_it_learned_of_an_engine_without_a_profile() -> None:
     d = r.route(req(50, prompt=1000), 100.0)
     assert d.engine is fast
     assert d.ttft_s is not None and d.ttft_s < 1.0
+
+
+def test_ours_routes_an_engine_that_learned_zero_times() -> None:
+    """An engine without a profile whose answers came at the instant they were sent learns a
+    time per prompt token and per output token of 0: a prediction, not a division by 0."""
+    r = router("predicted-ttft", None, kv_blocks=8)
+    v = r.engines["e0"]
+    for i in range(3):  # first token and end at the send's instant
+        r.sent(req(i, prompt=40, out=4), v, 0.0)
+        r.first_token(i, 0.0)
+        r.done(i, 0.0, output_tokens=4)
+    assert v.learned_s_per_token == 0.0 and v.learned_tpot_s == 0.0
+    r.sent(req(10, prompt=120, out=8, priority=0, ttft=0.5), v, 0.0)  # a lower class waits
+    r.sent(req(11, prompt=100, out=8), v, 0.0)
+    r.first_token(11, 0.0)  # one running, holding KV blocks past kv_admit of 8
+    d = r.route(req(12, prompt=60, out=8, priority=10), 0.0)
+    assert d.engine is v

@@ -151,7 +151,8 @@ def predict(
         )
         ttft = base + (ahead + u) * per_token
         tpot = v.learned_tpot_s if v.learned_tpot_s is not None else p.default_tpot_s
-        breaks = _breaks_promise(v, r, u, 1.0 / per_token, p, now)
+        rate_tok = 1.0 / per_token if per_token > 0 else math.inf  # learned 0: no bound
+        breaks = _breaks_promise(v, r, u, rate_tok, p, now)
     else:
         c0, cp, cd, ckv = (
             prof.c0_s,
@@ -197,7 +198,8 @@ def predict(
             n_own = v.own_waiting + v.own_running
             mean_out = v.own_out_tokens / n_own if n_own else out
             life = max(1.0, mean_out) * tpot
-            ttft += excess / (held / life)
+            if life > 0:  # a learned TPOT of 0: sequences free their blocks at once
+                ttft += excess / (held / life)
         committed = v.own_committed_tokens + v.extra_kv_tokens + u + r.max_tokens
         over = committed / cap - p.kv_risk_threshold
         if over > 0:
@@ -310,7 +312,7 @@ def _terms(v: EngineView, prio: int, p: PredictedTtftParams) -> _Terms:
         per_token = (
             v.learned_s_per_token if v.learned_s_per_token is not None else p.default_s_per_token
         )
-        tokens_per_s = 1.0 / per_token
+        tokens_per_s = 1.0 / per_token if per_token > 0 else math.inf  # learned 0: no bound
         tpot = v.learned_tpot_s if v.learned_tpot_s is not None else p.default_tpot_s
     else:
         c0, cp, cd, ckv = (
@@ -434,7 +436,8 @@ def _predict_one(t: _Terms, u: int, cached: int, ask: _Ask) -> _Pred:
         excess = held_ahead + u + half_out - admit_cap
         if excess > 0 and held > 0:
             life = max(1.0, mean_out if n_own else out) * tpot
-            ttft += excess / (held / life)
+            if life > 0:  # as predict's
+                ttft += excess / (held / life)
         over = (committed + u + max_tokens) / cap - threshold
         if over > 0:
             risk = weight * over * tpot * out
