@@ -451,10 +451,13 @@ class Poller:
     ) -> None:
         """Every ``period_s``: start each probe whose previous one has finished (a backend
         slow to answer delays no other's), and with ``expire`` age out stale signals. One
-        wake-up per period for all the backends that share it, not one per backend."""
+        wake-up per period for all the backends that share it, not one per backend. The
+        first round is one period after the start: ``probe_all`` has just read everything
+        (a second read at once would drop the router's count of what it sent since)."""
         loop = asyncio.get_running_loop()
         running: list[_Running | None] = [None] * len(probes)
-        next_t = loop.time()
+        next_t = loop.time() + period_s
+        await asyncio.sleep(period_s)
         while True:
             for i, start in enumerate(probes):
                 t = running[i]
