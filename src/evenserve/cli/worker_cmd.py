@@ -134,17 +134,34 @@ def worker(**flags: Any) -> None:
             entries = load_repository(repo) if model_folders(repo) else []
         else:
             entries = load_repository(repo, only)
-        # LLM folders (kind: llm) are served from the start, with model control none only.
-        llm_entries = load_llm_repository(repo, only) if model_control == "none" else []
-        if model_control != "none":
-            llms = [e.name for e in load_llm_repository(repo)]
-            if llms:
+        # LLM folders (kind: llm): with model control none, served from the start; with
+        # explicit, those of the startup set awake, and those placement may wake (emulated,
+        # with a placement: section) on disk until loaded (design 0022); poll: not served.
+        llm_awake: set[str] | None = None
+        if model_control == "none":
+            llm_entries = load_llm_repository(repo, only)
+        else:
+            every = load_llm_repository(repo)
+            if model_control == "explicit":
+                llm_awake = {e.name for e in every if e.name in startup}
+                llm_entries = [
+                    e
+                    for e in every
+                    if e.name in llm_awake
+                    or (e.config.runtime == "emulated" and e.config.placement is not None)
+                ]
+            else:
+                llm_entries = []
+            left = [e.name for e in every if e not in llm_entries]
+            if left:
                 err_console.print(
-                    f"warning: {', '.join(llms)}: LLM folders (kind: llm) are served with "
-                    f"--model-control none only; with {model_control} they are not served",
+                    f"warning: {', '.join(left)}: LLM folders (kind: llm) are served with "
+                    f"--model-control none, or explicit when loaded at the start or placed "
+                    f"(runtime: emulated with a placement: section); with {model_control} "
+                    "these are not served",
                     highlight=False,
                 )
-        service = Worker(entries, options, llm_entries=llm_entries)
+        service = Worker(entries, options, llm_entries=llm_entries, llm_awake=llm_awake)
         emulated = any(isinstance(m.runtime, EmulatedRuntime) for m in service.models.values())
         if options.slowdown is not None and not emulated:
             flag = "--slowdown" if settings.slowdown != 1.0 else "--slowdown-phases"

@@ -76,6 +76,15 @@ class LoadReport(BaseModel):
     llm_by_model: dict[str, LlmLoad] = Field(
         default_factory=dict, description="each LLM engine's sequences, KV use and step profile"
     )
+    engine_utilization: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="a worker with LLM engines (awake or asleep): the device's load as "
+        "placement reads it (policy.placement.engine: classic batches' busy fraction, plus "
+        "of the rest the engines' mean step time over their TPOT target, or their KV use if "
+        "higher), over utilization_window_s; None: no LLM here (placement reads utilization)",
+    )
     loading_models: list[str] = Field(
         default_factory=list,
         description="models being loaded here now (requests for them wait for the load, up "

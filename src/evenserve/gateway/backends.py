@@ -78,6 +78,9 @@ class BackendState:
     index_applied: int = 0
     #: When its load was last probed (``Poller.load_due``).
     load_sent_s: float = -math.inf
+    #: Its newest load report's ``engine_utilization`` (a worker with LLMs: the load
+    #: placement reads, design 0022; None: the router's utilization is read).
+    engine_utilization: float | None = None
 
     @property
     def device_name(self) -> str:

@@ -9,7 +9,9 @@ None).
 Events in (the same sequence as the simulator's):
 - ``arrival``: every inference request for a catalogue model (one RateEstimator update);
 - ``sent`` / ``done``: from the dispatcher's own try bookkeeping (``_pick`` / ``_done``);
-- ``utilization``: every tick, from each device's newest load report (the router's view);
+- ``utilization``: every tick, from each device's newest load report: its
+  ``engine_utilization`` where it has LLMs (the load the simulator's device reports with an
+  engine on it, ``policy.placement.engine``), else the router's view of its busy fraction;
 - ``load_done`` / ``unload_done``: the HTTP answers of the load/unload POSTs this driver makes;
 - ``device_ready``: the registry admits a device the autoscaler turned on (its worker is up);
 - ``device_stopped``: the launcher says the drained worker it stopped has exited;
@@ -357,9 +359,12 @@ class PlacementDriver:
         ctl = self.controller
         now = self.clock.now()
         router = self.registry.router
+        states = self.registry.states
         for name, d in ctl.devices.items():
             if d.active:
-                u = router.view(name).utilization
+                st = states.get(name)
+                eu = None if st is None else st.engine_utilization
+                u = eu if eu is not None else router.view(name).utilization
                 if u is not None and math.isfinite(u):
                     ctl.utilization(name, u)
         self.scaling.burst.tick(ctl, now)

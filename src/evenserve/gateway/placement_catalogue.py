@@ -1,20 +1,34 @@
 """What the placement controller manages, read from the cluster file: its catalogue (every
 model, described by the first profile set that has it, with the load times its worker has)
 and its devices (every worker device, active or a spare, and every listed evenserve
-backend)."""
+backend).
+
+An LLM folder (``kind: llm``) with a ``placement:`` section is in the catalogue as its engine
+(``policy.placement.engine.engine_info``, the object the simulator builds from the same
+fields: weights and KV cache on a device, weights in host memory asleep, a wake of
+``warm_load_ms``, a load from disk of ``cold_load_ms``), with its step profile: the folder's
+``step_profile`` file, else the first worker device's profile set that has one of its name;
+its ``max_model_len``, ``engine.max_num_seqs`` and ``ttft_ms`` (its SLO) as the worker reads
+them. An LLM folder without one is served awake where it is started and not placed."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from evenserve.cluster.file import LoadedCluster
+from evenserve.core.errors import ConfigError
+from evenserve.core.llm import StepProfile, load_step_profile, load_step_profiles
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.scenario import default_load_times_s
+from evenserve.core.validation import validate_document
 from evenserve.policy.placement import ModelInfo
+from evenserve.policy.placement.engine import EnginePlacement, engine_info
+from evenserve.runtime.device import parse_device
 
 GIB = 1024.0**3
 #: Memory of a device whose size the cluster file does not give (DeviceOptions' default).
@@ -80,7 +94,16 @@ def cluster_setup(
         names_.update(models)
         devices.append(DeviceSetup(b.name, DEFAULT_MEMORY_GB * GIB, models))
     infos: dict[str, ModelInfo] = {}
+    step_dirs = _step_profile_dirs(cluster)
     for m in sorted(names_):
+        llm = llm_section(cluster, m)
+        if llm is not None:
+            w = cluster.config.workers
+            assert w is not None
+            engine = llm_model_info(m, llm, cluster.resolve(w.repo) / m, step_dirs)
+            if engine is not None:
+                infos[m] = engine
+            continue
         em = emulated_section(cluster, m)
         pname = em.get("profile_name")
         key = pname if isinstance(pname, str) else m
@@ -88,6 +111,81 @@ def cluster_setup(
         load_s, warm_s = (_seconds(em.get(k)) for k in ("load_ms", "warm_load_ms"))
         infos[m] = model_info(m, prof, load_s=load_s, warm_load_s=warm_s)
     return infos, devices
+
+
+def _step_profile_dirs(cluster: LoadedCluster) -> list[Path]:
+    """The profile sets of the worker devices (``emulated:SET``), in their order."""
+    w = cluster.config.workers
+    out: list[Path] = []
+    for d in w.devices if w is not None else ():
+        try:
+            target = parse_device(d.device)
+        except ConfigError:
+            continue
+        if target.kind == "emulated" and target.profile_set is not None:
+            where = cluster.profile_dir(target.profile_set)
+            if where is not None and where not in out:
+                out.append(where)
+    return out
+
+
+def llm_section(cluster: LoadedCluster, model: str) -> dict[str, Any] | None:
+    """A repository model's model.yaml when it is an LLM folder (``kind: llm``), else None."""
+    w = cluster.config.workers
+    if w is None:
+        return None
+    raw = _read(cluster.resolve(w.repo) / model / "model.yaml")
+    return raw if raw.get("kind") == "llm" else None
+
+
+def llm_model_info(
+    name: str, raw: Mapping[str, Any], folder: Path, step_dirs: Sequence[Path]
+) -> ModelInfo | None:
+    """An LLM folder's engine as placement sees it (the module docstring); None without a
+    ``placement:`` section. ConfigError naming the file and the field."""
+    source = folder / "model.yaml"
+    section = raw.get("placement")
+    if section is None:
+        return None
+    spec = validate_document(EnginePlacement, section, f"{source}: placement")
+    profile = _llm_step_profile(name, raw, folder, step_dirs)
+    if profile is None:
+        raise ConfigError(
+            f"{source}: step_profile: placement needs the engine's step profile (a file, or "
+            f"a kind: llm-step profile named {name!r} in a worker device's profile set)"
+        )
+    max_len = raw.get("max_model_len")
+    if isinstance(max_len, int) and not isinstance(max_len, bool) and max_len > 0:
+        profile = replace(profile, max_model_len=max_len)
+    engine = raw.get("engine") if isinstance(raw.get("engine"), dict) else {}
+    seqs = engine.get("max_num_seqs", 64) if isinstance(engine, dict) else 64
+    ttft = raw.get("ttft_ms")
+    slo = ttft / 1e3 if isinstance(ttft, int | float) and not isinstance(ttft, bool) else None
+    try:
+        return engine_info(name, profile, spec, int(seqs), slo)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: placement.{exc}") from exc
+
+
+def _llm_step_profile(
+    name: str, raw: Mapping[str, Any], folder: Path, step_dirs: Sequence[Path]
+) -> StepProfile | None:
+    own = raw.get("step_profile")
+    if isinstance(own, str):
+        return load_step_profile((folder / own).resolve())
+    for d in step_dirs:
+        found = load_step_profiles(d).get(name)
+        if found is not None:
+            return found
+    return None
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
 
 
 def _seconds(ms: Any) -> float | None:
@@ -102,10 +200,6 @@ def emulated_section(cluster: LoadedCluster, model: str) -> dict[str, Any]:
     w = cluster.config.workers
     if w is None:
         return {}
-    path = cluster.resolve(w.repo) / model / "model.yaml"
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    em = raw.get("emulated") if isinstance(raw, dict) else None
+    raw = _read(cluster.resolve(w.repo) / model / "model.yaml")
+    em = raw.get("emulated")
     return em if isinstance(em, dict) else {}

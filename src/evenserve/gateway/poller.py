@@ -229,6 +229,7 @@ class Poller:
         st.models_version = report.models_version
         st.device, st.device_kind = report.device, report.device_kind
         st.device_slice = report.device_slice
+        st.engine_utilization = report.engine_utilization
         now = self.clock.now()
         self.registry.router.observe(name, report.to_sample(now))
         llm = self.llm

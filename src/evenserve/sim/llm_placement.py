@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +58,12 @@ from evenserve.policy.placement import (
     Unload,
 )
 from evenserve.policy.placement.controller import PlacementController, PlacementCounts
+from evenserve.policy.placement.engine import (
+    UtilizationMeter,
+    engine_blocks,
+    engine_info,
+    engine_utilization,
+)
 from evenserve.sched import Batch, DeviceScheduler, ModelSetup, scheduler_for
 from evenserve.sched.engine import EngineSetup, GenSpec
 from evenserve.sim.engine import EventLoop
@@ -68,25 +74,6 @@ from evenserve.workload.poisson import PoissonProcess
 from evenserve.workload.seeding import arrivals_rng
 
 GIB = 1024.0**3
-#: The span a device's reported utilization is measured over (seconds).
-UTILIZATION_WINDOW_S = 1.0
-
-
-def engine_utilization(
-    classic_busy: float, step_s: float, steps: int, tpot_s: float | None, kv_usage: float
-) -> float:
-    """A device's load as placement reads it, with an LLM engine on it: the fraction of the
-    time classic batches ran (``classic_busy``), plus, of the rest, the engine's load: its
-    mean step time over the TPOT target (a step as long as the target is a full engine:
-    more sequences would miss it), or its KV use if higher; at most 1. Why not the busy
-    fraction: an engine with any sequence running steps back to back, so the device reads
-    100 % busy at a few per cent of what it can serve, and the autoscaler and the busy-device
-    rule would ask for devices an engine does not need."""
-    load = 0.0
-    if steps and tpot_s:
-        load = (step_s / steps) / tpot_s
-    load = max(load, kv_usage)
-    return min(1.0, classic_busy + (1.0 - min(1.0, classic_busy)) * min(1.0, load))
 
 
 @dataclass(slots=True, eq=False)
@@ -175,12 +162,9 @@ class _Dev:
         self.on = False
         self.starting = False
         self.stopping = False
-        #: Device-seconds of classic batches and of engine steps started, steps started, and
-        #: their marks at each tick (``utilization``).
-        self.classic_s = 0.0
-        self.step_s = 0.0
-        self.steps = 0
-        self.marks: deque[tuple[float, float, float, int]] = deque()
+        #: Device-seconds of classic batches and of engine steps started, over the last
+        #: second at each tick (``utilization``).
+        self.meter = UtilizationMeter()
 
     @property
     def serving(self) -> bool:
@@ -189,26 +173,15 @@ class _Dev:
     # -- SchedulerActions --------------------------------------------------------------
     def start_batch(self, batch: Batch[PoolRequest]) -> None:
         if batch.step is None:
-            self.classic_s += batch.solo_s
+            self.meter.classic(batch.solo_s)
         else:
-            self.step_s += batch.solo_s
-            self.steps += 1
+            self.meter.step(batch.solo_s)
 
     def utilization(self, now: float, tpot_s: float | None) -> float:
         """What the device reports to placement (``engine_utilization`` over the last
         second)."""
-        marks = self.marks
-        marks.append((now, self.classic_s, self.step_s, self.steps))
-        while len(marks) > 2 and marks[1][0] <= now - UTILIZATION_WINDOW_S:
-            marks.popleft()
-        t0, c0, s0, n0 = marks[0]
-        span = now - t0
-        if span <= 0:
-            return 0.0
         kv = max((h.engine.kv.usage() for h in self.sched.engines.values()), default=0.0)
-        return engine_utilization(
-            (self.classic_s - c0) / span, self.step_s - s0, self.steps - n0, tpot_s, kv
-        )
+        return self.meter.read(now, tpot_s, kv)
 
     def drop(self, request: PoolRequest, reason: str) -> None:
         self.pool.finish(request, reason)
@@ -268,20 +241,16 @@ class _Pool:
         )
         ttfts = [w.ttft_ms for w in sc.workloads if w.ttft_ms is not None]
         try:
-            info = ModelInfo.for_engine(
+            info = engine_info(
                 llm.model,
                 prof,
-                kv_tokens=llm.kv_tokens,
-                cold_load_s=llm.cold_load_ms / 1e3,
-                warm_load_s=llm.warm_load_ms / 1e3,
-                max_num_seqs=self.engine_setup.max_num_seqs,
-                prompt_tokens=llm.capacity.prompt_tokens,
-                output_tokens=llm.capacity.output_tokens,
-                slo_s=min(ttfts) / 1e3 if ttfts else None,
+                llm.placement,
+                self.engine_setup.max_num_seqs,
+                min(ttfts) / 1e3 if ttfts else None,
             )
         except ValueError as exc:
             raise ConfigError(f"{sc.source}: llm: {exc}") from exc
-        self.num_blocks = round(info.kv_bytes / prof.block_bytes)
+        self.num_blocks = engine_blocks(info, prof)
         self.run.budget_tokens = self.engine_setup.max_num_batched_tokens
         self.run.step_profile = prof
         self.run.wake_s, self.run.cold_s = info.warm_load_s, info.cold_load_s

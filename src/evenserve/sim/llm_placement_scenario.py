@@ -44,15 +44,9 @@ from evenserve.core.errors import ConfigError
 from evenserve.core.scenario import Phase
 from evenserve.core.validation import Strict, read_yaml, validate_document
 from evenserve.core.wire import ONLINE, PRIORITY_CLASSES
+from evenserve.policy.placement.engine import CapacityMix, EnginePlacement
 from evenserve.sim.llm_scenario import EngineSpec, find_profile_set
 from evenserve.workload.llm import LlmWorkloadSpec
-
-
-class CapacityMix(Strict):
-    """The mean request placement sizes an engine's capacity by (``ModelInfo.for_engine``)."""
-
-    prompt_tokens: float = Field(ge=0)
-    output_tokens: float = Field(ge=1)
 
 
 class LlmModel(Strict):
@@ -70,6 +64,17 @@ class LlmModel(Strict):
         if self.warm_load_ms > self.cold_load_ms:
             raise ValueError("warm_load_ms: a wake cannot take longer than cold_load_ms")
         return self
+
+    @property
+    def placement(self) -> EnginePlacement:
+        """The fields placement reads, as a live ``kind: llm`` folder's ``placement:``
+        section gives them (``policy.placement.engine``)."""
+        return EnginePlacement(
+            kv_tokens=self.kv_tokens,
+            cold_load_ms=self.cold_load_ms,
+            warm_load_ms=self.warm_load_ms,
+            capacity=self.capacity,
+        )
 
 
 def _priority(v: int | str) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine, Sequence
+from collections.abc import Collection, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from evenserve.core.clock import Clock, RealClock
@@ -36,6 +36,7 @@ from evenserve.worker.llm.config import LlmEntry
 from evenserve.worker.llm.front import LlmFront
 from evenserve.worker.llm.generation import GenerationDriver
 from evenserve.worker.llm.hosting import LlmModel, build_llm, llm_readings, profile_set_dir
+from evenserve.worker.llm.residency import AWAKE, LlmResidency
 from evenserve.worker.models.control import ModelControl, stamp
 from evenserve.worker.models.loading import build, load_runtime
 from evenserve.worker.models.poll import RepositoryPoller
@@ -58,6 +59,7 @@ class Worker:
         options: WorkerOptions,
         clock: Clock | None = None,
         llm_entries: Sequence[LlmEntry] = (),
+        llm_awake: Collection[str] | None = None,
     ) -> None:
         if not entries and not llm_entries and options.model_control == "none":
             raise ConfigError("a worker needs at least one model (or --model-control explicit)")
@@ -97,11 +99,25 @@ class Worker:
             self.llms[le.name] = build_llm(le, set_dir, emulated)
         self.plane.llm_names = frozenset(self.llms)
         self.llm_metrics = LlmMetrics(self.metrics.registry, self.llms) if self.llms else None
+        #: Where each LLM is (awake: ``llm_awake``, None: all; the rest on disk) and its
+        #: sleep and wake, which model control's load and unload of it run.
+        self.residency = LlmResidency(
+            self.llms,
+            set(self.llms if llm_awake is None else llm_awake),
+            self.models.states,
+            self.control.loads,
+            self._generation_driver,
+            options.drain_timeout_s,
+        )
+        if self.llms:
+            self.control.llm = self.residency
         self.llm_front = LlmFront(
             self.llms,
             self._generation_driver,
             lambda: self.ready and not self.draining,
             self.llm_metrics,
+            self.models.states,
+            self.control.loads,
         )
         self.http = WorkerApp(
             self.plane,
@@ -180,15 +196,14 @@ class Worker:
             learn_profiles=self.options.learn_profiles,
         )
         for name, llm in self.llms.items():
-            c = llm.entry.config
-            try:
-                delay = llm.profile.cpu_s_per_output_token if c.runtime == "emulated" else 0.0
-                llm.kv_blocks = driver.add_engine(name, llm.setup, c.engine.num_blocks,
-                                                  c.priority_value, delay)  # fmt: skip
-            except ValueError as exc:
-                raise ConfigError(f"{llm.entry.source}: engine: {exc}") from exc
+            if self.residency.where[name] == AWAKE:
+                try:
+                    self.residency.host(name)
+                except ValueError as exc:
+                    raise ConfigError(f"{llm.entry.source}: engine: {exc}") from exc
             executor.steppers[name] = llm.runner
         if self.llms:
+            driver.hosts_llms = True
             executor.take_free = driver.take_free
             if self.llm_metrics is not None:
                 self.llm_metrics.bind(lambda: llm_readings(driver))
@@ -202,8 +217,8 @@ class Worker:
         self.models.join(self.telemetry.on_load, self.telemetry.on_unload)
         for n, m in self.models.items():
             self.models.states[n] = ModelState(READY, version=m.entry.config.version)
-        for n, llm in self.llms.items():  # listed READY in the index: the gateway routes them
-            self.models.states[n] = ModelState(READY, version=llm.entry.config.version)
+        # Awake: READY in the index (the gateway routes them); the rest on disk.
+        self.residency.initial_states()
         self.models.ready = True
         if self.options.model_control == "poll":
             self._poller = asyncio.ensure_future(self.poller.run())

@@ -44,6 +44,7 @@ from evenserve.runtime.base import Array
 from evenserve.sched.engine import Engine
 from evenserve.worker.device import Device
 from evenserve.worker.kserve import InferRequest, ModelSignature, ProtocolError, request_class
+from evenserve.worker.llm.generation import GenerationDriver
 from evenserve.worker.models.control import ModelControl
 from evenserve.worker.models.describe import model_config_json, model_metadata_json
 from evenserve.worker.models.loadwait import LoadWaitError
@@ -332,6 +333,11 @@ class DataPlane:
                 m: {b: round(ms, 4) for b, ms in v.items()} for m, v in ready_only(observed).items()
             },
             llm_by_model={n: llm_load(h.engine) for n, h in d.sched.engines.items()},
+            engine_utilization=(
+                round(d.engine_utilization(now), 6)
+                if isinstance(d, GenerationDriver) and d.hosts_llms
+                else None
+            ),
             loading_models=sorted(n for n, st in states.items() if st.state == LOADING),
             models_version=states.version,
             ready=self.models.ready,

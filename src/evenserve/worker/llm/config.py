@@ -13,6 +13,12 @@
     tpot_ms: 50
     engine: {mode: continuous-chunked, max_num_seqs: 64, max_num_batched_tokens: 512,
              chunk_tokens: null, prefix_caching: true, max_waiting: 1024, num_blocks: null}
+    placement:                 # optional: the engine under the gateway's placement (design
+      kv_tokens: 131072        # 0022): the KV cache it holds awake (its KV blocks; not with
+      cold_load_ms: 20000      # engine.num_blocks), its load from disk and its wake from
+      warm_load_ms: 1500       # host memory (vLLM sleep mode level 1; emulated: slept), and
+      capacity: {prompt_tokens: 1000, output_tokens: 200}   # the mean request placement
+                               # sizes its capacity by (policy.placement.engine)
     llm_torch: {...}           # runtime llm_torch's section (runtime.llm.LlmTorchParams)
 
 Every error names the file and the field.
@@ -28,6 +34,7 @@ from pydantic import Field, field_validator, model_validator
 from evenserve.core import wire
 from evenserve.core.errors import ConfigError
 from evenserve.core.validation import Strict, read_yaml, validate_document
+from evenserve.policy.placement.engine import EnginePlacement
 
 MODEL_FILE = "model.yaml"
 
@@ -60,6 +67,8 @@ class LlmModelFile(Strict):
     tpot_ms: float | None = Field(default=None, gt=0)
     engine: LlmEngineConfig = Field(default_factory=LlmEngineConfig)
     llm_torch: dict[str, Any] | None = None
+    #: The engine as placement reads it (None: not placed; it cannot be put to sleep).
+    placement: EnginePlacement | None = None
 
     @field_validator("name", "version")
     @classmethod
@@ -72,6 +81,11 @@ class LlmModelFile(Strict):
     def _consistent(self) -> LlmModelFile:
         if self.llm_torch is not None and self.runtime != "llm_torch":
             raise ValueError(f"llm_torch: section given but runtime is {self.runtime!r}")
+        if self.placement is not None and self.engine.num_blocks is not None:
+            raise ValueError(
+                "engine.num_blocks: an engine under placement holds placement.kv_tokens "
+                "(give one of them)"
+            )
         return self
 
     @property

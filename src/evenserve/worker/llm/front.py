@@ -29,6 +29,8 @@ from evenserve.sched.engine import GenSpec
 from evenserve.worker.batch import PendingRequest
 from evenserve.worker.llm.generation import GenerationDriver, GenerationSink
 from evenserve.worker.llm.hosting import LlmModel
+from evenserve.worker.models.loadwait import LoadWaitError, LoadWaits
+from evenserve.worker.models.registry import LOADING, READY, UNLOADING, ModelStates
 from evenserve.worker.openai import (
     SSE_CONTENT_TYPE,
     ChatRequest,
@@ -100,8 +102,14 @@ class LlmFront:
         driver: Callable[[], GenerationDriver],
         ready: Callable[[], bool],
         metrics: LlmMetrics | None = None,
+        states: ModelStates | None = None,
+        loads: LoadWaits | None = None,
     ) -> None:
         self.models = dict(models)
+        #: Each model's state (an LLM asleep or being woken: ``worker.llm.residency``) and
+        #: the loads in progress its requests wait for (None: always awake).
+        self.states = states
+        self.loads = loads
         self._driver = driver
         self._ready = ready
         self._ids = itertools.count(1)
@@ -140,6 +148,8 @@ class LlmFront:
                 raise model_not_found(req.model)
             if not self._ready():
                 raise unavailable("the worker is not ready (starting or shutting down)")
+            if self.states is not None:
+                await self._awake(req.model)
             ids = (
                 chat_prompt_ids(req, model.tokenizer, model.template)
                 if isinstance(req, ChatRequest)
@@ -180,6 +190,29 @@ class LlmFront:
         except Exception as exc:
             return _error(openai_error(exc))
         return Response(200, body, JSON)
+
+    async def _awake(self, name: str) -> None:
+        """An LLM being woken is waited for (at most ``--load-wait-ms``, then 503), as a
+        classic model being loaded; one being put to sleep is 503, one asleep 404 (as a
+        classic model not loaded). No await after the last check: the submit follows."""
+        assert self.states is not None
+        st = self.states.get(name)
+        if st is not None and st.state == LOADING and self.loads is not None:
+            try:
+                await self.loads.wait(name)
+            except LoadWaitError as exc:
+                raise unavailable(str(exc), exc.retry_after_s) from None
+            st = self.states.get(name)
+        if st is None or st.state == READY:
+            return
+        if st.state == UNLOADING:
+            raise unavailable(f"model {name!r} is being put to sleep here", 1.0)
+        if st.state == LOADING:
+            raise unavailable(f"model {name!r} is loading", 1.0)
+        why = f" ({st.reason})" if st.reason else ""
+        raise OpenAIError(
+            404, f"The model `{name}` is not loaded here{why}.", code="model_not_found"
+        )
 
     async def _events(
         self, model: LlmModel, pending: PendingRequest, prompt: list[int], tally: Tally

@@ -19,7 +19,8 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from evenserve.sched import DRAINING
+from evenserve.policy.placement.engine import UtilizationMeter
+from evenserve.sched import DRAINING, UNLOADED
 from evenserve.sched.engine import TOO_LONG, EngineSetup, GenSpec, TokenEvent
 from evenserve.worker.batch import BatchResult, PendingRequest, RunningBatch
 from evenserve.worker.driver import BatchDriver
@@ -59,6 +60,13 @@ class GenerationDriver(BatchDriver):
         #: its step profile's CPU per output token, which the simulator applies too; a real
         #: model's CPU is real).
         self.token_delay_s: dict[str, float] = {}
+        #: The device's load as placement reads it (``policy.placement.engine``): classic
+        #: batches' and engine steps' device-seconds counted as they start, as the
+        #: simulator's device counts them.
+        self.meter = UtilizationMeter(float(kwargs.get("utilization_window_s", 1.0)))
+        #: Whether this worker has LLMs (awake or asleep): its load report then carries
+        #: ``engine_utilization``.
+        self.hosts_llms = False
 
     def add_engine(
         self,
@@ -73,6 +81,40 @@ class GenerationDriver(BatchDriver):
         with self.lock:
             host = self.sched.add_engine(name, setup, self.clock.now(), num_blocks, priority)
             return host.engine.kv.num_blocks
+
+    def remove_engine(self, name: str) -> None:
+        """Stop hosting ``name``'s engine (put to sleep): its weights and KV blocks leave the
+        device. ValueError unless ``drain_engine`` left it idle."""
+        with self.lock:
+            self.sched.remove_engine(name, self.clock.now())
+
+    def model_idle(self, model: str) -> bool:
+        """Nothing of ``model`` queued or running; an engine: no sequence waiting or
+        running and no step of it in flight."""
+        with self.lock:
+            host = self.sched.engines.get(model)
+            if host is not None:
+                return not (host.in_flight or host.engine.has_work)
+        return super().model_idle(model)
+
+    async def drain_engine(self, model: str, timeout_s: float | None = None) -> int:
+        """Wait until ``model``'s engine has no sequence (the caller refuses new ones
+        meanwhile); after ``timeout_s`` its sequences still waiting or running are dropped
+        (their callers get DrainingError) and the step in flight is waited for. Returns how
+        many were dropped so."""
+        self._bind_loop()
+        if self.model_idle(model):
+            return 0
+        dropped = 0
+        waiter = self._wait_model(model)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+        except TimeoutError:
+            with self.lock:
+                dropped = self.sched.abandon(self.clock.now(), UNLOADED, model=model)
+            if not self.model_idle(model):
+                await self._wait_model(model)
+        return dropped
 
     def submit_generation(
         self,
@@ -127,11 +169,22 @@ class GenerationDriver(BatchDriver):
 
     def start_batch(self, batch: RunningBatch) -> None:
         """An engine step runs without the classic batch observer (its figures are the
-        engine's: ``metrics.llm``); a classic batch as ever."""
+        engine's: ``metrics.llm``); a classic batch as ever. Both count in ``meter``."""
         if batch.step is None:
+            self.meter.classic(batch.solo_s)
             super().start_batch(batch)
             return
+        self.meter.step(batch.solo_s)
         self._executor.start(batch, functools.partial(self._batch_done, batch))
+
+    def engine_utilization(self, now: float) -> float:
+        """The device's load for placement now (under the lock): the classic batches' busy
+        fraction plus the engines' step time over their TPOT target, or their KV use if
+        higher (``policy.placement.engine.engine_utilization``), over the meter's window."""
+        engines = self.sched.engines.values()
+        tpots = [h.engine.setup.tpot_s for h in engines if h.engine.setup.tpot_s]
+        kv = max((h.engine.kv.usage() for h in engines), default=0.0)
+        return self.meter.read(now, min(tpots) if tpots else None, kv)
 
     def take_free(self, model: str) -> list[int]:
         """The seq ids whose executor caches ``model``'s engine let go (under the lock)."""

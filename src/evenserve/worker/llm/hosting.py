@@ -17,6 +17,7 @@ from typing import Any
 
 from evenserve.core.errors import ConfigError
 from evenserve.core.llm import StepProfile, Tokenizer, load_step_profile, load_step_profiles
+from evenserve.policy.placement.engine import engine_blocks, engine_info
 from evenserve.sched.engine import EngineSetup
 from evenserve.worker.llm.config import LlmEntry
 from evenserve.worker.llm.steps import EmulatedSteps, StepRunner, TorchSteps
@@ -44,6 +45,9 @@ class LlmModel:
     runner: StepRunner
     max_model_len: int
     kv_blocks: int = 0
+    #: The KV blocks its engine is hosted with (None: what the device's memory holds):
+    #: ``engine.num_blocks``, or under placement ``placement.kv_tokens`` in whole blocks.
+    num_blocks: int | None = None
 
     @property
     def name(self) -> str:
@@ -161,7 +165,14 @@ def build_llm(entry: LlmEntry, profiles_dir: Path | None, emulated: bool) -> Llm
         )
     except ValueError as exc:
         raise ConfigError(f"{where}: engine: {exc}") from exc
-    return LlmModel(entry, tok, template, profile, setup, runner, max_len)
+    num_blocks = e.num_blocks
+    if c.placement is not None:
+        try:
+            info = engine_info(entry.name, profile, c.placement, e.max_num_seqs)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: placement.{exc}") from exc
+        num_blocks = engine_blocks(info, profile)
+    return LlmModel(entry, tok, template, profile, setup, runner, max_len, 0, num_blocks)
 
 
 def _with_len(profile: StepProfile, max_len: int) -> StepProfile:

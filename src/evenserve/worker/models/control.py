@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evenserve.core import wire
 from evenserve.core.errors import ConfigError, EvenserveError
@@ -50,6 +50,9 @@ from evenserve.worker.repository import (
     model_folders,
 )
 from evenserve.worker.triton_config import TRITON_FILE
+
+if TYPE_CHECKING:
+    from evenserve.worker.llm.residency import LlmResidency
 
 #: The name the worker's model lines have always been logged under (``--log-level``).
 log = logging.getLogger("evenserve.worker.service")
@@ -104,6 +107,9 @@ class ModelControl:
         self._locks: dict[str, asyncio.Lock] = {}
         #: The loads in progress, which inference requests may wait for.
         self.loads = LoadWaits(self.options, metrics.observe_load_wait)
+        #: The LLMs' sleep and wake (``worker.llm.residency``; None: no LLM here): a load
+        #: of an LLM folder wakes its engine, an unload puts it to sleep.
+        self.llm: LlmResidency | None = None
 
     @property
     def driver(self) -> BatchDriver:
@@ -191,6 +197,14 @@ class ModelControl:
         naming ``parameters.config.<field>``."""
         self._check_running()
         directory = self._folder(name)
+        if self.llm is not None and name in self.llm.llms:
+            if override is not None:
+                raise ModelControlError(
+                    f"model {name!r}: an LLM's load (a wake) takes no config override", 400
+                )
+            async with self._lock(name):
+                self._check_running()
+                return await self._llm_op(name, "load")
         async with self._lock(name):
             self._check_running()
             try:
@@ -209,6 +223,27 @@ class ModelControl:
                     self.models.states[name] = ModelState(UNAVAILABLE, f"load failed: {text}")
                 raise ModelControlError(text, 400) from exc
             return await self._load(name, entry)
+
+    async def _llm_op(self, name: str, action: str) -> dict[str, Any]:
+        """A load (wake) or unload (sleep) of an LLM (``worker.llm.residency``)."""
+        from evenserve.worker.llm.residency import LlmResidencyError
+
+        llm = self.llm
+        assert llm is not None
+        try:
+            if action == "load":
+                info = await llm.wake(name)
+                self.metrics.observe_load(name, "success")
+                if info["load_source"] != "device":  # not already awake
+                    self.metrics.observe_load_source(name, str(info["load_source"]))
+                return info
+            await llm.sleep(name)
+            self.metrics.observe_unload(name)
+            return {}
+        except LlmResidencyError as exc:
+            if action == "load":
+                self.metrics.observe_load(name, "failure")
+            raise ModelControlError(str(exc), exc.status) from exc
 
     async def _load(self, name: str, entry: ModelEntry) -> dict[str, Any]:
         reload = name in self.models
@@ -324,6 +359,11 @@ class ModelControl:
         timeout are refused with 503), then it leaves the scheduler and the executor, its
         runtime is closed and the memory given back; UNAVAILABLE (``unloaded``) after."""
         self._check_running()
+        if self.llm is not None and name in self.llm.llms:
+            async with self._lock(name):
+                self._check_running()
+                await self._llm_op(name, "unload")
+            return
         async with self._lock(name):
             self._check_running()
             st = self.models.state(name)
