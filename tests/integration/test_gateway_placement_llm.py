@@ -96,6 +96,14 @@ async def test_asleep_a_request_wakes_it_and_is_answered_no_switch_within_the_wi
             assert counts["loads"] == 1
             assert counts["live_warm_loads"] == 1  # the worker woke it from host memory
             assert pl.controller.devices["w0"].models == {"llm": READY}
+            # The tick reads the device's load as the worker's report gives it for placement
+            # (engine_utilization), not the busy fraction the router reads.
+            st = g.registry.states["w0"]
+            assert st.engine_utilization is not None
+            st.engine_utilization = 0.4321
+            pl.tick()
+            assert pl.controller.devices["w0"].utilization == 0.4321
+            assert g.registry.router.view("w0").utilization != 0.4321
             # Idle from now on: past idle_unload_s and hold_s, but within min_switch_s of
             # its wake, so no tick puts it to sleep.
             for _ in range(10):

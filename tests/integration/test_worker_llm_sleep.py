@@ -180,3 +180,24 @@ def test_an_llm_without_a_placement_section_is_not_slept(tmp_path: Path) -> None
         r = c.post("/v2/repository/models/llm/unload")
         assert r.status_code == 400 and "placement: section" in r.text
         assert complete(c).status_code == 200
+
+
+def test_the_placement_section_is_validated_naming_the_field(tmp_path: Path) -> None:
+    from evenserve.core.errors import ConfigError
+    from evenserve.worker.llm.config import load_llm_model
+
+    pset, repo = placed_repo(tmp_path, {"llm": 0.5})
+    path = repo / "llm" / "model.yaml"
+    text = path.read_text()
+    path.write_text(text.replace("max_num_seqs: 8", "max_num_seqs: 8, num_blocks: 64"))
+    with pytest.raises(ConfigError, match=r"engine\.num_blocks"):
+        load_llm_model(repo / "llm")
+    path.write_text(text.replace("warm_load_ms: 150", "warm_load_ms: 900"))
+    with pytest.raises(ConfigError, match="warm_load_ms"):
+        load_llm_model(repo / "llm")
+    path.write_text(text.replace("kv_tokens: 2048", "kv_tokens: 64"))
+    entry = load_llm_model(repo / "llm")
+    from evenserve.worker.llm.hosting import build_llm
+
+    with pytest.raises(ConfigError, match=r"placement\.kv_tokens"):
+        build_llm(entry, pset, emulated=True)
