@@ -142,8 +142,9 @@ def load_model(
 
     if is_llm_folder(directory):
         raise ConfigError(
-            f"{directory / MODEL_FILE}: kind: llm: an LLM is served from the worker's start, "
-            "with --model-control none (not loaded or unloaded while serving)"
+            f"{directory / MODEL_FILE}: kind: llm: an LLM is served from the worker's start "
+            "(--model-control none, or explicit with --load-model); only an emulated one with "
+            "a placement: section is put to sleep and woken while serving"
         )
     source = directory / MODEL_FILE
     raw = read_yaml(source, f"{directory}: no {MODEL_FILE} in this model folder")
