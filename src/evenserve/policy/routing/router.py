@@ -550,7 +550,7 @@ class Router:
             q = v.queue_depth - k * r
             v.queue_depth = q if q > 0.0 else 0.0
             mine = 0 if lane is None else lane.since
-            if mine > 0:
+            if mine > 0 and lane is not None:
                 k = k if k < mine else mine
                 lane.since = mine - k
                 qbm = st.queued
