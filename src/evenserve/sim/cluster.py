@@ -30,9 +30,11 @@ Theory of operation. Everything happens on one EventLoop with a virtual clock.
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from heapq import heappush
 from typing import TYPE_CHECKING, Any
 
@@ -500,7 +502,8 @@ class Simulation:
             self._start_closed_loop(wl)
         else:
             self._start_trace(wl)
-        self.loop.run(self.end_s)
+        with setup_out_of_collectors_sight():
+            self.loop.run(self.end_s)
         log = self.log
         n = len(log.model)
         del log.finish_s[n:], log.device[n:], log.drop_reason[n:]
@@ -556,6 +559,24 @@ class Simulation:
             scale_ups_s=[] if pl is None else list(pl.scale_ups_s),
             scale_up_decisions_s=[] if pl is None else list(pl.scale_up_decisions_s),
         )
+
+
+@contextmanager
+def setup_out_of_collectors_sight() -> Iterator[None]:
+    """While the event loop runs: what was there before it (the scenario, profiles, routers,
+    schedulers, the request log's and the traces' columns, which grow to millions of
+    entries) is frozen out of the cyclic collector's sight (``gc.freeze``), so its
+    collections walk only what the run made since; thawed after. The collector only frees
+    cycles nobody reads, so the decisions are the same either way. A process that froze
+    objects of its own is left as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def simulate(loaded: LoadedScenario, arm: str, seed: int | None = None) -> RunRecords:

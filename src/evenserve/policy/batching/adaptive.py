@@ -55,6 +55,8 @@ class AdaptiveParams(PolicyParams):
 
 @BATCHING.register("adaptive", AdaptiveParams, "window from arrival rate, profile and memory")
 class Adaptive(BatchingPolicyBase):
+    __slots__ = ("_max_delay_s", "params", "rate")
+
     def __init__(self, params: AdaptiveParams) -> None:
         self.params = params
         self.rate = RateEstimator(params.tau_ms / 1000.0)

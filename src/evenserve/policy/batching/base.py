@@ -36,6 +36,8 @@ class BatchingPolicyBase:
     then skip asking it again on such an arrival.
     """
 
+    __slots__ = ()
+
     arrivals_keep_wait = False
 
     def on_arrival(self, now_s: float) -> None:

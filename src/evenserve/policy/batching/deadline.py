@@ -50,6 +50,8 @@ def deadline_of(r: RequestInfo, slo_s: float | None) -> float:
 
 @BATCHING.register("deadline", DeadlineParams, "largest batch meeting the earliest deadline")
 class DeadlineBatching(BatchingPolicyBase):
+    __slots__ = ("_margin_s", "params", "rate")
+
     def __init__(self, params: DeadlineParams) -> None:
         self.params = params
         self.rate = RateEstimator(params.tau_ms / 1000.0)

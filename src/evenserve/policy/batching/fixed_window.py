@@ -35,6 +35,8 @@ class FixedWindowParams(PolicyParams):
 
 @BATCHING.register("fixed-window", FixedWindowParams, "dispatch when full or oldest waited delay")
 class FixedWindow(BatchingPolicyBase):
+    __slots__ = ("_delay_s", "_wait", "params")
+
     arrivals_keep_wait = True  # its wait is the head's window (BatchingPolicyBase)
 
     def __init__(self, params: FixedWindowParams) -> None:

@@ -16,6 +16,8 @@ class NoBatchingParams(PolicyParams):
 
 @BATCHING.register("none", NoBatchingParams, "batch of one, no waiting")
 class NoBatching(BatchingPolicyBase):
+    __slots__ = ("params",)
+
     max_batch_size = 1
 
     def __init__(self, params: NoBatchingParams) -> None:

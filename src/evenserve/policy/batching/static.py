@@ -24,6 +24,8 @@ class StaticParams(PolicyParams):
 
 @BATCHING.register("static", StaticParams, "exactly N per batch")
 class StaticBatching(BatchingPolicyBase):
+    __slots__ = ("_max_wait_s", "params")
+
     def __init__(self, params: StaticParams) -> None:
         self.params = params
         self._max_wait_s = None if params.max_wait_ms is None else params.max_wait_ms / 1000.0

@@ -35,6 +35,8 @@ class StepDownParams(PolicyParams):
 
 @BATCHING.register("step-down", StepDownParams, "articles' rule: 100 -> 50 -> 30 ms when unfilled")
 class StepDown(BatchingPolicyBase):
+    __slots__ = ("_fills", "level", "params")
+
     def __init__(self, params: StepDownParams) -> None:
         self.params = params
         self.level = 0

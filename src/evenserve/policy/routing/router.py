@@ -73,24 +73,39 @@ LEARN_ALPHA = 0.05
 LEARN_MIN_ANSWERS = 4
 
 
+class _Lane:
+    """What the router keeps of one model on one backend besides the view's figures, in one
+    object (a send and an answer read one of these, not a dictionary each)."""
+
+    __slots__ = ("count", "sends", "since", "value")
+
+    def __init__(self) -> None:
+        #: (sent at, in flight there before it) of each request not yet answered.
+        self.sends: deque[tuple[float, int]] = deque()
+        #: Sends since the newest sample, net of answers.
+        self.since = 0
+        #: The learned seconds per request and how many answers it is made of (a running
+        #: mean for the first 1 / alpha answers, an EWMA after).
+        self.value = 0.0
+        self.count = 0
+
+
 @dataclass(slots=True)
 class _BackendState:
     view: BackendView
     models: frozenset[str]
     samples: deque[LoadSample]
     sent_since_sample: int = 0
-    sent_by_model: dict[str, int] = field(default_factory=dict)
     healthy: bool = True
     last_sample_s: float | None = None
     in_flight_by_model: dict[str, int] = field(default_factory=dict)
-    #: Per model, (sent at, in flight there before it) of each request not yet answered.
-    sends: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+    #: Per model, what the router keeps of it here (made at its first send).
+    lanes: dict[str, _Lane] = field(default_factory=dict)
+    #: The view's ``queued_by_model`` (the same dict; the router replaces both together).
+    queued: dict[str, float] = field(default_factory=dict)
     #: What the policies see (``BackendView.latency_per_request_s``): a model's learned
     #: seconds per request once it has LEARN_MIN_ANSWERS answers.
     learned: dict[str, float] = field(default_factory=dict)
-    #: The estimate itself and how many answers it is made of (a running mean for the first
-    #: 1 / alpha answers, an EWMA after).
-    estimate: dict[str, tuple[float, int]] = field(default_factory=dict)
     #: The mean of the sampled queues per model, without this router's sends: what the
     #: backend itself reported, the only evidence the refusal rule takes.
     sampled_queued: dict[str, float] = field(default_factory=dict)
@@ -188,6 +203,7 @@ class Router:
         # The view reads the router's own counts and what it learned (the same dicts).
         st.view.in_flight_by_model = st.in_flight_by_model
         st.view.latency_per_request_s = st.learned
+        st.view.queued_by_model = st.queued
         self._backends[name] = st
         self._rebuild()
 
@@ -213,13 +229,9 @@ class Router:
             if not st.in_flight_by_model.get(m):
                 st.in_flight_by_model.pop(m, None)
             st.learned.pop(m, None)
-            st.estimate.pop(m, None)
-            st.sends.pop(m, None)
+            st.lanes.pop(m, None)
             st.sampled_queued.pop(m, None)
-            st.sent_by_model.pop(m, None)
-            qbm = v.queued_by_model
-            if isinstance(qbm, dict):
-                qbm.pop(m, None)
+            st.queued.pop(m, None)
         profs = dict(v.profiles) if profiles is None else dict(profiles)
         if profiles is not None:
             # A model kept, on the same base profile, keeps what was learned of it there.
@@ -317,7 +329,8 @@ class Router:
         st.samples.append(sample)
         st.last_sample_s = sample.timestamp_s
         st.sent_since_sample = 0
-        st.sent_by_model = {}
+        for lane in st.lanes.values():
+            lane.since = 0
         if sample.profile_scale or st.learned_from:
             self._learn(st, sample)
         self._refresh(st)
@@ -379,9 +392,10 @@ class Router:
             for m, q in s.queued_by_model.items():
                 qbm[m] = qbm.get(m, 0.0) + q / n
         st.sampled_queued = dict(qbm)
-        for m, k in st.sent_by_model.items():
-            qbm[m] = qbm.get(m, 0.0) + k * r
-        v.queued_by_model = qbm
+        for m, lane in st.lanes.items():
+            if lane.since:
+                qbm[m] = qbm.get(m, 0.0) + lane.since * r
+        v.queued_by_model = st.queued = qbm
 
     def expire(self, now_s: float) -> list[str]:
         """Mark backends whose newest sample is too old as unknown; return their names."""
@@ -398,7 +412,7 @@ class Router:
                 v.memory_free_bytes = None
                 v.queue_depth = float(v.in_flight)
                 v.busy_remaining_s = 0.0
-                v.queued_by_model = {}
+                v.queued_by_model = st.queued = {}
                 stale.append(name)
                 self._touch(st, True)
         return stale
@@ -449,22 +463,20 @@ class Router:
         st = self._backends[name]
         v = st.view
         n = v.in_flight
+        lane = st.lanes.get(model)
+        if lane is None:
+            lane = st.lanes[model] = _Lane()
         if now_s is not None:
-            q = st.sends.get(model)
-            if q is None:
-                q = st.sends[model] = deque()
-            q.append((now_s, n))
+            lane.sends.append((now_s, n))
         v.in_flight = n + 1
         ifm = st.in_flight_by_model
         ifm[model] = ifm.get(model, 0) + 1
         r = self.send_weight
         v.queue_depth += r if v.signals_fresh else 1.0
         st.sent_since_sample += 1
-        sbm = st.sent_by_model
-        sbm[model] = sbm.get(model, 0) + 1
-        qbm = v.queued_by_model
-        if isinstance(qbm, dict):
-            qbm[model] = qbm.get(model, 0.0) + r
+        lane.since += 1
+        qbm = st.queued
+        qbm[model] = qbm.get(model, 0.0) + r
         marks = st.marks
         if marks:
             st.cell[0] = None
@@ -488,8 +500,9 @@ class Router:
         if st is None:
             return
         v = st.view
-        sends = st.sends.get(model)
-        if sends:
+        lane = st.lanes.get(model)
+        sends = None if lane is None else lane.sends
+        if sends and lane is not None:
             k = n if n < len(sends) else len(sends)
             popleft = sends.popleft
             if now_s is None:
@@ -499,7 +512,7 @@ class Router:
                 # The running mean, then EWMA, of latency / (in flight at the send + 1); the
                 # first answer starts it at its own figure.
                 alpha = self.learn_alpha
-                value, count = st.estimate.get(model, (0.0, 0))
+                value, count = lane.value, lane.count
                 if count >= self._ewma_from:  # the weight is alpha for every one of them
                     for _ in range(k):
                         sent_s, ahead = popleft()
@@ -516,7 +529,7 @@ class Router:
                         if w <= alpha:
                             w = alpha
                         value = value + w * (x - value)
-                st.estimate[model] = (value, count)
+                lane.value, lane.count = value, count
                 if count >= LEARN_MIN_ANSWERS:
                     st.learned[model] = value
         ifm = st.in_flight_by_model
@@ -536,13 +549,12 @@ class Router:
             st.sent_since_sample = since - k
             q = v.queue_depth - k * r
             v.queue_depth = q if q > 0.0 else 0.0
-            sbm = st.sent_by_model
-            mine = sbm.get(model, 0)
-            if mine > 0:
+            mine = 0 if lane is None else lane.since
+            if mine > 0 and lane is not None:
                 k = k if k < mine else mine
-                sbm[model] = mine - k
-                qbm = v.queued_by_model
-                if isinstance(qbm, dict) and model in qbm:
+                lane.since = mine - k
+                qbm = st.queued
+                if model in qbm:
                     q = qbm[model] - k * r
                     qbm[model] = q if q > 0.0 else 0.0
         marks = st.marks
