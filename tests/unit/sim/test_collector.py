@@ -4,6 +4,7 @@ sight while the loop runs, and thaws it after (``sim.cluster.setup_out_of_collec
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,18 @@ from evenserve.sim import cluster
 from evenserve.sim.cluster import setup_out_of_collectors_sight, simulate
 from evenserve.sim.loader import load_scenario
 from tests.unit.sim.scenarios import toy_scenario, write_scenario
+
+
+@pytest.fixture(autouse=True)
+def nothing_frozen() -> Iterator[None]:
+    """Each test starts with nothing frozen, whatever ran before it in this process (a
+    serving process's ``tune_gc`` freezes what it allocated at startup, and an in-process
+    gateway or worker of another test does that here), and leaves it as it found it."""
+    was_frozen = gc.get_freeze_count() > 0
+    gc.unfreeze()
+    yield
+    if was_frozen:
+        gc.freeze()
 
 
 def test_setup_is_frozen_during_the_run_and_thawed_after() -> None:
