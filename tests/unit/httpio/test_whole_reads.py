@@ -221,9 +221,14 @@ def test_an_answer_read_whole_is_what_the_parser_reads(msg: bytes) -> None:
     assert taken == (ANSWERS.index(msg) < 3)
     pieces, reuse_pieces = _answer([msg[i : i + 1] for i in range(len(msg))])
     if isinstance(whole, tuple) and isinstance(pieces, tuple):
-        status, headers, body, head, raw = whole
-        assert (status, headers, body, head) == pieces[:4]
-        assert raw == (msg if taken else None)
+        assert (whole.status, whole.headers, whole.body, whole.head, whole.resent) == (
+            pieces.status,
+            pieces.headers,
+            pieces.body,
+            pieces.head,
+            pieces.resent,
+        )
+        assert whole.raw == (msg if taken else None)
     else:
         assert whole == pieces
     assert reuse_whole == reuse_pieces

@@ -15,9 +15,11 @@ import httptools
 from evenserve.httpio.client.reply import (
     BadResponse,
     ConnectionLost,
+    Reply,
     ResponseTimeout,
     Result,
     head_end,
+    new_reply,
     parse_headers,
 )
 
@@ -45,6 +47,11 @@ class Connection(asyncio.Protocol):
         self.fut: asyncio.Future[Result] | None = None
         #: Instead of ``fut``: called with (result, None) or (None, error) (``send_cb``).
         self.cb: Callable[[Result | None, BaseException | None], None] | None = None
+        #: The pool's callback for this connection (made once, not per request) and what
+        #: the request in flight on it by callback needs when it is over: its head, body,
+        #: deadline, the caller's callback and its argument (``HttpClient.send_with``).
+        self.pool_done: Callable[[Result | None, BaseException | None], None] | None = None
+        self.sent: tuple[bytes, bytes, float, Callable[..., None], object] | None = None
         #: The reads of the current answer until its head is complete, then its head.
         self.head_parts: list[bytes] = []
         self.head = b""
@@ -99,12 +106,16 @@ class Connection(asyncio.Protocol):
                         head = data[:end]
                         self.reusable = True
                         keep = self.keep
-                        result = (
-                            int(code),
-                            parse_headers(head, keep) if keep else {},
-                            data[end:],
-                            head,
-                            data,
+                        result: Reply = new_reply(
+                            Reply,
+                            (
+                                int(code),
+                                parse_headers(head, keep) if keep else {},
+                                data[end:],
+                                0,
+                                head,
+                                data,
+                            ),
                         )
                         cb = self.cb
                         if cb is not None and self.fut is None:  # _deliver, inlined
@@ -158,7 +169,7 @@ class Connection(asyncio.Protocol):
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         self.reads = 0
         headers = parse_headers(head, self.keep) if self.keep else {}
-        self._deliver((status, headers, body, head, None))
+        self._deliver(new_reply(Reply, (status, headers, body, 0, head, None)))
 
     def _deliver(self, result: Result) -> None:
         """The answer to whoever waits for it (the future or the callback)."""
