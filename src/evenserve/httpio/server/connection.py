@@ -476,9 +476,10 @@ class Connection(asyncio.Protocol):
             self._close()
         elif self.pending:
             self._next()
-        elif not self.deadline:
+        elif not self.deadline:  # _arm, inlined
             lim = self.limits
-            self._arm(lim.body_timeout_s if self.reading else lim.keepalive_timeout_s)
+            after_s = lim.body_timeout_s if self.reading else lim.keepalive_timeout_s
+            self.deadline = self.loop.time() + after_s
 
     # -- streamed answers (beside the whole-body path above, which does not see them) -----------
     async def _stream(self, req: Request, keep: bool, resp: StreamResponse) -> None:
