@@ -27,11 +27,12 @@ from evenserve.httpio.client.reply import (
 _NO_BODY = (b"204", b"304")
 #: What may follow a status code: the reason's space or the line's end.
 _AFTER_CODE = (0x20, 0x0D)
-#: In a lower-cased head: a header that concerns one connection, not the answer (RFC 9110
-#: 7.6.1), Transfer-Encoding, or a folded line (one search: a regular expression's, cheaper
-#: than a ``find`` per name, whose arguments CPython 3.11 parses by format string).
+#: In a lower-cased head (without its blank line): a header that concerns one connection, not
+#: the answer (RFC 9110 7.6.1), Transfer-Encoding, a folded line, or a blank line before the
+#: end, CRLF or bare LF (one search: a regular expression's, cheaper than a ``find`` per
+#: name, whose arguments CPython 3.11 parses by format string).
 _NOT_PLAIN = re.compile(
-    rb"\n(?:transfer-encoding:|connection:|keep-alive:|proxy-|upgrade:|trailer:|[ \t])"
+    rb"\n(?:transfer-encoding:|connection:|keep-alive:|proxy-|upgrade:|trailer:|[ \t\r\n])"
 ).search
 
 
@@ -77,33 +78,33 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
-        if not self.reads and self.in_head and data.startswith(b"HTTP/1.1 "):
+        if not self.reads and self.in_head and data[:9] == b"HTTP/1.1 ":
             # An answer read whole in one piece, its body framed by its Content-Length, no
             # hop-by-hop header (what a backend's answer nearly always is): taken without
             # the parser's callbacks, and kept whole as ``raw`` (a proxy relays it as it
             # is). Anything else (partial, chunked, 1xx, no body by its status, a hop-by-hop
-            # header, folded or bare-LF lines) is the parser's, and has no ``raw``.
-            end = data.find(b"\r\n\r\n") + 4
-            if end > 4:
-                low = data[:end].lower()
-                at = low.find(b"\ncontent-length:")
-                code = data[9:12]
+            # header, folded or bare-LF lines) is the parser's, and has no ``raw``. Split
+            # by ``partition`` (one argument), not ``find`` (a format string parsed per call).
+            head, sep, body = data.partition(b"\r\n\r\n")
+            if sep:
+                low = head.lower()
+                _, cl, after = low.partition(b"\ncontent-length:")
+                code = head[9:12]
                 if (
-                    at > 0
+                    cl
                     and b"200" <= code <= b"599"
                     and code.isdigit()
                     and data[12] in _AFTER_CODE
                     and code not in _NO_BODY
-                    and low.find(b"\ncontent-length:", at + 1) < 0  # one Content-Length
+                    and low.count(b"\ncontent-length:") == 1
+                    # The head ends where it was found: no blank line before it, CRLF or
+                    # not (a lenient parser ends a head at a bare-LF blank line too).
                     and _NOT_PLAIN(low) is None
-                    # The head ends where it was found: no blank line before it, CRLF or not
-                    # (a lenient parser ends a head at a bare-LF blank line too).
-                    and low.find(b"\n\n") < 0
-                    and low.find(b"\n\r\n") == end - 3
+                    and head[-1] != 0x0A
                 ):
-                    value = low[at + 16 : low.find(b"\r", at)].strip()
-                    if value.isdigit() and int(value) == len(data) - end:
-                        head = data[:end]
+                    value = after.partition(b"\r")[0].strip()
+                    if value.isdigit() and int(value) == len(body):
+                        head += sep
                         self.reusable = True
                         keep = self.keep
                         result: Reply = new_reply(
@@ -111,7 +112,7 @@ class Connection(asyncio.Protocol):
                             (
                                 int(code),
                                 parse_headers(head, keep) if keep else {},
-                                data[end:],
+                                body,
                                 0,
                                 head,
                                 data,
