@@ -106,9 +106,7 @@ class Dispatcher:
         self.clock = clock
         #: ``clock.now``; for the real clock, what it reads (``time.monotonic``) without its
         #: interpreted frame (read twice per request).
-        self._now: Callable[[], float] = (
-            time.monotonic if type(clock) is RealClock else clock.now
-        )
+        self._now: Callable[[], float] = time.monotonic if type(clock) is RealClock else clock.now
         self.metrics = metrics
         fwd = cfg.forward
         #: The front door's rules (``policy.routing.dispatch``) over the registry's router.
@@ -326,8 +324,11 @@ class Dispatcher:
         else:  # the pooled client's answer has its head only: the relayed headers from it
             headers = parse_headers(head, self._keep) if isinstance(reply, HttpReply) else None
             ans = Answer(status, reply.body, headers or reply.headers, name, outcome_of(status))
-        reason = ans.header(wire.REASON_HEADER) if status in REFUSING_STATUSES else None
-        if self.door.judge(fw, name, status, reason):
+        # Only a refusing status can send the request on (``FrontDoor.judge`` reads those):
+        # every other answer is the answer, without the call.
+        if status not in REFUSING_STATUSES or self.door.judge(
+            fw, name, status, ans.header(wire.REASON_HEADER)
+        ):
             return ans
         fw.relayed = ans
         return None
