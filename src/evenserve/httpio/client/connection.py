@@ -84,25 +84,25 @@ class Connection(asyncio.Protocol):
             # the parser's callbacks, and kept whole as ``raw`` (a proxy relays it as it
             # is). Anything else (partial, chunked, 1xx, no body by its status, a hop-by-hop
             # header, folded or bare-LF lines) is the parser's, and has no ``raw``. Split
-            # by ``partition`` (one argument), not ``find`` (a format string parsed per call).
+            # by ``partition`` and ``split``, not ``find`` and ``count`` (a format string
+            # parsed per call).
             head, sep, body = data.partition(b"\r\n\r\n")
             if sep:
                 low = head.lower()
-                _, cl, after = low.partition(b"\ncontent-length:")
+                around = low.split(b"\ncontent-length:")  # two parts: one Content-Length
                 code = head[9:12]
                 if (
-                    cl
+                    len(around) == 2
                     and b"200" <= code <= b"599"
                     and code.isdigit()
                     and data[12] in _AFTER_CODE
                     and code not in _NO_BODY
-                    and low.count(b"\ncontent-length:") == 1
                     # The head ends where it was found: no blank line before it, CRLF or
                     # not (a lenient parser ends a head at a bare-LF blank line too).
                     and _NOT_PLAIN(low) is None
                     and head[-1] != 0x0A
                 ):
-                    value = after.partition(b"\r")[0].strip()
+                    value = around[1].partition(b"\r")[0].strip()
                     if value.isdigit() and int(value) == len(body):
                         head += sep
                         self.reusable = True
