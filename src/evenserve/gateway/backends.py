@@ -217,7 +217,8 @@ class BackendRegistry:
         )
 
     def hosts_model(self, model: str) -> bool:
-        return model in self.hosted()
+        hosted = self._hosted  # ``hosted``'s cache read here: once per request
+        return model in (hosted if hosted is not None else self.hosted())
 
     def hosts_of(self, model: str) -> tuple[str, ...]:
         """The backends that have ``model`` in any state (cached like ``hosted``)."""

@@ -52,7 +52,7 @@ from typing import TypeVar
 
 from evenserve.cluster.gateway_section import GatewaySection
 from evenserve.core import wire
-from evenserve.core.clock import Clock
+from evenserve.core.clock import Clock, RealClock
 from evenserve.core.types import RequestInfo
 from evenserve.gateway.answers import (
     RELAY_RESPONSE_HEADERS,
@@ -104,6 +104,9 @@ class Dispatcher:
         self.router = registry.router
         self.cfg = cfg
         self.clock = clock
+        #: ``clock.now``; for the real clock, what it reads (``time.monotonic``) without its
+        #: interpreted frame (read twice per request).
+        self._now: Callable[[], float] = time.monotonic if type(clock) is RealClock else clock.now
         self.metrics = metrics
         fwd = cfg.forward
         #: The front door's rules (``policy.routing.dispatch``) over the registry's router.
@@ -255,7 +258,7 @@ class Dispatcher:
         if reply is None:
             self.router.done(name, model)
         else:
-            now = self.clock.now()
+            now = self._now()
             st = self._states.get(name)
             if st is not None:  # alive, whatever its probes say (poller)
                 st.answered_s = now
@@ -268,7 +271,7 @@ class Dispatcher:
     ) -> Answer | Forward:
         """The answer at once (unknown model, overload), or the request to forward."""
         t0 = time.perf_counter()
-        now = self.clock.now()
+        now = self._now()
         ref = self.door.admit(model, now)
         if self.placement is not None and (ref is None or ref.status != 404):
             self.placement.arrival(model)  # the demand placement reads: refused ones count too
@@ -285,7 +288,7 @@ class Dispatcher:
         if fw.attempt > self.door.retries:  # no try left: no decision to time
             return None
         # The first try is decided at arrival: the clock is read once for both.
-        now = fw.req.arrival_s if fw.attempt == 0 else self.clock.now()
+        now = fw.req.arrival_s if fw.attempt == 0 else self._now()
         d0 = time.perf_counter()
         name = self.door.choose(fw, now)
         took = time.perf_counter() - d0
@@ -321,8 +324,11 @@ class Dispatcher:
         else:  # the pooled client's answer has its head only: the relayed headers from it
             headers = parse_headers(head, self._keep) if isinstance(reply, HttpReply) else None
             ans = Answer(status, reply.body, headers or reply.headers, name, outcome_of(status))
-        reason = ans.header(wire.REASON_HEADER) if status in REFUSING_STATUSES else None
-        if self.door.judge(fw, name, status, reason):
+        # Only a refusing status can send the request on (``FrontDoor.judge`` reads those):
+        # every other answer is the answer, without the call.
+        if status not in REFUSING_STATUSES or self.door.judge(
+            fw, name, status, ans.header(wire.REASON_HEADER)
+        ):
             return ans
         fw.relayed = ans
         return None

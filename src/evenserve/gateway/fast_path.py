@@ -3,10 +3,11 @@
 The server's fast path (``httpio.server.FastHandler``) and the gRPC front's translated
 ModelInfer hand a request to ``FastPath.infer`` (``Dispatcher.infer_fast``) with a callback:
 it is admitted, each try is sent on an idle pooled connection by callback
-(``HttpClient.send_cb``; a try that finds none runs as a task), judged and answered through
-the dispatcher's steps (``Dispatcher.admit``, ``pick``, ``done``, ``settle``, ``finish``),
-the very ones the awaited path takes. Forwarded heads are made once per backend, path and
-forwarded-header set, and each backend's client is looked up once.
+(``HttpClient.send_with``, the request its argument; a try that finds none runs as a
+task), judged and answered through the dispatcher's steps (``Dispatcher.admit``,
+``pick``, ``done``, ``settle``, ``finish``), the very ones the awaited path takes.
+Forwarded heads are made once per backend, path and forwarded-header set, and each
+backend's client is looked up once.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Protocol
 
 from evenserve.gateway.answers import Answer, GrpcReply
@@ -72,6 +72,9 @@ class FastPath:
         #: Each backend's pooled HTTP client.
         self._clients: dict[str, HttpClient] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: ``_tried`` bound once: every try's callback (``HttpClient.send_with``), the
+        #: request's ``Forward`` its argument.
+        self._tried_cb = self._tried
 
     async def _miss_then_try(self, fw: Forward) -> None:
         d = self.d
@@ -127,30 +130,29 @@ class FastPath:
             known = self._heads[key] = (client, prefix)
         client, prefix = known
         head = b"%scontent-length: %d\r\n\r\n" % (prefix, len(fw.body))
-        if not client.send_cb(head, fw.body, partial(self._tried, fw, name)):
-            task = asyncio.get_running_loop().create_task(self._try_async(fw, name))
+        fw.backend = name
+        if not client.send_with(head, fw.body, self._tried_cb, fw):
+            task = asyncio.get_running_loop().create_task(self._try_async(fw))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _try_async(self, fw: Forward, name: str) -> None:
+    async def _try_async(self, fw: Forward) -> None:
         d = self.d
         try:
             reply = await d.forwarder.request(
-                "POST", d.registry.url(name), fw.path, fw.body, fw.headers
+                "POST", d.registry.url(fw.backend), fw.path, fw.body, fw.headers
             )
         except ForwardError as exc:
-            self._tried(fw, name, None, exc)
+            self._tried(fw, None, exc)
         else:
-            self._tried(fw, name, reply, None)
+            self._tried(fw, reply, None)
 
     def _tried(
-        self,
-        fw: Forward,
-        name: str,
-        reply: Reply | HttpReply | None,
-        error: BaseException | None,
+        self, fw: Forward, reply: Reply | HttpReply | None, error: BaseException | None
     ) -> None:
+        """A try on ``fw.backend`` is over: judged, then the answer or the next try."""
         d = self.d
+        name = fw.backend
         d.done(name, fw.model, reply)
         if error is None:
             ans = d.settle(fw, name, reply, None)

@@ -25,7 +25,17 @@ class Forward(Tries):
     """One inference request on its way through the gateway: the rules' ``Tries`` and what
     the drivers need to forward it and answer."""
 
-    __slots__ = ("_headers", "answer", "body", "head_key", "model", "path", "relayed", "t0")
+    __slots__ = (
+        "_headers",
+        "answer",
+        "backend",
+        "body",
+        "head_key",
+        "model",
+        "path",
+        "relayed",
+        "t0",
+    )
 
     def __init__(
         self,
@@ -50,6 +60,8 @@ class Forward(Tries):
         #: The kept refusal (``FrontDoor.judge``), relayed when no try is left.
         self.relayed: Answer | None = None
         self.answer: Callable[[Answer], None] | None = None
+        #: The backend of the try under way (the fast path's; set when it is sent).
+        self.backend = ""
 
     @property
     def headers(self) -> dict[str, str]:

@@ -131,6 +131,8 @@ class Gateway:
         #: Whether inference goes by the dispatcher's fast path (``Dispatcher.fast``; read
         #: once per request, so a property's call is not made per request).
         self._fast_forward = self.dispatcher.fast
+        #: ``Dispatcher.infer_fast``, looked up once.
+        self._infer_fast = self.dispatcher.infer_fast
         #: The LLM router of OpenAI requests of LLM models (``gateway.llm_router``).
         self.llm = LlmGateway(cfg, self.clock, self.registry.is_healthy)
         self.metrics.registry.register(self.llm.collector())
@@ -274,7 +276,7 @@ class Gateway:
         rec = self.recorder
         if rec is None:
             # An Answer is the server's Response: handed over as it is.
-            self.dispatcher.infer_fast(model, path, request.body, request.headers, respond)
+            self._infer_fast(model, path, request.body, request.headers, respond)
             return True
         t_s, unix_s, h = rec.clock.now(), time.time(), request.headers
 

@@ -15,9 +15,11 @@ import httptools
 from evenserve.httpio.client.reply import (
     BadResponse,
     ConnectionLost,
+    Reply,
     ResponseTimeout,
     Result,
     head_end,
+    new_reply,
     parse_headers,
 )
 
@@ -25,11 +27,12 @@ from evenserve.httpio.client.reply import (
 _NO_BODY = (b"204", b"304")
 #: What may follow a status code: the reason's space or the line's end.
 _AFTER_CODE = (0x20, 0x0D)
-#: In a lower-cased head: a header that concerns one connection, not the answer (RFC 9110
-#: 7.6.1), Transfer-Encoding, or a folded line (one search: a regular expression's, cheaper
-#: than a ``find`` per name, whose arguments CPython 3.11 parses by format string).
+#: In a lower-cased head (without its blank line): a header that concerns one connection, not
+#: the answer (RFC 9110 7.6.1), Transfer-Encoding, a folded line, or a blank line before the
+#: end, CRLF or bare LF (one search: a regular expression's, cheaper than a ``find`` per
+#: name, whose arguments CPython 3.11 parses by format string).
 _NOT_PLAIN = re.compile(
-    rb"\n(?:transfer-encoding:|connection:|keep-alive:|proxy-|upgrade:|trailer:|[ \t])"
+    rb"\n(?:transfer-encoding:|connection:|keep-alive:|proxy-|upgrade:|trailer:|[ \t\r\n])"
 ).search
 
 
@@ -45,6 +48,11 @@ class Connection(asyncio.Protocol):
         self.fut: asyncio.Future[Result] | None = None
         #: Instead of ``fut``: called with (result, None) or (None, error) (``send_cb``).
         self.cb: Callable[[Result | None, BaseException | None], None] | None = None
+        #: The pool's callback for this connection (made once, not per request) and what
+        #: the request in flight on it by callback needs when it is over: its head, body,
+        #: deadline, the caller's callback and its argument (``HttpClient.send_with``).
+        self.pool_done: Callable[[Result | None, BaseException | None], None] | None = None
+        self.sent: tuple[bytes, bytes, float, Callable[..., None], object] | None = None
         #: The reads of the current answer until its head is complete, then its head.
         self.head_parts: list[bytes] = []
         self.head = b""
@@ -70,41 +78,45 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
-        if not self.reads and self.in_head and data.startswith(b"HTTP/1.1 "):
+        if not self.reads and self.in_head and data[:9] == b"HTTP/1.1 ":
             # An answer read whole in one piece, its body framed by its Content-Length, no
             # hop-by-hop header (what a backend's answer nearly always is): taken without
             # the parser's callbacks, and kept whole as ``raw`` (a proxy relays it as it
             # is). Anything else (partial, chunked, 1xx, no body by its status, a hop-by-hop
-            # header, folded or bare-LF lines) is the parser's, and has no ``raw``.
-            end = data.find(b"\r\n\r\n") + 4
-            if end > 4:
-                low = data[:end].lower()
-                at = low.find(b"\ncontent-length:")
-                code = data[9:12]
+            # header, folded or bare-LF lines) is the parser's, and has no ``raw``. Split
+            # by ``partition`` and ``split``, not ``find`` and ``count`` (a format string
+            # parsed per call).
+            head, sep, body = data.partition(b"\r\n\r\n")
+            if sep:
+                low = head.lower()
+                around = low.split(b"\ncontent-length:")  # two parts: one Content-Length
+                code = head[9:12]
                 if (
-                    at > 0
+                    len(around) == 2
                     and b"200" <= code <= b"599"
                     and code.isdigit()
                     and data[12] in _AFTER_CODE
                     and code not in _NO_BODY
-                    and low.find(b"\ncontent-length:", at + 1) < 0  # one Content-Length
+                    # The head ends where it was found: no blank line before it, CRLF or
+                    # not (a lenient parser ends a head at a bare-LF blank line too).
                     and _NOT_PLAIN(low) is None
-                    # The head ends where it was found: no blank line before it, CRLF or not
-                    # (a lenient parser ends a head at a bare-LF blank line too).
-                    and low.find(b"\n\n") < 0
-                    and low.find(b"\n\r\n") == end - 3
+                    and head[-1] != 0x0A
                 ):
-                    value = low[at + 16 : low.find(b"\r", at)].strip()
-                    if value.isdigit() and int(value) == len(data) - end:
-                        head = data[:end]
+                    value = around[1].partition(b"\r")[0].strip()
+                    if value.isdigit() and int(value) == len(body):
+                        head += sep
                         self.reusable = True
                         keep = self.keep
-                        result = (
-                            int(code),
-                            parse_headers(head, keep) if keep else {},
-                            data[end:],
-                            head,
-                            data,
+                        result: Reply = new_reply(
+                            Reply,
+                            (
+                                int(code),
+                                parse_headers(head, keep) if keep else {},
+                                body,
+                                0,
+                                head,
+                                data,
+                            ),
                         )
                         cb = self.cb
                         if cb is not None and self.fut is None:  # _deliver, inlined
@@ -158,7 +170,7 @@ class Connection(asyncio.Protocol):
         body = parts[0] if len(parts) == 1 else b"".join(parts)
         self.reads = 0
         headers = parse_headers(head, self.keep) if self.keep else {}
-        self._deliver((status, headers, body, head, None))
+        self._deliver(new_reply(Reply, (status, headers, body, 0, head, None)))
 
     def _deliver(self, result: Result) -> None:
         """The answer to whoever waits for it (the future or the callback)."""

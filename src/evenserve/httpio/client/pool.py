@@ -9,6 +9,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from evenserve.httpio.client.connection import Connection
@@ -31,6 +32,9 @@ SWEEP_MAX_S = 0.25
 SWEEP_GRACE_S = 0.002
 
 
+#: What ``send_with`` hands its callback back.
+A = TypeVar("A")
+
 RESENT_LOST = (
     "the server closed the connection before answering (sent twice: a reused connection and "
     "then a fresh one were closed without an answer)"
@@ -38,8 +42,16 @@ RESENT_LOST = (
 
 
 def _reply(result: Result, resent: int) -> Reply:
-    status, headers, body, head, raw = result
-    return Reply(status, headers, body, resent, head, raw)
+    return result if not resent else result._replace(resent=resent)
+
+
+def _plain(
+    callback: Callable[[Reply | None, BaseException | None], None],
+    reply: Reply | None,
+    exc: BaseException | None,
+) -> None:
+    """``send_cb``'s callback through ``send_with``'s."""
+    callback(reply, exc)
 
 
 class HttpClient:
@@ -263,12 +275,45 @@ class HttpClient:
         call ``callback(reply, None)`` or ``callback(None, error)`` once, later, from the
         loop. False (nothing sent) when no idle connection is ready: use ``send``. The
         keep-alive resend rule holds (the resend runs as a task)."""
-        now = self._running_loop().time()
-        conn = self._pooled(now)
-        if conn is None:
-            return False
+        return self.send_with(head, body, _plain, callback, timeout_s)
+
+    def send_with(
+        self,
+        head: bytes,
+        body: bytes,
+        callback: Callable[[A, Reply | None, BaseException | None], None],
+        arg: A,
+        timeout_s: float | None = None,
+    ) -> bool:
+        """``send_cb`` calling ``callback(arg, reply, None)`` or ``callback(arg, None,
+        error)``: a caller keeps one bound method for every request and hands each request's
+        state as ``arg``, so nothing is made per request to carry it (a ``partial`` is an
+        object, its arguments' tuple and a dict)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._running_loop()
+        now = loop.time()
+        # ``_pooled``, its common case inlined: the most recent idle connection, open, and
+        # the oldest not idle too long (else the full walk retires those).
+        idle = self._idle
+        if not idle or now - idle[0].idle_since >= self.max_idle_s:
+            conn = self._pooled(now)
+            if conn is None:
+                return False
+        else:
+            conn = idle.pop()
+            t = conn.transport
+            if conn.closed or t is None or t.is_closing():
+                self._drop(conn)
+                conn = self._pooled(now)
+                if conn is None:
+                    return False
         deadline = now + (self.timeout_s if timeout_s is None else timeout_s)
-        conn.cb = partial(self._cb_done, conn, head, body, deadline, callback)
+        done = conn.pool_done
+        if done is None:
+            done = conn.pool_done = partial(self._cb_done, conn)
+        conn.cb = done
+        conn.sent = (head, body, deadline, callback, arg)
         conn.deadline = deadline  # conn._write, inlined
         conn.overdue = False
         conn.got_bytes = False
@@ -284,31 +329,36 @@ class HttpClient:
             self._sweeping()
         return True
 
-    def _cb_done(
-        self,
-        conn: Connection,
-        head: bytes,
-        body: bytes,
-        deadline: float,
-        callback: Callable[[Reply | None, BaseException | None], None],
-        result: Result | None,
-        exc: BaseException | None,
-    ) -> None:
+    def _cb_done(self, conn: Connection, result: Result | None, exc: BaseException | None) -> None:
         if conn.overdue:  # _answered, inlined
             self.late_deadlines += 1
         conn.deadline = 0.0
+        sent = conn.sent
+        assert sent is not None
+        conn.sent = None
+        head, body, deadline, callback, arg = sent
         if result is not None:
-            self._release(conn)
-            callback(Reply(result[0], result[1], result[2], 0, result[3], result[4]), None)
+            # _release, inlined: back to the pool, or closed when the answer said so.
+            t = conn.transport
+            if conn.reusable and not conn.closed and t is not None and not t.is_closing():
+                conn.idle_since = self._loop.time()  # type: ignore[union-attr]
+                self._idle.append(conn)
+                if self._waiters:
+                    self._wake()
+            else:
+                self._drop(conn)
+            callback(arg, result, None)
             return
         self._drop(conn)
         if isinstance(exc, ConnectionLost) and not conn.got_bytes:
             self.resent_stale += 1  # the keep-alive race: once more, on a fresh connection
-            task = self._running_loop().create_task(self._resend(head, body, deadline, callback))
+            task = self._running_loop().create_task(
+                self._resend(head, body, deadline, partial(callback, arg))
+            )
             self._resends.add(task)
             task.add_done_callback(self._resends.discard)
             return
-        callback(None, exc)
+        callback(arg, None, exc)
 
     async def _resend(
         self,

@@ -1,12 +1,9 @@
-"""What a request gets back: an answer (``Reply``; ``Result``, as a connection parses it), or
-an error that says what it means for a retry; and the headers read out of an answer's head."""
+"""What a request gets back: an answer (``Reply``), or an error that says what it means for
+a retry; and the headers read out of an answer's head."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
-
-#: A parsed answer: status, the headers kept, the body, the head, the raw answer or None.
-Result = tuple[int, dict[str, str], bytes, bytes, bytes | None]
 
 
 class HttpClientError(Exception):
@@ -44,6 +41,13 @@ class Reply(NamedTuple):
     resent: int
     head: bytes = b""
     raw: bytes | None = None
+
+
+#: An answer as a connection parses it: a ``Reply`` sent once (``resent`` 0).
+Result = Reply
+#: ``Reply`` from a tuple of its six fields, without the Python-level ``__new__`` of a named
+#: tuple (one interpreted call less per answer): ``new_reply(Reply, (status, ...))``.
+new_reply = tuple.__new__
 
 
 def head_end(data: bytes) -> int:

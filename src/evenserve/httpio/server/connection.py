@@ -60,6 +60,9 @@ _TARGET = re.compile(rb"/[!-~]*")
 #: Header lines the parser-free path takes, up to and with the blank line (RFC 9110 5.1,
 #: 5.5: a token, a colon, a value of visible characters, spaces, tabs and obs-text).
 _HEADER_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*\r\n")
+#: ``Connection.fast_block`` when no header lines are remembered: never the lines of a head
+#: (they never hold CRLF CRLF, where a head ends), so it matches none.
+_NO_BLOCK = b"\r\n"
 #: Headers that change how a request is framed or answered: the parser's to read.
 _FRAMING = frozenset(("transfer-encoding", "connection", "expect", "upgrade"))
 
@@ -116,7 +119,7 @@ class Connection(asyncio.Protocol):
         #: as (None: not for that path): ``data_received``.
         self.fast_line = b""
         self.fast_target: tuple[str, str, str] | None = None
-        self.fast_block = b""
+        self.fast_block = _NO_BLOCK
         self.fast_info: tuple[dict[str, str], int] | None = None
         #: Whether the request being handled was read by the parser (else it is HTTP/1.1).
         self.by_parser = False
@@ -184,18 +187,17 @@ class Connection(asyncio.Protocol):
             # ones this connection has read and checked before (``_learn_line``,
             # ``_learn_block``) and its body is exactly its Content-Length; anything else
             # is the parser's.
-            end = data.find(b"\r\n\r\n") + 4
-            if 4 < end <= self.max_head:
-                at = data.find(b"\r\n")
-                line = data[:at]
+            # ``partition``, not ``find``: one argument, no format string to parse.
+            head, sep, body = data.partition(b"\r\n\r\n")
+            if sep and head and len(head) + 4 <= self.max_head:
+                line, _, block = head.partition(b"\r\n")
                 target = self.fast_target if line == self.fast_line else self._learn_line(line)
-                block = data[at + 2 : end]
                 info = self.fast_info if block == self.fast_block else self._learn_block(block)
-                if target is not None and info is not None and len(data) - end == info[1]:
+                if target is not None and info is not None and len(body) == info[1]:
                     self.deadline = 0.0
                     self.by_parser = False
                     method, path, query = target
-                    req = Request(method, path, query, info[0].copy(), data[end:])
+                    req = Request(method, path, query, info[0].copy(), body)
                     if self.busy or self.pending:
                         self._queue(req, True)
                     else:
@@ -236,22 +238,22 @@ class Connection(asyncio.Protocol):
         return self.fast_target
 
     def _learn_block(self, block: bytes) -> tuple[dict[str, str], int] | None:
-        """Header lines the parser-free path takes (``data_received``): well-formed lines
-        (a token, a colon, a value of visible characters, spaces and tabs), at most
-        ``max_headers``, none that changes how the request is framed or answered
-        (Transfer-Encoding, Connection other than ``keep-alive``, which HTTP/1.1 implies,
-        Expect, Upgrade), one Content-Length at most, its
-        body within the limit; as (headers, body length), or None. Remembered as
-        ``_learn_line`` is."""
+        """Header lines the parser-free path takes (``data_received``; ``block``: the lines
+        after the request line, without the blank line's CRLF CRLF, empty when there are
+        none): well-formed lines (a token, a colon, a value of visible characters, spaces
+        and tabs), at most ``max_headers``, none that changes how the request is framed or
+        answered (Transfer-Encoding, Connection other than ``keep-alive``, which HTTP/1.1
+        implies, Expect, Upgrade), one Content-Length at most, its body within the limit;
+        as (headers, body length), or None. Remembered as ``_learn_line`` is."""
         self.fast_block = block
         self.fast_info = None
         if len(block) > MEMO_MAX_BYTES:
-            self.fast_block = b""  # not kept: what an idle connection keeps stays small
+            self.fast_block = _NO_BLOCK  # not kept: what an idle connection keeps stays small
             return None
-        if _HEADER_LINES.fullmatch(block) is None:
+        if block and _HEADER_LINES.fullmatch(block + b"\r\n\r\n") is None:
             return None
         headers: dict[str, str] = {}
-        lines = block.split(b"\r\n")[:-2]
+        lines = block.split(b"\r\n") if block else []
         if len(lines) > self.max_headers:
             return None
         length = 0
@@ -476,9 +478,10 @@ class Connection(asyncio.Protocol):
             self._close()
         elif self.pending:
             self._next()
-        elif not self.deadline:
+        elif not self.deadline:  # _arm, inlined
             lim = self.limits
-            self._arm(lim.body_timeout_s if self.reading else lim.keepalive_timeout_s)
+            after_s = lim.body_timeout_s if self.reading else lim.keepalive_timeout_s
+            self.deadline = self.loop.time() + after_s
 
     # -- streamed answers (beside the whole-body path above, which does not see them) -----------
     async def _stream(self, req: Request, keep: bool, resp: StreamResponse) -> None:
