@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from evenserve.cluster.file import load_cluster  # noqa: E402
 from evenserve.cluster.worker_commands import worker_command  # noqa: E402
 from evenserve.core.clock import RealClock  # noqa: E402
 from evenserve.core.llm import GenerationRecord, load_step_profiles  # noqa: E402
+from evenserve.experiment.llm_pool_live import stop_process, wait_ready  # noqa: E402
 from evenserve.loadgen.openai_client import run_open_loop  # noqa: E402
 from evenserve.sim.llm_placement import (  # noqa: E402
     burst_figures,
@@ -164,29 +164,6 @@ def write_cluster(sc: LlmPlacementScenario, arm: str, tmp: Path) -> tuple[Path, 
     return path, gport, wport
 
 
-def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + 120.0
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"{log.name}: exited early:\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                return
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{log.name}: not ready in 120 s:\n{log.read_text()[-3000:]}")
-        time.sleep(0.2)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 async def watch_index(
     url: str, model: str, clock: RealClock, origin: list[float], out: list[tuple[float, str]]
 ) -> None:
@@ -240,14 +217,14 @@ def live_run(sc: LlmPlacementScenario, arm: str, seed: int) -> dict[str, Any]:
                 procs.append(subprocess.Popen(wcmd, stdout=out, stderr=subprocess.STDOUT,
                                               env=wenv))  # fmt: skip
             wurl = f"http://127.0.0.1:{wport}"
-            wait_ready(procs[0], wurl, wlog)
+            wait_ready([(procs[0], wurl, wlog)], "/v2/health/ready")
             glog = tmp / "gateway.log"
             gcmd = [sys.executable, "-m", "evenserve", "gateway", "--config", str(path)]
             with glog.open("wb") as out:
                 procs.append(subprocess.Popen(gcmd, stdout=out, stderr=subprocess.STDOUT,
                                               env=env))  # fmt: skip
             gurl = f"http://127.0.0.1:{gport}"
-            wait_ready(procs[1], gurl, glog)
+            wait_ready([(procs[1], gurl, glog)], "/v2/health/ready")
             time.sleep(1.0)  # the gateway's first index and load reads
             cpu0 = {p.pid: _cpu_s(p.pid) for p in procs}
             t0 = time.process_time()
@@ -259,7 +236,7 @@ def live_run(sc: LlmPlacementScenario, arm: str, seed: int) -> dict[str, Any]:
             }
         finally:
             for p in reversed(procs):
-                stop(p)
+                stop_process(p)
     return {"records": records, "states": states, "view": view, "cpu": cpu}
 
 

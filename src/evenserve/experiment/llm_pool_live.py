@@ -346,7 +346,7 @@ def classic_arrivals(sc: LlmPoolScenario) -> list[tuple[float, str, str, int]]:
 
 
 # -- the live processes -------------------------------------------------------------------
-def _wait_ready(procs: list[tuple[subprocess.Popen[bytes], str, Path]], path: str) -> None:
+def wait_ready(procs: list[tuple[subprocess.Popen[bytes], str, Path]], path: str) -> None:
     import httpx
 
     deadline = time.monotonic() + 180.0
@@ -364,7 +364,7 @@ def _wait_ready(procs: list[tuple[subprocess.Popen[bytes], str, Path]], path: st
         time.sleep(0.2)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
     try:
@@ -394,7 +394,7 @@ def live_pool(sc: LlmPoolScenario, arm: str, tmp: Path) -> Iterator[LivePool]:
                 p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
             procs.append(p)
             workers.append((p, f"http://127.0.0.1:{port}", log))
-        _wait_ready(workers, "/v2/health/ready")
+        wait_ready(workers, "/v2/health/ready")
         backends = {d.name: url for d, (_, url, _) in zip(sc.doc.devices, workers, strict=True)}
         gport = free_port()
         cluster = tmp / arm / "cluster.yaml"
@@ -409,13 +409,13 @@ def live_pool(sc: LlmPoolScenario, arm: str, tmp: Path) -> Iterator[LivePool]:
             )  # fmt: skip
         procs.append(g)
         gurl = f"http://127.0.0.1:{gport}"
-        _wait_ready([(g, gurl, glog)], "/v2/health/ready")
+        wait_ready([(g, gurl, glog)], "/v2/health/ready")
         _wait_engines(gurl, len(sc.doc.devices), 3 * scrape_s(sc, arm) + 30.0, glog)
         pids = {d.name: p.pid for d, (p, _, _) in zip(sc.doc.devices, workers, strict=True)}
         yield LivePool(gurl, backends, pids, g.pid)
     finally:
         for p in reversed(procs):
-            _stop(p)
+            stop_process(p)
 
 
 def _wait_engines(url: str, n: int, within_s: float, log: Path) -> None:

@@ -338,6 +338,11 @@ class BatchDriver:
         self._bind_loop()
         with self.lock:
             self.sched.flush_model(model, self.clock.now())
+        return await self._drain(model, timeout_s)
+
+    async def _drain(self, model: str, timeout_s: float | None) -> int:
+        """Wait until nothing of ``model`` is queued or running; after ``timeout_s`` drop
+        what is left (``drain_model``'s rule) and wait for the step in flight."""
         dropped = 0
         if self.model_idle(model):
             return dropped

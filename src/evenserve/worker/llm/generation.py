@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evenserve.policy.placement.engine import UtilizationMeter
-from evenserve.sched import DRAINING, UNLOADED
+from evenserve.sched import DRAINING
 from evenserve.sched.engine import TOO_LONG, EngineSetup, GenSpec, TokenEvent
 from evenserve.worker.batch import BatchResult, PendingRequest, RunningBatch
 from evenserve.worker.driver import BatchDriver
@@ -103,18 +103,7 @@ class GenerationDriver(BatchDriver):
         (their callers get DrainingError) and the step in flight is waited for. Returns how
         many were dropped so."""
         self._bind_loop()
-        if self.model_idle(model):
-            return 0
-        dropped = 0
-        waiter = self._wait_model(model)
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
-        except TimeoutError:
-            with self.lock:
-                dropped = self.sched.abandon(self.clock.now(), UNLOADED, model=model)
-            if not self.model_idle(model):
-                await self._wait_model(model)
-        return dropped
+        return await self._drain(model, timeout_s)
 
     def submit_generation(
         self,
