@@ -9,20 +9,28 @@ from evenserve.core.types import LoadSample
 from evenserve.policy.routing import ROUTING, Router
 
 
-def test_done_settles_sends_but_never_goes_below_the_sample() -> None:
+def test_done_settles_sends_and_then_the_reported_queue() -> None:
     r = Router(ROUTING.build("queue-aware", random.Random(0)), window=3)
     r.add_backend("a", ["m", "n"])
+    for _ in range(2):  # waiting there when it reports
+        r.sent("a", "m")
     r.observe("a", LoadSample(timestamp_s=0.0, queue_depth=2.0, queued_by_model={"m": 2.0}))
     for _ in range(3):
         r.sent("a", "m")
     assert r.view("a").queue_depth == 5.0
     r.done("a", "m")
     v = r.view("a")
-    assert v.queue_depth == 4.0 and v.in_flight == 2 and v.queued_by_model["m"] == 4.0
-    for _ in range(4):  # more completions than sends since the sample
+    assert v.queue_depth == 4.0 and v.in_flight == 4 and v.queued_by_model["m"] == 4.0
+    for _ in range(3):  # more answers than sends since the report: it drained below it
         r.done("a", "m")
     v = r.view("a")
-    assert v.queue_depth == 2.0 and v.in_flight == 0 and v.queued_by_model["m"] == 2.0
+    assert v.queue_depth == 1.0 and v.in_flight == 1 and v.queued_by_model["m"] == 1.0
+    for _ in range(3):  # never more than were sent, never below zero
+        r.done("a", "m")
+    v = r.view("a")
+    assert v.queue_depth == 0.0 and v.in_flight == 0 and v.queued_by_model["m"] == 0.0
+    r.done("a", "n")  # nothing of n was sent: nothing to settle
+    assert r.view("a").queued_by_model == {"m": 0.0}
 
 
 def test_done_on_stale_backend_counts_down() -> None:

@@ -62,8 +62,9 @@ def test_sends_between_polls_count_until_next_sample() -> None:
     assert r.view("a").in_flight == 3
     r.done("a", "m")
     assert r.view("a").in_flight == 2
-    # no sends since the sample are outstanding: the estimate stays at the sampled mean
-    assert r.view("a").queue_depth == pytest.approx(1.0)
+    # an answer after the sample: one fewer waits there than the sampled mean says
+    assert r.view("a").queue_depth == pytest.approx(0.0)
+    assert r.view("a").queued_by_model == {"m": pytest.approx(0.0)}
 
 
 def test_completions_net_out_sends_between_polls() -> None:

@@ -53,9 +53,11 @@ def test_aware_gateways_keep_the_p99_and_do_not_herd(loaded) -> None:  # type: i
     naive = simulate(with_gateways(loaded, ARM, 2, replicas=1, offsets_ms=[0, 0]), ARM)
     aware = simulate(with_gateways(loaded, ARM, 2, offsets_ms=[0, 0]), ARM)
     assert p99(aware) <= 1.1 * p99(one)
-    assert p99(naive) > 1.15 * p99(one)  # both hear each report at once: they herd
+    # Both hear each report at once and count only their own sends: they herd (less since
+    # every answer settles the estimate, also below the report: design 0016).
+    assert p99(naive) > 1.03 * p99(aware)
     h1, hn, ha = (run_herding(r, hosts) for r in (one, naive, aware))
-    assert hn.p99 > 1.2 * h1.p99
+    assert hn.p99 > 1.15 * ha.p99
     assert ha.p99 <= 1.1 * h1.p99
 
 

@@ -6,9 +6,10 @@ backend's load sample every poll interval (100 ms by default) and calls ``sent``
 around each request it forwards. The router keeps the last ``window`` samples per backend and
 maintains one mutable BackendView per backend, updated in O(1) on every event, so ``choose``
 allocates nothing but the candidate list. The view's queue depth is the mean of the sampled
-queue depths plus the requests sent since the newest sample: a burst that lands between two
-polls sees its own earlier members and spreads out instead of piling onto the backend that
-looked idlest at the last poll. A backend whose newest sample is older than ``stale_after_s``
+queue depths plus the requests sent since the newest sample, less those answered since (never
+below zero): a burst that lands between two polls sees its own earlier members and spreads
+out instead of piling onto the backend that looked idlest at the last poll, and a backend
+that drained since its report looks drained. A backend whose newest sample is older than ``stale_after_s``
 (checked by ``expire``) has unknown signals: utilization and memory become None and its queue
 estimate falls back to the router's own in-flight count.
 
@@ -77,13 +78,11 @@ class _Lane:
     """What the router keeps of one model on one backend besides the view's figures, in one
     object (a send and an answer read one of these, not a dictionary each)."""
 
-    __slots__ = ("count", "sends", "since", "value")
+    __slots__ = ("count", "sends", "value")
 
     def __init__(self) -> None:
         #: (sent at, in flight there before it) of each request not yet answered.
         self.sends: deque[tuple[float, int]] = deque()
-        #: Sends since the newest sample, net of answers.
-        self.since = 0
         #: The learned seconds per request and how many answers it is made of (a running
         #: mean for the first 1 / alpha answers, an EWMA after).
         self.value = 0.0
@@ -95,7 +94,6 @@ class _BackendState:
     view: BackendView
     models: frozenset[str]
     samples: deque[LoadSample]
-    sent_since_sample: int = 0
     healthy: bool = True
     last_sample_s: float | None = None
     in_flight_by_model: dict[str, int] = field(default_factory=dict)
@@ -328,9 +326,6 @@ class Router:
             return
         st.samples.append(sample)
         st.last_sample_s = sample.timestamp_s
-        st.sent_since_sample = 0
-        for lane in st.lanes.values():
-            lane.since = 0
         if sample.profile_scale or st.learned_from:
             self._learn(st, sample)
         self._refresh(st)
@@ -371,8 +366,7 @@ class Router:
         n = len(samples)
         newest = samples[-1]
         v.signals_fresh = True
-        r = self.send_weight
-        v.queue_depth = sum(s.queue_depth for s in samples) / n + st.sent_since_sample * r
+        v.queue_depth = sum(s.queue_depth for s in samples) / n
         utils = [s.utilization for s in samples if s.utilization is not None]
         v.utilization = sum(utils) / len(utils) if utils else None
         v.memory_total_bytes = newest.memory_total_bytes
@@ -392,9 +386,6 @@ class Router:
             for m, q in s.queued_by_model.items():
                 qbm[m] = qbm.get(m, 0.0) + q / n
         st.sampled_queued = dict(qbm)
-        for m, lane in st.lanes.items():
-            if lane.since:
-                qbm[m] = qbm.get(m, 0.0) + lane.since * r
         v.queued_by_model = st.queued = qbm
 
     def expire(self, now_s: float) -> list[str]:
@@ -473,8 +464,6 @@ class Router:
         ifm[model] = ifm.get(model, 0) + 1
         r = self.send_weight
         v.queue_depth += r if v.signals_fresh else 1.0
-        st.sent_since_sample += 1
-        lane.since += 1
         qbm = st.queued
         qbm[model] = qbm.get(model, 0.0) + r
         marks = st.marks
@@ -489,12 +478,19 @@ class Router:
         seconds per request moves toward what they took (leave it None for a failure or a
         refusal: a quick 429 says nothing about the device's speed).
 
-        Besides the in-flight count, this settles the own-send count: the queue estimate is
-        the sampled queue plus sends since the newest sample *net of completions* (never below
-        the sample). Without it, at high throughput the sends between two polls pile up
-        (2,500 req/s and a 100 ms poll: +250 on an idle backend), so the fastest backends look
-        the most loaded and queue-aware's soft-overload rule fires on idle ones. The gateway
-        and the simulator both call this (the simulator once per finished batch).
+        Besides the in-flight count, this settles the queue estimate: an answer takes away
+        what its send added (``send_weight``; never below zero). So between two reports the
+        estimate is the reported queue plus the sends since, less the answers since: each
+        answer is a request out of the queue or, when a batch ends, about one that the next
+        batch takes from the queue. Without it, at high throughput the sends between two polls
+        pile up (2,500 req/s and a 100 ms poll: +250 on an idle backend), so the fastest
+        backends look the most loaded and queue-aware's soft-overload rule fires on idle ones.
+        Where the answers did not go below the report (as until design 0016's saturation
+        runs), a backend that drained since its report kept its reported queue until the next
+        one and got no traffic while it sat idle: at 97 % of the devices' capacity that cost
+        least-expected-work and queue-aware twice least-connections' P99. Other gateways'
+        answers are not seen here, so with several gateways the estimate errs high, not low.
+        The gateway and the simulator both call this (the simulator once per finished batch).
         """
         st = self._backends.get(name)
         if st is None:
@@ -535,28 +531,20 @@ class Router:
         ifm = st.in_flight_by_model
         mine = ifm.get(model, 0)
         k = n if n < mine else mine  # never more of a model than were sent
-        fresh = v.signals_fresh
         if k > 0:
             ifm[model] = mine - k
             v.in_flight -= k
-            if not fresh:
-                q = v.queue_depth - k
+            if v.signals_fresh:  # each answer takes away what a send added
+                r = self.send_weight * k
+                q = v.queue_depth - r
                 v.queue_depth = q if q > 0.0 else 0.0
-        since = st.sent_since_sample
-        if fresh and since > 0:
-            r = self.send_weight
-            k = n if n < since else since
-            st.sent_since_sample = since - k
-            q = v.queue_depth - k * r
-            v.queue_depth = q if q > 0.0 else 0.0
-            mine = 0 if lane is None else lane.since
-            if mine > 0 and lane is not None:
-                k = k if k < mine else mine
-                lane.since = mine - k
                 qbm = st.queued
                 if model in qbm:
-                    q = qbm[model] - k * r
+                    q = qbm[model] - r
                     qbm[model] = q if q > 0.0 else 0.0
+            else:
+                q = v.queue_depth - k
+                v.queue_depth = q if q > 0.0 else 0.0
         marks = st.marks
         if marks:
             st.cell[0] = None
