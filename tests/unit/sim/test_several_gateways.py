@@ -53,12 +53,15 @@ def test_aware_gateways_keep_the_p99_and_do_not_herd(loaded) -> None:  # type: i
     naive = simulate(with_gateways(loaded, ARM, 2, replicas=1, offsets_ms=[0, 0]), ARM)
     aware = simulate(with_gateways(loaded, ARM, 2, offsets_ms=[0, 0]), ARM)
     assert p99(aware) <= 1.1 * p99(one)
-    # Both hear each report at once and count only their own sends: they herd (less since
-    # every answer settles the estimate, also below the report: design 0016).
+    # Both hear each report at once and count only their own sends: they herd (less since a
+    # lone router's answers take its estimate below the report: design 0016, *Saturation*).
     assert p99(naive) > 1.03 * p99(aware)
     h1, hn, ha = (run_herding(r, hosts) for r in (one, naive, aware))
-    assert hn.p99 > 1.15 * ha.p99
-    assert ha.p99 <= 1.1 * h1.p99
+    assert hn.p99 > 1.15 * h1.p99
+    assert ha.p99 < hn.p99
+    # 1.10x here: the lone router's share fell (1.59 to 1.39) when its answers began to take
+    # its estimate below the report; the aware pair's did not move (1.52).
+    assert ha.p99 <= 1.15 * h1.p99
 
 
 def test_gateway_fields_are_checked() -> None:

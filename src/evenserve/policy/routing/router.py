@@ -6,10 +6,10 @@ backend's load sample every poll interval (100 ms by default) and calls ``sent``
 around each request it forwards. The router keeps the last ``window`` samples per backend and
 maintains one mutable BackendView per backend, updated in O(1) on every event, so ``choose``
 allocates nothing but the candidate list. The view's queue depth is the mean of the sampled
-queue depths plus the requests sent since the newest sample, less those answered since (never
-below zero): a burst that lands between two polls sees its own earlier members and spreads
-out instead of piling onto the backend that looked idlest at the last poll, and a backend
-that drained since its report looks drained. A backend whose newest sample is older than ``stale_after_s``
+queue depths plus the requests sent since the newest sample, less those answered since
+(``done``): a burst that lands between two polls sees its own earlier members and spreads
+out instead of piling onto the backend that looked idlest at the last poll, and (one
+gateway) a backend that drained since its report looks drained. A backend whose newest sample is older than ``stale_after_s``
 (checked by ``expire``) has unknown signals: utilization and memory become None and its queue
 estimate falls back to the router's own in-flight count.
 
@@ -78,11 +78,13 @@ class _Lane:
     """What the router keeps of one model on one backend besides the view's figures, in one
     object (a send and an answer read one of these, not a dictionary each)."""
 
-    __slots__ = ("count", "sends", "value")
+    __slots__ = ("count", "sends", "since", "value")
 
     def __init__(self) -> None:
         #: (sent at, in flight there before it) of each request not yet answered.
         self.sends: deque[tuple[float, int]] = deque()
+        #: Sends since the newest sample, net of answers.
+        self.since = 0
         #: The learned seconds per request and how many answers it is made of (a running
         #: mean for the first 1 / alpha answers, an EWMA after).
         self.value = 0.0
@@ -94,6 +96,7 @@ class _BackendState:
     view: BackendView
     models: frozenset[str]
     samples: deque[LoadSample]
+    sent_since_sample: int = 0
     healthy: bool = True
     last_sample_s: float | None = None
     in_flight_by_model: dict[str, int] = field(default_factory=dict)
@@ -326,6 +329,9 @@ class Router:
             return
         st.samples.append(sample)
         st.last_sample_s = sample.timestamp_s
+        st.sent_since_sample = 0
+        for lane in st.lanes.values():
+            lane.since = 0
         if sample.profile_scale or st.learned_from:
             self._learn(st, sample)
         self._refresh(st)
@@ -366,7 +372,8 @@ class Router:
         n = len(samples)
         newest = samples[-1]
         v.signals_fresh = True
-        v.queue_depth = sum(s.queue_depth for s in samples) / n
+        r = self.send_weight
+        v.queue_depth = sum(s.queue_depth for s in samples) / n + st.sent_since_sample * r
         utils = [s.utilization for s in samples if s.utilization is not None]
         v.utilization = sum(utils) / len(utils) if utils else None
         v.memory_total_bytes = newest.memory_total_bytes
@@ -386,6 +393,9 @@ class Router:
             for m, q in s.queued_by_model.items():
                 qbm[m] = qbm.get(m, 0.0) + q / n
         st.sampled_queued = dict(qbm)
+        for m, lane in st.lanes.items():
+            if lane.since:
+                qbm[m] = qbm.get(m, 0.0) + lane.since * r
         v.queued_by_model = st.queued = qbm
 
     def expire(self, now_s: float) -> list[str]:
@@ -464,6 +474,8 @@ class Router:
         ifm[model] = ifm.get(model, 0) + 1
         r = self.send_weight
         v.queue_depth += r if v.signals_fresh else 1.0
+        st.sent_since_sample += 1
+        lane.since += 1
         qbm = st.queued
         qbm[model] = qbm.get(model, 0.0) + r
         marks = st.marks
@@ -478,19 +490,23 @@ class Router:
         seconds per request moves toward what they took (leave it None for a failure or a
         refusal: a quick 429 says nothing about the device's speed).
 
-        Besides the in-flight count, this settles the queue estimate: an answer takes away
-        what its send added (``send_weight``; never below zero). So between two reports the
-        estimate is the reported queue plus the sends since, less the answers since: each
-        answer is a request out of the queue or, when a batch ends, about one that the next
-        batch takes from the queue. Without it, at high throughput the sends between two polls
-        pile up (2,500 req/s and a 100 ms poll: +250 on an idle backend), so the fastest
-        backends look the most loaded and queue-aware's soft-overload rule fires on idle ones.
-        Where the answers did not go below the report (as until design 0016's saturation
-        runs), a backend that drained since its report kept its reported queue until the next
-        one and got no traffic while it sat idle: at 97 % of the devices' capacity that cost
-        least-expected-work and queue-aware twice least-connections' P99. Other gateways'
-        answers are not seen here, so with several gateways the estimate errs high, not low.
-        The gateway and the simulator both call this (the simulator once per finished batch).
+        Besides the in-flight count, this settles the queue estimate (fresh signals). One
+        gateway (``replicas`` 1): an answer takes away what its send added, below the
+        reported queue too (never below zero); between two reports the estimate is the
+        reported queue plus the sends since, less the answers since (each answer is a request
+        out of the queue or, when a batch ends, about one the next batch takes from it), so a
+        backend that drained since its report looks drained. Until design 0016's saturation
+        runs answers stopped at the reported queue, and a drained backend kept it until the
+        next report and got no traffic while it sat idle: at 97 % of the devices' capacity
+        least-expected-work and queue-aware had twice least-connections' P99. Several
+        gateways: an answer takes away one of this router's sends since the report (each
+        counted ``send_weight`` times) but never goes below the report, since the other
+        gateways' sends, unseen here, may have filled the backend again (going below cost
+        5-6 % P99 with two gateways on the seed scenario). Without settling at all, at high
+        throughput the sends between two polls pile up (2,500 req/s and a 100 ms poll: +250
+        on an idle backend), so the fastest backends look the most loaded and queue-aware's
+        soft-overload rule fires on idle ones. The gateway and the simulator both call this
+        (the simulator once per finished batch).
         """
         st = self._backends.get(name)
         if st is None:
@@ -534,17 +550,32 @@ class Router:
         if k > 0:
             ifm[model] = mine - k
             v.in_flight -= k
-            if v.signals_fresh:  # each answer takes away what a send added
-                r = self.send_weight * k
-                q = v.queue_depth - r
+            if not v.signals_fresh:
+                q = v.queue_depth - k
+                v.queue_depth = q if q > 0.0 else 0.0
+            elif self.replicas == 1:  # every answer takes away what its send added
+                q = v.queue_depth - k
                 v.queue_depth = q if q > 0.0 else 0.0
                 qbm = st.queued
                 if model in qbm:
-                    q = qbm[model] - r
+                    q = qbm[model] - k
                     qbm[model] = q if q > 0.0 else 0.0
-            else:
-                q = v.queue_depth - k
-                v.queue_depth = q if q > 0.0 else 0.0
+            else:  # several gateways: down to the report, not below it
+                since = st.sent_since_sample
+                if since > 0:
+                    r = self.send_weight
+                    k = k if k < since else since
+                    st.sent_since_sample = since - k
+                    q = v.queue_depth - k * r
+                    v.queue_depth = q if q > 0.0 else 0.0
+                    mine = 0 if lane is None else lane.since
+                    if mine > 0 and lane is not None:
+                        k = k if k < mine else mine
+                        lane.since = mine - k
+                        qbm = st.queued
+                        if model in qbm:
+                            q = qbm[model] - k * r
+                            qbm[model] = q if q > 0.0 else 0.0
         marks = st.marks
         if marks:
             st.cell[0] = None
