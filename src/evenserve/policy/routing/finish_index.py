@@ -61,6 +61,11 @@ from evenserve.policy.routing.work import aged_busy_s, backlog_s, own_share_s
 
 #: Settled finishes a ``quick`` position keeps by queued counts, at most (then it starts over).
 QUICK_MEMO = 1024
+#: Finishes an index keeps a list of positions for, at most (then it drops the empty ones).
+BUCKETS_MAX = 4096
+
+#: A memo entry: a settled finish and the list of ``FinishIndex.at`` for it.
+Memo = tuple[float, list[int]]
 
 
 class FinishIndex:
@@ -78,12 +83,12 @@ class FinishIndex:
         "now_s",
         "owner",
         "owner_state",
-        "placed",
         "quick",
         "sig_dirty",
         "stale",
         "stale_order",
         "views",
+        "where",
     )
 
     def __init__(
@@ -97,10 +102,14 @@ class FinishIndex:
         n = len(views)
         #: Per position, its settled finish (valid unless it is bad or dirty).
         self.finish: list[float] = [0.0] * n
-        #: Per position, whether it is in the order (``keys``/``at``).
-        self.placed: list[bool] = [False] * n
+        #: Per position in the order (``keys``/``at``), the list of ``at`` it is in; None
+        #: for the others.
+        self.where: list[list[int] | None] = [None] * n
+        #: The distinct finishes of the positions in the order, in order.
         self.keys: list[float] = []
-        #: Per finish in ``keys``, the positions that have it, in order.
+        #: Per finish, the positions in the order that have it, in order: every finish in
+        #: ``keys``, and finishes that no position has now (empty lists, which memo entries
+        #: hold; ``_bucket``).
         self.at: dict[float, list[int]] = {}
         #: Busy positions: when their busy time runs out (inf: it never ages, no sample time).
         self.busy: dict[int, float] = {}
@@ -112,7 +121,8 @@ class FinishIndex:
         #: backend's last load report, profile or batch size change (the Router's ``_touch``
         #: with ``signals`` takes them out), each with its settled finishes by queued counts
         #: and its ``queued_by_model`` (see the module's last paragraph); None for the others.
-        self.quick: list[tuple[dict[tuple[float, ...], float], Mapping[str, float]] | None] = [
+        #: A finish is kept with its list in ``at`` (a move in the order needs no lookup).
+        self.quick: list[tuple[dict[tuple[float, ...], Memo], Mapping[str, float]] | None] = [
             None
         ] * n
         self.stale: set[int] = set()
@@ -127,26 +137,38 @@ class FinishIndex:
         self.owner: object = None
         self.owner_state: object = None
 
-    def _place(self, p: int, f: float) -> None:
-        self.finish[p] = f
-        self.placed[p] = True
+    def _bucket(self, f: float) -> list[int]:
+        """The positions in the order whose finish is ``f`` (made empty when there is none:
+        ``at`` keeps empty ones, which memo entries hold, up to ``BUCKETS_MAX``)."""
         tied = self.at.get(f)
         if tied is None:
-            self.at[f] = [p]
+            if len(self.at) >= BUCKETS_MAX:
+                self._prune()
+            tied = self.at[f] = []
+        return tied
+
+    def _prune(self) -> None:
+        """Drop the empty lists from ``at`` and every memo entry (they may hold them)."""
+        self.at = {f: tied for f, tied in self.at.items() if tied}
+        for q in self.quick:
+            if q is not None:
+                q[0].clear()
+
+    def _place(self, p: int, f: float) -> None:
+        self.finish[p] = f
+        tied = self.where[p] = self._bucket(f)
+        if not tied:
             insort(self.keys, f)
-        else:
-            insort(tied, p)
+        insort(tied, p)
 
     def _unplace(self, p: int) -> None:
-        self.placed[p] = False
-        f = self.finish[p]
-        tied = self.at[f]
-        if len(tied) == 1:
-            del self.at[f]
+        tied = self.where[p]
+        assert tied is not None
+        self.where[p] = None
+        del tied[bisect_left(tied, p)]
+        if not tied:
             keys = self.keys
-            del keys[bisect_left(keys, f)]
-        else:
-            del tied[bisect_left(tied, p)]
+            del keys[bisect_left(keys, self.finish[p])]
 
     def _backlog(self, p: int, b: BackendView, counts: Mapping[str, float]) -> float:
         """``work.backlog_s(b, counts, 0.0, None)``, once per change of the backend (its
@@ -166,38 +188,34 @@ class FinishIndex:
         dirty = self.dirty
         if dirty:
             views = self.views
-            finish = self.finish
-            keys, at = self.keys, self.at
+            finish, where = self.finish, self.where
+            keys = self.keys
             quick = self.quick
             for p in dirty:
                 q = quick[p]
                 if q is not None:  # the common case, kept short (see ``quick``)
                     memo, counts = q
                     seen = tuple(counts.values())
-                    f = memo.get(seen)
-                    if f is None:
+                    e = memo.get(seen)
+                    if e is None:
                         f = self._quick_finish(p, counts)
                         if f is None:  # a model without a profile: the slow path
                             self._recompute(p, views[p], now_s)
                             continue
                         if len(memo) >= QUICK_MEMO:
                             memo.clear()
-                        memo[seen] = f
-                    old = finish[p]
-                    if f != old:  # it moves in the order (_unplace, _place inlined)
-                        tied = at[old]
-                        if len(tied) == 1:
-                            del at[old]
-                            del keys[bisect_left(keys, old)]
-                        else:
-                            del tied[bisect_left(tied, p)]
-                        finish[p] = f
-                        into = at.get(f)
-                        if into is None:
-                            at[f] = [p]
+                        e = memo[seen] = (f, self._bucket(f))
+                    f, into = e
+                    tied = where[p]
+                    if into is not tied:  # it moves in the order (_unplace, _place inlined)
+                        del tied[bisect_left(tied, p)]  # type: ignore[union-attr]
+                        if not tied:
+                            del keys[bisect_left(keys, finish[p])]
+                        if not into:
                             insort(keys, f)
-                        else:
-                            insort(into, p)
+                        insort(into, p)
+                        where[p] = into
+                        finish[p] = f
                     continue
                 self._recompute(p, views[p], now_s)
             dirty.clear()
@@ -274,7 +292,7 @@ class FinishIndex:
             if prof is None or backlog != backlog  # it needs the fallback cost
             else backlog + own_share_s(self.model, prof, b, counts)
         )
-        if self.placed[p]:
+        if self.where[p] is not None:
             self._unplace(p)
         elif p in self.busy:
             del self.busy[p]
@@ -307,7 +325,7 @@ class FinishIndex:
         """Among the positions in the order whose finish is ``best``: the first at or after
         ``start`` and the first of all (-1, -1 when none)."""
         tied = self.at.get(best)
-        if tied is None:
+        if not tied:
             return -1, -1
         i = bisect_left(tied, start)
         return (tied[i] if i < len(tied) else -1), tied[0]
