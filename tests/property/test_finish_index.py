@@ -16,8 +16,7 @@ import pytest
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample, RequestInfo
-from evenserve.policy.routing import ROUTING, Router
-from evenserve.policy.routing import finish_index
+from evenserve.policy.routing import ROUTING, Router, finish_index
 from evenserve.policy.routing import router as router_module
 from evenserve.policy.routing.finish_index import FinishIndex
 from evenserve.policy.routing.work import settled_finish_s
