@@ -95,6 +95,10 @@ def _check_index(model: str, ix: FinishIndex) -> None:
     assert ix.busy_order == sorted((ix.finish[p], p) for p in ix.busy)
     assert ix.stale_order == sorted((ix.finish[p], p) for p in ix.stale)
     assert {(t, p) for p, t in ix.busy.items()} <= set(ix.busy_due)
+    for p, e in enumerate(ix.node):
+        if e is not None:  # the entry of its queued counts now, which a send moves along
+            assert ix.quick[p] is not None and p not in ix.dirty
+            assert e[0] == ix.finish[p] and e[1] is ix.where[p]
     for p, q in enumerate(ix.quick):
         if q is not None:
             memo, counts = q

@@ -64,8 +64,9 @@ QUICK_MEMO = 1024
 #: Finishes an index keeps a list of positions for, at most (then it drops the empty ones).
 BUCKETS_MAX = 4096
 
-#: A memo entry: a settled finish and the list of ``FinishIndex.at`` for it.
-Memo = tuple[float, list[int]]
+#: A memo entry: a settled finish, the list of ``FinishIndex.at`` for it, and per model the
+#: entry a send of that model leads to (filled as sends come: ``FinishIndex.sent``).
+Memo = tuple[float, list[int], dict[str, "Memo"]]
 
 
 class FinishIndex:
@@ -80,6 +81,7 @@ class FinishIndex:
         "finish",
         "keys",
         "model",
+        "node",
         "now_s",
         "owner",
         "owner_state",
@@ -125,6 +127,9 @@ class FinishIndex:
         self.quick: list[tuple[dict[tuple[float, ...], Memo], Mapping[str, float]] | None] = [
             None
         ] * n
+        #: Per ``quick`` position, the memo entry of its queued counts now, when known (the
+        #: Router's sends move it along the entries' ``sent``); None for the others.
+        self.node: list[Memo | None] = [None] * n
         self.stale: set[int] = set()
         #: (settled finish, position) of the stale ones, in order.
         self.stale_order: list[tuple[float, int]] = []
@@ -153,6 +158,7 @@ class FinishIndex:
         for q in self.quick:
             if q is not None:
                 q[0].clear()
+        self.node = [None] * len(self.node)  # their entries lead to dropped lists
 
     def _place(self, p: int, f: float) -> None:
         self.finish[p] = f
@@ -188,7 +194,7 @@ class FinishIndex:
         dirty = self.dirty
         if dirty:
             views = self.views
-            finish, where = self.finish, self.where
+            finish, where, node = self.finish, self.where, self.node
             keys = self.keys
             quick = self.quick
             for p in dirty:
@@ -204,8 +210,9 @@ class FinishIndex:
                             continue
                         if len(memo) >= QUICK_MEMO:
                             memo.clear()
-                        e = memo[seen] = (f, self._bucket(f))
-                    f, into = e
+                        e = memo[seen] = (f, self._bucket(f), {})
+                    node[p] = e
+                    f, into, _ = e
                     tied = where[p]
                     if into is not tied:  # it moves in the order (_unplace, _place inlined)
                         del tied[bisect_left(tied, p)]  # type: ignore[union-attr]
@@ -225,6 +232,52 @@ class FinishIndex:
         if due and due[0][0] <= now_s:
             self._expire_busy(now_s)
         return True
+
+    def sent(self, p: int, model: str) -> None:
+        """A request of ``model`` went to ``p``'s backend (the Router calls this once its
+        counts say so). A position whose entry (``node``) is known moves now, to the entry
+        that send leads to (kept in the entry after the first time: no look-up by counts);
+        any other is recomputed at the next decision."""
+        e = self.node[p]
+        if e is None:
+            self.dirty.add(p)
+            return
+        to = e[2].get(model)
+        if to is None:
+            q = self.quick[p]
+            assert q is not None  # a position with an entry is quick
+            memo, counts = q
+            seen = tuple(counts.values())
+            to = memo.get(seen)
+            if to is None:
+                f = self._quick_finish(p, counts)
+                if f is None:  # a model without a profile: the slow path
+                    self.node[p] = None
+                    self.dirty.add(p)
+                    return
+                if len(memo) >= QUICK_MEMO:
+                    memo.clear()
+                to = memo[seen] = (f, self._bucket(f), {})
+            e[2][model] = to
+        self.node[p] = to
+        tied, into = e[1], to[1]
+        if into is not tied:  # it moves in the order (_unplace, _place inlined)
+            keys = self.keys
+            del tied[bisect_left(tied, p)]
+            if not tied:
+                del keys[bisect_left(keys, e[0])]
+            f = to[0]
+            if not into:
+                insort(keys, f)
+            insort(into, p)
+            self.where[p] = into
+            self.finish[p] = f
+
+    def changed(self, p: int) -> None:
+        """``p``'s backend changed otherwise than by a send (an answer, a load report,
+        staleness, profiles or batch caps): recomputed at the next decision."""
+        self.node[p] = None
+        self.dirty.add(p)
 
     def _quick_finish(self, p: int, counts: Mapping[str, float]) -> float | None:
         """A ``quick`` position's settled finish (``work.settled_finish_s``, inlined), or
@@ -305,6 +358,7 @@ class FinishIndex:
         else:
             self.bad.discard(p)
         self.quick[p] = None
+        self.node[p] = None
         if f != f:  # the fallback cost (or a NaN figure): the full pass decides
             self.bad.add(p)
         elif fresh and (b.busy_remaining_s <= 0.0 or aged_busy_s(b, now_s) <= 0.0):

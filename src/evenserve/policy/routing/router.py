@@ -118,7 +118,6 @@ class _BackendState:
     #: and its batch times by model and queued requests (cleared when its profiles or
     #: batch caps may have changed).
     slots: list[tuple[FinishIndex, int]] = field(default_factory=list)
-    marks: list[tuple[set[int], int]] = field(default_factory=list)
     cell: list[Any] = field(default_factory=lambda: [None, None])
 
 
@@ -279,7 +278,6 @@ class Router:
         by_model: dict[str, list[BackendView]] = {}
         for st in self._backends.values():
             st.slots = []
-            st.marks = []
             st.cell[0] = st.cell[1] = None
             if not st.healthy:
                 continue
@@ -295,7 +293,6 @@ class Router:
             ix = self._indexes[model] = FinishIndex(model, cands, [st.cell for st in states])
             for p, st in enumerate(states):
                 st.slots.append((ix, p))
-                st.marks.append((ix.dirty, p))
         return ix
 
     @staticmethod
@@ -306,7 +303,7 @@ class Router:
         if signals:
             st.cell[1] = None
         for ix, p in st.slots:
-            ix.dirty.add(p)
+            ix.changed(p)
             if signals:
                 ix.sig_dirty.add(p)
                 ix.quick[p] = None
@@ -477,11 +474,11 @@ class Router:
         lane.since += 1
         qbm = st.queued
         qbm[model] = qbm.get(model, 0.0) + r
-        marks = st.marks
-        if marks:
+        slots = st.slots
+        if slots:
             st.cell[0] = None
-            for dirty, p in marks:
-                dirty.add(p)
+            for ix, p in slots:
+                ix.sent(p, model)
 
     def done(self, name: str, model: str, n: int = 1, now_s: float | None = None) -> None:
         """``n`` requests of ``model`` sent to ``name`` finished (answered or failed); with
@@ -557,8 +554,8 @@ class Router:
                 if model in qbm:
                     q = qbm[model] - k * r
                     qbm[model] = q if q > 0.0 else 0.0
-        marks = st.marks
-        if marks:
+        slots = st.slots
+        if slots:
             st.cell[0] = None
-            for dirty, p in marks:
-                dirty.add(p)
+            for ix, p in slots:
+                ix.changed(p)
