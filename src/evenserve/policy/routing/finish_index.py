@@ -215,7 +215,7 @@ class FinishIndex:
                     f, into, _ = e
                     tied = where[p]
                     if into is not tied:  # it moves in the order (_unplace, _place inlined)
-                        del tied[bisect_left(tied, p)]  # type: ignore[union-attr]
+                        del tied[bisect_left(tied, p)]  # type: ignore[union-attr,arg-type]
                         if not tied:
                             del keys[bisect_left(keys, finish[p])]
                         if not into:
