@@ -8,8 +8,9 @@ indices into it). For each backend it holds the *settled finish*
 (``work.settled_finish_s``): ``predicted_finish_s`` with the sampled busy time aged away, the
 same sums in the same order from a backlog of 0.0. That figure changes only when the backend
 does (a send, an answer, a load report, staleness, new profiles or batch sizes): the Router
-marks the backend's positions ``dirty`` on each such event and the index recomputes only
-those at the next decision. The queued work part (``work.backlog_s``, the same for every
+tells the backend's indexes of each such event (``sent``, ``changed``), which mark its
+positions ``dirty`` and recompute only those at the next decision (a send moves a ``quick``
+one at once: see the last paragraph). The queued work part (``work.backlog_s``, the same for every
 model the backend hosts) is computed once per change and shared by the backend's indexes
 through its ``cells`` entry, which the Router clears on each change. Between events nothing
 moves except the clock, and the clock moves one term only, the aged busy time, which is
@@ -42,7 +43,12 @@ finish depends on (profiles, batch caps and freshness change with a load report,
 or a model change, which take it out of ``quick``); so ``quick`` keeps per backend its
 settled finishes by those counts (``queued_by_model``'s values, in its order: between two
 such events the router only adds a model at its end or changes a count), and a send or an
-answer that brings the counts back to ones seen costs one lookup. ``sig_dirty`` marks the
+answer that brings the counts back to ones seen costs one lookup. A memo entry holds its
+finish's list in ``at`` (kept while empty, so a move in the order looks nothing up by
+float) and, per model, the entry a send of that model leads to: from the same counts, one
+more send of a model gives the same counts, so ``node``, the entry a position is at, moves
+along them on each send without a lookup by counts (an answer's effect depends on more than
+the counts: it marks the position dirty). ``sig_dirty`` marks the
 positions whose utilization, memory or SLO changed (load reports, staleness), for a policy
 that keeps figures of its own per backend (queue-aware's score terms).
 """

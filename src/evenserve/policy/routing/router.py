@@ -29,8 +29,9 @@ figures (learning turned off there), that model's profile is the base one again.
 Decisions without a pass over every candidate. A policy with ``choose_indexed``
 (least-expected-work, queue-aware) decides from a finish index per model
 (``routing.finish_index``): each candidate's predicted finish kept in order and recomputed
-only for the backends that changed since the last decision (the router marks them on every
-send, answer, load report, staleness and profile or batch-size change: ``_touch``), with the
+only for the backends that changed since the last decision (the router tells the index of
+every send, answer, load report, staleness and profile or batch-size change: ``_touch``,
+``FinishIndex.sent`` and ``changed``), with the
 same answer as the policy's full pass over the candidates (``choose``), which decides where
 the index cannot (retries with ``exclude``, a backend that needs the fallback cost, a clock
 that went back, an overloaded backend for queue-aware). The views are the router's: change
