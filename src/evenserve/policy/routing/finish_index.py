@@ -164,7 +164,7 @@ class FinishIndex:
         for q in self.quick:
             if q is not None:
                 q[0].clear()
-        self.node = [None] * len(self.node)  # their entries lead to dropped lists
+        self.node[:] = [None] * len(self.node)  # their entries lead to dropped lists
 
     def _place(self, p: int, f: float) -> None:
         self.finish[p] = f
