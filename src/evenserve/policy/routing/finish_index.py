@@ -8,8 +8,9 @@ indices into it). For each backend it holds the *settled finish*
 (``work.settled_finish_s``): ``predicted_finish_s`` with the sampled busy time aged away, the
 same sums in the same order from a backlog of 0.0. That figure changes only when the backend
 does (a send, an answer, a load report, staleness, new profiles or batch sizes): the Router
-marks the backend's positions ``dirty`` on each such event and the index recomputes only
-those at the next decision. The queued work part (``work.backlog_s``, the same for every
+tells the backend's indexes of each such event (``sent``, ``changed``), which mark its
+positions ``dirty`` and recompute only those at the next decision (a send moves a ``quick``
+one at once: see the last paragraph). The queued work part (``work.backlog_s``, the same for every
 model the backend hosts) is computed once per change and shared by the backend's indexes
 through its ``cells`` entry, which the Router clears on each change. Between events nothing
 moves except the clock, and the clock moves one term only, the aged busy time, which is
@@ -42,7 +43,12 @@ finish depends on (profiles, batch caps and freshness change with a load report,
 or a model change, which take it out of ``quick``); so ``quick`` keeps per backend its
 settled finishes by those counts (``queued_by_model``'s values, in its order: between two
 such events the router only adds a model at its end or changes a count), and a send or an
-answer that brings the counts back to ones seen costs one lookup. ``sig_dirty`` marks the
+answer that brings the counts back to ones seen costs one lookup. A memo entry holds its
+finish's list in ``at`` (kept while empty, so a move in the order looks nothing up by
+float) and, per model, the entry a send of that model leads to: from the same counts, one
+more send of a model gives the same counts, so ``node``, the entry a position is at, moves
+along them on each send without a lookup by counts (an answer's effect depends on more than
+the counts: it marks the position dirty). ``sig_dirty`` marks the
 positions whose utilization, memory or SLO changed (load reports, staleness), for a policy
 that keeps figures of its own per backend (queue-aware's score terms).
 """
@@ -61,6 +67,12 @@ from evenserve.policy.routing.work import aged_busy_s, backlog_s, own_share_s
 
 #: Settled finishes a ``quick`` position keeps by queued counts, at most (then it starts over).
 QUICK_MEMO = 1024
+#: Finishes an index keeps a list of positions for, at most (then it drops the empty ones).
+BUCKETS_MAX = 4096
+
+#: A memo entry: a settled finish, the list of ``FinishIndex.at`` for it, and per model the
+#: entry a send of that model leads to (filled as sends come: ``FinishIndex.sent``).
+Memo = tuple[float, list[int], dict[str, "Memo"]]
 
 
 class FinishIndex:
@@ -75,15 +87,16 @@ class FinishIndex:
         "finish",
         "keys",
         "model",
+        "node",
         "now_s",
         "owner",
         "owner_state",
-        "placed",
         "quick",
         "sig_dirty",
         "stale",
         "stale_order",
         "views",
+        "where",
     )
 
     def __init__(
@@ -97,10 +110,14 @@ class FinishIndex:
         n = len(views)
         #: Per position, its settled finish (valid unless it is bad or dirty).
         self.finish: list[float] = [0.0] * n
-        #: Per position, whether it is in the order (``keys``/``at``).
-        self.placed: list[bool] = [False] * n
+        #: Per position in the order (``keys``/``at``), the list of ``at`` it is in; None
+        #: for the others.
+        self.where: list[list[int] | None] = [None] * n
+        #: The distinct finishes of the positions in the order, in order.
         self.keys: list[float] = []
-        #: Per finish in ``keys``, the positions that have it, in order.
+        #: Per finish, the positions in the order that have it, in order: every finish in
+        #: ``keys``, and finishes that no position has now (empty lists, which memo entries
+        #: hold; ``_bucket``).
         self.at: dict[float, list[int]] = {}
         #: Busy positions: when their busy time runs out (inf: it never ages, no sample time).
         self.busy: dict[int, float] = {}
@@ -112,9 +129,13 @@ class FinishIndex:
         #: backend's last load report, profile or batch size change (the Router's ``_touch``
         #: with ``signals`` takes them out), each with its settled finishes by queued counts
         #: and its ``queued_by_model`` (see the module's last paragraph); None for the others.
-        self.quick: list[tuple[dict[tuple[float, ...], float], Mapping[str, float]] | None] = [
+        #: A finish is kept with its list in ``at`` (a move in the order needs no lookup).
+        self.quick: list[tuple[dict[tuple[float, ...], Memo], Mapping[str, float]] | None] = [
             None
         ] * n
+        #: Per ``quick`` position, the memo entry of its queued counts now, when known (the
+        #: Router's sends move it along the entries' ``sent``); None for the others.
+        self.node: list[Memo | None] = [None] * n
         self.stale: set[int] = set()
         #: (settled finish, position) of the stale ones, in order.
         self.stale_order: list[tuple[float, int]] = []
@@ -127,26 +148,39 @@ class FinishIndex:
         self.owner: object = None
         self.owner_state: object = None
 
-    def _place(self, p: int, f: float) -> None:
-        self.finish[p] = f
-        self.placed[p] = True
+    def _bucket(self, f: float) -> list[int]:
+        """The positions in the order whose finish is ``f`` (made empty when there is none:
+        ``at`` keeps empty ones, which memo entries hold, up to ``BUCKETS_MAX``)."""
         tied = self.at.get(f)
         if tied is None:
-            self.at[f] = [p]
+            if len(self.at) >= BUCKETS_MAX:
+                self._prune()
+            tied = self.at[f] = []
+        return tied
+
+    def _prune(self) -> None:
+        """Drop the empty lists from ``at`` and every memo entry (they may hold them)."""
+        self.at = {f: tied for f, tied in self.at.items() if tied}
+        for q in self.quick:
+            if q is not None:
+                q[0].clear()
+        self.node[:] = [None] * len(self.node)  # their entries lead to dropped lists
+
+    def _place(self, p: int, f: float) -> None:
+        self.finish[p] = f
+        tied = self.where[p] = self._bucket(f)
+        if not tied:
             insort(self.keys, f)
-        else:
-            insort(tied, p)
+        insort(tied, p)
 
     def _unplace(self, p: int) -> None:
-        self.placed[p] = False
-        f = self.finish[p]
-        tied = self.at[f]
-        if len(tied) == 1:
-            del self.at[f]
+        tied = self.where[p]
+        assert tied is not None
+        self.where[p] = None
+        del tied[bisect_left(tied, p)]
+        if not tied:
             keys = self.keys
-            del keys[bisect_left(keys, f)]
-        else:
-            del tied[bisect_left(tied, p)]
+            del keys[bisect_left(keys, self.finish[p])]
 
     def _backlog(self, p: int, b: BackendView, counts: Mapping[str, float]) -> float:
         """``work.backlog_s(b, counts, 0.0, None)``, once per change of the backend (its
@@ -166,38 +200,35 @@ class FinishIndex:
         dirty = self.dirty
         if dirty:
             views = self.views
-            finish = self.finish
-            keys, at = self.keys, self.at
+            finish, where, node = self.finish, self.where, self.node
+            keys = self.keys
             quick = self.quick
             for p in dirty:
                 q = quick[p]
                 if q is not None:  # the common case, kept short (see ``quick``)
                     memo, counts = q
                     seen = tuple(counts.values())
-                    f = memo.get(seen)
-                    if f is None:
+                    e = memo.get(seen)
+                    if e is None:
                         f = self._quick_finish(p, counts)
                         if f is None:  # a model without a profile: the slow path
                             self._recompute(p, views[p], now_s)
                             continue
                         if len(memo) >= QUICK_MEMO:
                             memo.clear()
-                        memo[seen] = f
-                    old = finish[p]
-                    if f != old:  # it moves in the order (_unplace, _place inlined)
-                        tied = at[old]
-                        if len(tied) == 1:
-                            del at[old]
-                            del keys[bisect_left(keys, old)]
-                        else:
-                            del tied[bisect_left(tied, p)]
-                        finish[p] = f
-                        into = at.get(f)
-                        if into is None:
-                            at[f] = [p]
+                        e = memo[seen] = (f, self._bucket(f), {})
+                    node[p] = e
+                    f, into, _ = e
+                    tied = where[p]
+                    if into is not tied:  # it moves in the order (_unplace, _place inlined)
+                        del tied[bisect_left(tied, p)]  # type: ignore[union-attr,arg-type]
+                        if not tied:
+                            del keys[bisect_left(keys, finish[p])]
+                        if not into:
                             insort(keys, f)
-                        else:
-                            insort(into, p)
+                        insort(into, p)
+                        where[p] = into
+                        finish[p] = f
                     continue
                 self._recompute(p, views[p], now_s)
             dirty.clear()
@@ -207,6 +238,52 @@ class FinishIndex:
         if due and due[0][0] <= now_s:
             self._expire_busy(now_s)
         return True
+
+    def sent(self, p: int, model: str) -> None:
+        """A request of ``model`` went to ``p``'s backend (the Router calls this once its
+        counts say so). A position whose entry (``node``) is known moves now, to the entry
+        that send leads to (kept in the entry after the first time: no look-up by counts);
+        any other is recomputed at the next decision."""
+        e = self.node[p]
+        if e is None:
+            self.dirty.add(p)
+            return
+        to = e[2].get(model)
+        if to is None:
+            q = self.quick[p]
+            assert q is not None  # a position with an entry is quick
+            memo, counts = q
+            seen = tuple(counts.values())
+            to = memo.get(seen)
+            if to is None:
+                f = self._quick_finish(p, counts)
+                if f is None:  # a model without a profile: the slow path
+                    self.node[p] = None
+                    self.dirty.add(p)
+                    return
+                if len(memo) >= QUICK_MEMO:
+                    memo.clear()
+                to = memo[seen] = (f, self._bucket(f), {})
+            e[2][model] = to
+        self.node[p] = to
+        tied, into = e[1], to[1]
+        if into is not tied:  # it moves in the order (_unplace, _place inlined)
+            keys = self.keys
+            del tied[bisect_left(tied, p)]
+            if not tied:
+                del keys[bisect_left(keys, e[0])]
+            f = to[0]
+            if not into:
+                insort(keys, f)
+            insort(into, p)
+            self.where[p] = into
+            self.finish[p] = f
+
+    def changed(self, p: int) -> None:
+        """``p``'s backend changed otherwise than by a send (an answer, a load report,
+        staleness, profiles or batch caps): recomputed at the next decision."""
+        self.node[p] = None
+        self.dirty.add(p)
 
     def _quick_finish(self, p: int, counts: Mapping[str, float]) -> float | None:
         """A ``quick`` position's settled finish (``work.settled_finish_s``, inlined), or
@@ -274,7 +351,7 @@ class FinishIndex:
             if prof is None or backlog != backlog  # it needs the fallback cost
             else backlog + own_share_s(self.model, prof, b, counts)
         )
-        if self.placed[p]:
+        if self.where[p] is not None:
             self._unplace(p)
         elif p in self.busy:
             del self.busy[p]
@@ -287,6 +364,7 @@ class FinishIndex:
         else:
             self.bad.discard(p)
         self.quick[p] = None
+        self.node[p] = None
         if f != f:  # the fallback cost (or a NaN figure): the full pass decides
             self.bad.add(p)
         elif fresh and (b.busy_remaining_s <= 0.0 or aged_busy_s(b, now_s) <= 0.0):
@@ -307,7 +385,7 @@ class FinishIndex:
         """Among the positions in the order whose finish is ``best``: the first at or after
         ``start`` and the first of all (-1, -1 when none)."""
         tied = self.at.get(best)
-        if tied is None:
+        if not tied:
             return -1, -1
         i = bisect_left(tied, start)
         return (tied[i] if i < len(tied) else -1), tied[0]

@@ -70,8 +70,12 @@ class LeastExpectedWork:
         exact finishes only for the busy backends whose settled (lower-bound) figure could
         tie or beat it, and the stale ones' settled finish plus the penalty; ties rotate as
         in ``choose``. None (nothing done) when the index cannot answer."""
-        if not ix.refresh(now_s):
-            return None
+        due = ix.busy_due
+        if ix.dirty or ix.bad or now_s < ix.now_s or (due and due[0][0] <= now_s):
+            if not ix.refresh(now_s):
+                return None
+        else:  # nothing to bring up to date (``refresh``'s checks, without the call)
+            ix.now_s = now_s
         keys = ix.keys
         busy, stale = ix.busy_order, ix.stale_order
         if not busy and not stale:  # every backend settled: the order alone answers

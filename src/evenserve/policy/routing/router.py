@@ -30,8 +30,9 @@ figures (learning turned off there), that model's profile is the base one again.
 Decisions without a pass over every candidate. A policy with ``choose_indexed``
 (least-expected-work, queue-aware) decides from a finish index per model
 (``routing.finish_index``): each candidate's predicted finish kept in order and recomputed
-only for the backends that changed since the last decision (the router marks them on every
-send, answer, load report, staleness and profile or batch-size change: ``_touch``), with the
+only for the backends that changed since the last decision (the router tells the index of
+every send, answer, load report, staleness and profile or batch-size change: ``_touch``,
+``FinishIndex.sent`` and ``changed``), with the
 same answer as the policy's full pass over the candidates (``choose``), which decides where
 the index cannot (retries with ``exclude``, a backend that needs the fallback cost, a clock
 that went back, an overloaded backend for queue-aware). The views are the router's: change
@@ -119,7 +120,6 @@ class _BackendState:
     #: and its batch times by model and queued requests (cleared when its profiles or
     #: batch caps may have changed).
     slots: list[tuple[FinishIndex, int]] = field(default_factory=list)
-    marks: list[tuple[set[int], int]] = field(default_factory=list)
     cell: list[Any] = field(default_factory=lambda: [None, None])
 
 
@@ -280,7 +280,6 @@ class Router:
         by_model: dict[str, list[BackendView]] = {}
         for st in self._backends.values():
             st.slots = []
-            st.marks = []
             st.cell[0] = st.cell[1] = None
             if not st.healthy:
                 continue
@@ -296,7 +295,6 @@ class Router:
             ix = self._indexes[model] = FinishIndex(model, cands, [st.cell for st in states])
             for p, st in enumerate(states):
                 st.slots.append((ix, p))
-                st.marks.append((ix.dirty, p))
         return ix
 
     @staticmethod
@@ -307,7 +305,7 @@ class Router:
         if signals:
             st.cell[1] = None
         for ix, p in st.slots:
-            ix.dirty.add(p)
+            ix.changed(p)
             if signals:
                 ix.sig_dirty.add(p)
                 ix.quick[p] = None
@@ -478,11 +476,11 @@ class Router:
         lane.since += 1
         qbm = st.queued
         qbm[model] = qbm.get(model, 0.0) + r
-        marks = st.marks
-        if marks:
+        slots = st.slots
+        if slots:
             st.cell[0] = None
-            for dirty, p in marks:
-                dirty.add(p)
+            for ix, p in slots:
+                ix.sent(p, model)
 
     def done(self, name: str, model: str, n: int = 1, now_s: float | None = None) -> None:
         """``n`` requests of ``model`` sent to ``name`` finished (answered or failed); with
@@ -576,8 +574,8 @@ class Router:
                         if model in qbm:
                             q = qbm[model] - k * r
                             qbm[model] = q if q > 0.0 else 0.0
-        marks = st.marks
-        if marks:
+        slots = st.slots
+        if slots:
             st.cell[0] = None
-            for dirty, p in marks:
-                dirty.add(p)
+            for ix, p in slots:
+                ix.changed(p)
