@@ -5,10 +5,22 @@ differs is counted, and the recording is back in the collector's sight after a r
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 
 import pytest
 
 from tests.unit.bench.bench_module import BENCH, load
+
+
+@pytest.fixture(autouse=True)
+def nothing_frozen() -> Iterator[None]:
+    """Start with nothing frozen, whatever ran before in this process (an in-process
+    server's ``tune_gc`` freezes what it allocated), and leave it as it was found."""
+    was_frozen = gc.get_freeze_count() > 0
+    gc.unfreeze()
+    yield
+    if was_frozen:
+        gc.freeze()
 
 
 @pytest.mark.parametrize("routing", ["least-expected-work", "power-of-two"])

@@ -9,9 +9,10 @@ allocates nothing but the candidate list. The view's queue depth is the mean of 
 queue depths plus the requests sent since the newest sample, less those answered since
 (``done``): a burst that lands between two polls sees its own earlier members and spreads
 out instead of piling onto the backend that looked idlest at the last poll, and (one
-gateway) a backend that drained since its report looks drained. A backend whose newest sample is older than ``stale_after_s``
-(checked by ``expire``) has unknown signals: utilization and memory become None and its queue
-estimate falls back to the router's own in-flight count.
+gateway) a backend that drained since its report looks drained. A backend whose newest
+sample is older than ``stale_after_s`` (checked by ``expire``) has unknown signals:
+utilization and memory become None and its queue estimate falls back to the router's own
+in-flight count.
 
 Besides the signals, the router keeps what only it knows, exact and current: its own
 in-flight count per backend and model, and, when the driver passes its clock to ``sent`` and
