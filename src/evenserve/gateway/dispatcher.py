@@ -333,6 +333,46 @@ class Dispatcher:
         fw.relayed = ans
         return None
 
+    def answered(self, fw: Forward, reply: Reply | HttpReply) -> Answer | None:
+        """``done``, ``settle`` and ``finish`` of a try on ``fw.backend`` that got ``reply``,
+        in one call (the fast path's every answer): the counted answer, or None to try the
+        next backend. The same steps as theirs, in the same order."""
+        name = fw.backend
+        model = fw.model
+        status = reply.status
+        # done
+        now = self._now()
+        st = self._states.get(name)
+        if st is not None:  # alive, whatever its probes say (poller)
+            st.answered_s = now
+        self.router.done(name, model, 1, now if status < 400 else None)
+        if self.placement is not None:
+            self.placement.done(model, name)
+        # settle
+        line = self._backend_lines.get(name)
+        if line is None:
+            line = self._backend_lines[name] = f"{wire.BACKEND_HEADER}: {name}\r\n".encode()
+        head, raw = reply.head, reply.raw
+        if raw is not None:  # the client kept it whole (relayable)
+            n = len(head) - 2
+            ans = Answer(
+                status, reply.body, {}, name, "ok" if status < 400 else outcome_of(status),
+                None, b"".join((raw[:n], line, raw[n:])), n + 2 + len(line), head,
+            )  # fmt: skip
+        else:
+            headers = parse_headers(head, self._keep) if isinstance(reply, HttpReply) else None
+            ans = Answer(status, reply.body, headers or reply.headers, name, outcome_of(status))
+        if status in REFUSING_STATUSES and not self.door.judge(
+            fw, name, status, ans.header(wire.REASON_HEADER)
+        ):
+            fw.relayed = ans
+            return None
+        # finish (a backend's answer)
+        self.metrics.observe_served(name, model, ans.outcome, time.perf_counter() - fw.t0)
+        if raw is None:
+            ans.headers[wire.BACKEND_HEADER] = name
+        return ans
+
     def _failed(self, fw: Forward, name: str, error: ForwardError) -> Answer | None:
         """A try that got no answer, judged by the rules: None to try the next backend, or
         the 504 of a backend that has the request and did not answer."""

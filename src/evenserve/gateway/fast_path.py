@@ -59,6 +59,8 @@ class Steps(Protocol):
 
     def finish(self, model: str, ans: Answer, t0: float) -> Answer: ...
 
+    def answered(self, fw: Forward, reply: Reply | HttpReply) -> Answer | None: ...
+
 
 class FastPath:
     """One dispatcher's callback driver: its pooled clients and forwarded heads."""
@@ -152,6 +154,14 @@ class FastPath:
     ) -> None:
         """A try on ``fw.backend`` is over: judged, then the answer or the next try."""
         d = self.d
+        if error is None and reply is not None:  # an answer: done, settle, finish in one
+            ans = d.answered(fw, reply)
+            if ans is None:
+                self._next_try(fw)
+            else:
+                assert fw.answer is not None
+                fw.answer(ans)
+            return
         name = fw.backend
         d.done(name, fw.model, reply)
         if error is None:
