@@ -23,6 +23,7 @@ from evenserve.gateway.forward import Forward
 from evenserve.gateway.forwarder import Forwarder, ForwardError, PooledForwarder, Reply
 from evenserve.httpio.client import HttpClient
 from evenserve.httpio.client import Reply as HttpReply
+from evenserve.httpio.server import Request, Response
 
 #: The head cache's size before it starts over (``FastPath._next_try``).
 FORWARD_HEADS = 1024
@@ -77,6 +78,19 @@ class FastPath:
         #: ``_tried`` bound once: every try's callback (``HttpClient.send_with``), the
         #: request's ``Forward`` its argument.
         self._tried_cb = self._tried
+        #: ``serve``'s inference routes (``Gateway._infer_routes``) and the function that
+        #: splits a path not among them (``Gateway._infer_route``); none until ``routes``.
+        self._routes: Mapping[str, tuple[str, str]] = {}
+        self._route: Callable[[str], tuple[str, str] | None] = lambda _path: None
+
+    def routes(
+        self,
+        known: Mapping[str, tuple[str, str]],
+        split: Callable[[str], tuple[str, str] | None],
+    ) -> None:
+        """What ``serve`` routes by: inference paths split before (read in place, as they
+        are added) and the function that splits another (None: not an inference route)."""
+        self._routes, self._route = known, split
 
     async def _miss_then_try(self, fw: Forward) -> None:
         d = self.d
@@ -110,6 +124,31 @@ class FastPath:
             task.add_done_callback(self._tasks.discard)
             return
         self._next_try(fw)
+
+    def serve(self, request: Request, respond: Callable[[Response], None]) -> bool:
+        """The server's fast handler (``httpio.server.FastHandler``) of a gateway without a
+        request log (``Gateway.fast``): a POST to an inference route is ``infer``'s, read
+        off the request in the same call; any other request is not taken (False)."""
+        if request.method != "POST":
+            return False
+        path = request.path
+        route = self._routes.get(path) or self._route(path)
+        if route is None:
+            return False
+        model, path = route
+        d = self.d
+        fw = d.admit(model, path, request.body, request.headers)
+        if isinstance(fw, Answer):
+            respond(d.finish(model, fw, time.perf_counter()))
+            return True
+        fw.answer = respond
+        if d.placement is not None and d.missing(model):
+            task = asyncio.get_running_loop().create_task(self._miss_then_try(fw))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return True
+        self._next_try(fw)
+        return True
 
     def _next_try(self, fw: Forward) -> None:
         d = self.d
