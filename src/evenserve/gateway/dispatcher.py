@@ -333,10 +333,16 @@ class Dispatcher:
         fw.relayed = ans
         return None
 
-    def answered(self, fw: Forward, reply: Reply | HttpReply) -> Answer | None:
-        """``done``, ``settle`` and ``finish`` of a try on ``fw.backend`` that got ``reply``,
-        in one call (the fast path's every answer): the counted answer, or None to try the
-        next backend. The same steps as theirs, in the same order."""
+    def tried(
+        self, fw: Forward, reply: Reply | HttpReply | None, error: BaseException | None
+    ) -> None:
+        """A fast-path try on ``fw.backend`` is over (every try's callback,
+        ``HttpClient.send_with``): for an answer, ``done``, ``settle`` and ``finish`` in one
+        step (the same steps in the same order), then the answer or the next try
+        (``FastPath.next_try``); a failure is ``FastPath.failed``'s."""
+        if error is not None or reply is None:
+            self.fast_path.failed(fw, reply, error)
+            return
         name = fw.backend
         model = fw.model
         status = reply.status
@@ -366,12 +372,14 @@ class Dispatcher:
             fw, name, status, ans.header(wire.REASON_HEADER)
         ):
             fw.relayed = ans
-            return None
+            self.fast_path.next_try(fw)
+            return
         # finish (a backend's answer)
         self.metrics.observe_served(name, model, ans.outcome, time.perf_counter() - fw.t0)
         if raw is None:
             ans.headers[wire.BACKEND_HEADER] = name
-        return ans
+        assert fw.answer is not None
+        fw.answer(ans)
 
     def _failed(self, fw: Forward, name: str, error: ForwardError) -> Answer | None:
         """A try that got no answer, judged by the rules: None to try the next backend, or

@@ -1,11 +1,13 @@
 """The dispatcher's callback fast path: an inference request forwarded without a task.
 
-The server's fast path (``httpio.server.FastHandler``) and the gRPC front's translated
-ModelInfer hand a request to ``FastPath.infer`` (``Dispatcher.infer_fast``) with a callback:
-it is admitted, each try is sent on an idle pooled connection by callback
-(``HttpClient.send_with``, the request its argument; a try that finds none runs as a
-task), judged and answered through the dispatcher's steps (``Dispatcher.admit``,
-``pick``, ``done``, ``settle``, ``finish``), the very ones the awaited path takes.
+The server's fast path (``httpio.server.FastHandler``: ``FastPath.serve``, routed here) and
+the gRPC front's translated ModelInfer (``FastPath.infer``, ``Dispatcher.infer_fast``) hand
+a request over with a callback: it is admitted, each try is sent on an idle pooled
+connection by callback (``HttpClient.send_with``, the request its argument; a try that
+finds none runs as a task), judged and answered through the dispatcher's steps
+(``Dispatcher.admit``, ``pick``, ``done``, ``settle``, ``finish``), the very ones the
+awaited path takes; an answer's ``done``, ``settle`` and ``finish`` are one step there
+(``Dispatcher.tried``, the tries' callback), a failure's are ``FastPath.failed``'s.
 Forwarded heads are made once per backend, path and forwarded-header set, and each
 backend's client is looked up once.
 """
@@ -25,7 +27,7 @@ from evenserve.httpio.client import HttpClient
 from evenserve.httpio.client import Reply as HttpReply
 from evenserve.httpio.server import Request, Response
 
-#: The head cache's size before it starts over (``FastPath._next_try``).
+#: The head cache's size before it starts over (``FastPath.next_try``).
 FORWARD_HEADS = 1024
 _LENGTH_ZERO = b"content-length: 0\r\n\r\n"
 
@@ -60,7 +62,9 @@ class Steps(Protocol):
 
     def finish(self, model: str, ans: Answer, t0: float) -> Answer: ...
 
-    def answered(self, fw: Forward, reply: Reply | HttpReply) -> Answer | None: ...
+    def tried(
+        self, fw: Forward, reply: Reply | HttpReply | None, error: BaseException | None
+    ) -> None: ...
 
 
 class FastPath:
@@ -75,9 +79,9 @@ class FastPath:
         #: Each backend's pooled HTTP client.
         self._clients: dict[str, HttpClient] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        #: ``_tried`` bound once: every try's callback (``HttpClient.send_with``), the
-        #: request's ``Forward`` its argument.
-        self._tried_cb = self._tried
+        #: ``Dispatcher.tried`` bound once: every try's callback (``HttpClient.send_with``),
+        #: the request's ``Forward`` its argument.
+        self._tried_cb = dispatcher.tried
         #: ``serve``'s inference routes (``Gateway._infer_routes``) and the function that
         #: splits a path not among them (``Gateway._infer_route``); none until ``routes``.
         self._routes: Mapping[str, tuple[str, str]] = {}
@@ -99,7 +103,7 @@ class FastPath:
         if refused is not None:
             fw.answer(d.finish(fw.model, refused, fw.t0))
         else:
-            self._next_try(fw)
+            self.next_try(fw)
 
     def infer(
         self,
@@ -123,7 +127,7 @@ class FastPath:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return
-        self._next_try(fw)
+        self.next_try(fw)
 
     def serve(self, request: Request, respond: Callable[[Response], None]) -> bool:
         """The server's fast handler (``httpio.server.FastHandler``) of a gateway without a
@@ -147,10 +151,10 @@ class FastPath:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             return True
-        self._next_try(fw)
+        self.next_try(fw)
         return True
 
-    def _next_try(self, fw: Forward) -> None:
+    def next_try(self, fw: Forward) -> None:
         d = self.d
         assert fw.answer is not None
         name = d.pick(fw)
@@ -184,23 +188,16 @@ class FastPath:
                 "POST", d.registry.url(fw.backend), fw.path, fw.body, fw.headers
             )
         except ForwardError as exc:
-            self._tried(fw, None, exc)
+            self.failed(fw, None, exc)
         else:
-            self._tried(fw, reply, None)
+            self.d.tried(fw, reply, None)
 
-    def _tried(
+    def failed(
         self, fw: Forward, reply: Reply | HttpReply | None, error: BaseException | None
     ) -> None:
-        """A try on ``fw.backend`` is over: judged, then the answer or the next try."""
+        """A try on ``fw.backend`` got no answer (``Dispatcher.tried`` hands it over): judged,
+        then the answer or the next try."""
         d = self.d
-        if error is None and reply is not None:  # an answer: done, settle, finish in one
-            ans = d.answered(fw, reply)
-            if ans is None:
-                self._next_try(fw)
-            else:
-                assert fw.answer is not None
-                fw.answer(ans)
-            return
         name = fw.backend
         d.done(name, fw.model, reply)
         if error is None:
@@ -210,7 +207,7 @@ class FastPath:
         else:
             raise error  # not a forwarding failure: a bug, not an outcome
         if ans is None:
-            self._next_try(fw)
+            self.next_try(fw)
         else:
             assert fw.answer is not None
             fw.answer(d.finish(fw.model, ans, fw.t0))

@@ -414,9 +414,10 @@ def _http_reply(status: int, reason: str | None, whole: bool) -> HttpReply:
     ("status", "reason"),
     [(200, None), (400, None), (429, OVERLOADED), (429, "shed"), (503, None), (500, None)],
 )
-def test_answered_is_done_settle_and_finish(status: int, reason: str | None, whole: bool) -> None:
-    """The fast path's one step for an answer gives what the three steps give: the same
-    answer (or the same kept refusal and next try), router state and metrics."""
+def test_tried_is_done_settle_and_finish(status: int, reason: str | None, whole: bool) -> None:
+    """The fast path's one step for an answer (``Dispatcher.tried``) gives what the three
+    steps give: the same answer (or the same kept refusal, and the next try), router state
+    and metrics."""
     got = []
     for fused in (False, True):
         d, reg, clock = setup(ok, routing="least-expected-work")
@@ -428,7 +429,13 @@ def test_answered_is_done_settle_and_finish(status: int, reason: str | None, who
         clock.advance(0.25)
         reply = _http_reply(status, reason, whole)
         if fused:
-            ans = d.answered(fw, reply)
+            answers: list[Answer] = []
+            fw.answer = answers.append
+            retried: list[object] = []
+            d.fast_path.next_try = retried.append  # type: ignore[method-assign]
+            d.tried(fw, reply, None)
+            assert len(answers) + len(retried) == 1 and retried in ([], [fw])
+            ans = answers[0] if answers else None
         else:
             d.done(name, fw.model, reply)
             ans = d.settle(fw, name, reply, None)
