@@ -67,6 +67,19 @@ class Steps(Protocol):
     ) -> None: ...
 
 
+class _Head:
+    """A backend's client and the forwarded head up to its Content-Length, for one path and
+    set of forwarded headers, and the last whole head made from it (for ``length``)."""
+
+    __slots__ = ("client", "head", "length", "prefix")
+
+    def __init__(self, client: HttpClient, prefix: bytes) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.length = -1
+        self.head = b""
+
+
 class FastPath:
     """One dispatcher's callback driver: its pooled clients and forwarded heads."""
 
@@ -75,7 +88,7 @@ class FastPath:
         #: Each backend's client and the forwarded request head up to its Content-Length, by
         #: backend, path and forwarded headers (a client sends few kinds of request): made
         #: once, not per request.
-        self._heads: dict[tuple[str, str, tuple[str | None, ...]], tuple[HttpClient, bytes]] = {}
+        self._heads: dict[tuple[str, str, tuple[str | None, ...]], _Head] = {}
         #: Each backend's pooled HTTP client.
         self._clients: dict[str, HttpClient] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -172,9 +185,14 @@ class FastPath:
             prefix = client.head("POST", fw.path, fw.headers, 0)[: -len(_LENGTH_ZERO)]
             if len(self._heads) >= FORWARD_HEADS:
                 self._heads.clear()
-            known = self._heads[key] = (client, prefix)
-        client, prefix = known
-        head = b"%scontent-length: %d\r\n\r\n" % (prefix, len(fw.body))
+            known = self._heads[key] = _Head(client, prefix)
+        client = known.client
+        n = len(fw.body)
+        if n == known.length:  # a client sends bodies of one size, mostly: made once
+            head = known.head
+        else:
+            head = known.head = b"%scontent-length: %d\r\n\r\n" % (known.prefix, n)
+            known.length = n
         fw.backend = name
         if not client.send_with(head, fw.body, self._tried_cb, fw):
             task = asyncio.get_running_loop().create_task(self._try_async(fw))
