@@ -62,10 +62,11 @@ from evenserve.gateway.answers import (
     error_answer,
     outcome_of,
     refusal_answer,
+    relayed_answer,
 )
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.fast_path import FastPath
-from evenserve.gateway.forward import FORWARD_REQUEST_HEADERS, Forward, classify
+from evenserve.gateway.forward import FORWARD_REQUEST_HEADERS, Forward, classify, new_forward
 from evenserve.gateway.forwarder import (
     Forwarder,
     ForwardError,
@@ -284,7 +285,7 @@ class Dispatcher:
         req = RequestInfo(next(self._ids), model, now)
         if values[3] is not None or values[4] is not None:
             classify(req, values[3], values[4])
-        return Forward(req, path, body, t0, values)
+        return new_forward(req, path, body, t0, values)
 
     def pick(self, fw: Forward) -> str | None:
         """The next backend to try (counted as sent), or None when none is left."""
@@ -320,9 +321,9 @@ class Dispatcher:
         status, head, raw = reply.status, reply.head, reply.raw
         if raw is not None:  # relayed_bytes, inlined: the client kept it whole (relayable)
             n = len(head) - 2
-            ans = Answer(
-                status, reply.body, {}, name, "ok" if status < 400 else outcome_of(status),
-                None, b"".join((raw[:n], line, raw[n:])), n + 2 + len(line), head,
+            ans = relayed_answer(
+                status, reply.body, name, "ok" if status < 400 else outcome_of(status),
+                b"".join((raw[:n], line, raw[n:])), n + 2 + len(line), head,
             )  # fmt: skip
         else:  # the pooled client's answer has its head only: the relayed headers from it
             headers = parse_headers(head, self._keep) if isinstance(reply, HttpReply) else None
@@ -364,9 +365,9 @@ class Dispatcher:
         head, raw = reply.head, reply.raw
         if raw is not None:  # the client kept it whole (relayable)
             n = len(head) - 2
-            ans = Answer(
-                status, reply.body, {}, name, "ok" if status < 400 else outcome_of(status),
-                None, b"".join((raw[:n], line, raw[n:])), n + 2 + len(line), head,
+            ans = relayed_answer(
+                status, reply.body, name, "ok" if status < 400 else outcome_of(status),
+                b"".join((raw[:n], line, raw[n:])), n + 2 + len(line), head,
             )  # fmt: skip
         else:
             headers = parse_headers(head, self._keep) if isinstance(reply, HttpReply) else None
