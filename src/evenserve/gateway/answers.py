@@ -92,6 +92,27 @@ class Answer(Response):
         return self.headers.get(name)
 
 
+_new = object.__new__
+
+
+def relayed_answer(
+    status: int, body: bytes, backend: str, outcome: str, raw: bytes, raw_head: int, head: bytes
+) -> Answer:
+    """``Answer(status, body, {}, backend, outcome, None, raw, raw_head, head)``: a backend's
+    answer relayed as its bytes (per request, so without a class call's ``__init__``)."""
+    a: Answer = _new(Answer)
+    a.status = status
+    a.body = body
+    a.headers = {}
+    a.backend = backend
+    a.outcome = outcome
+    a.grpc = None
+    a.raw = raw
+    a.raw_head = raw_head
+    a.head = head
+    return a
+
+
 def error_answer(
     status: int, message: str, outcome: str, extra: Mapping[str, str] | None = None
 ) -> Answer:

@@ -48,6 +48,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
+from time import perf_counter
 from typing import TypeVar
 
 from evenserve.cluster.gateway_section import GatewaySection
@@ -61,10 +62,11 @@ from evenserve.gateway.answers import (
     error_answer,
     outcome_of,
     refusal_answer,
+    relayed_answer,
 )
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.fast_path import FastPath
-from evenserve.gateway.forward import FORWARD_REQUEST_HEADERS, Forward, classify
+from evenserve.gateway.forward import FORWARD_REQUEST_HEADERS, Forward, classify, new_forward
 from evenserve.gateway.forwarder import (
     Forwarder,
     ForwardError,
@@ -118,6 +120,8 @@ class Dispatcher:
             models=registry.models,
         )
         self._retry_after_s = cfg.overload.retry_after_s
+        #: ``door.retries``, read once per try.
+        self._retries = self.door.retries
         self.forwarder: Forwarder = forwarder or PooledForwarder(
             max_connections=fwd.max_connections,
             connect_timeout_s=fwd.connect_timeout_ms / 1000.0,
@@ -154,7 +158,7 @@ class Dispatcher:
     async def infer(self, model: str, path: str, body: bytes, headers: Mapping[str, str]) -> Answer:
         fw = self.admit(model, path, body, headers)
         if isinstance(fw, Answer):
-            return self.finish(model, fw, time.perf_counter())
+            return self.finish(model, fw, perf_counter())
         if self.missing(model):
             refused = await self.miss(fw)
             if refused is not None:
@@ -229,7 +233,7 @@ class Dispatcher:
         their HTTP headers (``grpc_status.forward_metadata``)."""
         fw = self.admit(model, "", b"", headers or {})
         if isinstance(fw, Answer):
-            return self.finish(model, fw, time.perf_counter())
+            return self.finish(model, fw, perf_counter())
         fw.tried.extend(exclude)
         if self.missing(model):
             refused = await self.miss(fw)
@@ -270,7 +274,7 @@ class Dispatcher:
         self, model: str, path: str, body: bytes, headers: Mapping[str, str]
     ) -> Answer | Forward:
         """The answer at once (unknown model, overload), or the request to forward."""
-        t0 = time.perf_counter()
+        t0 = perf_counter()
         now = self._now()
         ref = self.door.admit(model, now)
         if self.placement is not None and (ref is None or ref.status != 404):
@@ -281,17 +285,17 @@ class Dispatcher:
         req = RequestInfo(next(self._ids), model, now)
         if values[3] is not None or values[4] is not None:
             classify(req, values[3], values[4])
-        return Forward(req, path, body, t0, values)
+        return new_forward(req, path, body, t0, values)
 
     def pick(self, fw: Forward) -> str | None:
         """The next backend to try (counted as sent), or None when none is left."""
-        if fw.attempt > self.door.retries:  # no try left: no decision to time
+        if fw.attempt > self._retries:  # no try left: no decision to time
             return None
         # The first try is decided at arrival: the clock is read once for both.
         now = fw.req.arrival_s if fw.attempt == 0 else self._now()
-        d0 = time.perf_counter()
+        d0 = perf_counter()
         name = self.door.choose(fw, now)
-        took = time.perf_counter() - d0
+        took = perf_counter() - d0
         h = self._decision  # Hist.observe, inlined (one call less per request)
         h.counts[bisect_left(h.bounds, took)] += 1
         h.total += took
@@ -317,9 +321,9 @@ class Dispatcher:
         status, head, raw = reply.status, reply.head, reply.raw
         if raw is not None:  # relayed_bytes, inlined: the client kept it whole (relayable)
             n = len(head) - 2
-            ans = Answer(
-                status, reply.body, {}, name, "ok" if status < 400 else outcome_of(status),
-                None, b"".join((raw[:n], line, raw[n:])), n + 2 + len(line), head,
+            ans = relayed_answer(
+                status, reply.body, name, "ok" if status < 400 else outcome_of(status),
+                b"".join((raw[:n], line, raw[n:])), n + 2 + len(line), head,
             )  # fmt: skip
         else:  # the pooled client's answer has its head only: the relayed headers from it
             headers = parse_headers(head, self._keep) if isinstance(reply, HttpReply) else None
@@ -332,6 +336,54 @@ class Dispatcher:
             return ans
         fw.relayed = ans
         return None
+
+    def tried(
+        self, fw: Forward, reply: Reply | HttpReply | None, error: BaseException | None
+    ) -> None:
+        """A fast-path try on ``fw.backend`` is over (every try's callback,
+        ``HttpClient.send_with``): for an answer, ``done``, ``settle`` and ``finish`` in one
+        step (the same steps in the same order), then the answer or the next try
+        (``FastPath.next_try``); a failure is ``FastPath.failed``'s."""
+        if error is not None or reply is None:
+            self.fast_path.failed(fw, reply, error)
+            return
+        name = fw.backend
+        model = fw.model
+        status = reply.status
+        # done
+        now = self._now()
+        st = self._states.get(name)
+        if st is not None:  # alive, whatever its probes say (poller)
+            st.answered_s = now
+        self.router.done(name, model, 1, now if status < 400 else None)
+        if self.placement is not None:
+            self.placement.done(model, name)
+        # settle
+        line = self._backend_lines.get(name)
+        if line is None:
+            line = self._backend_lines[name] = f"{wire.BACKEND_HEADER}: {name}\r\n".encode()
+        head, raw = reply.head, reply.raw
+        if raw is not None:  # the client kept it whole (relayable)
+            n = len(head) - 2
+            ans = relayed_answer(
+                status, reply.body, name, "ok" if status < 400 else outcome_of(status),
+                b"".join((raw[:n], line, raw[n:])), n + 2 + len(line), head,
+            )  # fmt: skip
+        else:
+            headers = parse_headers(head, self._keep) if isinstance(reply, HttpReply) else None
+            ans = Answer(status, reply.body, headers or reply.headers, name, outcome_of(status))
+        if status in REFUSING_STATUSES and not self.door.judge(
+            fw, name, status, ans.header(wire.REASON_HEADER)
+        ):
+            fw.relayed = ans
+            self.fast_path.next_try(fw)
+            return
+        # finish (a backend's answer)
+        self.metrics.observe_served(name, model, ans.outcome, perf_counter() - fw.t0)
+        if raw is None:
+            ans.headers[wire.BACKEND_HEADER] = name
+        assert fw.answer is not None
+        fw.answer(ans)
 
     def _failed(self, fw: Forward, name: str, error: ForwardError) -> Answer | None:
         """A try that got no answer, judged by the rules: None to try the next backend, or
@@ -372,10 +424,10 @@ class Dispatcher:
         """Count the answer (by backend, model and outcome; its latency by model)."""
         backend = ans.backend
         if backend is None:
-            self.metrics.observe_request(None, model, ans.outcome, time.perf_counter() - t0)
+            self.metrics.observe_request(None, model, ans.outcome, perf_counter() - t0)
             return ans
         # A backend's answer: the request was admitted, so its model is one the gateway serves.
-        self.metrics.observe_served(backend, model, ans.outcome, time.perf_counter() - t0)
+        self.metrics.observe_served(backend, model, ans.outcome, perf_counter() - t0)
         if ans.raw is None:
             ans.headers[wire.BACKEND_HEADER] = backend
         return ans

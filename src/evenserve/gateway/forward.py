@@ -23,7 +23,8 @@ FORWARD_REQUEST_HEADERS = (
 
 class Forward(Tries):
     """One inference request on its way through the gateway: the rules' ``Tries`` and what
-    the drivers need to forward it and answer."""
+    the drivers need to forward it and answer. Made by ``new_forward`` (per request, without
+    a class call's ``__init__`` frame)."""
 
     __slots__ = (
         "_headers",
@@ -37,31 +38,19 @@ class Forward(Tries):
         "t0",
     )
 
-    def __init__(
-        self,
-        req: RequestInfo,
-        path: str,
-        body: bytes,
-        t0: float,
-        head_key: tuple[str | None, ...],
-    ) -> None:
-        self.req = req
-        self.attempt = 0
-        self.tried = []
-        self.failures = []
-        self.refused_by = None
-        self.model = req.model
-        self.path = path
-        self.body = body
-        self.t0 = t0
-        #: The forwarded headers' values (FORWARD_REQUEST_HEADERS' order): a key of its head.
-        self.head_key = head_key
-        self._headers: dict[str, str] | None = None
-        #: The kept refusal (``FrontDoor.judge``), relayed when no try is left.
-        self.relayed: Answer | None = None
-        self.answer: Callable[[Answer], None] | None = None
-        #: The backend of the try under way (the fast path's; set when it is sent).
-        self.backend = ""
+    model: str
+    path: str
+    body: bytes
+    #: When it came (``time.perf_counter``): its latency's start.
+    t0: float
+    #: The forwarded headers' values (FORWARD_REQUEST_HEADERS' order): a key of its head.
+    head_key: tuple[str | None, ...]
+    _headers: dict[str, str] | None
+    #: The kept refusal (``FrontDoor.judge``), relayed when no try is left.
+    relayed: Answer | None
+    answer: Callable[[Answer], None] | None
+    #: The backend of the try under way (the fast path's; set when it is sent).
+    backend: str
 
     @property
     def headers(self) -> dict[str, str]:
@@ -74,6 +63,31 @@ class Forward(Tries):
                 if v is not None:
                     h[name] = v
         return h
+
+
+_new = object.__new__
+
+
+def new_forward(
+    req: RequestInfo, path: str, body: bytes, t0: float, head_key: tuple[str | None, ...]
+) -> Forward:
+    """A ``Forward`` of ``req`` (no try yet, nothing kept), every field set."""
+    fw: Forward = _new(Forward)
+    fw.req = req
+    fw.attempt = 0
+    fw.tried = []
+    fw.failures = []
+    fw.refused_by = None
+    fw.model = req.model
+    fw.path = path
+    fw.body = body
+    fw.t0 = t0
+    fw.head_key = head_key
+    fw._headers = None
+    fw.relayed = None
+    fw.answer = None
+    fw.backend = ""
+    return fw
 
 
 def classify(req: RequestInfo, priority: str | None, deadline_ms: str | None) -> None:

@@ -180,6 +180,13 @@ class Gateway:
         self._paths = {p for _, p in self._exact}
         #: Inference routes split before (``_infer_route``).
         self._infer_routes: dict[str, tuple[str, str]] = {}
+        #: The server's fast handler (``httpio.server.FastHandler``): without a request log,
+        #: the dispatcher's fast path itself (``FastPath.serve``: routed there, one call per
+        #: request less), else ``fast_recorded``.
+        self.fast: Callable[[Request, Callable[[Response], None]], bool] = self.fast_recorded
+        if self.recorder is None and self._fast_forward:
+            self.dispatcher.fast_path.routes(self._infer_routes, self._infer_route)
+            self.fast = self.dispatcher.fast_path.serve
         #: The gRPC server (``grpc_front``) once started, when ``gateway.grpc_port`` is set.
         self.grpc: Any = None
 
@@ -264,9 +271,10 @@ class Gateway:
             return
         self.metrics.observe_request(None, found.model, "client_error", None)
 
-    def fast(self, request: Request, respond: Callable[[Response], None]) -> bool:
-        """The server's fast path (``httpio.server.FastHandler``): inference is forwarded
-        without a task; everything else goes to ``__call__``."""
+    def fast_recorded(self, request: Request, respond: Callable[[Response], None]) -> bool:
+        """The server's fast path (``httpio.server.FastHandler``) with a request log (or
+        without the pooled forwarder): inference is forwarded without a task, each answer
+        recorded; everything else goes to ``__call__``."""
         if request.method != "POST" or not self._fast_forward:
             return False
         route = self._infer_routes.get(request.path) or self._infer_route(request.path)

@@ -16,9 +16,10 @@ from evenserve.core.clock import FakeClock
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.types import LoadSample
 from evenserve.core.wire import BACKEND_HEADER, OVERLOADED, REASON_HEADER
-from evenserve.gateway.answers import RELAY_RESPONSE_HEADERS, GrpcReply
+from evenserve.gateway.answers import RELAY_RESPONSE_HEADERS, Answer, GrpcReply
 from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.dispatcher import Dispatcher
+from evenserve.httpio.client import Reply as HttpReply
 from evenserve.metrics.gateway import GatewayMetrics
 from evenserve.policy.routing import ROUTING
 from evenserve.policy.routing.router import LEARN_MIN_ANSWERS
@@ -396,3 +397,63 @@ async def test_the_router_receives_class_and_deadline_on_every_path() -> None:
     assert (bad.priority, bad.deadline_s) == (ONLINE, None)
     assert forwarded == ["offline", "urgent"]
     assert (relayed.priority, relayed.deadline_s) == (7, clock.now() + 1.5005)
+
+
+def _http_reply(status: int, reason: str | None, whole: bool) -> HttpReply:
+    body = b'{"ok": true}'
+    lines = [f"HTTP/1.1 {status} X", "content-type: application/json"]
+    if reason is not None:
+        lines.append(f"{REASON_HEADER}: {reason}")
+    lines.append(f"content-length: {len(body)}")
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode()
+    return HttpReply(status, {}, body, 0, head, head + body if whole else None)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [(200, None), (400, None), (429, OVERLOADED), (429, "shed"), (503, None), (500, None)],
+)
+def test_tried_is_done_settle_and_finish(status: int, reason: str | None, whole: bool) -> None:
+    """The fast path's one step for an answer (``Dispatcher.tried``) gives what the three
+    steps give: the same answer (or the same kept refusal, and the next try), router state
+    and metrics."""
+    got = []
+    for fused in (False, True):
+        d, reg, clock = setup(ok, routing="least-expected-work")
+        fw = d.admit("m", "/v2/models/m/infer", b"{}", {})
+        assert not isinstance(fw, Answer)
+        name = d.pick(fw)
+        assert name is not None
+        fw.backend = name
+        clock.advance(0.25)
+        reply = _http_reply(status, reason, whole)
+        if fused:
+            answers: list[Answer] = []
+            fw.answer = answers.append
+            retried: list[object] = []
+            d.fast_path.next_try = retried.append  # type: ignore[method-assign]
+            d.tried(fw, reply, None)
+            assert len(answers) + len(retried) == 1 and retried in ([], [fw])
+            ans = answers[0] if answers else None
+        else:
+            d.done(name, fw.model, reply)
+            ans = d.settle(fw, name, reply, None)
+            if ans is not None:
+                ans = d.finish(fw.model, ans, fw.t0)
+        v = reg.router.view(name)
+        kept = fw.relayed
+        got.append(
+            (
+                None if ans is None else (ans.status, ans.body, ans.headers, ans.raw, ans.outcome),
+                None if kept is None else (kept.status, kept.raw, kept.headers, kept.outcome),
+                fw.refused_by,
+                fw.failures,
+                (v.in_flight, dict(v.in_flight_by_model), dict(v.queued_by_model)),
+                reg.router._backends[name].lanes["m"].count,
+                reg.states[name].answered_s,
+                dict(d.metrics._hot.requests),
+                [sum(h.counts) for h in d.metrics._hot.latency.values()],
+            )
+        )
+    assert got[0] == got[1]

@@ -18,6 +18,13 @@ A full queue is judged without the request's class: the worker can make room for
 class by shedding a lower one, which the gateway cannot see, so the rule may refuse a
 high-class request that every host would have taken by shedding (only when every host is
 full or late). Pure: no I/O, no clock; ``now_s`` is the driver's.
+
+A host's "can take it" (no verdict) holds at every later time while nothing it is judged by
+changes: fullness does not depend on the time, and the predicted wait only falls as its
+sampled busy time ages (floating-point subtraction and addition are monotone). So the
+Router keeps, per model, the first host that could take a request and when, and answers
+None from it until that host's evidence or the hosts change or the clock goes back
+(``Router.refusal``); the verdicts are the same as this rule's at every call.
 """
 
 from __future__ import annotations
@@ -60,12 +67,23 @@ def refusal(
     """The reason to refuse a request of ``model`` now (every host full or late: each named
     with its verdict), or None to route it. ``queued``: per host, the queues to judge by
     (the Router passes what each host reported, without its own sends)."""
+    return first_taker(model, hosts, now_s, queued)[1]
+
+
+def first_taker(
+    model: str,
+    hosts: Sequence[BackendView],
+    now_s: float,
+    queued: Sequence[Mapping[str, float]] | None = None,
+) -> tuple[int, str | None]:
+    """``refusal`` and why: (the position of the first host without a verdict, None), or
+    (-1, the reason to refuse); (-1, None) without hosts."""
     if not hosts:
-        return None
+        return -1, None
     verdicts = []
     for i, b in enumerate(hosts):
         why = host_verdict(model, b, now_s, None if queued is None else queued[i])
         if why is None:
-            return None
+            return i, None
         verdicts.append(f"{b.name}: {why}")
-    return f"every host of {model!r} is full or late ({'; '.join(verdicts)})"
+    return -1, f"every host of {model!r} is full or late ({'; '.join(verdicts)})"

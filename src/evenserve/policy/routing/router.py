@@ -66,7 +66,7 @@ from evenserve.core.profile_learning import learned_profile
 from evenserve.core.types import BackendView, LoadSample, RequestInfo
 from evenserve.policy.routing.base import RoutingPolicy
 from evenserve.policy.routing.finish_index import FinishIndex
-from evenserve.policy.routing.refusal import refusal
+from evenserve.policy.routing.refusal import first_taker
 
 #: Weight of the newest answer in a backend's learned seconds per request.
 LEARN_ALPHA = 0.05
@@ -124,6 +124,12 @@ class _BackendState:
     cell: list[Any] = field(default_factory=lambda: [None, None])
 
 
+#: What ``Router.refusal`` keeps of a model's first host that could take a request: the
+#: candidate list, when, the host, and its sampled queues and profiles then.
+_Taker = tuple[
+    Sequence[BackendView], float, _BackendState, dict[str, float], Mapping[str, LatencyProfile]
+]
+
 #: A model with fewer candidates than this is decided by the policy's full pass, without a
 #: finish index (its upkeep on every send and answer costs more than a pass over a few
 #: backends; the decisions are the same either way).
@@ -178,6 +184,9 @@ class Router:
         #: Per model, the finish index over its candidates (built at the first decision of
         #: a policy that reads one; dropped when the candidates change).
         self._indexes: dict[str, FinishIndex] = {}
+        #: Per model, the first host that could take a request at the last refusal check that
+        #: found one, with what it was judged by (``refusal``).
+        self._takers: dict[str, _Taker] = {}
 
     # -- membership -------------------------------------------------------------------------
     def add_backend(
@@ -319,6 +328,7 @@ class Router:
         mbs = st.view.max_batch_size
         if isinstance(mbs, dict):
             mbs.update(caps)
+        self._takers.clear()  # changed in place: the refusal rule judges anew
         self._touch(st, True)
 
     # -- signals ----------------------------------------------------------------------------
@@ -455,7 +465,22 @@ class Router:
         waiting), or None. See ``routing.refusal``; the gateway answers 429 with it, the
         simulator drops the request."""
         hosts = self._by_model.get(model, ())
-        return refusal(model, hosts, now_s, [self._backends[b.name].sampled_queued for b in hosts])
+        kept = self._takers.get(model)
+        # The first host that could take one when last judged still can (``routing.refusal``:
+        # its verdict holds later while its evidence is the same): a report replaces its
+        # sampled queues (and brings every other figure it is judged by), new profiles
+        # replace its profiles, new hosts make a new candidate list, and batch caps changed
+        # in place clear what is kept; going stale only makes it "no evidence" (None) too.
+        if kept is not None and kept[0] is hosts and now_s >= kept[1]:
+            st = kept[2]
+            if st.sampled_queued is kept[3] and st.view.profiles is kept[4]:
+                return None
+        states = [self._backends[b.name] for b in hosts]
+        i, why = first_taker(model, hosts, now_s, [st.sampled_queued for st in states])
+        if i >= 0:
+            st = states[i]
+            self._takers[model] = (hosts, now_s, st, st.sampled_queued, st.view.profiles)
+        return why
 
     def sent(self, name: str, model: str, now_s: float | None = None) -> None:
         """A request of ``model`` goes to ``name`` (``now_s``: the driver's clock, to learn
