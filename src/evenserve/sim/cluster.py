@@ -33,6 +33,7 @@ from __future__ import annotations
 import gc
 import math
 import random
+from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from heapq import heappush
@@ -81,6 +82,8 @@ _log = math.log
 GIB = 1024.0**3
 #: Requests the log's outcome columns grow by at a time (``Simulation._grow_log``).
 LOG_CHUNK = 4096
+#: LOG_CHUNK unfinished requests' finish times.
+_UNFINISHED = array("d", [NAN]) * LOG_CHUNK
 
 
 class Simulation:
@@ -96,7 +99,8 @@ class Simulation:
         self.arm = self.spec = sc.arms[arm]
         self.seed = sc.seed if seed is None else seed
         self.loop = EventLoop()
-        self.log = RequestLog()
+        # Times as doubles: no float object kept per request (the log of a million).
+        self.log = RequestLog(arrival_s=array("d"), finish_s=array("d"))
         #: Requests the log's outcome columns have room for (``_grow_log``).
         self._log_room = 0
         self.warmup_s = sc.warmup_s
@@ -288,7 +292,7 @@ class Simulation:
         LOG_CHUNK requests, filled as unfinished: one length check per request instead of
         three appends. ``run`` trims them to the requests that arrived."""
         log = self.log
-        log.finish_s.extend([NAN] * LOG_CHUNK)
+        log.finish_s.extend(_UNFINISHED)
         log.device.extend([""] * LOG_CHUNK)
         log.drop_reason.extend([None] * LOG_CHUNK)
         self._log_room += LOG_CHUNK

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 from dataclasses import dataclass
 from heapq import heappush
 from typing import Protocol
@@ -72,7 +73,16 @@ class SimDevice:
         self.name = name
         self.profiles = profiles
         self.models = tuple(sorted(profiles))
-        self.trace = DeviceTrace(name=name)
+        # The per-batch time columns as doubles: no float object kept per entry.
+        self.trace = DeviceTrace(
+            name=name,
+            busy_start_s=array("d"),
+            busy_end_s=array("d"),
+            batch_held_s=array("d"),
+            batch_expected_s=array("d"),
+            batch_staging_s=array("d"),
+            batch_memory_fraction=array("d"),
+        )
         self.idle_since_s = 0.0
         self._end_cb = self._end  # one bound method for every event
         self.sched: DeviceScheduler[SimRequest]
