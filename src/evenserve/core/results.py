@@ -7,17 +7,20 @@ the simulator fills it from its event loop, the load generator from its samples 
 from __future__ import annotations
 
 import math
+from collections.abc import MutableSequence
 from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass
 class RequestLog:
-    """Column-wise per-request records; ``finish_s`` is NaN while a request is unfinished."""
+    """Column-wise per-request records; ``finish_s`` is NaN while a request is unfinished.
+    The time columns are lists, or typed arrays of doubles (``array('d')``: the simulator's,
+    a million requests without a float object each); read them as sequences of floats."""
 
     model: list[str] = field(default_factory=list)
-    arrival_s: list[float] = field(default_factory=list)
-    finish_s: list[float] = field(default_factory=list)
+    arrival_s: MutableSequence[float] = field(default_factory=list)
+    finish_s: MutableSequence[float] = field(default_factory=list)
     device: list[str] = field(default_factory=list)
     drop_reason: list[str | None] = field(default_factory=list)
     priority: list[int] = field(default_factory=list)
@@ -40,11 +43,13 @@ class RequestLog:
 
 @dataclass
 class DeviceTrace:
-    """What a device did: busy intervals, sampled queue depth, and exact queue figures if known."""
+    """What a device did: busy intervals, sampled queue depth, and exact queue figures if known.
+    The per-batch time columns are lists, or typed arrays of doubles (``array('d')``: the
+    simulator's); read them as sequences of floats."""
 
     name: str
-    busy_start_s: list[float] = field(default_factory=list)
-    busy_end_s: list[float] = field(default_factory=list)
+    busy_start_s: MutableSequence[float] = field(default_factory=list)
+    busy_end_s: MutableSequence[float] = field(default_factory=list)
     queue_t_s: list[float] = field(default_factory=list)
     queue_depth: list[float] = field(default_factory=list)
     batch_sizes: list[int] = field(default_factory=list)
@@ -55,11 +60,11 @@ class DeviceTrace:
     #: (weights and running batches) as a fraction of the total once it started (NaN:
     #: total unknown).
     batch_models: list[str] = field(default_factory=list)
-    batch_held_s: list[float] = field(default_factory=list)
+    batch_held_s: MutableSequence[float] = field(default_factory=list)
     batch_cap: list[int] = field(default_factory=list)
-    batch_expected_s: list[float] = field(default_factory=list)
-    batch_staging_s: list[float] = field(default_factory=list)
-    batch_memory_fraction: list[float] = field(default_factory=list)
+    batch_expected_s: MutableSequence[float] = field(default_factory=list)
+    batch_staging_s: MutableSequence[float] = field(default_factory=list)
+    batch_memory_fraction: MutableSequence[float] = field(default_factory=list)
     #: Exact time-weighted mean and max queue depth over the measured window, when the source
     #: saw every change (the simulator does; a live scrape only sees samples).
     exact_mean_queue_depth: float | None = None

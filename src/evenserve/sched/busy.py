@@ -6,16 +6,32 @@ fraction divides by ``instances`` x elapsed time, so a device whose every instan
 the time is at 1.0. Every change in the number of running batches leaves a mark
 (time, instance-seconds so far, batches running after it); marks older than the window are
 let go, keeping the one the window starts in, so the total at the window's start is exact.
-Times must not go back: readings and changes come in clock order.
+Times must not go back: readings and changes come in clock order. The marks are kept in
+typed arrays (doubles and ints, from ``_head`` on), not a tuple each: a device changes twice
+a batch, and a mark lives the window long.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from array import array
+
+#: Let-go marks before the arrays are compacted (when they are also half of them).
+_COMPACT = 1024
 
 
 class BusyClock:
-    __slots__ = ("_acc", "_mark", "_marks", "instances", "origin_s", "running", "window_s")
+    __slots__ = (
+        "_acc",
+        "_head",
+        "_mark",
+        "_run",
+        "_t",
+        "_total",
+        "instances",
+        "origin_s",
+        "running",
+        "window_s",
+    )
 
     def __init__(self, instances: int = 1, window_s: float = 1.0, origin_s: float = 0.0) -> None:
         if instances < 1:
@@ -28,7 +44,12 @@ class BusyClock:
         self.running = 0
         self._acc = 0.0
         self._mark = origin_s
-        self._marks: deque[tuple[float, float, int]] = deque([(origin_s, 0.0, 0)])
+        #: The marks (time, instance-seconds so far, batches running after it); the first
+        #: ``_head`` are let go.
+        self._t = array("d", [origin_s])
+        self._total = array("d", [0.0])
+        self._run = array("q", [0])
+        self._head = 0
 
     def start(self, now_s: float) -> None:
         """A batch started."""
@@ -41,15 +62,29 @@ class BusyClock:
         self._change(now_s, -1)
 
     def _change(self, now_s: float, delta: int) -> None:
-        if self.running:
-            self._acc += self.running * (now_s - self._mark)
+        running = self.running
+        if running:
+            self._acc += running * (now_s - self._mark)
         self._mark = now_s
-        self.running += delta
-        marks = self._marks
-        marks.append((now_s, self._acc, self.running))
+        self.running = running = running + delta
+        t = self._t
+        t.append(now_s)
+        self._total.append(self._acc)
+        self._run.append(running)
         lo = now_s - self.window_s
-        while len(marks) > 2 and marks[1][0] <= lo:
-            marks.popleft()
+        h = head = self._head
+        n = len(t) - 1
+        while n - h > 1 and t[h + 1] <= lo:
+            h += 1
+        if h != head:
+            self._let_go(h)
+
+    def _let_go(self, h: int) -> None:
+        """The marks before ``h`` are let go (compacted once there are many)."""
+        if h >= _COMPACT and 2 * h >= len(self._t):
+            del self._t[:h], self._total[:h], self._run[:h]
+            h = 0
+        self._head = h
 
     def total_s(self, now_s: float) -> float:
         """Instance-seconds busy since the origin."""
@@ -63,10 +98,15 @@ class BusyClock:
         span = now_s - lo
         if span <= 0:
             return 1.0 if self.running else 0.0
-        marks = self._marks
-        while len(marks) > 1 and marks[1][0] <= lo:
-            marks.popleft()
-        t0, acc0, running0 = marks[0]
+        t = self._t
+        h = head = self._head
+        n = len(t) - 1
+        while n - h > 0 and t[h + 1] <= lo:
+            h += 1
+        if h != head:
+            self._let_go(h)
+            h = self._head
+        t0, acc0, running0 = t[h], self._total[h], self._run[h]
         at_lo = acc0 + running0 * (lo - t0) if lo > t0 else acc0
         busy = (self.total_s(now_s) - at_lo) / (span * self.instances)
         return 0.0 if busy < 0.0 else (1.0 if busy > 1.0 else busy)

@@ -595,12 +595,28 @@ class DeviceScheduler(Generic[R]):
                     continue
                 wake = dec.t_s
                 break
-            ready = False
+            ready: Hosted[R] | None = None
+            several = False
             for h in hosted:
                 if h.mq.queue.items:
                     queues.prune(h.mq, h.lead_s, now)
-                    ready = ready or bool(h.mq.queue.items)
-            if not ready:
+                    if h.mq.queue.items:
+                        if ready is None:
+                            ready = h
+                        else:
+                            several = True
+            if ready is None:
+                break
+            if not several and (self.draining or queues.class_headroom is None):
+                # next_batch over one ready queue without class headroom: its policy's answer
+                # (the starvation bound only ranks queues against each other).
+                view = ready.view
+                view.memory_free_bytes = self.memory.free_bytes()
+                dec = ready.policy.decide(view, now)
+                if isinstance(dec, Dispatch):
+                    self._start(ready, dec.n, now)
+                    continue
+                wake = dec.t_s
                 break
             nb = self._next_batch(now)
             if nb[0] is None:

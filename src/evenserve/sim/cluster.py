@@ -33,6 +33,7 @@ from __future__ import annotations
 import gc
 import math
 import random
+from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from heapq import heappush
@@ -79,7 +80,8 @@ if TYPE_CHECKING:  # imported when an arm has placement (``_build_devices``)
 NAN = math.nan
 _log = math.log
 GIB = 1024.0**3
-#: Requests the log's outcome columns grow by at a time (``Simulation._grow_log``).
+#: Requests the log's preallocated columns grow by at first (``Simulation._grow_log``; then
+#: by what they hold: doubling, so a growth that copies them copies each entry about once).
 LOG_CHUNK = 4096
 
 
@@ -96,8 +98,9 @@ class Simulation:
         self.arm = self.spec = sc.arms[arm]
         self.seed = sc.seed if seed is None else seed
         self.loop = EventLoop()
-        self.log = RequestLog()
-        #: Requests the log's outcome columns have room for (``_grow_log``).
+        # Times as doubles: no float object kept per request (the log of a million).
+        self.log = RequestLog(arrival_s=array("d"), finish_s=array("d"))
+        #: Requests the log's preallocated columns have room for (``_grow_log``).
         self._log_room = 0
         self.warmup_s = sc.warmup_s
         self.end_s = sc.duration_s
@@ -276,22 +279,26 @@ class Simulation:
         idx = len(log.model)
         log.model.append(model)
         log.priority.append(prio)
-        log.arrival_s.append(now)
         if idx >= self._log_room:
             self._grow_log()
+        log.arrival_s[idx] = now
         # Positional, as SimRequest lists its fields (a million per benchmark run); the id is
         # the log index + 1.
         return SimRequest(idx + 1, model, now, prio, deadline_s, 1, QUEUED, idx, user)
 
     def _grow_log(self) -> None:
-        """Room in the log's outcome columns (finish, device, drop reason) for the next
-        LOG_CHUNK requests, filled as unfinished: one length check per request instead of
-        three appends. ``run`` trims them to the requests that arrived."""
+        """Room in the log's preallocated columns (arrival, and finish, device, drop reason
+        filled as unfinished) for as many requests again as they hold (LOG_CHUNK at first):
+        one length check per request instead of four appends, and a growth that copies a
+        column copies each entry about once. ``run`` trims them to the requests that
+        arrived."""
         log = self.log
-        log.finish_s.extend([NAN] * LOG_CHUNK)
-        log.device.extend([""] * LOG_CHUNK)
-        log.drop_reason.extend([None] * LOG_CHUNK)
-        self._log_room += LOG_CHUNK
+        k = self._log_room if self._log_room > LOG_CHUNK else LOG_CHUNK
+        log.arrival_s.extend(array("d", [NAN]) * k)
+        log.finish_s.extend(array("d", [NAN]) * k)
+        log.device.extend([""] * k)
+        log.drop_reason.extend([None] * k)
+        self._log_room += k
 
     def _start_open_loop(self, wl: OpenLoop) -> None:
         for st in open_loop_streams(wl):
@@ -340,9 +347,9 @@ class Simulation:
         idx = len(log.model)
         log.model.append(m)
         log.priority.append(prio)
-        log.arrival_s.append(now)
         if idx >= self._log_room:
             self._grow_log()
+        log.arrival_s[idx] = now
         r = SimRequest(idx + 1, m, now, prio, deadline_s, 1, QUEUED, idx, -1)
         front = self.front
         assert front is not None
@@ -506,7 +513,7 @@ class Simulation:
             self.loop.run(self.end_s)
         log = self.log
         n = len(log.model)
-        del log.finish_s[n:], log.device[n:], log.drop_reason[n:]
+        del log.arrival_s[n:], log.finish_s[n:], log.device[n:], log.drop_reason[n:]
         self._log_room = n
         end = self.end_s
         central_max = central_mean = None
@@ -518,6 +525,7 @@ class Simulation:
                 d.trace.exact_max_queue_depth = float(d.sched.queues.depth_max)
         pl = self.placement
         for d in self.devices:
+            d.trim_trace()
             d.trace.active_s = end if pl is None else pl.active_s(d.name, end)
             d.trace.models = list(d.models)
             d.trace.profiles = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 from dataclasses import dataclass
 from heapq import heappush
 from typing import Protocol
@@ -56,6 +57,7 @@ class SimDevice:
 
     __slots__ = (
         "_end_cb",
+        "_room",
         "idle_since_s",
         "loop",
         "models",
@@ -72,7 +74,18 @@ class SimDevice:
         self.name = name
         self.profiles = profiles
         self.models = tuple(sorted(profiles))
-        self.trace = DeviceTrace(name=name)
+        # The per-batch time columns as doubles (no float object kept per entry), with room
+        # for ``_room`` batches (``_grow_trace``; ``trim_trace`` cuts them to the batches).
+        self._room = 0
+        self.trace = DeviceTrace(
+            name=name,
+            busy_start_s=array("d"),
+            busy_end_s=array("d"),
+            batch_held_s=array("d"),
+            batch_expected_s=array("d"),
+            batch_staging_s=array("d"),
+            batch_memory_fraction=array("d"),
+        )
         self.idle_since_s = 0.0
         self._end_cb = self._end  # one bound method for every event
         self.sched: DeviceScheduler[SimRequest]
@@ -80,17 +93,44 @@ class SimDevice:
     # -- SchedulerActions ---------------------------------------------------------------
     def start_batch(self, batch: Batch[SimRequest]) -> None:
         tr = self.trace
-        tr.busy_start_s.append(batch.started_s)
-        tr.busy_end_s.append(batch.started_s + batch.solo_s)  # set again when it ends
+        i = len(tr.batch_sizes)
+        if i >= self._room:
+            self._grow_trace()
+        tr.busy_start_s[i] = batch.started_s
+        tr.busy_end_s[i] = batch.started_s + batch.solo_s  # set again when it ends
         tr.batch_sizes.append(batch.items)
         tr.batch_models.append(batch.model)
-        tr.batch_held_s.append(batch.held_s)
+        tr.batch_held_s[i] = batch.held_s
         tr.batch_cap.append(batch.cap)
-        tr.batch_expected_s.append(batch.solo_s)
+        tr.batch_expected_s[i] = batch.solo_s
         slots = self.sched.slots
-        tr.batch_staging_s.append(slots.staging_s_per_item * batch.items)
+        tr.batch_staging_s[i] = slots.staging_s_per_item * batch.items
         used, total = self.sched.memory.used_total()
-        tr.batch_memory_fraction.append(used / total if used is not None and total else NAN)
+        tr.batch_memory_fraction[i] = used / total if used is not None and total else NAN
+
+    def _grow_trace(self) -> None:
+        """Room in the per-batch time columns for as many batches again (64 at first):
+        a growth that copies a column copies each entry about once."""
+        k = self._room if self._room > 64 else 64
+        tr = self.trace
+        for col in (
+            tr.busy_start_s,
+            tr.busy_end_s,
+            tr.batch_held_s,
+            tr.batch_expected_s,
+            tr.batch_staging_s,
+            tr.batch_memory_fraction,
+        ):
+            col.extend(array("d", [NAN]) * k)
+        self._room += k
+
+    def trim_trace(self) -> None:
+        """Cut the per-batch time columns to the batches started (the run's end)."""
+        tr = self.trace
+        n = len(tr.batch_sizes)
+        del tr.busy_start_s[n:], tr.busy_end_s[n:], tr.batch_held_s[n:]
+        del tr.batch_expected_s[n:], tr.batch_staging_s[n:], tr.batch_memory_fraction[n:]
+        self._room = n
 
     def drop(self, request: SimRequest, reason: str) -> None:
         self.sim.drop(request, reason, self.name)

@@ -83,8 +83,9 @@ class _Lane:
     __slots__ = ("count", "sends", "since", "value")
 
     def __init__(self) -> None:
-        #: (sent at, in flight there before it) of each request not yet answered.
-        self.sends: deque[tuple[float, int]] = deque()
+        #: Of each request not yet answered, in send order, two entries: when it was sent
+        #: and how many were in flight there before it (flat: no tuple per send).
+        self.sends: deque[float] = deque()
         #: Sends since the newest sample, net of answers.
         self.since = 0
         #: The learned seconds per request and how many answers it is made of (a running
@@ -492,7 +493,9 @@ class Router:
         if lane is None:
             lane = st.lanes[model] = _Lane()
         if now_s is not None:
-            lane.sends.append((now_s, n))
+            sends = lane.sends
+            sends.append(now_s)
+            sends.append(n)
         v.in_flight = n + 1
         ifm = st.in_flight_by_model
         ifm[model] = ifm.get(model, 0) + 1
@@ -539,11 +542,22 @@ class Router:
         lane = st.lanes.get(model)
         sends = None if lane is None else lane.sends
         if sends and lane is not None:
-            k = n if n < len(sends) else len(sends)
             popleft = sends.popleft
+            k = len(sends) >> 1  # two entries a send
+            if n < k:
+                k = n
             if now_s is None:
                 for _ in range(k):
                     popleft()
+                    popleft()
+            elif k == 1 and lane.count >= self._ewma_from:  # one answer (the gateway's)
+                sent_s = popleft()
+                value = lane.value
+                value = value + self.learn_alpha * ((now_s - sent_s) / (popleft() + 1) - value)
+                lane.value = value
+                lane.count = count = lane.count + 1
+                if count >= LEARN_MIN_ANSWERS:
+                    st.learned[model] = value
             elif k > 0:
                 # The running mean, then EWMA, of latency / (in flight at the send + 1); the
                 # first answer starts it at its own figure.
@@ -551,13 +565,13 @@ class Router:
                 value, count = lane.value, lane.count
                 if count >= self._ewma_from:  # the weight is alpha for every one of them
                     for _ in range(k):
-                        sent_s, ahead = popleft()
-                        value = value + alpha * ((now_s - sent_s) / (ahead + 1) - value)
+                        sent_s = popleft()
+                        value = value + alpha * ((now_s - sent_s) / (popleft() + 1) - value)
                     count += k
                 else:
                     for _ in range(k):
-                        sent_s, ahead = popleft()
-                        x = (now_s - sent_s) / (ahead + 1)
+                        sent_s = popleft()
+                        x = (now_s - sent_s) / (popleft() + 1)
                         if not count:
                             value = x
                         count += 1
