@@ -19,20 +19,75 @@ from __future__ import annotations
 import asyncio
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from time import perf_counter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from evenserve.core.types import RequestInfo
-from evenserve.gateway.answers import Answer, refusal_answer
+from evenserve.gateway.answers import Answer, GrpcReply, refusal_answer
+from evenserve.gateway.backends import BackendRegistry
 from evenserve.gateway.forward import FORWARD_REQUEST_HEADERS, Forward, classify, new_forward
-from evenserve.gateway.forwarder import ForwardError, PooledForwarder, Reply
+from evenserve.gateway.forwarder import Forwarder, ForwardError, PooledForwarder, Reply
+from evenserve.gateway.placement import PlacementDriver
 from evenserve.httpio.client import HttpClient
 from evenserve.httpio.client import Reply as HttpReply
 from evenserve.httpio.server import Request, Response
+from evenserve.metrics.gateway import GatewayMetrics
+from evenserve.metrics.hot import Hist
+from evenserve.policy.routing.dispatch import FrontDoor
+from evenserve.policy.routing.router import Router
 
-if TYPE_CHECKING:  # the dispatcher makes its fast path
-    from evenserve.gateway.dispatcher import Dispatcher
+
+class Steps(Protocol):
+    """What the fast path reads of its dispatcher (``gateway.dispatcher.Dispatcher``, which
+    makes it): its state and its steps, named here so that this module does not import the
+    dispatcher's."""
+
+    @property
+    def registry(self) -> BackendRegistry: ...
+    @property
+    def router(self) -> Router: ...
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+    @property
+    def door(self) -> FrontDoor: ...
+    @property
+    def forwarder(self) -> Forwarder: ...
+    @property
+    def placement(self) -> PlacementDriver | None: ...
+    @property
+    def _now(self) -> Callable[[], float]: ...
+    @property
+    def _ids(self) -> Iterator[int]: ...
+    @property
+    def _decision(self) -> Hist: ...
+    @property
+    def _retries(self) -> int: ...
+    @property
+    def _retry_after_s(self) -> int: ...
+
+    def admit(
+        self, model: str, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> Answer | Forward: ...
+
+    def missing(self, model: str) -> bool: ...
+
+    async def miss(self, fw: Forward) -> Answer | None: ...
+
+    def done(self, name: str, model: str, reply: Reply | HttpReply | GrpcReply | None) -> None: ...
+
+    def settle(
+        self, fw: Forward, name: str, reply: Reply | HttpReply | None, error: ForwardError | None
+    ) -> Answer | None: ...
+
+    def tried(
+        self, fw: Forward, reply: Reply | HttpReply | None, error: BaseException | None
+    ) -> None: ...
+
+    def exhausted(self, fw: Forward) -> Answer: ...
+
+    def finish(self, model: str, ans: Answer, t0: float) -> Answer: ...
+
 
 #: The head cache's size before it starts over (``FastPath.next_try``).
 FORWARD_HEADS = 1024
@@ -55,7 +110,7 @@ class _Head:
 class FastPath:
     """One dispatcher's callback driver: its pooled clients and forwarded heads."""
 
-    def __init__(self, dispatcher: Dispatcher) -> None:
+    def __init__(self, dispatcher: Steps) -> None:
         self.d = dispatcher
         #: Each backend's client and the forwarded request head up to its Content-Length, by
         #: backend, path and forwarded headers (a client sends few kinds of request): made
