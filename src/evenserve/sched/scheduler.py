@@ -587,42 +587,37 @@ class DeviceScheduler(Generic[R]):
                     queues.prune(h.mq, h.lead_s, now)
                     if not q.items:
                         break
-                view = h.view
-                view.memory_free_bytes = self.memory.free_bytes()
-                dec = h.policy.decide(view, now)
-                if isinstance(dec, Dispatch):
-                    self._start(h, dec.n, now)
-                    continue
-                wake = dec.t_s
-                break
-            ready: Hosted[R] | None = None
-            several = False
-            for h in hosted:
-                if h.mq.queue.items:
-                    queues.prune(h.mq, h.lead_s, now)
+            else:
+                ready: Hosted[R] | None = None
+                several = False
+                for h in hosted:
                     if h.mq.queue.items:
-                        if ready is None:
-                            ready = h
-                        else:
-                            several = True
-            if ready is None:
-                break
-            if not several and (self.draining or queues.class_headroom is None):
-                # next_batch over one ready queue without class headroom: its policy's answer
-                # (the starvation bound only ranks queues against each other).
-                view = ready.view
-                view.memory_free_bytes = self.memory.free_bytes()
-                dec = ready.policy.decide(view, now)
-                if isinstance(dec, Dispatch):
-                    self._start(ready, dec.n, now)
+                        queues.prune(h.mq, h.lead_s, now)
+                        if h.mq.queue.items:
+                            if ready is None:
+                                ready = h
+                            else:
+                                several = True
+                if ready is None:
+                    break
+                if several or not (self.draining or queues.class_headroom is None):
+                    nb = self._next_batch(now)
+                    if nb[0] is None:
+                        wake = nb[2]
+                        break
+                    self._start(nb[0], nb[1], now)
                     continue
-                wake = dec.t_s
-                break
-            nb = self._next_batch(now)
-            if nb[0] is None:
-                wake = nb[2]
-                break
-            self._start(nb[0], nb[1], now)
+                # next_batch over one ready queue without class headroom is its policy's
+                # answer (the starvation bound only ranks queues against each other).
+                h = ready
+            view = h.view
+            view.memory_free_bytes = self.memory.free_bytes()
+            dec = h.policy.decide(view, now)
+            if isinstance(dec, Dispatch):
+                self._start(h, dec.n, now)
+                continue
+            wake = dec.t_s
+            break
         self._plan_wake = wake
 
     def _plan_mixed(self, now: float) -> None:
