@@ -9,6 +9,7 @@ from small sets so that ties (broken by rotation) are common.
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
@@ -106,6 +107,14 @@ def _check_index(model: str, ix: FinishIndex) -> None:
             e = memo.get(tuple(counts.values()))
             if e is not None:
                 assert e[0] == settled_finish_s(model, ix.views[p]) and e[1] is ix.at[e[0]]
+            # Every entry, those of earlier stays in ``quick`` too (``FinishIndex.kept``): the
+            # settled finish at its counts (the first models of this dict, in its order).
+            names = list(counts)
+            view = copy.copy(ix.views[p])
+            for seen, e in memo.items():
+                view.queued_by_model = dict(zip(names, seen, strict=False))
+                assert len(seen) <= len(names) and e[0] == settled_finish_s(model, view)
+                assert e[1] is ix.at[e[0]]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)

@@ -85,6 +85,7 @@ class FinishIndex:
         "cells",
         "dirty",
         "finish",
+        "kept",
         "keys",
         "model",
         "node",
@@ -133,6 +134,13 @@ class FinishIndex:
         self.quick: list[tuple[dict[tuple[float, ...], Memo], Mapping[str, float]] | None] = [
             None
         ] * n
+        #: Per position that was ``quick``, its memo with what it was made from (the
+        #: counts' dict, the backend's profiles and batch caps then): a load report ends a
+        #: position's stay in ``quick``, and the next stay takes the memo on where its
+        #: entries still hold (``_settle``).
+        self.kept: list[
+            tuple[dict[tuple[float, ...], Memo], Mapping[str, float], object, dict[str, int]] | None
+        ] = [None] * n
         #: Per ``quick`` position, the memo entry of its queued counts now, when known (the
         #: Router's sends move it along the entries' ``sent``); None for the others.
         self.node: list[Memo | None] = [None] * n
@@ -164,6 +172,7 @@ class FinishIndex:
         for q in self.quick:
             if q is not None:
                 q[0].clear()
+        self.kept[:] = [None] * len(self.kept)
         self.node[:] = [None] * len(self.node)  # their entries lead to dropped lists
 
     def _place(self, p: int, f: float) -> None:
@@ -335,9 +344,23 @@ class FinishIndex:
                 heappush(due, (t, p))
 
     def _settle(self, p: int, b: BackendView, f: float) -> None:
-        """``p``'s exact finish is its settled one, ``f``: into the order, and ``quick``."""
+        """``p``'s exact finish is its settled one, ``f``: into the order, and ``quick``,
+        with the memo of its last stay there when that still holds: its entries are settled
+        finishes by queued counts, which stay true while the backend's profiles are the same
+        and its batch caps equal, and their keys (the counts' values, in their dict's
+        order: the router only adds a model at its end) mean the same models while the new
+        counts' dict has the models the last one ended with, in the same order."""
         self._place(p, f)
-        self.quick[p] = ({}, b.queued_by_model)
+        counts = b.queued_by_model
+        profiles, caps = b.profiles, b.max_batch_size
+        kept = self.kept[p]
+        memo: dict[tuple[float, ...], Memo] = {}
+        if kept is not None:
+            memo0, counts0, profiles0, caps0 = kept
+            if profiles0 is profiles and caps0 == caps and list(counts0) == list(counts):
+                memo = memo0
+        self.quick[p] = (memo, counts)
+        self.kept[p] = (memo, counts, profiles, dict(caps))
 
     def _recompute(self, p: int, b: BackendView, now_s: float) -> None:
         """Position ``p`` changed: its settled finish, and where it belongs (order, busy,
