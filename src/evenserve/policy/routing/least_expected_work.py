@@ -31,7 +31,15 @@ from evenserve.core.types import BackendView, RequestInfo
 from evenserve.policy.registry import PolicyParams
 from evenserve.policy.routing.base import ROUTING, rotating_argmin
 from evenserve.policy.routing.finish_index import FinishIndex, rotate_ties
-from evenserve.policy.routing.work import optimistic_cost_s, predicted_finish_s
+from evenserve.policy.routing.work import aged_busy_s, optimistic_cost_s, predicted_finish_s
+
+#: A busy backend's exact finish (``predicted_finish_s``) and its settled one are the same
+#: non-negative terms added in the same order, from its aged busy time and from 0.0: n
+#: additions with a relative error of at most n * 2**-53 each way, so the exact figure is at
+#: least (settled + aged busy time) * (1 - 2n * 2**-53), computed here with margin to spare
+#: (a backend counts a few terms per model it hosts). Below that bound the exact figure is not
+#: computed when it cannot tie or beat the best (``choose_indexed``).
+BUSY_LOW = 1.0 - 1e-9
 
 
 class LeastExpectedWorkParams(PolicyParams):
@@ -89,11 +97,15 @@ class LeastExpectedWork:
         extra: list[tuple[float, int]] = []
         views = ix.views
         # In order of their lower bounds, while one could tie or beat the best (the rest's
-        # exact finishes are above it too).
+        # exact finishes are above it too); the exact finish only where the bound with the
+        # aged busy time added could too (``BUSY_LOW``).
         for bound, p in busy:
             if bound > best:
                 break
-            k = predicted_finish_s(request.model, views[p], now_s, self._fallback_s)
+            b = views[p]
+            if (bound + aged_busy_s(b, now_s)) * BUSY_LOW > best:
+                continue
+            k = predicted_finish_s(request.model, b, now_s, self._fallback_s)
             if k != k:
                 return None  # NaN: the full pass decides
             extra.append((k, p))
