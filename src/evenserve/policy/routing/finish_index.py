@@ -43,12 +43,14 @@ finish depends on (profiles, batch caps and freshness change with a load report,
 or a model change, which take it out of ``quick``); so ``quick`` keeps per backend its
 settled finishes by those counts (``queued_by_model``'s values, in its order: between two
 such events the router only adds a model at its end or changes a count), and a send or an
-answer that brings the counts back to ones seen costs one lookup. A memo entry holds its
-finish's list in ``at`` (kept while empty, so a move in the order looks nothing up by
-float) and, per model, the entry a send of that model leads to: from the same counts, one
-more send of a model gives the same counts, so ``node``, the entry a position is at, moves
-along them on each send without a lookup by counts (an answer's effect depends on more than
-the counts: it marks the position dirty). ``sig_dirty`` marks the
+answer that brings the counts back to ones seen costs one lookup. The memo outlives the
+position's stay in ``quick`` (``kept``): a load report ends the stay, and the next one takes
+it on while the backend's profiles, batch caps and counted models are the same. A memo
+entry holds its finish's list in ``at`` (kept while empty, so a move in the order looks
+nothing up by float) and, per model, the entry a send of that model leads to: from the
+same counts, one more send of a model gives the same counts, so ``node``, the entry a
+position is at, moves along them on each send without a lookup by counts (an answer's
+effect depends on more than the counts: it marks the position dirty). ``sig_dirty`` marks the
 positions whose utilization, memory or SLO changed (load reports, staleness), for a policy
 that keeps figures of its own per backend (queue-aware's score terms).
 """
