@@ -139,8 +139,9 @@ async def test_openai_backends_known_by_url_routed_and_accounted(
     w0, w1 = workers
     async with gateway(cluster(w0.url, w1.url)) as (g, url):
         assert sorted(g.llm.router.engines) == ["w0/chat", "w1/chat", "w1/solo"]
-        # The engines' KV configuration came from their /metrics (vllm:cache_config_info).
-        assert all(v.kv_blocks == 2000 for v in g.llm.router.engines.values())
+        # The engines' KV configuration came from their /metrics (vllm:cache_config_info),
+        # and with it the router's prefix memory for them (0 before: no prefix affinity).
+        assert all(v.kv_blocks == v.prefix_capacity == 2000 for v in g.llm.router.engines.values())
         c = client(url)
         try:
             assert sorted(m.id for m in (await c.models.list()).data) == ["chat", "solo"]

@@ -84,6 +84,13 @@ class BackendSpec(Strict):
         description="kind: openai: the server's engine family, whose metric names its "
         "/metrics uses (auto: told by the names it finds)",
     )
+    kv_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="kind: openai: its KV cache in tokens, for a server whose /metrics does "
+        "not say (TGI: its --max-batch-total-tokens): how much of the prompts sent there the "
+        "router's prefix memory keeps",
+    )
     grpc_url: str | None = Field(
         default=None,
         description="host:port of its KServe v2 gRPC API (used with grpc_forward: grpc)",
@@ -168,6 +175,8 @@ class BackendSpec(Strict):
                 raise ValueError("signals.source: llm is for kind: openai backends")
             if self.engine != "auto":
                 raise ValueError("engine: only meaningful with kind: openai")
+            if self.kv_tokens is not None:
+                raise ValueError("kv_tokens: only meaningful with kind: openai")
         return self
 
     @model_validator(mode="after")

@@ -91,6 +91,9 @@ class LlmMetricMapping(Strict):
     prefix_hits: LlmMetricRef | None = None
     kv_blocks: LlmMetricRef | None = None
     block_tokens: LlmMetricRef | None = None
+    #: The KV cache's capacity in tokens, for a server that reports no block count (the
+    #: router counts it in its own blocks).
+    kv_tokens: LlmMetricRef | None = None
     cache_info: LlmInfoRef | None = None
 
     def metric_names(self) -> list[str]:
@@ -103,6 +106,7 @@ class LlmMetricMapping(Strict):
             self.prefix_hits,
             self.kv_blocks,
             self.block_tokens,
+            self.kv_tokens,
         )
         names = {m for r in refs if r is not None for m in r.metrics}
         if self.cache_info is not None:
@@ -130,12 +134,14 @@ VLLM_LLM_MAPPING: dict[str, Any] = {
     "cache_info": {"metric": "vllm:cache_config_info"},
 }
 #: SGLang: ``num_queue_reqs`` / ``num_running_reqs``; ``token_usage`` is its KV use (a
-#: fraction of the token pool); it labels series with ``model_name``.
+#: fraction of the token pool) and ``max_total_num_tokens`` that pool's size in tokens; it
+#: labels series with ``model_name``.
 SGLANG_LLM_MAPPING: dict[str, Any] = {
     "model_label": "model_name",
     "waiting": {"metrics": ["sglang:num_queue_reqs"]},
     "running": {"metrics": ["sglang:num_running_reqs"]},
     "kv_usage": {"metrics": ["sglang:token_usage"], "aggregate": "mean"},
+    "kv_tokens": {"metrics": ["sglang:max_total_num_tokens"]},
 }
 #: Hugging Face TGI: ``tgi_queue_size`` waiting, ``tgi_batch_current_size`` running; no KV
 #: use, no model label (one model per server).

@@ -232,14 +232,20 @@ class LlmGateway:
         """``backend`` reports no engines any more."""
         self._keep_only(backend, ())
 
-    def set_openai_models(self, backend: str, models: Iterable[str]) -> None:
-        """An OpenAI server lists ``models``: one engine each (no step profile)."""
+    def set_openai_models(
+        self, backend: str, models: Iterable[str], kv_tokens: int | None = None
+    ) -> None:
+        """An OpenAI server lists ``models``: one engine each (no step profile), with
+        ``kv_tokens`` of KV cache when the cluster file gives it (else none known until its
+        /metrics say: ``LlmRouter.observe``)."""
         models = list(models)
         self._keep_only(backend, models)
         mine = self.by_backend.get(backend, {})
+        block = self.cfg.prefix_block_tokens
+        blocks = 0 if kv_tokens is None else kv_tokens // block
         for m in models:
             if m not in mine:
-                self._add(backend, m, None, 0, self.cfg.prefix_block_tokens)
+                self._add(backend, m, None, blocks, block)
 
     def observe(self, backend: str, model: str | None, sample: EngineSample, now: float) -> None:
         """A sample of ``backend``'s engine of ``model`` (None: every engine it has)."""

@@ -272,7 +272,7 @@ class Poller:
             models = sorted(set(models) | set(st.spec.models))
         self.registry.set_index(name, dict.fromkeys(models, READY))
         if self.llm is not None:
-            self.llm.set_openai_models(name, models)
+            self.llm.set_openai_models(name, models, st.spec.kv_tokens)
         self.registry.admit(name)
 
     async def probe_llm_metrics(self, st: BackendState) -> None:

@@ -231,6 +231,7 @@ def llm_samples_from_text(
     hits = _per_model(series, mapping.prefix_hits, label)
     blocks = _per_model(series, mapping.kv_blocks, label)
     block_tokens = _per_model(series, mapping.block_tokens, label)
+    kv_tokens = _per_model(series, mapping.kv_tokens, label)
     info: dict[str | None, tuple[int | None, int | None]] = {}
     ci = mapping.cache_info
     if ci is not None:
@@ -251,6 +252,7 @@ def llm_samples_from_text(
         size, n = info.get(key, info.get(None, (None, None)))
         b, bt = pick(blocks, key), pick(block_tokens, key)
         p = pick(preempt, key)
+        t = pick(kv_tokens, key)
         out[key] = EngineSample(
             taken_s=taken_s,
             running=max(0, int(pick(running, key) or 0)),
@@ -260,5 +262,6 @@ def llm_samples_from_text(
             prefix_hit_rate=None if q is None or h is None or q <= 0 else min(1.0, h / q),
             kv_blocks=n if n is not None else (int(b) if b and b > 0 else None),
             block_tokens=size if size is not None else (int(bt) if bt and bt > 0 else None),
+            kv_tokens=int(t) if t and t >= 1 else None,
         )
     return out

@@ -56,6 +56,8 @@ def test_llm_routing_takes_any_registered_policy_with_params() -> None:
         ({}, {"kind": "openai", "signals": {"source": "prometheus"}}, "signals.source"),
         ({}, {"signals": {"source": "llm"}}, "signals.source: llm is for kind: openai"),
         ({}, {"engine": "vllm"}, "engine: only meaningful with kind: openai"),
+        ({}, {"kv_tokens": 160000}, "kv_tokens: only meaningful with kind: openai"),
+        ({}, {"kind": "openai", "kv_tokens": 0}, "backends.0.kv_tokens"),
         ({}, {"kind": "openai", "grpc_url": "127.0.0.1:9"}, "grpc_url"),
         ({"llm_routing": "fastest"}, {}, "gateway.llm_routing: unknown llm-routing policy"),
         (

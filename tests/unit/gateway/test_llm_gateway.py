@@ -136,6 +136,17 @@ def test_openai_models_engines_and_samples_by_model() -> None:
     assert sorted(g.router.engines) == ["v/b"]
 
 
+def test_openai_engines_prefix_memory_from_the_cluster_files_kv_tokens() -> None:
+    """A server whose /metrics name no KV size (TGI): the backend entry's ``kv_tokens``, in
+    the router's blocks (``prefix_block_tokens``), is its engines' prefix memory."""
+    g = llm_gateway(FakeClock(), prefix_block_tokens=16)
+    g.set_openai_models("t", ["m"], kv_tokens=160_000)
+    g.set_openai_models("v", ["m"])
+    t, v = g.router.engines["t/m"], g.router.engines["v/m"]
+    assert (t.kv_blocks, t.prefix_capacity) == (10_000, 10_000)
+    assert (v.kv_blocks, v.prefix_capacity) == (0, 0)  # until its /metrics say
+
+
 def test_choose_among_routable_untried_backends() -> None:
     clock = FakeClock()
     g = llm_gateway(clock)

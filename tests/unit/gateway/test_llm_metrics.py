@@ -49,6 +49,8 @@ sglang:num_running_reqs{model_name="qwen"} 4.0
 sglang:num_queue_reqs{model_name="qwen"} 9.0
 sglang:token_usage{model_name="qwen"} 0.62
 sglang:cache_hit_rate{model_name="qwen"} 0.4
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="qwen"} 161721.0
 """
 
 TGI = """\
@@ -99,6 +101,7 @@ def test_sglang() -> None:
     s = llm_samples_from_text(SGLANG, LLM_MAPPINGS["sglang"], 2.0)["qwen"]
     assert (s.waiting, s.running, s.kv_usage) == (9, 4, 0.62)
     assert s.kv_blocks is None and s.preemptions is None
+    assert s.kv_tokens == 161721  # its KV pool in tokens: the router's prefix memory
 
 
 def test_tgi_has_no_model_label_and_no_kv_use() -> None:

@@ -201,6 +201,34 @@ def test_cached_tokens_below_the_promise_shrink_the_index_capacity_and_grow_back
     assert v.prefix_capacity == 910
 
 
+def test_an_engine_known_without_kv_blocks_gets_its_prefix_memory_from_a_sample() -> None:
+    """An OpenAI server's engine starts with no KV blocks known (0: the index keeps nothing
+    for it); the first sample that names them gives the index that many, in blocks or in
+    tokens (SGLang's capacity, counted in the router's blocks)."""
+    for sample, want in (
+        (EngineSample(0.0, 0, 0, kv_blocks=1000, block_tokens=16), 1000),
+        (EngineSample(0.0, 0, 0, kv_tokens=32000), 2000),
+    ):
+        r = router("prefix-approx", None, None, kv_blocks=0)
+        v = r.engines["e0"]
+        hashes = tuple(range(20))
+        r.sent(req(1, prompt=330, hashes=hashes), v, 0.0)
+        assert r.prefix.size(v.index) == 0  # nothing kept while the capacity is unknown
+        r.observe("e0", sample, 0.1)
+        assert (v.kv_blocks, v.prefix_capacity) == (want, want)
+        r.sent(req(2, prompt=330, hashes=hashes), v, 0.2)
+        assert r.prefix.match(list(hashes)) == {v.index: 20}
+
+
+def test_fewer_kv_blocks_in_a_sample_trim_the_prefix_memory() -> None:
+    r = router("round-robin", H100, kv_blocks=1000)
+    v = r.engines["e0"]
+    r.sent(req(1, prompt=330, hashes=tuple(range(20))), v, 0.0)
+    r.observe("e0", EngineSample(0.0, 0, 0, kv_blocks=8), 0.1)
+    assert (v.kv_blocks, v.prefix_capacity, v.prefix_held) == (8, 8, 8)
+    assert r.prefix.size(v.index) == 8
+
+
 # -- the baselines ---------------------------------------------------------------------------
 
 

@@ -67,6 +67,9 @@ class EngineSample:
     prefix_hit_rate: float | None = None
     kv_blocks: int | None = None
     block_tokens: int | None = None
+    #: The KV cache's capacity in tokens, from an engine that reports no block count
+    #: (SGLang's ``max_total_num_tokens``): the router counts it in its own blocks.
+    kv_tokens: int | None = None
 
 
 @dataclass(slots=True, eq=False)

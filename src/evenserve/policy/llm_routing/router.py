@@ -355,10 +355,13 @@ class LlmRouter:
             return  # an older reading than the one held
         v.sample = sample
         v.received_s = now
-        if sample.kv_blocks:
-            v.kv_blocks = sample.kv_blocks
         if sample.block_tokens:
             v.block_tokens = sample.block_tokens
+        blocks = sample.kv_blocks
+        if not blocks and sample.kv_tokens:  # a capacity in tokens (SGLang): in our blocks
+            blocks = sample.kv_tokens // v.block_tokens
+        if blocks and blocks != v.kv_blocks:
+            self._set_kv_blocks(v, blocks)
         snap = self._own_at(v, sample.taken_s)
         v.extra_waiting = max(0, sample.waiting - snap.waiting)
         v.extra_running = max(0, sample.running - snap.running)
@@ -371,6 +374,16 @@ class LlmRouter:
             v.extra_kv_tokens = max(0, int(held) - snap.context_tokens)
         else:
             v.extra_kv_tokens = 0
+
+    def _set_kv_blocks(self, v: EngineView, blocks: int) -> None:
+        """``v``'s engine has ``blocks`` KV blocks (a sample said so): the prefix index keeps
+        that many for it where it knew none before (an OpenAI server's engine starts at 0,
+        before its first metrics), else at most that many of what it learned to keep."""
+        before = v.kv_blocks
+        v.kv_blocks = blocks
+        v.prefix_capacity = blocks if before <= 0 else min(v.prefix_capacity, blocks)
+        self.prefix.trim(v.index, v.prefix_capacity)
+        v.prefix_held = self.prefix.size(v.index)
 
     def forget_corrections(self, name: str) -> None:
         """Engine ``name``'s samples stopped coming: drop what its last one added beyond the
