@@ -212,12 +212,14 @@ class LlmGateway:
             v = mine.get(model)
             profile = profile_of_report(load.step_profile) if load.step_profile else None
             if v is None:
+                # Its KV cache in the router's blocks: those the gateway names prompts by.
+                block = self.cfg.prefix_block_tokens
                 v = self._add(
                     backend,
                     model,
                     profile,
-                    load.kv_blocks,
-                    load.block_tokens,
+                    load.kv_blocks * load.block_tokens // block,
+                    block,
                     load.max_num_seqs,
                     load.max_num_batched_tokens,
                 )

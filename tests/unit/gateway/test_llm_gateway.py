@@ -122,6 +122,21 @@ def test_load_reports_add_update_and_drop_engines_and_feed_samples() -> None:
     assert g.router.engines == {} and not g.handles("llama")
 
 
+def test_an_engines_kv_blocks_are_counted_in_the_gateways_prompt_blocks() -> None:
+    """The router names a prompt's blocks ``prefix_block_tokens`` long; an engine whose own
+    blocks are longer (TensorRT-LLM's 64 tokens) holds 4x as many of the router's, from its
+    report and from a sample alike (a prefix hit of n blocks is n x 16 cached tokens)."""
+    g = llm_gateway(FakeClock(), prefix_block_tokens=16)
+    g.observe_report("w0", {"llama": load(kv_blocks=1000, block_tokens=64)}, 1.0)
+    v = g.router.engines["w0/llama"]
+    assert (v.kv_blocks, v.block_tokens, v.prefix_capacity) == (4000, 16, 4000)
+    g.set_openai_models("t", ["m"])
+    g.observe("t", "m", EngineSample(taken_s=1.0, running=0, waiting=0, kv_blocks=512,
+                                     block_tokens=64), 1.0)  # fmt: skip
+    t = g.router.engines["t/m"]
+    assert (t.kv_blocks, t.block_tokens, t.prefix_capacity) == (2048, 16, 2048)
+
+
 def test_openai_models_engines_and_samples_by_model() -> None:
     clock = FakeClock()
     g = llm_gateway(clock)

@@ -81,6 +81,8 @@ class EngineView:
     models: frozenset[str]
     #: Its step profile (None: unknown; the router learns a speed from its answers).
     profile: StepProfile | None
+    #: Its KV cache in blocks of ``block_tokens``: the router's block, the length of the
+    #: prompt blocks its requests name (a sample in the engine's own blocks is converted).
     kv_blocks: int
     block_tokens: int
     max_num_seqs: int = 256

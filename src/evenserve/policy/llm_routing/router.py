@@ -355,10 +355,12 @@ class LlmRouter:
             return  # an older reading than the one held
         v.sample = sample
         v.received_s = now
-        if sample.block_tokens:
-            v.block_tokens = sample.block_tokens
+        # The engine's KV size in the router's blocks (``block_tokens``, the prefix index's:
+        # the request's prompt blocks are named that long), whatever its own block size.
         blocks = sample.kv_blocks
-        if not blocks and sample.kv_tokens:  # a capacity in tokens (SGLang): in our blocks
+        if blocks and sample.block_tokens:
+            blocks = blocks * sample.block_tokens // v.block_tokens
+        elif not blocks and sample.kv_tokens:  # a capacity in tokens (SGLang)
             blocks = sample.kv_tokens // v.block_tokens
         if blocks and blocks != v.kv_blocks:
             self._set_kv_blocks(v, blocks)
