@@ -47,12 +47,15 @@ answer that brings the counts back to ones seen costs one lookup. The memo outli
 position's stay in ``quick`` (``kept``): a load report ends the stay, and the next one takes
 it on while the backend's profiles, batch caps and counted models are the same. A memo
 entry holds its finish's list in ``at`` (kept while empty, so a move in the order looks
-nothing up by float) and, per model, the entry a send of that model leads to: from the
-same counts, one more send of a model gives the same counts, so ``node``, the entry a
-position is at, moves along them on each send without a lookup by counts (an answer's
-effect depends on more than the counts: it marks the position dirty). ``sig_dirty`` marks the
-positions whose utilization, memory or SLO changed (load reports, staleness), for a policy
-that keeps figures of its own per backend (queue-aware's score terms).
+nothing up by float) and, per step of the counts, the entry it leads to: from the same
+counts, one more send of a model gives the same counts, and so do k answers of a model
+with one gateway and fresh signals (each takes away one from the model's count, down to
+zero: ``Router.done``), so ``node``, the entry a position is at, moves along them on each
+send and answer without a lookup by counts (any other answer marks the position dirty:
+with several gateways its effect depends on the sends since the report, not on the counts
+alone). ``sig_dirty`` marks the positions whose utilization, memory or SLO changed (load
+reports, staleness), for a policy that keeps figures of its own per backend (queue-aware's
+score terms).
 """
 
 from __future__ import annotations
@@ -72,9 +75,10 @@ QUICK_MEMO = 1024
 #: Finishes an index keeps a list of positions for, at most (then it drops the empty ones).
 BUCKETS_MAX = 4096
 
-#: A memo entry: a settled finish, the list of ``FinishIndex.at`` for it, and per model the
-#: entry a send of that model leads to (filled as sends come: ``FinishIndex.sent``).
-Memo = tuple[float, list[int], dict[str, "Memo"]]
+#: A memo entry: a settled finish, the list of ``FinishIndex.at`` for it, and per step of the
+#: queued counts (a send of a model; answers of a model taken away: ``FinishIndex.sent``) the
+#: entry it leads to, filled as steps come.
+Memo = tuple[float, list[int], dict[str | tuple[str, int], "Memo"]]
 
 
 class FinishIndex:
@@ -250,16 +254,19 @@ class FinishIndex:
             self._expire_busy(now_s)
         return True
 
-    def sent(self, p: int, model: str) -> None:
-        """A request of ``model`` went to ``p``'s backend (the Router calls this once its
-        counts say so). A position whose entry (``node``) is known moves now, to the entry
-        that send leads to (kept in the entry after the first time: no look-up by counts);
-        any other is recomputed at the next decision."""
+    def sent(self, p: int, step: str | tuple[str, int]) -> None:
+        """``p``'s backend's queued counts took ``step`` (the Router calls this once its
+        counts say so): a request of a model sent there (``step`` is the model), or, with
+        one gateway and fresh signals, ``k`` answers of a model taken away (``(model, k)``);
+        from the same counts the same step gives the same counts. A position whose entry
+        (``node``) is known moves now, to the entry that step leads to (kept in the entry
+        after the first time: no look-up by counts); any other is recomputed at the next
+        decision."""
         e = self.node[p]
         if e is None:
             self.dirty.add(p)
             return
-        to = e[2].get(model)
+        to = e[2].get(step)
         if to is None:
             q = self.quick[p]
             assert q is not None  # a position with an entry is quick
@@ -275,7 +282,7 @@ class FinishIndex:
                 if len(memo) >= QUICK_MEMO:
                     memo.clear()
                 to = memo[seen] = (f, self._bucket(f), {})
-            e[2][model] = to
+            e[2][step] = to
         self.node[p] = to
         tied, into = e[1], to[1]
         if into is not tied:  # it moves in the order (_unplace, _place inlined)

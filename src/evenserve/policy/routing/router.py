@@ -585,6 +585,7 @@ class Router:
         ifm = st.in_flight_by_model
         mine = ifm.get(model, 0)
         k = n if n < mine else mine  # never more of a model than were sent
+        step: tuple[str, int] | None = None  # how the queued counts moved, when only so
         if k > 0:
             ifm[model] = mine - k
             v.in_flight -= k
@@ -598,6 +599,7 @@ class Router:
                 if model in qbm:
                     q = qbm[model] - k
                     qbm[model] = q if q > 0.0 else 0.0
+                    step = (model, k)
             else:  # several gateways: down to the report, not below it
                 since = st.sent_since_sample
                 if since > 0:
@@ -617,5 +619,9 @@ class Router:
         slots = st.slots
         if slots:
             st.cell[0] = None
-            for ix, p in slots:
-                ix.changed(p)
+            if step is None:
+                for ix, p in slots:
+                    ix.changed(p)
+            else:  # the counts alone moved, by a step an index can follow as a send's
+                for ix, p in slots:
+                    ix.sent(p, step)
