@@ -192,6 +192,29 @@ def test_indexed_decisions_are_the_full_pass(
     assert decisions > 500 and indexed > 400
 
 
+def test_backends_of_one_kind_share_a_memo_and_a_model_new_to_the_counts_leaves_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two backends with the same profiles, caps and counted models share one memo of
+    settled finishes; one then gets a send of ``b`` and the other of ``c``, models their
+    counts did not name: the same values ((0, 1)) for other models, so neither may take the
+    other's figure from that memo (``Router.sent`` takes them out of it)."""
+    monkeypatch.setattr(router_module, "INDEX_MIN_CANDIDATES", 1)
+    r = Router(ROUTING.build("least-expected-work", random.Random(0)))
+    for name in ("d0", "d1"):
+        r.add_backend(name, ["a", "b", "c"], profiles=PROFILES, max_batch_size={"a": 4})
+        r.observe(name, LoadSample(timestamp_s=0.0, queue_depth=0.0, queued_by_model={"a": 0.0}))
+    assert r.choose(RequestInfo(request_id=0, model="a", arrival_s=0.0), 0.0) is not None
+    ix = r._indexes["a"]
+    q0, q1 = ix.quick
+    assert q0 is not None and q1 is not None and q0[0] is q1[0]  # one memo
+    r.sent("d0", "b", 0.0)
+    r.sent("d1", "c", 0.0)
+    assert r.choose(RequestInfo(request_id=1, model="a", arrival_s=0.0), 0.0) is not None
+    assert ix.finish[0] != ix.finish[1]
+    _check_index("a", ix)
+
+
 def test_few_candidates_are_decided_without_an_index() -> None:
     """Below ``INDEX_MIN_CANDIDATES`` hosts the full pass decides and no index is kept (no
     upkeep on sends and answers); at it, the index is built."""

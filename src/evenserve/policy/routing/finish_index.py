@@ -44,8 +44,8 @@ or a model change, which take it out of ``quick``); so ``quick`` keeps per backe
 settled finishes by those counts (``queued_by_model``'s values, in its order: between two
 such events the router only adds a model at its end or changes a count), and a send or an
 answer that brings the counts back to ones seen costs one lookup. The memo outlives the
-position's stay in ``quick`` (``kept``): a load report ends the stay, and the next one takes
-it on while the backend's profiles, batch caps and counted models are the same. A memo
+position's stay in ``quick`` and is shared by every backend whose finishes are the same
+function of its counts (``memos``: the same profiles, batch caps and counted models). A memo
 entry holds its finish's list in ``at`` (kept while empty, so a move in the order looks
 nothing up by float) and, per step of the counts, the entry it leads to: from the same
 counts, one more send of a model gives the same counts, and so do k answers of a model
@@ -70,8 +70,10 @@ from evenserve.core.profile import LatencyProfile, Table
 from evenserve.core.types import BackendView
 from evenserve.policy.routing.work import aged_busy_s, backlog_s, own_share_s
 
-#: Settled finishes a ``quick`` position keeps by queued counts, at most (then it starts over).
+#: Settled finishes a memo keeps by queued counts, at most (then it starts over).
 QUICK_MEMO = 1024
+#: Memos an index keeps for positions to take on (``FinishIndex.memos``), at most.
+MEMOS_MAX = 256
 #: Finishes an index keeps a list of positions for, at most (then it drops the empty ones).
 BUCKETS_MAX = 4096
 
@@ -91,8 +93,8 @@ class FinishIndex:
         "cells",
         "dirty",
         "finish",
-        "kept",
         "keys",
+        "memos",
         "model",
         "node",
         "now_s",
@@ -140,13 +142,12 @@ class FinishIndex:
         self.quick: list[tuple[dict[tuple[float, ...], Memo], Mapping[str, float]] | None] = [
             None
         ] * n
-        #: Per position that was ``quick``, its memo with what it was made from (the
-        #: counts' dict, the backend's profiles and batch caps then): a load report ends a
-        #: position's stay in ``quick``, and the next stay takes the memo on where its
-        #: entries still hold (``_settle``).
-        self.kept: list[
-            tuple[dict[tuple[float, ...], Memo], Mapping[str, float], object, dict[str, int]] | None
-        ] = [None] * n
+        #: The memos of ``quick`` positions, shared by every position whose settled finish is
+        #: the same function of its queued counts (``_settle``), with the profiles each was
+        #: made for (their ids are in its key: held, so never another object's).
+        self.memos: dict[
+            tuple[Any, ...], tuple[dict[tuple[float, ...], Memo], tuple[LatencyProfile, ...]]
+        ] = {}
         #: Per ``quick`` position, the memo entry of its queued counts now, when known (the
         #: Router's sends move it along the entries' ``sent``); None for the others.
         self.node: list[Memo | None] = [None] * n
@@ -175,10 +176,12 @@ class FinishIndex:
     def _prune(self) -> None:
         """Drop the empty lists from ``at`` and every memo entry (they may hold them)."""
         self.at = {f: tied for f, tied in self.at.items() if tied}
-        for q in self.quick:
+        for memo, _ in self.memos.values():
+            memo.clear()
+        self.memos.clear()
+        for q in self.quick:  # theirs too (one may have left ``memos``: ``MEMOS_MAX``)
             if q is not None:
                 q[0].clear()
-        self.kept[:] = [None] * len(self.kept)
         self.node[:] = [None] * len(self.node)  # their entries lead to dropped lists
 
     def _place(self, p: int, f: float) -> None:
@@ -354,22 +357,29 @@ class FinishIndex:
 
     def _settle(self, p: int, b: BackendView, f: float) -> None:
         """``p``'s exact finish is its settled one, ``f``: into the order, and ``quick``,
-        with the memo of its last stay there when that still holds: its entries are settled
-        finishes by queued counts, which stay true while the backend's profiles are the same
-        and its batch caps equal, and their keys (the counts' values, in their dict's
-        order: the router only adds a model at its end) mean the same models while the new
-        counts' dict has the models the last one ended with, in the same order."""
+        with the memo of every position whose settled finishes are the same function of the
+        queued counts: the same profile objects by model, equal batch caps, and the same
+        models counted in the same order (a memo's keys are the counts' values in that
+        order; a send of a model the counts do not name takes its position out of
+        ``quick``: ``Router.sent``). A memo outlives a stay in ``quick``: a load report ends
+        the stay, and the next one takes it on while those are the same; the backends of one
+        kind share it."""
         self._place(p, f)
         counts = b.queued_by_model
-        profiles, caps = b.profiles, b.max_batch_size
-        kept = self.kept[p]
-        memo: dict[tuple[float, ...], Memo] = {}
-        if kept is not None:
-            memo0, counts0, profiles0, caps0 = kept
-            if profiles0 is profiles and caps0 == caps and list(counts0) == list(counts):
-                memo = memo0
-        self.quick[p] = (memo, counts)
-        self.kept[p] = (memo, counts, profiles, dict(caps))
+        profiles = b.profiles
+        held = tuple(profiles.values())
+        key: tuple[Any, ...] = (
+            tuple(profiles),
+            tuple(map(id, held)),
+            tuple(b.max_batch_size.items()),
+            tuple(counts),
+        )
+        got = self.memos.get(key)
+        if got is None:
+            if len(self.memos) >= MEMOS_MAX:
+                self.memos.clear()  # the positions' own references keep theirs
+            got = self.memos[key] = ({}, held)
+        self.quick[p] = (got[0], counts)
 
     def _recompute(self, p: int, b: BackendView, now_s: float) -> None:
         """Position ``p`` changed: its settled finish, and where it belongs (order, busy,

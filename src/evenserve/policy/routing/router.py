@@ -504,12 +504,18 @@ class Router:
         st.sent_since_sample += 1
         lane.since += 1
         qbm = st.queued
-        qbm[model] = qbm.get(model, 0.0) + r
+        q = qbm.get(model)
+        qbm[model] = r if q is None else q + r
         slots = st.slots
         if slots:
             st.cell[0] = None
-            for ix, p in slots:
-                ix.sent(p, model)
+            if q is None:  # a model its counts did not name: their memo is not this one's
+                for ix, p in slots:
+                    ix.quick[p] = None
+                    ix.changed(p)
+            else:
+                for ix, p in slots:
+                    ix.sent(p, model)
 
     def done(self, name: str, model: str, n: int = 1, now_s: float | None = None) -> None:
         """``n`` requests of ``model`` sent to ``name`` finished (answered or failed); with
