@@ -36,7 +36,7 @@ import random
 from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from heapq import heappush
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import TYPE_CHECKING, Any
 
 from evenserve.core.profile import LatencyProfile
@@ -80,6 +80,10 @@ if TYPE_CHECKING:  # imported when an arm has placement (``_build_devices``)
 NAN = math.nan
 _log = math.log
 GIB = 1024.0**3
+#: An open-loop stream as ``Simulation._open_arrival_routed`` reads it: its model, process,
+#: class, relative deadline (seconds, or None), for a constant rate its generator's
+#: ``random`` (else None) and its rate.
+_Stream = tuple[str, PoissonProcess, int, float | None, Callable[[], float] | None, float]
 #: Requests the log's preallocated columns grow by at first (``Simulation._grow_log``; then
 #: by what they hold: doubling, so a growth that copies them copies each entry about once).
 LOG_CHUNK = 4096
@@ -126,8 +130,11 @@ class Simulation:
         self._slo = {m: spec.slo_ms for m, spec in sc.models.items()}
         self._users: ClosedLoopUsers | None = None
         #: One bound method for every open-loop arrival event (``_open_arrival``, or
-        #: ``_open_arrival_routed`` with its stream's class and deadline resolved).
+        #: ``_open_arrival_routed``, which takes its arrivals from ``_streams``).
         self._open_arrival_cb: Callable[[Any], None] = self._open_arrival
+        #: ``_open_arrival_routed``'s streams: each one's next arrival (time, the sequence
+        #: number ``EventLoop.at`` would have given it, the stream), a heap.
+        self._streams: list[tuple[float, int, _Stream]] = []
         #: Per device, its scheduler's ``offer`` (``_open_arrival_routed``'s first try).
         self._offers: dict[str, Callable[[SimRequest, float], str | None]] = {}
         self.central: CentralQueue | None = None
@@ -301,16 +308,18 @@ class Simulation:
         self._log_room += k
 
     def _start_open_loop(self, wl: OpenLoop) -> None:
+        routed = self._open_arrival_cb == self._open_arrival_routed
+        loop = self.loop
         for st in open_loop_streams(wl):
             proc = st.process(self.seed)
             t = proc.next_after(0.0)
             if t < self.end_s:
-                arg: tuple[Any, ...] = (st.model, proc, st.priority, st.deadline_ms)
-                if self._open_arrival_cb == self._open_arrival_routed:
+                if routed:
                     # Its class and relative deadline (seconds), resolved once, and its
-                    # draw (``_open_arrival_routed``).
+                    # draw; held off the heap under the sequence number ``loop.at`` would
+                    # have given it (``_open_arrival_routed``).
                     m = st.model
-                    arg = (
+                    stream: _Stream = (
                         m,
                         proc,
                         self._priority[m] if st.priority is None else st.priority,
@@ -318,7 +327,13 @@ class Simulation:
                         proc.rng.random if not proc.phases and proc.base_rps > 0 else None,
                         proc.base_rps,
                     )
-                self.loop.at(t, self._open_arrival_cb, arg)
+                    self._streams.append((t, next(loop.count), stream))
+                else:
+                    loop.at(t, self._open_arrival_cb, (st.model, proc, st.priority, st.deadline_ms))
+        if self._streams:
+            heapify(self._streams)
+            t, seq, _ = self._streams[0]
+            heappush(loop.heap, (t, seq, self._open_arrival_cb, None))
 
     def _open_arrival(self, arg: tuple[str, PoissonProcess, int | None, float | None]) -> None:
         m, proc, prio, deadline_ms = arg
@@ -327,54 +342,80 @@ class Simulation:
         if t < self.end_s:
             self.loop.at(t, self._open_arrival_cb, arg)
 
-    def _open_arrival_routed(
-        self,
-        arg: tuple[str, PoissonProcess, int, float | None, Callable[[], float] | None, float],
-    ) -> None:
-        """``_open_arrival`` with ``_new_request`` and ``_routed_arrival`` inlined (and,
-        with the overload rule off, ``SimFront.route``: the router's pick, ``sent``, the
-        device's ``offer``, the front's retries only on a refusal): the benchmark's
-        per-request path (one router, no placement). ``arg`` carries the
-        stream's class and relative deadline in seconds, resolved, and for a constant rate
-        its generator's ``random`` and the rate: the next arrival is then
-        ``PoissonProcess.next_after`` inlined (``Random.expovariate``'s formula, the same
-        float), pushed on the heap directly (it is never before now)."""
-        m, proc, prio, rel_s, draw, rate = arg
+    def _open_arrival_routed(self, _: object) -> None:
+        """The open-loop arrivals of an arm with one router and no placement (the
+        benchmark's per-request path): ``_open_arrival`` with ``_new_request`` and
+        ``_routed_arrival`` inlined (and, with the overload rule off, ``SimFront.route``:
+        the router's pick, ``sent``, the device's ``offer``, the front's retries only on a
+        refusal).
+
+        Each stream's next arrival is held off the event heap, in ``_streams`` (a heap of
+        (time, sequence number, stream), the number ``EventLoop.at`` would have given it);
+        the event heap holds one event for the earliest of them, under its time and number.
+        This handles that arrival and then, while the earliest one held still comes before
+        every event on the heap (by time, then number: the heap's own order), the next one
+        too, without a trip through the heap: the same events in the same order. A
+        ``_Stream`` carries its model, its class and relative deadline in seconds, resolved,
+        its process, and for a constant rate its generator's ``random`` and the rate: the
+        next arrival is then ``PoissonProcess.next_after`` inlined (``Random.expovariate``'s
+        formula, the same float)."""
         loop = self.loop
-        now = loop.now
-        deadline_s = None if rel_s is None else now + rel_s
+        heap = loop.heap
+        count = loop.count
+        streams = self._streams
         log = self.log
-        idx = len(log.model)
-        log.model.append(m)
-        log.priority.append(prio)
-        if idx >= self._log_room:
-            self._grow_log()
-        log.arrival_s[idx] = now
-        r = SimRequest(idx + 1, m, now, prio, deadline_s, 1, QUEUED, idx, -1)
+        model_col = log.model
+        prio_col = log.priority
         front = self.front
         assert front is not None
-        if self.refusals:
-            front.route(r, 0, now)
-        else:  # SimFront.route without the overload rule, inlined: its first try
-            router = self.router
-            assert router is not None
-            view = router.choose(r, now)
-            if view is None:
-                self.drop(r, NO_BACKEND, None)
+        router = self.router
+        assert router is not None
+        offers = self._offers
+        end_s = self.end_s
+        now, _, stream = streams[0]
+        while True:
+            m, proc, prio, rel_s, draw, rate = stream
+            idx = len(model_col)
+            model_col.append(m)
+            prio_col.append(prio)
+            if idx >= self._log_room:
+                self._grow_log()
+            log.arrival_s[idx] = now
+            r = SimRequest(
+                idx + 1, m, now, prio, None if rel_s is None else now + rel_s, 1, QUEUED, idx, -1
+            )
+            if self.refusals:
+                front.route(r, 0, now)
+            else:  # SimFront.route without the overload rule, inlined: its first try
+                view = router.choose(r, now)
+                if view is None:
+                    self.drop(r, NO_BACKEND, None)
+                else:
+                    name = view.name
+                    router.sent(name, m, now)
+                    reason = offers[name](r, now)
+                    if reason is not None:
+                        front.refused(r, 0, name, reason, now)
+            # This stream's next arrival (``loop.at`` clamps a time before now to now).
+            if draw is None:
+                t = proc.next_after(now)
+                if t < now:
+                    t = now
             else:
-                name = view.name
-                router.sent(name, m, now)
-                reason = self._offers[name](r, now)
-                if reason is not None:
-                    front.refused(r, 0, name, reason, now)
-        if draw is None:
-            t = proc.next_after(now)
-            if t < self.end_s:
-                loop.at(t, self._open_arrival_cb, arg)
-        else:
-            t = now - _log(1.0 - draw()) / rate
-            if t < self.end_s:
-                heappush(loop.heap, (t, next(loop.count), self._open_arrival_cb, arg))
+                t = now - _log(1.0 - draw()) / rate
+            if t < end_s:
+                heapreplace(streams, (t, next(count), stream))
+            else:
+                heappop(streams)
+                if not streams:
+                    return
+            now, seq, stream = streams[0]
+            if heap:
+                first = heap[0]
+                if now > first[0] or (now == first[0] and seq > first[1]):
+                    heappush(heap, (now, seq, self._open_arrival_cb, None))
+                    return
+            loop.now = now
 
     def _start_closed_loop(self, wl: ClosedLoop) -> None:
         self._users = ClosedLoopUsers.for_workload(wl, self.seed)
