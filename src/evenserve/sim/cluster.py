@@ -62,7 +62,7 @@ from evenserve.sched import (
     scheduler_for,
 )
 from evenserve.sim.central import CentralQueue
-from evenserve.sim.device import SimDevice, SimRequest
+from evenserve.sim.device import SimDevice, SimRequest, doubles_view
 from evenserve.sim.engine import EventLoop
 from evenserve.sim.front import SimFront
 from evenserve.sim.loader import LoadedScenario
@@ -103,7 +103,13 @@ class Simulation:
         self.seed = sc.seed if seed is None else seed
         self.loop = EventLoop()
         # Times as doubles: no float object kept per request (the log of a million).
-        self.log = RequestLog(arrival_s=array("d"), finish_s=array("d"))
+        arrival_s, finish_s = array("d"), array("d")
+        self.log = RequestLog(arrival_s=arrival_s, finish_s=finish_s)
+        #: Writable views of those two columns, which the run writes through
+        #: (``doubles_view``); ``_grow_log`` renews them (an array cannot grow while a view
+        #: of it exists), ``run`` lets them go at its end.
+        self._arrival_w = doubles_view(arrival_s)
+        self._finish_w = doubles_view(finish_s)
         #: Requests the log's preallocated columns have room for (``_grow_log``).
         self._log_room = 0
         self.warmup_s = sc.warmup_s
@@ -288,7 +294,7 @@ class Simulation:
         log.priority.append(prio)
         if idx >= self._log_room:
             self._grow_log()
-        log.arrival_s[idx] = now
+        self._arrival_w[idx] = now
         # Positional, as SimRequest lists its fields (a million per benchmark run); the id is
         # the log index + 1.
         return SimRequest(idx + 1, model, now, prio, deadline_s, 1, QUEUED, idx, user)
@@ -301,8 +307,12 @@ class Simulation:
         arrived."""
         log = self.log
         k = self._log_room if self._log_room > LOG_CHUNK else LOG_CHUNK
+        self._arrival_w.release()
+        self._finish_w.release()
         log.arrival_s.extend(array("d", [NAN]) * k)
         log.finish_s.extend(array("d", [NAN]) * k)
+        self._arrival_w = doubles_view(log.arrival_s)
+        self._finish_w = doubles_view(log.finish_s)
         log.device.extend([""] * k)
         log.drop_reason.extend([None] * k)
         self._log_room += k
@@ -380,7 +390,7 @@ class Simulation:
             prio_col.append(prio)
             if idx >= self._log_room:
                 self._grow_log()
-            log.arrival_s[idx] = now
+            self._arrival_w[idx] = now
             r = SimRequest(
                 idx + 1, m, now, prio, None if rel_s is None else now + rel_s, 1, QUEUED, idx, -1
             )
@@ -466,7 +476,7 @@ class Simulation:
             self._schedule_user(r.user)
 
     def completed(self, batch: Batch[SimRequest], now: float, device: str) -> None:
-        log_finish = self.log.finish_s
+        log_finish = self._finish_w
         log_dev = self.log.device
         answered = now + self.overhead_s
         if self._users is None:  # no closed-loop users: nobody thinks again
@@ -554,6 +564,8 @@ class Simulation:
             self.loop.run(self.end_s)
         log = self.log
         n = len(log.model)
+        self._arrival_w.release()
+        self._finish_w.release()
         del log.arrival_s[n:], log.finish_s[n:], log.device[n:], log.drop_reason[n:]
         self._log_room = n
         end = self.end_s
