@@ -7,10 +7,9 @@ from __future__ import annotations
 import math
 import random
 from array import array
-from collections.abc import MutableSequence
 from dataclasses import dataclass
 from heapq import heappush
-from typing import Protocol, cast
+from typing import Protocol
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import DeviceTrace
@@ -20,14 +19,6 @@ from evenserve.sim.engine import EventLoop
 from evenserve.sim.loader import LoadedScenario
 
 NAN = math.nan
-
-
-def doubles_view(col: MutableSequence[float]) -> memoryview[float]:
-    """A writable view of a typed array of doubles (``array('d')``): a store through it
-    converts the float itself, where the array's own store parses it as an argument (about
-    2.5x the cost). The array cannot grow or shrink until the view is released."""
-    view = memoryview(col)  # type: ignore[arg-type]
-    return cast("memoryview[float]", view)
 
 
 class SimHost(Protocol):
@@ -67,7 +58,6 @@ class SimDevice:
     __slots__ = (
         "_end_cb",
         "_room",
-        "_w",
         "idle_since_s",
         "loop",
         "models",
@@ -96,9 +86,6 @@ class SimDevice:
             batch_staging_s=array("d"),
             batch_memory_fraction=array("d"),
         )
-        #: Writable views of those six columns (``_columns``' order), which the run writes
-        #: through (``doubles_view``); ``_grow_trace`` renews them.
-        self._w: tuple[memoryview[float], ...] = tuple(map(doubles_view, self._columns()))
         self.idle_since_s = 0.0
         self._end_cb = self._end  # one bound method for every event
         self.sched: DeviceScheduler[SimRequest]
@@ -109,48 +96,38 @@ class SimDevice:
         i = len(tr.batch_sizes)
         if i >= self._room:
             self._grow_trace()
-        start, end, held, expected, staging, memory = self._w
-        start[i] = batch.started_s
-        end[i] = batch.started_s + batch.solo_s  # set again when it ends
+        tr.busy_start_s[i] = batch.started_s
+        tr.busy_end_s[i] = batch.started_s + batch.solo_s  # set again when it ends
         tr.batch_sizes.append(batch.items)
         tr.batch_models.append(batch.model)
-        held[i] = batch.held_s
+        tr.batch_held_s[i] = batch.held_s
         tr.batch_cap.append(batch.cap)
-        expected[i] = batch.solo_s
-        staging[i] = self.sched.slots.staging_s_per_item * batch.items
+        tr.batch_expected_s[i] = batch.solo_s
+        slots = self.sched.slots
+        tr.batch_staging_s[i] = slots.staging_s_per_item * batch.items
         used, total = self.sched.memory.used_total()
-        memory[i] = used / total if used is not None and total else NAN
+        tr.batch_memory_fraction[i] = used / total if used is not None and total else NAN
 
-    def _columns(self) -> tuple[MutableSequence[float], ...]:
-        """The trace's per-batch time columns (``_w``'s order)."""
+    def _grow_trace(self) -> None:
+        """Room in the per-batch time columns for as many batches again (64 at first):
+        a growth that copies a column copies each entry about once."""
+        k = self._room if self._room > 64 else 64
         tr = self.trace
-        return (
+        for col in (
             tr.busy_start_s,
             tr.busy_end_s,
             tr.batch_held_s,
             tr.batch_expected_s,
             tr.batch_staging_s,
             tr.batch_memory_fraction,
-        )
-
-    def _grow_trace(self) -> None:
-        """Room in the per-batch time columns for as many batches again (64 at first):
-        a growth that copies a column copies each entry about once."""
-        k = self._room if self._room > 64 else 64
-        for w in self._w:
-            w.release()
-        cols = self._columns()
-        for col in cols:
+        ):
             col.extend(array("d", [NAN]) * k)
-        self._w = tuple(map(doubles_view, cols))
         self._room += k
 
     def trim_trace(self) -> None:
         """Cut the per-batch time columns to the batches started (the run's end)."""
         tr = self.trace
         n = len(tr.batch_sizes)
-        for w in self._w:
-            w.release()
         del tr.busy_start_s[n:], tr.busy_end_s[n:], tr.batch_held_s[n:]
         del tr.batch_expected_s[n:], tr.batch_staging_s[n:], tr.batch_memory_fraction[n:]
         self._room = n
@@ -179,5 +156,5 @@ class SimDevice:
         # its profiles hears it, as the worker's hears its executor's measured time.
         self.sched.finished(batch, now, now - batch.started_s)
         self.idle_since_s = now
-        self._w[1][batch.index] = now  # the trace's busy_end_s
+        self.trace.busy_end_s[batch.index] = now
         self.sim.completed(batch, now, self.name)
