@@ -31,9 +31,11 @@ from evenserve.core.types import Dispatch, QueueView
 from evenserve.policy.batching.base import BatchingPolicy
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NextBatch:
-    """Run ``n`` requests of ``model`` now (``model`` is None when nothing is ready)."""
+    """Run ``n`` requests of ``model`` now (``model`` is None when nothing is ready). Not
+    frozen: one is made per decision of a device with several models, and a frozen
+    dataclass sets each field through ``object.__setattr__``."""
 
     model: str | None
     n: int
