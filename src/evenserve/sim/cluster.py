@@ -395,6 +395,10 @@ class Simulation:
         assert router is not None
         offers = self._offers
         end_s = self.end_s
+        refusals = self.refusals
+        arrival_w = self._arrival_w
+        queued = QUEUED
+        log_ = _log
         now, _, stream = streams[0]
         while True:
             m, proc, prio, rel_s, draw, rate = stream
@@ -403,11 +407,12 @@ class Simulation:
             prio_col.append(prio)
             if idx >= self._log_room:
                 self._grow_log()
-            self._arrival_w[idx] = now
+                arrival_w = self._arrival_w
+            arrival_w[idx] = now
             r = SimRequest(
-                idx + 1, m, now, prio, None if rel_s is None else now + rel_s, 1, QUEUED, idx, -1
+                idx + 1, m, now, prio, None if rel_s is None else now + rel_s, 1, queued, idx, -1
             )
-            if self.refusals:
+            if refusals:
                 front.route(r, 0, now)
             else:  # SimFront.route without the overload rule, inlined: its first try
                 view = router.choose(r, now)
@@ -425,7 +430,7 @@ class Simulation:
                 if t < now:
                     t = now
             else:
-                t = now - _log(1.0 - draw()) / rate
+                t = now - log_(1.0 - draw()) / rate
             if t < end_s:
                 heapreplace(streams, (t, next(count), stream))
             else:
