@@ -6,6 +6,7 @@ the utilization and queue-depth series, the 50 ms burst reading, and what diagno
 from __future__ import annotations
 
 import itertools
+from operator import truediv
 from typing import Any
 
 import numpy as np
@@ -141,9 +142,7 @@ def device_diagnostics(tr: DeviceTrace, t0: float, t1: float) -> dict[str, Any]:
             "batches": len(sizes),
             "mean_batch_size": rounded(sum(sizes) / len(sizes)) if sizes else None,
             "cap": max(caps) if caps else None,
-            "fill": rounded(sum(b / c for b, c in zip(sizes, caps, strict=True)) / len(sizes))
-            if sizes
-            else None,
+            "fill": rounded(sum(map(truediv, sizes, caps)) / len(sizes)) if sizes else None,
             "held_ms_mean": rounded(1000.0 * sum(held) / len(held)) if held else None,
             "held_fraction": rounded(sum(held) / (window * inst)),
             "profile": None if prof is None else {"batches": prof[0], "latency_ms": prof[1]},

@@ -8,7 +8,10 @@ the time is at 1.0. Every change in the number of running batches leaves a mark
 let go, keeping the one the window starts in, so the total at the window's start is exact.
 Times must not go back: readings and changes come in clock order. The marks are kept in
 typed arrays (doubles and ints, from ``_head`` on), not a tuple each: a device changes twice
-a batch, and a mark lives the window long.
+a batch, and a mark lives the window long. A change lets old marks go only once at least
+``_LET_GO`` of them can go (``_due``), so most changes only append their mark; a reading
+skips the marks before the window itself, so what it reads does not depend on when marks
+were let go.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from array import array
 
 #: Let-go marks before the arrays are compacted (when they are also half of them).
 _COMPACT = 1024
+#: Marks a change lets go at once (at least; ``BusyClock._due``).
+_LET_GO = 64
 
 
 class BusyClock:
     __slots__ = (
         "_acc",
+        "_due",
         "_head",
         "_mark",
         "_run",
@@ -50,27 +56,37 @@ class BusyClock:
         self._total = array("d", [0.0])
         self._run = array("q", [0])
         self._head = 0
+        #: When a change next looks for marks to let go (about when ``_LET_GO`` can go).
+        self._due = origin_s + window_s
 
     def start(self, now_s: float) -> None:
         """A batch started."""
-        self._change(now_s, 1)
+        self.change(now_s, 1)
 
     def stop(self, now_s: float) -> None:
         """A batch ended."""
         if self.running <= 0:
             raise ValueError("no batch is running")
-        self._change(now_s, -1)
+        self.change(now_s, -1)
 
-    def _change(self, now_s: float, delta: int) -> None:
+    def change(self, now_s: float, delta: int) -> None:
+        """``delta`` more batches run from ``now_s`` (``start``, ``stop`` without the check)."""
         running = self.running
         if running:
             self._acc += running * (now_s - self._mark)
         self._mark = now_s
         self.running = running = running + delta
-        t = self._t
-        t.append(now_s)
+        self._t.append(now_s)
         self._total.append(self._acc)
         self._run.append(running)
+        if now_s >= self._due:
+            self._let_go_old(now_s)
+
+    def _let_go_old(self, now_s: float) -> None:
+        """Let go the marks before the window that ends at ``now_s`` (keeping the last two),
+        and say when ``_LET_GO`` more will have left it (or, with fewer marks kept, when the
+        newest will have)."""
+        t = self._t
         lo = now_s - self.window_s
         h = head = self._head
         n = len(t) - 1
@@ -78,6 +94,9 @@ class BusyClock:
             h += 1
         if h != head:
             self._let_go(h)
+            h = self._head
+        k = h + _LET_GO
+        self._due = (t[k] if k < len(t) else t[-1]) + self.window_s
 
     def _let_go(self, h: int) -> None:
         """The marks before ``h`` are let go (compacted once there are many)."""

@@ -57,12 +57,6 @@ class Hosted(Generic[R]):
         if self.profile is not base:
             self.use_profile(base, own_queue)
 
-    def true_s(self, items: int, solo_s: float) -> float:
-        """Seconds a batch really takes alone on a device that runs as its (unlearned)
-        profile says, times any slowdown (``solo_s``: the estimate, the learned profile's)."""
-        learner = self.learner
-        return solo_s if learner is None else learner.base.latency_s(items)
-
     def use_profile(self, profile: LatencyProfile, own_queue: bool) -> None:
         """From now on this device's estimates, its policy's view (and, when the queue is
         this device's alone, admission and the deadline watch) read ``profile``."""

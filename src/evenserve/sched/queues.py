@@ -207,7 +207,9 @@ class QueueSet(Generic[R]):
         self.stats_since_s = stats_since_s
         self.depth_area = 0.0
         self.depth_max = 0
-        self._depth_t = 0.0
+        #: The later of the last change of ``waiting`` and ``stats_since_s``: where the next
+        #: change's share of ``depth_area`` starts.
+        self._depth_t = stats_since_s
 
     def set_class_headroom(self, class_headroom: float | None) -> None:
         """Use ``class_headroom`` from now on (arrival rates are tracked from now when on)."""
@@ -238,9 +240,8 @@ class QueueSet(Generic[R]):
     def _depth(self, now: float, delta: int) -> None:
         since = self.stats_since_s
         if now > since:
-            last = self._depth_t
-            self.depth_area += self.waiting * (now - (last if last > since else since))
-        self._depth_t = now
+            self.depth_area += self.waiting * (now - self._depth_t)
+            self._depth_t = now
         self.waiting += delta
         if self.waiting > self.depth_max and now >= since:
             self.depth_max = self.waiting
@@ -260,19 +261,26 @@ class QueueSet(Generic[R]):
         q = mq.queue
         items = q.items
         res: Offer[R]
-        # RequestQueue.offer's first case, inlined (the per-request path): no deadline, room,
-        # the queue in arrival order and of the request's class, and it comes last.
+        # RequestQueue.offer's first cases, inlined (the per-request path): no deadline, room,
+        # the queue in arrival order, and it is empty or of the request's class and it comes
+        # last.
         if (
             r.deadline_s is None
             and q.sort_keys is None
-            and items
-            and r.priority == q.fifo_class
             and (q.max_len is None or len(items) < q.max_len)
             and (
-                r.arrival_s > (tail := items[-1]).arrival_s
-                or (r.arrival_s == tail.arrival_s and r.request_id >= tail.request_id)
+                not items
+                or (
+                    r.priority == q.fifo_class
+                    and (
+                        r.arrival_s > (tail := items[-1]).arrival_s
+                        or (r.arrival_s == tail.arrival_s and r.request_id >= tail.request_id)
+                    )
+                )
             )
         ):
+            if not items:
+                q.fifo_class = r.priority
             items.append(r)
             res = ADMITTED  # type: ignore[assignment]
         else:
@@ -288,9 +296,8 @@ class QueueSet(Generic[R]):
         since = self.stats_since_s
         waiting = self.waiting
         if now > since:
-            last = self._depth_t
-            self.depth_area += waiting * (now - (last if last > since else since))
-        self._depth_t = now
+            self.depth_area += waiting * (now - self._depth_t)
+            self._depth_t = now
         self.waiting = waiting = waiting + 1
         if waiting > self.depth_max and now >= since:
             self.depth_max = waiting
@@ -345,7 +352,10 @@ class QueueSet(Generic[R]):
         """Pop the head of ``mq`` for a batch of ``n`` requests, stopping before the request
         that would take the batch over its item cap; returns the requests and their items."""
         items_q = mq.queue.items
-        n = min(max(1, n), len(items_q))  # a policy answering Dispatch(0) must not stall
+        if n < 1:  # a policy answering Dispatch(0) must not stall
+            n = 1
+        if n > len(items_q):
+            n = len(items_q)
         cap = mq.cap
         k = n if n < cap else (cap if cap > 1 else 1)
         # One item each (the usual case), and the next would go over the cap: k of them.

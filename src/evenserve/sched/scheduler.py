@@ -708,6 +708,8 @@ class DeviceScheduler(Generic[R]):
         return self._by_name[nb.model], nb.n, nb.wake_s
 
     def _start(self, h: Hosted[R], n: int, now: float) -> None:
+        # Arrival order is service order: the head is the oldest (``RequestQueue``).
+        in_order = h.mq.queue.sort_keys is None
         taken, items = self.queues.take(h.mq, n, now)
         k = len(taken)
         h.mq.in_flight += k
@@ -716,14 +718,20 @@ class DeviceScheduler(Generic[R]):
         inst = self._free.pop(0)
         batch = Batch(h.mq.name, taken, items, inst, now, solo, mem, self.batches_started)
         if taken:
-            oldest = min(map(_ARRIVAL, taken))
+            oldest = taken[0].arrival_s if in_order else min(map(_ARRIVAL, taken))
             since = self.slots.free_since[inst]
-            batch.held_s = max(0.0, now - (oldest if oldest > since else since))
+            held = now - (oldest if oldest > since else since)
+            batch.held_s = held if held > 0.0 else 0.0
         batch.cap = h.mq.policy.max_batch_size
         self.batches_started += 1
         self._last_kind = CLASSIC
         self.memory.batches_bytes += mem
-        self.slots.start(batch, occ, now, h.true_s(items, solo))
+        # What it really takes alone on a device as fast as its (unlearned) profile; the
+        # slots apply any slowdown (``solo``: the estimate, a learned profile's).
+        learner = h.learner
+        self.slots.start(
+            batch, occ, now, solo if learner is None else learner.base.latency_s(items)
+        )
         self.actions.start_batch(batch)
 
     def _ensure_timer(self) -> None:

@@ -74,7 +74,7 @@ class Slots(Generic[R]):
         takes alone on a device as fast as its profile (default ``batch.solo_s``; a learned
         profile's estimate may differ), before the slowdown."""
         self.running[batch.instance] = batch
-        self.busy.start(now)
+        self.busy.change(now, 1)
         real_s = (batch.solo_s if true_s is None else true_s) * self.slowdown
         if self.staging_s_per_item:
             real_s += self.staging_s_per_item * batch.items
@@ -92,7 +92,7 @@ class Slots(Generic[R]):
         inst = batch.instance
         if self.running.pop(inst, None) is not batch:
             raise ValueError(f"batch {batch.index} is not running")
-        self.busy.stop(now)
+        self.busy.change(now, -1)  # it ran: BusyClock.stop without the check
         self.free_since[inst] = now
         if self._shared is None:
             self.free.append(inst)

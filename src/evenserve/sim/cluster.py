@@ -34,10 +34,10 @@ import gc
 import math
 import random
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableSequence
 from contextlib import contextmanager
-from heapq import heappush
-from typing import TYPE_CHECKING, Any
+from heapq import heapify, heappop, heappush, heapreplace
+from typing import TYPE_CHECKING, Any, cast
 
 from evenserve.core.profile import LatencyProfile
 from evenserve.core.results import RequestLog, RunRecords
@@ -79,7 +79,24 @@ if TYPE_CHECKING:  # imported when an arm has placement (``_build_devices``)
 
 NAN = math.nan
 _log = math.log
+
+
+def doubles_view(col: MutableSequence[float]) -> memoryview[float]:
+    """A writable view of a typed array of doubles (``array('d')``): a store through it
+    converts the float itself, where the array's own store parses it as an argument (about
+    2.5x the cost). The array cannot grow or shrink until the view is released. Worth it
+    for columns written on every request (the request log's), whose views stay in cache:
+    a view per device column (the traces', written once per batch on one device of many)
+    cost more in cache misses than it saved."""
+    view = memoryview(col)  # type: ignore[arg-type]
+    return cast("memoryview[float]", view)
+
+
 GIB = 1024.0**3
+#: An open-loop stream as ``Simulation._open_arrival_routed`` reads it: its model, process,
+#: class, relative deadline (seconds, or None), for a constant rate its generator's
+#: ``random`` (else None) and its rate.
+_Stream = tuple[str, PoissonProcess, int, float | None, Callable[[], float] | None, float]
 #: Requests the log's preallocated columns grow by at first (``Simulation._grow_log``; then
 #: by what they hold: doubling, so a growth that copies them copies each entry about once).
 LOG_CHUNK = 4096
@@ -99,7 +116,13 @@ class Simulation:
         self.seed = sc.seed if seed is None else seed
         self.loop = EventLoop()
         # Times as doubles: no float object kept per request (the log of a million).
-        self.log = RequestLog(arrival_s=array("d"), finish_s=array("d"))
+        arrival_s, finish_s = array("d"), array("d")
+        self.log = RequestLog(arrival_s=arrival_s, finish_s=finish_s)
+        #: Writable views of those two columns, which the run writes through
+        #: (``doubles_view``); ``_grow_log`` renews them (an array cannot grow while a view
+        #: of it exists), ``run`` lets them go at its end.
+        self._arrival_w = doubles_view(arrival_s)
+        self._finish_w = doubles_view(finish_s)
         #: Requests the log's preallocated columns have room for (``_grow_log``).
         self._log_room = 0
         self.warmup_s = sc.warmup_s
@@ -126,8 +149,11 @@ class Simulation:
         self._slo = {m: spec.slo_ms for m, spec in sc.models.items()}
         self._users: ClosedLoopUsers | None = None
         #: One bound method for every open-loop arrival event (``_open_arrival``, or
-        #: ``_open_arrival_routed`` with its stream's class and deadline resolved).
+        #: ``_open_arrival_routed``, which takes its arrivals from ``_streams``).
         self._open_arrival_cb: Callable[[Any], None] = self._open_arrival
+        #: ``_open_arrival_routed``'s streams: each one's next arrival (time, the sequence
+        #: number ``EventLoop.at`` would have given it, the stream), a heap.
+        self._streams: list[tuple[float, int, _Stream]] = []
         #: Per device, its scheduler's ``offer`` (``_open_arrival_routed``'s first try).
         self._offers: dict[str, Callable[[SimRequest, float], str | None]] = {}
         self.central: CentralQueue | None = None
@@ -281,7 +307,7 @@ class Simulation:
         log.priority.append(prio)
         if idx >= self._log_room:
             self._grow_log()
-        log.arrival_s[idx] = now
+        self._arrival_w[idx] = now
         # Positional, as SimRequest lists its fields (a million per benchmark run); the id is
         # the log index + 1.
         return SimRequest(idx + 1, model, now, prio, deadline_s, 1, QUEUED, idx, user)
@@ -294,23 +320,29 @@ class Simulation:
         arrived."""
         log = self.log
         k = self._log_room if self._log_room > LOG_CHUNK else LOG_CHUNK
+        self._arrival_w.release()
+        self._finish_w.release()
         log.arrival_s.extend(array("d", [NAN]) * k)
         log.finish_s.extend(array("d", [NAN]) * k)
+        self._arrival_w = doubles_view(log.arrival_s)
+        self._finish_w = doubles_view(log.finish_s)
         log.device.extend([""] * k)
         log.drop_reason.extend([None] * k)
         self._log_room += k
 
     def _start_open_loop(self, wl: OpenLoop) -> None:
+        routed = self._open_arrival_cb == self._open_arrival_routed
+        loop = self.loop
         for st in open_loop_streams(wl):
             proc = st.process(self.seed)
             t = proc.next_after(0.0)
             if t < self.end_s:
-                arg: tuple[Any, ...] = (st.model, proc, st.priority, st.deadline_ms)
-                if self._open_arrival_cb == self._open_arrival_routed:
+                if routed:
                     # Its class and relative deadline (seconds), resolved once, and its
-                    # draw (``_open_arrival_routed``).
+                    # draw; held off the heap under the sequence number ``loop.at`` would
+                    # have given it (``_open_arrival_routed``).
                     m = st.model
-                    arg = (
+                    stream: _Stream = (
                         m,
                         proc,
                         self._priority[m] if st.priority is None else st.priority,
@@ -318,7 +350,13 @@ class Simulation:
                         proc.rng.random if not proc.phases and proc.base_rps > 0 else None,
                         proc.base_rps,
                     )
-                self.loop.at(t, self._open_arrival_cb, arg)
+                    self._streams.append((t, next(loop.count), stream))
+                else:
+                    loop.at(t, self._open_arrival_cb, (st.model, proc, st.priority, st.deadline_ms))
+        if self._streams:
+            heapify(self._streams)
+            t, seq, _ = self._streams[0]
+            heappush(loop.heap, (t, seq, self._open_arrival_cb, None))
 
     def _open_arrival(self, arg: tuple[str, PoissonProcess, int | None, float | None]) -> None:
         m, proc, prio, deadline_ms = arg
@@ -327,54 +365,96 @@ class Simulation:
         if t < self.end_s:
             self.loop.at(t, self._open_arrival_cb, arg)
 
-    def _open_arrival_routed(
-        self,
-        arg: tuple[str, PoissonProcess, int, float | None, Callable[[], float] | None, float],
-    ) -> None:
-        """``_open_arrival`` with ``_new_request`` and ``_routed_arrival`` inlined (and,
-        with the overload rule off, ``SimFront.route``: the router's pick, ``sent``, the
-        device's ``offer``, the front's retries only on a refusal): the benchmark's
-        per-request path (one router, no placement). ``arg`` carries the
-        stream's class and relative deadline in seconds, resolved, and for a constant rate
-        its generator's ``random`` and the rate: the next arrival is then
-        ``PoissonProcess.next_after`` inlined (``Random.expovariate``'s formula, the same
-        float), pushed on the heap directly (it is never before now)."""
-        m, proc, prio, rel_s, draw, rate = arg
+    def _open_arrival_routed(self, _: object) -> None:
+        """The open-loop arrivals of an arm with one router and no placement (the
+        benchmark's per-request path): ``_open_arrival`` with ``_new_request`` and
+        ``_routed_arrival`` inlined (and, with the overload rule off, ``SimFront.route``:
+        the router's pick, ``sent``, the device's ``offer``, the front's retries only on a
+        refusal).
+
+        Each stream's next arrival is held off the event heap, in ``_streams`` (a heap of
+        (time, sequence number, stream), the number ``EventLoop.at`` would have given it);
+        the event heap holds one event for the earliest of them, under its time and number.
+        This handles that arrival and then, while the earliest one held still comes before
+        every event on the heap (by time, then number: the heap's own order), the next one
+        too, without a trip through the heap: the same events in the same order. A
+        ``_Stream`` carries its model, its class and relative deadline in seconds, resolved,
+        its process, and for a constant rate its generator's ``random`` and the rate: the
+        next arrival is then ``PoissonProcess.next_after`` inlined (``Random.expovariate``'s
+        formula, the same float)."""
         loop = self.loop
-        now = loop.now
-        deadline_s = None if rel_s is None else now + rel_s
+        heap = loop.heap
+        count = loop.count
+        streams = self._streams
         log = self.log
-        idx = len(log.model)
-        log.model.append(m)
-        log.priority.append(prio)
-        if idx >= self._log_room:
-            self._grow_log()
-        log.arrival_s[idx] = now
-        r = SimRequest(idx + 1, m, now, prio, deadline_s, 1, QUEUED, idx, -1)
+        model_col = log.model
+        prio_col = log.priority
         front = self.front
         assert front is not None
-        if self.refusals:
-            front.route(r, 0, now)
-        else:  # SimFront.route without the overload rule, inlined: its first try
-            router = self.router
-            assert router is not None
-            view = router.choose(r, now)
-            if view is None:
-                self.drop(r, NO_BACKEND, None)
+        router = self.router
+        assert router is not None
+        offers = self._offers
+        end_s = self.end_s
+        refusals = self.refusals
+        arrival_w = self._arrival_w
+        queued = QUEUED
+        log_ = _log
+        new = object.__new__
+        now, _, stream = streams[0]
+        while True:
+            m, proc, prio, rel_s, draw, rate = stream
+            idx = len(model_col)
+            model_col.append(m)
+            prio_col.append(prio)
+            if idx >= self._log_room:
+                self._grow_log()
+                arrival_w = self._arrival_w
+            arrival_w[idx] = now
+            # SimRequest(idx + 1, m, now, prio, deadline, 1, QUEUED, idx, -1) without its
+            # __init__'s frame: every field set here (a test holds this to the dataclass's
+            # fields), for a million requests a run.
+            r = new(SimRequest)
+            r.request_id = idx + 1
+            r.model = m
+            r.arrival_s = now
+            r.priority = prio
+            r.deadline_s = None if rel_s is None else now + rel_s
+            r.items = 1
+            r.state = queued
+            r.idx = idx
+            r.user = -1
+            if refusals:
+                front.route(r, 0, now)
+            else:  # SimFront.route without the overload rule, inlined: its first try
+                view = router.choose(r, now)
+                if view is None:
+                    self.drop(r, NO_BACKEND, None)
+                else:
+                    name = view.name
+                    router.sent(name, m, now)
+                    reason = offers[name](r, now)
+                    if reason is not None:
+                        front.refused(r, 0, name, reason, now)
+            # This stream's next arrival (``loop.at`` clamps a time before now to now).
+            if draw is None:
+                t = proc.next_after(now)
+                if t < now:
+                    t = now
             else:
-                name = view.name
-                router.sent(name, m, now)
-                reason = self._offers[name](r, now)
-                if reason is not None:
-                    front.refused(r, 0, name, reason, now)
-        if draw is None:
-            t = proc.next_after(now)
-            if t < self.end_s:
-                loop.at(t, self._open_arrival_cb, arg)
-        else:
-            t = now - _log(1.0 - draw()) / rate
-            if t < self.end_s:
-                heappush(loop.heap, (t, next(loop.count), self._open_arrival_cb, arg))
+                t = now - log_(1.0 - draw()) / rate
+            if t < end_s:
+                heapreplace(streams, (t, next(count), stream))
+            else:
+                heappop(streams)
+                if not streams:
+                    return
+            now, seq, stream = streams[0]
+            if heap:
+                first = heap[0]
+                if now > first[0] or (now == first[0] and seq > first[1]):
+                    heappush(heap, (now, seq, self._open_arrival_cb, None))
+                    return
+            loop.now = now
 
     def _start_closed_loop(self, wl: ClosedLoop) -> None:
         self._users = ClosedLoopUsers.for_workload(wl, self.seed)
@@ -425,7 +505,7 @@ class Simulation:
             self._schedule_user(r.user)
 
     def completed(self, batch: Batch[SimRequest], now: float, device: str) -> None:
-        log_finish = self.log.finish_s
+        log_finish = self._finish_w
         log_dev = self.log.device
         answered = now + self.overhead_s
         if self._users is None:  # no closed-loop users: nobody thinks again
@@ -513,6 +593,8 @@ class Simulation:
             self.loop.run(self.end_s)
         log = self.log
         n = len(log.model)
+        self._arrival_w.release()
+        self._finish_w.release()
         del log.arrival_s[n:], log.finish_s[n:], log.device[n:], log.drop_reason[n:]
         self._log_room = n
         end = self.end_s

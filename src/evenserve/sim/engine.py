@@ -2,7 +2,11 @@
 
 Ties in time are broken by insertion order (the sequence number), so a run is a pure
 function of its inputs and seed. A hot caller whose time is never before ``now`` may push
-``(t, next(count), fn, arg)`` onto ``heap`` itself: what ``at`` does, without the call.
+``(t, next(count), fn, arg)`` onto ``heap`` itself: what ``at`` does, without the call. A
+caller may also hold events of its own off the heap, each with the number ``next(count)``
+gave it when it was made, handle one itself while it comes before ``heap[0]`` by (time,
+number), setting ``now``, and push the rest under their own time and number: the same
+order (``Simulation._open_arrival_routed``).
 """
 
 from __future__ import annotations

@@ -31,9 +31,11 @@ from evenserve.core.types import Dispatch, QueueView
 from evenserve.policy.batching.base import BatchingPolicy
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NextBatch:
-    """Run ``n`` requests of ``model`` now (``model`` is None when nothing is ready)."""
+    """Run ``n`` requests of ``model`` now (``model`` is None when nothing is ready). Not
+    frozen: one is made per decision of a device with several models, and a frozen
+    dataclass sets each field through ``object.__setattr__``."""
 
     model: str | None
     n: int
@@ -72,7 +74,8 @@ def next_batch(
         if isinstance(dec, Dispatch):
             key = (-prio, head.arrival_s)
             if best is None or key < best:
-                best, best_view, best_n = key, view, min(dec.n, len(view.requests))
+                n = len(view.requests)
+                best, best_view, best_n = key, view, dec.n if dec.n < n else n
         else:
             waiting.append((prio, dec.t_s))
             if dec.t_s < wake:
@@ -80,7 +83,11 @@ def next_batch(
     if best is None or best_view is None:
         return NextBatch(None, 0, wake)
     best_prio = -best[0]
-    guard = min((t for p, t in waiting if p > best_prio), default=math.inf)
+    # The earliest wake-up of a higher class than the winner's (inf: none).
+    guard = math.inf
+    for p, t in waiting:
+        if p > best_prio and t < guard:
+            guard = t
     prof = best_view.profile
     if guard < math.inf and prof is not None and now_s + prof.latency_s(best_n) > guard:
         return NextBatch(None, 0, wake)

@@ -35,12 +35,16 @@ class FixedWindowParams(PolicyParams):
 
 @BATCHING.register("fixed-window", FixedWindowParams, "dispatch when full or oldest waited delay")
 class FixedWindow(BatchingPolicyBase):
-    __slots__ = ("_delay_s", "_wait", "params")
+    __slots__ = ("_delay_s", "_full", "_max", "_wait", "params")
 
     arrivals_keep_wait = True  # its wait is the head's window (BatchingPolicyBase)
 
     def __init__(self, params: FixedWindowParams) -> None:
         self.params = params
+        # The frozen params read once: a pydantic model's attribute read is a slow path.
+        self._max = params.max_batch_size
+        #: The decision for a full batch.
+        self._full = dispatch(self._max)
         self._delay_s = params.max_batch_delay_ms / 1000.0
         #: The last WaitUntil answered: while the same request heads the queue, the same
         #: wake-up (asked per arrival to a device waiting on its window).
@@ -48,7 +52,7 @@ class FixedWindow(BatchingPolicyBase):
 
     @property
     def max_batch_size(self) -> int:
-        return self.params.max_batch_size
+        return self._max
 
     def decide(self, queue: QueueView, now_s: float) -> BatchDecision:
         # window_decision, with the last WaitUntil kept.
@@ -56,9 +60,8 @@ class FixedWindow(BatchingPolicyBase):
         n = len(requests)
         if n == 0:
             return NO_WAKE
-        max_batch = self.params.max_batch_size
-        if n >= max_batch:
-            return dispatch(max_batch)
+        if n >= self._max:
+            return self._full
         due = requests[0].arrival_s + self._delay_s
         if now_s >= due:
             return dispatch(n)
