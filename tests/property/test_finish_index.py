@@ -107,7 +107,7 @@ def _check_index(model: str, ix: FinishIndex) -> None:
             e = memo.get(tuple(counts.values()))
             if e is not None:
                 assert e[0] == settled_finish_s(model, ix.views[p]) and e[1] is ix.at[e[0]]
-            # Every entry, those of earlier stays in ``quick`` too (``FinishIndex.kept``): the
+            # Every entry, those of earlier stays and other backends too (``memos``): the
             # settled finish at its counts (the first models of this dict, in its order).
             names = list(counts)
             view = copy.copy(ix.views[p])
