@@ -87,16 +87,21 @@ class BusyClock:
         and say when ``_LET_GO`` more will have left it (or, with fewer marks kept, when the
         newest will have)."""
         t = self._t
-        lo = now_s - self.window_s
+        k = self._skip_to(now_s - self.window_s, 2) + _LET_GO
+        self._due = (t[k] if k < len(t) else t[-1]) + self.window_s
+
+    def _skip_to(self, lo: float, keep: int) -> int:
+        """Let go the marks before the last one at or before ``lo``, keeping at least
+        ``keep`` marks; the index of the first mark kept."""
+        t = self._t
         h = head = self._head
-        n = len(t) - 1
-        while n - h > 1 and t[h + 1] <= lo:
+        n = len(t) - keep
+        while n > h and t[h + 1] <= lo:
             h += 1
         if h != head:
             self._let_go(h)
             h = self._head
-        k = h + _LET_GO
-        self._due = (t[k] if k < len(t) else t[-1]) + self.window_s
+        return h
 
     def _let_go(self, h: int) -> None:
         """The marks before ``h`` are let go (compacted once there are many)."""
@@ -117,15 +122,8 @@ class BusyClock:
         span = now_s - lo
         if span <= 0:
             return 1.0 if self.running else 0.0
-        t = self._t
-        h = head = self._head
-        n = len(t) - 1
-        while n - h > 0 and t[h + 1] <= lo:
-            h += 1
-        if h != head:
-            self._let_go(h)
-            h = self._head
-        t0, acc0, running0 = t[h], self._total[h], self._run[h]
+        h = self._skip_to(lo, 1)
+        t0, acc0, running0 = self._t[h], self._total[h], self._run[h]
         at_lo = acc0 + running0 * (lo - t0) if lo > t0 else acc0
         busy = (self.total_s(now_s) - at_lo) / (span * self.instances)
         return 0.0 if busy < 0.0 else (1.0 if busy > 1.0 else busy)
