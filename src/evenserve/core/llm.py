@@ -20,7 +20,7 @@ is not its last). An executor keeps one KV cache per sequence until ``free``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -279,6 +279,23 @@ class GenerationRecord:
         return not (
             self.tpot_target_s is not None and tpot is not None and tpot > self.tpot_target_s
         )
+
+
+#: The outcome of a request the run ended before it was answered: the simulator's drain
+#: reached its end (``drain_s``), or the live run's horizon (its duration plus drain) came
+#: first. Not completed: its TTFT and TPOT are in no figure, and it met no target.
+UNFINISHED = "unfinished"
+
+
+def mark_unfinished(records: Iterable[GenerationRecord]) -> int:
+    """The records still open when a run ends (``completed``, the default, with no finish
+    time) become ``unfinished``; returns how many."""
+    n = 0
+    for rec in records:
+        if rec.outcome == "completed" and rec.finished_s is None:
+            rec.outcome = UNFINISHED
+            n += 1
+    return n
 
 
 def openai_error_body(

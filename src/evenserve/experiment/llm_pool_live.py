@@ -99,7 +99,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evenserve.core.clock import RealClock
-from evenserve.core.llm import GenerationRecord, load_step_profiles
+from evenserve.core.llm import UNFINISHED, GenerationRecord, load_step_profiles
 from evenserve.experiment.llm_live import (
     BYTE_VOCAB,
     CLASSIC_BODY,
@@ -477,11 +477,14 @@ async def drive(sc: LlmPoolScenario, arm: str, pool: LivePool, drain_s: float) -
     )
     start = clock.now()
     client.origin_s = start
+    # The run's horizon, as the simulator's drain ends: what is not answered by then is
+    # ``unfinished`` on both sides.
+    horizon_s = doc.duration_s + drain_s
 
     async def send(r: LlmRequest, due_s: float, wl: str) -> None:
         rid = next(ids)
         run.workload_of[rid] = wl
-        reply = await client.send(r, due_s)
+        reply = await client.send(r, due_s, horizon_s)
         rec = reply.record
         rec.request_id = rid
         if reply.status == 429 and reply.reason == REFUSED:
@@ -638,12 +641,16 @@ def compare(sim: dict[str, Any], live: dict[str, Any], k: float = 1.0,
     """Rows: figure, sim, live, ratio, bound, within (None where a side has none or the
     simulator's is 0); times divided by the time scale ``k`` and rates times it (the
     scenario's own units). The LLM's goodput, TTFT (mean, P50, P90, P99), TPOT (mean, P90)
-    and completed requests, overall and per workload; router refusals; each device's routed
-    requests and prefix-cache hit rate; each classic model's P50, P99 and goodput."""
+    and completed and unfinished requests, overall and per workload; router refusals; each
+    device's routed requests and prefix-cache hit rate; each classic model's P50, P99 and
+    goodput."""
     rows: list[dict[str, Any]] = []
 
-    def row(name: str, path: tuple[str, ...]) -> None:
+    def row(name: str, path: tuple[str, ...], default: float | None = None) -> None:
         a, b = _get(sim, *path), _get(live, *path)
+        if default is not None:
+            a = default if a is None else a
+            b = default if b is None else b
         unit = 1.0 / k if name.endswith(" ms") else k if name.endswith(" rps") else 1.0
         a = None if a is None else a * unit
         b = None if b is None else b * unit
@@ -657,6 +664,7 @@ def compare(sim: dict[str, Any], live: dict[str, Any], k: float = 1.0,
     def llm(prefix: str, base: tuple[str, ...]) -> None:
         row(f"{prefix}goodput rps", (*base, "goodput_rps"))
         row(f"{prefix}completed", (*base, "completed"))
+        row(f"{prefix}unfinished", (*base, "refused", UNFINISHED), 0.0)
         for q in ("mean", "p50", "p90", "p99"):
             row(f"{prefix}TTFT {q} ms", (*base, "ttft_ms", q))
         for q in ("mean", "p90"):
@@ -743,7 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=BYTE_VOCAB, help="prompt ids below this, "
                     "both sides (the emulated LLM's byte tokenizer takes 0..258)")  # fmt: skip
     ap.add_argument("--drain", type=float, default=60.0, help="most scenario seconds to wait "
-                    "for answers after the last arrival")  # fmt: skip
+                    "for answers after the last arrival, both sides: an LLM request not "
+                    "answered by then is 'unfinished'")  # fmt: skip
     ap.add_argument("--max-requests", type=int, default=20000,
                     help="refuse a run offering more requests than this (both kinds)")  # fmt: skip
     ap.add_argument("--json", type=Path, help="write the figures here")

@@ -26,7 +26,9 @@ Outcomes: ``completed`` (the stream ended with ``[DONE]`` or closed after a fini
 an HTTP error status as the load generator names it (``overloaded`` for 429, ``http-503``),
 with ``Retry-After`` kept as information only (nothing is retried); ``stream-error`` for an
 error event; ``aborted`` for a finish reason ``abort``; ``bad-response`` for a stream cut
-short or not JSON; the load generator's names for connection failures and timeouts.
+short or not JSON; the load generator's names for connection failures and timeouts;
+``unfinished`` when the send's ``deadline_s`` (a run's horizon) came before the answer ended
+(the tokens read by then are kept; the simulator names what its drain did not answer so).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import aiohttp
 import orjson
 
 from evenserve.core.clock import Clock
-from evenserve.core.llm import GenerationRecord, Tokenizer
+from evenserve.core.llm import UNFINISHED, GenerationRecord, Tokenizer
 from evenserve.core.wire import (
     BACKEND_HEADER,
     PRIORITY_HEADER,
@@ -213,13 +215,34 @@ class OpenAiStreamClient:
         body.update(self.extra_body)
         return body
 
-    async def send(self, request: LlmRequest, scheduled_s: float | None = None) -> StreamedReply:
+    async def send(
+        self, request: LlmRequest, scheduled_s: float | None = None, deadline_s: float | None = None
+    ) -> StreamedReply:
         """Send ``request`` (due at ``scheduled_s``, default its arrival time) and read its
-        stream to the end; every failure is an outcome, none is raised."""
+        stream to the end, or until ``deadline_s`` (the record's clock; None: no deadline),
+        where it is left ``unfinished``; every failure is an outcome, none is raised."""
+        reply = StreamedReply(request.record(scheduled_s))
+        if deadline_s is None:
+            await self._exchange(request, reply)
+            return reply
+        left = deadline_s - self._now()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(left):
+                await self._exchange(request, reply)
+        except TimeoutError:
+            rec = reply.record
+            rec.outcome, rec.finished_s = UNFINISHED, None
+            rec.token_times_s = rec.token_times_s or None
+            reply.error = f"not answered by the deadline ({deadline_s:.3f} s)"
+        return reply
+
+    async def _exchange(self, request: LlmRequest, reply: StreamedReply) -> None:
+        """The POST and its stream, into ``reply``."""
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=0, force_close=False)
             self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
-        reply = StreamedReply(request.record(scheduled_s))
         data = orjson.dumps(self.body(request))
         headers = {
             "content-type": "application/json",
@@ -243,7 +266,7 @@ class OpenAiStreamClient:
                     reply.reason = resp.headers.get(REASON_HEADER)
                     reply.error = (await resp.read()).decode(errors="replace")[:500]
                     reply.record.finished_s = self._now()
-                    return reply
+                    return
                 await self._read_stream(resp, reply)
         except asyncio.CancelledError:
             raise
@@ -252,7 +275,6 @@ class OpenAiStreamClient:
             reply.error = f"{type(exc).__name__}: {exc}"
             reply.record.finished_s = self._now()
             reply.record.token_times_s = reply.record.token_times_s or None
-        return reply
 
     async def _read_stream(self, resp: aiohttp.ClientResponse, reply: StreamedReply) -> None:
         parser = SseParser()

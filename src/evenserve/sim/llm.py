@@ -10,7 +10,8 @@ a classic batch's requests are answered at its end.
 Arrivals: each LLM workload open loop (Poisson, its phases) or closed loop (users who send the
 next request when the last one finished, after a think time), and each classic model a Poisson
 stream. Arrivals stop at ``duration_s``; the run goes on until everything that arrived is
-answered (at most ``drain_s`` more). Figures count requests scheduled in ``[warmup_s,
+answered (at most ``drain_s`` more; an LLM request not answered by then is ``unfinished``,
+not completed). Figures count requests scheduled in ``[warmup_s,
 duration_s)``: the LLM's through ``report.llm_summary``, the classic models' latency and
 goodput (answered within the SLO) per second of that window.
 """
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from evenserve.core.llm import GenerationRecord, load_step_profiles
+from evenserve.core.llm import GenerationRecord, load_step_profiles, mark_unfinished
 from evenserve.core.profile import load_profile_set
 from evenserve.policy.batching import BATCHING
 from evenserve.report.llm_summary import LlmSummary, summarize_generations
@@ -209,6 +210,7 @@ def run_arm(sc: LlmScenario, arm: str, seed: int | None = None) -> ArmRun:
             break
         loop.run(t)
     run.end_s = loop.now
+    mark_unfinished(run.records)
     for host in sched.engines.values():
         run.preemptions += host.engine.counters.preemptions
         run.prefix_query_tokens += host.engine.kv.query_tokens

@@ -24,9 +24,10 @@ once it is loaded. ScaleUp: the device counts from then and takes work after its
 done (its residents leave it, warm).
 
 Arrivals stop at ``duration_s``; the run goes on until everything is answered (at most
-``drain_s`` more). Device-seconds count over ``[0, duration_s)``; SLO attainment over the
-requests scheduled in ``[warmup_s, duration_s)``: a classic request within its stream's SLO,
-an LLM request within its TTFT and TPOT targets (``GenerationRecord.met_targets``).
+``drain_s`` more; an LLM request not answered by then is ``unfinished``). Device-seconds
+count over ``[0, duration_s)``; SLO attainment over the requests scheduled in ``[warmup_s,
+duration_s)``: a classic request within its stream's SLO, an LLM request within its TTFT and
+TPOT targets (``GenerationRecord.met_targets``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evenserve.core.errors import ConfigError
-from evenserve.core.llm import GenerationRecord, StepProfile, load_step_profiles
+from evenserve.core.llm import GenerationRecord, StepProfile, load_step_profiles, mark_unfinished
 from evenserve.core.profile import LatencyProfile, load_profile_set
 from evenserve.core.scenario import default_load_times_s
 from evenserve.core.wire import NO_BACKEND
@@ -559,6 +560,7 @@ def run_placement_arm(sc: LlmPlacementScenario, arm: str, seed: int | None = Non
     while loop.heap and loop.heap[0][0] <= limit:
         loop.run(loop.heap[0][0])
     pool.run.end_s = loop.now
+    mark_unfinished(pool.run.records)
     return pool.run
 
 

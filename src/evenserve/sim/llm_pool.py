@@ -17,8 +17,9 @@ engine's cache speak of the same blocks.
 Arrivals: each LLM workload open loop (Poisson with its phases, its rate times the arm's
 ``rate_scale``) or closed loop; each classic model a Poisson stream per device that hosts it,
 at its rate split evenly over them (streams seeded per device). Arrivals stop at
-``duration_s``; the run goes on until everything is answered (at most ``drain_s`` more).
-Figures count requests scheduled in ``[warmup_s, duration_s)``.
+``duration_s``; the run goes on until everything is answered (at most ``drain_s`` more; a
+request not answered by then is ``unfinished``, not completed, as the live run's at its
+horizon). Figures count requests scheduled in ``[warmup_s, duration_s)``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from evenserve.core.llm import GenerationRecord, load_step_profiles
+from evenserve.core.llm import GenerationRecord, load_step_profiles, mark_unfinished
 from evenserve.core.profile import load_profile_set
 from evenserve.policy.llm_routing import EngineSample, EngineView, LlmRequestInfo, LlmRouter
 from evenserve.report.llm_summary import LlmSummary, summarize_generations
@@ -247,6 +248,7 @@ def run_pool_arm(sc: LlmPoolScenario, arm: str, seed: int | None = None) -> Pool
             break
         loop.run(t)
     out.end_s = loop.now
+    mark_unfinished(out.records)
     for p in devices.values():
         host = p.sched.engines[llm.model]
         p.run.preemptions += host.engine.counters.preemptions

@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evenserve.core.clock import FakeClock, RealClock
+from evenserve.core.llm import UNFINISHED
 from evenserve.loadgen.openai_client import (
     OpenAiStreamClient,
     retry_after_s,
@@ -65,6 +66,8 @@ class Server:
         self.bodies: list[dict[str, Any]] = []
         self.peers: list[Any] = []
         self.clock = clock
+        #: What a ``hang`` stream waits for after its token.
+        self.release = asyncio.Event()
 
     def script(self, model: str, body: dict[str, Any]) -> list[bytes] | web.Response:
         chat = "messages" in body
@@ -99,6 +102,8 @@ class Server:
             return [chunk(" x"), chunk(" y"), b"drop"]
         if model == "garbage":
             return [chunk(" x"), b"data: {not json\n\n", DONE]
+        if model == "hang":  # one token, then nothing until the client goes away
+            return [chunk(" x"), b"hang"]
         raise AssertionError(model)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
@@ -114,6 +119,9 @@ class Server:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         for part in script:
+            if part == b"hang":
+                await self.release.wait()
+                return resp
             if part == b"drop":  # the server goes away mid-stream
                 assert request.transport is not None
                 request.transport.close()
@@ -267,6 +275,28 @@ async def test_a_connection_lost_mid_stream_is_a_failure_with_the_tokens_read(
         assert len(times) <= 2 and times == sorted(times) and r.error
         again = await c.send(req("plain"))  # the client carries on on a fresh connection
     assert again.record.outcome == "completed"
+
+
+async def test_a_deadline_leaves_a_request_unfinished_with_the_tokens_read() -> None:
+    server = Server()
+    runner, url = await serve(server)
+    try:
+        async with OpenAiStreamClient(url, RealClock()) as c:
+            hung = await c.send(req("hang"), deadline_s=c._now() + 0.3)
+            late = await c.send(req("plain"), deadline_s=c._now() - 1.0)
+            fine = await c.send(req("plain"), deadline_s=c._now() + 60.0)
+    finally:
+        server.release.set()
+        await runner.cleanup()
+    rec = hung.record
+    assert rec.outcome == UNFINISHED and rec.finished_s is None
+    assert rec.token_times_s is not None and len(rec.token_times_s) == 1
+    assert hung.error is not None and "deadline" in hung.error
+    assert not rec.met_targets()
+    # a deadline already past: nothing is sent
+    assert late.record.outcome == UNFINISHED and late.record.token_times_s is None
+    assert len(server.bodies) == 2
+    assert fine.record.outcome == "completed" and fine.record.output_tokens == 5
 
 
 async def test_nothing_listening_is_connection_refused() -> None:

@@ -12,6 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from evenserve.core.errors import ConfigError
+from evenserve.core.llm import UNFINISHED
 from evenserve.sim.llm_pool import run_pool_arm, summarize_pool_arm
 from evenserve.sim.llm_pool_scenario import load_llm_pool_scenario
 
@@ -110,6 +111,25 @@ def test_ours_keeps_tenants_with_their_prefix_and_beats_round_robin(
     assert f_ours.by_workload["tenants"].ttft_s.p90 < f_rr.by_workload["tenants"].ttft_s.p90
     # the fast device takes more of the work
     assert ours.routed["fast"] > ours.routed["slow"]
+
+
+def test_what_the_drain_leaves_unanswered_is_unfinished_not_completed(tmp_path: Path) -> None:
+    doc = {**SCENARIO, "duration_s": 10, "warmup_s": 1, "drain_s": 0}
+    sc = load_llm_pool_scenario(write(tmp_path, doc))
+    run = run_pool_arm(sc, "round-robin")
+    open_ = [r for r in run.records if r.outcome == UNFINISHED]
+    assert open_, "the scenario should leave requests open at the end of arrivals"
+    assert all(r.finished_s is None and not r.met_targets() for r in open_)
+    assert all(r.finished_s is not None for r in run.records if r.outcome != UNFINISHED)
+    f = summarize_pool_arm(sc, run)
+    assert f.llm.refused.get(UNFINISHED, 0) == sum(
+        1 for r in open_ if doc["warmup_s"] <= r.scheduled_s < doc["duration_s"]
+    )
+    assert f.llm.completed == sum(
+        1
+        for r in run.records
+        if r.outcome == "completed" and doc["warmup_s"] <= r.scheduled_s < doc["duration_s"]
+    )
 
 
 def test_a_run_is_a_pure_function_of_scenario_and_seed(tmp_path: Path) -> None:
