@@ -24,8 +24,10 @@ horizon). Figures count requests scheduled in ``[warmup_s, duration_s)``.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,8 +79,21 @@ class PoolRun:
     predicted_ttft: dict[int, float] = field(default_factory=dict)
 
 
-def run_pool_arm(sc: LlmPoolScenario, arm: str, seed: int | None = None) -> PoolRun:
-    """Run one arm of ``sc`` (see the module docstring)."""
+def run_pool_arm(
+    sc: LlmPoolScenario,
+    arm: str,
+    seed: int | None = None,
+    *,
+    arrival_jitter_s: float = 0.0,
+    jitter_seed: int = 0,
+) -> PoolRun:
+    """Run one arm of ``sc`` (see the module docstring). ``arrival_jitter_s`` > 0: each
+    open-loop LLM request reaches the router U(0, it) seconds after it is due (in order, a
+    generator seeded by ``jitter_seed`` and the workload), its TTFT still counted from when
+    it was due, as a live client's late sends are: how far the figures move under a
+    perturbation that small is the simulator's own spread (``bench/llm_pool_sensitivity.py``)."""
+    if not arrival_jitter_s >= 0:
+        raise ValueError(f"arrival_jitter_s: must be >= 0, got {arrival_jitter_s}")
     doc = sc.doc
     a = doc.arms[arm]
     seed = doc.seed if seed is None else seed
@@ -160,7 +175,7 @@ def run_pool_arm(sc: LlmPoolScenario, arm: str, seed: int | None = None) -> Pool
     def offer(r: LlmRequest, wl: str, user: LlmUser | None) -> None:
         now = loop.now
         rid = next(ids)
-        rec = r.record(now)
+        rec = r.record()  # due at its arrival time (later than now only with a jitter)
         rec.request_id = rid
         rec.token_times_s = []
         out.records.append(rec)
@@ -203,7 +218,13 @@ def run_pool_arm(sc: LlmPoolScenario, arm: str, seed: int | None = None) -> Pool
                 loop.at(u.think_s(), send_user, u)
         else:
             wspec = wl if a.rate_scale == 1.0 else _scaled(wl, a.rate_scale)
-            _open_loop(iter_llm_open_loop(wspec, seed + 1000 * k, end), loop, offer, name)
+            late = None
+            if arrival_jitter_s > 0:
+                late = functools.partial(
+                    random.Random(f"{jitter_seed}:{name}").uniform, 0.0, arrival_jitter_s
+                )
+            it = iter_llm_open_loop(wspec, seed + 1000 * k, end)
+            _open_loop(it, loop, offer, name, late)
 
     for d in doc.devices:
         p = devices[d.name]
@@ -262,16 +283,30 @@ def _scaled(wl: Any, scale: float) -> Any:
     return wl.model_copy(update={"rate_rps": wl.rate_rps * scale})
 
 
-def _open_loop(it: Iterator[LlmRequest], loop: EventLoop, offer: Any, name: str) -> None:
+def _open_loop(
+    it: Iterator[LlmRequest],
+    loop: EventLoop,
+    offer: Any,
+    name: str,
+    late: Callable[[], float] | None = None,
+) -> None:
+    """Each request of ``it`` offered at its arrival time (plus ``late()``, in order)."""
+
+    def at(r: LlmRequest) -> None:
+        t = r.arrival_s
+        if late is not None:
+            t = max(loop.now, t + late())
+        loop.at(t, arrive, r)
+
     def arrive(r: LlmRequest) -> None:
         offer(r, name, None)
         nxt = next(it, None)
         if nxt is not None:
-            loop.at(nxt.arrival_s, arrive, nxt)
+            at(nxt)
 
     first = next(it, None)
     if first is not None:
-        loop.at(first.arrival_s, arrive, first)
+        at(first)
 
 
 # -- figures ---------------------------------------------------------------------------------

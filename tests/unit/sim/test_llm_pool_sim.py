@@ -132,6 +132,26 @@ def test_what_the_drain_leaves_unanswered_is_unfinished_not_completed(tmp_path: 
     )
 
 
+def test_an_arrival_jitter_delays_offers_only_and_is_seeded(tmp_path: Path) -> None:
+    doc = {**SCENARIO, "duration_s": 10, "warmup_s": 1}
+    sc = load_llm_pool_scenario(write(tmp_path, doc))
+
+    def key(run: Any) -> list[tuple[Any, ...]]:
+        return [(r.request_id, r.scheduled_s, r.outcome, r.token_times_s) for r in run.records]
+
+    plain = run_pool_arm(sc, "ours")
+    assert key(run_pool_arm(sc, "ours", arrival_jitter_s=0.0, jitter_seed=7)) == key(plain)
+    a = run_pool_arm(sc, "ours", arrival_jitter_s=0.002, jitter_seed=1)
+    assert key(run_pool_arm(sc, "ours", arrival_jitter_s=0.002, jitter_seed=1)) == key(a)
+    assert key(run_pool_arm(sc, "ours", arrival_jitter_s=0.002, jitter_seed=2)) != key(a)
+    # the same requests, each still due when it was (TTFT counts from there), each first
+    # token at least as late as the offer could be
+    assert sorted(r.scheduled_s for r in a.records) == sorted(r.scheduled_s for r in plain.records)
+    assert all(r.token_times_s[0] > r.scheduled_s for r in a.records if r.token_times_s)
+    with pytest.raises(ValueError, match="arrival_jitter_s"):
+        run_pool_arm(sc, "ours", arrival_jitter_s=-1.0)
+
+
 def test_a_run_is_a_pure_function_of_scenario_and_seed(tmp_path: Path) -> None:
     doc = {**SCENARIO, "duration_s": 10, "warmup_s": 1}
     sc = load_llm_pool_scenario(write(tmp_path, doc))
