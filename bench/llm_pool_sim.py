@@ -31,7 +31,12 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from evenserve.sim.llm_pool import PoolFigures, PoolRun, run_pool_arm, summarize_pool_arm
+from evenserve.sim.llm_pool import (
+    PoolFigures,
+    run_pool_arm,
+    summarize_pool_arm,
+    ttft_over_target,
+)
 from evenserve.sim.llm_pool_scenario import PoolArm, load_llm_pool_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,24 +50,6 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 def fmt(x: float | None, nd: int = 2) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
-
-
-def ttft_over_target(run: PoolRun, lo: float, hi: float) -> tuple[float | None, int, int]:
-    """Among completed requests scheduled in the window: the largest TTFT / TTFT target, how
-    many were over their target, and how many there were."""
-    worst: float | None = None
-    over = n = 0
-    for r in run.records:
-        if r.outcome != "completed" or not lo <= r.scheduled_s < hi or r.ttft_target_s is None:
-            continue
-        t = r.ttft_s
-        if t is None:
-            continue
-        n += 1
-        x = t / r.ttft_target_s
-        worst = x if worst is None else max(worst, x)
-        over += x > 1.0
-    return worst, over, n
 
 
 def main() -> int:
@@ -93,7 +80,7 @@ def main() -> int:
                 else:
                     run = run_pool_arm(sc, a, seed)
                     figs[a] = summarize_pool_arm(sc, run)
-                    worst[a] = ttft_over_target(run, lo, hi)
+                    worst[a] = ttft_over_target(run.records, lo, hi)
                 prog.advance(task)
             report["seeds"][seed] = _print_seed(con, sc.doc.name, seed, arms, scales, figs, worst)
     if args.json:

@@ -641,7 +641,8 @@ def compare(sim: dict[str, Any], live: dict[str, Any], k: float = 1.0,
     """Rows: figure, sim, live, ratio, bound, within (None where a side has none or the
     simulator's is 0); times divided by the time scale ``k`` and rates times it (the
     scenario's own units). The LLM's goodput, TTFT (mean, P50, P90, P99), TPOT (mean, P90)
-    and completed and unfinished requests, overall and per workload; router refusals; each
+    and completed and unfinished requests, overall and per workload; router refusals; among
+    the completed requests, the largest TTFT over its target and how many went over; each
     device's routed requests and prefix-cache hit rate; each classic model's P50, P99 and
     goodput."""
     rows: list[dict[str, Any]] = []
@@ -672,6 +673,8 @@ def compare(sim: dict[str, Any], live: dict[str, Any], k: float = 1.0,
 
     llm("LLM ", ("llm",))
     row("router refusals", ("refused_by_router",))
+    row("admitted: worst TTFT / target", ("admitted", "worst_ttft_over_target"))
+    row("admitted over TTFT target", ("admitted", "over_target"))
     for wl in sim.get("by_workload", {}):
         llm(f"{wl}: ", ("by_workload", wl))
     for dev in sim.get("devices", {}):

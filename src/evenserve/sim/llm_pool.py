@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,6 +324,9 @@ class PoolFigures:
     classic: dict[str, dict[str, Any]]
     devices: dict[str, dict[str, Any]]
     refused_by_router: int
+    #: Among the completed requests with a TTFT target (``ttft_over_target``): the largest
+    #: TTFT over its target, how many went over, how many there were.
+    admitted: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -334,7 +337,28 @@ class PoolFigures:
             "classic": self.classic,
             "devices": self.devices,
             "refused_by_router": self.refused_by_router,
+            "admitted": self.admitted,
         }
+
+
+def ttft_over_target(
+    records: Iterable[GenerationRecord], lo: float, hi: float
+) -> tuple[float | None, int, int]:
+    """Among the completed requests scheduled in ``[lo, hi)`` that have a TTFT target: the
+    largest TTFT over its target (None: none), how many were over, how many there were."""
+    worst: float | None = None
+    over = n = 0
+    for r in records:
+        if r.outcome != "completed" or not lo <= r.scheduled_s < hi or r.ttft_target_s is None:
+            continue
+        t = r.ttft_s
+        if t is None:
+            continue
+        n += 1
+        x = t / r.ttft_target_s
+        worst = x if worst is None else max(worst, x)
+        over += x > 1.0
+    return worst, over, n
 
 
 def summarize_pool_arm(sc: LlmPoolScenario, run: PoolRun) -> PoolFigures:
@@ -366,9 +390,12 @@ def summarize_pool_arm(sc: LlmPoolScenario, run: PoolRun) -> PoolFigures:
                 dr.prefix_hit_tokens / dr.prefix_query_tokens if dr.prefix_query_tokens else None
             ),
         }
+    worst, over, n = ttft_over_target(run.records, lo, hi)
+    admitted = {"worst_ttft_over_target": worst, "over_target": over, "with_target": n}
     return PoolFigures(
-        run.arm, spec_label(doc.arms[run.arm].routing), llm, by_wl, classic, devices, run.refused
-    )
+        run.arm, spec_label(doc.arms[run.arm].routing), llm, by_wl, classic, devices,
+        run.refused, admitted,
+    )  # fmt: skip
 
 
 def ttft_p90_s(s: LlmSummary) -> float:

@@ -221,6 +221,7 @@ def test_the_live_runs_figures_go_through_the_simulators_summary(
     assert f["llm"]["requests"] == 3 and f["llm"]["completed"] == 2
     assert f["llm"]["met_targets"] == 1  # the second missed its TTFT target
     assert f["refused_by_router"] == 1
+    assert f["admitted"] == {"worst_ttft_over_target": 2.0, "over_target": 1, "with_target": 2}
     assert f["by_workload"]["tenants"]["requests"] == 2
     assert f["classic"]["resnet50"]["completed"] == 1
     h = f["devices"]["h100-0"]
@@ -238,7 +239,10 @@ def test_compare_in_scenario_units_and_the_bound() -> None:
         return {"llm": s, "by_workload": {"chat": s}, "refused_by_router": 0,
                 "classic": {"resnet50": classic}}  # fmt: skip
 
-    rows = {r["figure"]: r for r in compare(fig(1.0, 500.0, 10.0), fig(0.9, 600.0, 11.0), k=5)}
+    live = fig(0.9, 600.0, 11.0)
+    live["llm"] = {**live["llm"], "refused": {"unfinished": 3}}
+    live["admitted"] = {"worst_ttft_over_target": 1.5, "over_target": 2}
+    rows = {r["figure"]: r for r in compare(fig(1.0, 500.0, 10.0), live, k=5)}
     g = rows["LLM goodput rps"]
     assert (g["sim"], g["live"]) == (pytest.approx(5.0), pytest.approx(4.5))
     assert g["ratio"] == pytest.approx(0.9) and g["within"] is True
@@ -250,6 +254,11 @@ def test_compare_in_scenario_units_and_the_bound() -> None:
     assert rows["resnet50 goodput rps"]["within"] is True  # 0 both sides
     assert rows["router refusals"]["within"] is True
     assert rows["LLM completed"]["sim"] == 10  # a count is not scaled
+    u = rows["LLM unfinished"]  # none on one side counts 0
+    assert (u["sim"], u["live"], u["within"]) == (0.0, 3.0, None)
+    assert rows["chat: unfinished"]["within"] is True  # 0 both sides
+    w = rows["admitted: worst TTFT / target"]
+    assert (w["sim"], w["live"], w["within"]) == (None, 1.5, None)
 
 
 def test_engine_counters_from_a_workers_metrics_text() -> None:
