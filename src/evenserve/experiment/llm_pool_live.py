@@ -40,9 +40,12 @@ The load. The LLM workloads' requests are the simulator's (``iter_llm_open_loop`
 through the gateway by ``loadgen.openai_client`` (streamed ``/v1/completions``, prompt as ids,
 ``ignore_eos``) with its class (``x-evenserve-priority``) and its targets
 (``x-evenserve-ttft-ms``, ``x-evenserve-tpot-ms``), TTFT counted from its scheduled time.
-The classic models' requests go straight to the workers, not through the gateway: the
-simulator gives each device hosting a model its own Poisson stream at the model's rate / the
-hosts (``arrivals_rng(seed, "classic:<model>:<device>")``) with no router between, so sending
+Both sides end at one horizon, the duration plus ``--drain`` from the start: the simulator's
+drain stops there, and the client reads no stream past it (``send``'s ``deadline_s``); a
+request not answered by then is ``unfinished`` on both sides, not completed. The classic
+models' requests go straight to the workers, not through the gateway: the simulator gives
+each device hosting a model its own Poisson stream at the model's rate / the hosts
+(``arrivals_rng(seed, "classic:<model>:<device>")``) with no router between, so sending
 those same streams to each worker reproduces its arrivals exactly, where the gateway's
 classic router would choose the device itself (another experiment) and add a hop of HTTP on
 the host for every classic request.
@@ -56,7 +59,8 @@ above the delay plus a period so that the held samples' corrections are not drop
 simulator drops none).
 
 Figures. The live run's records go through ``summarize_pool_arm``, as the simulator's: the
-LLM's figures overall and per workload, the classic models' P50, P99 and goodput. Per device,
+LLM's figures overall and per workload (unfinished requests among them), among the completed
+ones the worst TTFT over its target, the classic models' P50, P99 and goodput. Per device,
 the routed requests, preemptions and prefix-cache hit rate are read from each worker's
 ``/metrics`` at the end; its utilization and KV use are not measured live (None). The
 comparison (``compare``): each figure's ratio live / sim, within 15 % (the issue's bound) or
