@@ -43,9 +43,10 @@ from evenserve.sim.llm_pool import run_pool_arm, summarize_pool_arm
 from evenserve.sim.llm_pool_scenario import load_llm_pool_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
-#: The figures of the live bench's comparison this bench reports (the devices' and the
-#: classic models' rows are left out: the jitter touches only the LLM's arrivals).
-LLM_ROWS = ("goodput rps", "completed", "unfinished", "TTFT", "TPOT", "router refusals")
+#: The rows of the live bench's comparison this bench reports: the LLM's, overall and per
+#: workload (the devices' and the classic models' rows are left out: the jitter touches only
+#: the LLM's arrivals).
+LLM_ROWS = ("LLM ", "router refusals", "admitted")
 
 
 def fmt(x: float | None) -> str:
@@ -54,9 +55,10 @@ def fmt(x: float | None) -> str:
 
 def figures(sim: dict[str, Any], other: dict[str, Any], k: float) -> dict[str, float | None]:
     """``other``'s LLM figures in the scenario's units, by the comparison's row names."""
+    starts = (*LLM_ROWS, *(f"{wl}: " for wl in sim.get("by_workload", {})))
     out: dict[str, float | None] = {}
     for row in compare(sim, other, k):
-        if any(key in row["figure"] for key in LLM_ROWS):
+        if row["figure"].startswith(starts):
             out[row["figure"]] = row["live"]
     return out
 
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--live-json: its time scale is {live_doc.get('time_scale')}, not "
                      f"--time-scale {args.time_scale:g}")  # fmt: skip
     k = args.time_scale
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 140)
     out: dict[str, Any] = {"scenario": base.doc.name, "time_scale": k,
                            "jitter_ms": args.jitter_ms, "replicas": args.replicas,
                            "units": "the scenario's", "arms": {}}  # fmt: skip

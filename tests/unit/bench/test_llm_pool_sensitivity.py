@@ -21,6 +21,8 @@ def test_the_bench_reports_the_spread_and_places_a_live_run(tmp_path: Path) -> N
     doc = json.loads(out.read_text())
     rows = {r["figure"]: r for r in doc["arms"]["predicted-ttft"]["rows"]}
     assert {"LLM goodput rps", "LLM TTFT p90 ms", "LLM unfinished", "router refusals"} <= set(rows)
+    assert {"chat: TTFT p90 ms", "tenants: goodput rps"} <= set(rows)
+    assert not [f for f in rows if "routed" in f or "hit rate" in f or f.startswith("resnet50")]
     for r in rows.values():
         if r["min"] is not None:
             assert r["min"] <= r["median"] <= r["max"]
