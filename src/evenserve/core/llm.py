@@ -287,15 +287,12 @@ class GenerationRecord:
 UNFINISHED = "unfinished"
 
 
-def mark_unfinished(records: Iterable[GenerationRecord]) -> int:
+def mark_unfinished(records: Iterable[GenerationRecord]) -> None:
     """The records still open when a run ends (``completed``, the default, with no finish
-    time) become ``unfinished``; returns how many."""
-    n = 0
+    time) become ``unfinished``."""
     for rec in records:
         if rec.outcome == "completed" and rec.finished_s is None:
             rec.outcome = UNFINISHED
-            n += 1
-    return n
 
 
 def openai_error_body(
