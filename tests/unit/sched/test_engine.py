@@ -154,6 +154,26 @@ def test_preemption_by_recompute_lowest_class_newest_first_and_all_complete() ->
     assert e.kv.used == 0
 
 
+def test_preemption_takes_a_lower_class_already_scheduled_in_the_step() -> None:
+    # 4 blocks of 4 tokens. The offline sequence runs first, so it comes first in every step;
+    # the online one, admitted a step later, is the one whose growth finds no block. The
+    # victim is the offline one although its part of the step was already given (vLLM's
+    # priority policy), not the online one asking.
+    e = engine(blocks=4)
+    e.add(req(2, priority=0), GenSpec([100, 101], 12))  # offline, alone at first
+    st = e.plan(0.0)
+    assert st is not None
+    assert [(ev.req.request_id, ev.index) for ev in e.done(st, 0.0)] == [(2, 1)]
+    e.add(req(1, priority=10), GenSpec([1, 2, 3, 4], 12))  # online
+    online, offline = e.by_req[1], e.by_req[2]
+    out = run(e)
+    assert online.preemptions == 0
+    assert offline.preemptions >= 1
+    assert [r for r, _, f in out if f is not None] == [1, 2]
+    assert [i for r, i, _ in out if r == 1] == list(range(1, 13))
+    assert e.kv.used == 0
+
+
 def test_request_level_batch_admits_nothing_until_all_finish_and_pads() -> None:
     e = engine(mode="request-level", max_num_seqs=4)
     e.add(req(1), GenSpec([1, 2, 3], 1))

@@ -14,8 +14,10 @@ Theory of operation (vLLM's V1 scheduler, one token budget for prefill and decod
   prefilled in chunks needs its next chunk (``chunk_tokens``). Each takes tokens from the
   step's budget (``max_num_batched_tokens``) and the KV blocks its context grows into. When
   blocks run out, a running sequence is preempted by recompute: the lowest class, then the
-  newest, first (possibly the one asking); its blocks are freed, it goes back to waiting and
-  later prefills its prompt and what it had generated again. Preemptions are counted.
+  newest, of all running ones first (possibly the one asking; one already given its part of
+  this step gives it back, as vLLM's priority policy does); its blocks are freed, it goes
+  back to waiting and later prefills its prompt and what it had generated again.
+  Preemptions are counted.
 - Then, if nothing was preempted in this step, waiting sequences are admitted in order while
   the budget, the sequence cap (``max_num_seqs``) and free blocks allow: a prompt's leading
   whole blocks found in the prefix cache are not computed again (at least its last token is,
@@ -421,10 +423,16 @@ class Engine(Generic[R]):
             if n > budget:
                 continue  # an unchunked refill that no longer fits: next step
             while not self._grow(seq, seq.computed + n):
-                victim = max(
-                    (s for s in self.running if s.seq_id not in scheduled),
-                    key=lambda s: (-s.req.priority, s.order),  # lowest class, then newest
-                )
+                # The lowest class, then the newest, of every running sequence; one already
+                # given its part of this step loses it (vLLM's priority policy does the same).
+                victim = max(self.running, key=lambda s: (-s.req.priority, s.order))
+                if victim.seq_id in scheduled:
+                    scheduled.discard(victim.seq_id)
+                    for i, q in enumerate(parts):
+                        if q.seq is victim:
+                            budget += q.tokens
+                            del parts[i]
+                            break
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
