@@ -17,7 +17,7 @@ from evenserve.policy.llm_routing import (
     LlmRouter,
     PrefixIndex,
 )
-from evenserve.policy.llm_routing.predicted import REFUSED
+from evenserve.policy.llm_routing.predicted import REFUSED, PredictedTtftParams, predict
 from evenserve.policy.registry import PolicySpecError
 
 H100 = StepProfile(
@@ -301,6 +301,51 @@ def test_ours_keeps_a_prefix_on_the_engine_that_holds_it_within_the_headroom() -
     d = r.route(req(2, prompt=7000, hashes=hashes), 1.0)
     # the H100 would compute all 7,000 tokens; the A100 only the last 600: less device time
     assert d.engine is a100
+
+
+def test_ours_counts_a_cached_prefix_only_as_far_as_the_free_blocks_keep_it() -> None:
+    r = router("predicted-ttft", H100, kv_blocks=1000)  # 16,000 tokens
+    v = r.engines["e0"]
+    hashes = tuple(range(400))  # a 6,400-token prefix, named at e0 by a request now gone
+    r.sent(req(1, prompt=7000, hashes=hashes), v, 0.0)
+    r.first_token(1, 0.1)
+    r.done(1, 0.2, 10)
+
+    def uncached(rid: int) -> int:
+        info = req(rid, prompt=7000, hashes=hashes)
+        r.route(info, 0.3)
+        return r.uncached_tokens(info, v)
+
+    r.sent(req(2, prompt=9000, ttft=None), v, 0.3)  # waiting: 563 blocks, 437 free
+    assert uncached(3) == 7000 - 6400
+    r.sent(req(4, prompt=1000, ttft=None), v, 0.3)  # 625 blocks taken, 375 free
+    assert uncached(5) == 7000 - 375 * 16
+    assert r.prefix.match(hashes) == {v.index: 400}  # the index itself still names 400
+    # A request in flight that shares the first 375 blocks holds them whatever the room.
+    assert uncached(6) == 7000 - 375 * 16
+    r.sent(req(6, prompt=7000, hashes=hashes), v, 0.3)  # routed: the 375 blocks promised
+    assert v.own_shared_tokens == 375 * 16  # no block free now
+    assert uncached(7) == 7000 - 375 * 16
+    # The baselines' prefix scorer reads the index as llm-d's does: all 400.
+    pa = router("prefix-approx", H100, kv_blocks=1000)
+    w = pa.engines["e0"]
+    pa.sent(req(1, prompt=7000, hashes=hashes), w, 0.0)
+    pa.sent(req(2, prompt=10000, ttft=None), w, 0.0)
+    info = req(3, prompt=7000, hashes=hashes)
+    pa.route(info, 0.1)
+    assert pa.uncached_tokens(info, w) == 7000 - 6400
+
+
+def test_ours_prices_preemption_risk_with_the_shared_prefix_blocks_held() -> None:
+    r = router("predicted-ttft", H100, kv_blocks=1000)  # 16,000 tokens
+    v = r.engines["e0"]
+    p = PredictedTtftParams()
+    info = req(1, prompt=1000, out=100)
+    assert predict(v, info, 0, p, 0.0).risk_s == 0.0
+    # 14,000 tokens of prefix blocks the requests in flight share: 15,100 of 16,000 held
+    # at most with this one, past the 0.9 threshold.
+    v.own_shared_tokens = 14000
+    assert predict(v, info, 0, p, 0.0).risk_s > 0.0
 
 
 def test_ours_refuses_when_no_engine_can_meet_the_ttft_target() -> None:

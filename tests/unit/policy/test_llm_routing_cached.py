@@ -44,6 +44,8 @@ PROFILES: list[StepProfile | None] = [H100, H100, A100, A100, SLOW, None]
 class Fresh:
     """predicted-ttft's choice with every prediction computed afresh by ``predict``."""
 
+    prefix_room = True  # as predicted-ttft's: the router gives both the same blocks
+
     def __init__(self, params: PredictedTtftParams) -> None:
         self.params = params
         self._start = 0

@@ -4,8 +4,11 @@ first token that keeps the TPOT target, the risk of preemption priced, early ref
 
 The prediction, for request r on engine e (design note 0020 derives it):
 - ``u`` = r's prompt tokens less the leading blocks the router's prefix index says e holds
-  (at least 1); ``Q`` = prompt tokens waiting at e that it serves before r (r's class and
-  higher; the router's own count plus what e's last sample added); ``R`` = running sequences
+  and can still hold (at least 1): those a request of the router's in flight there shares,
+  and of the rest no more than e's free blocks (``LlmRouter._surviving``: a cached block
+  nobody uses lives only in them, and goes first when the running sequences grow);
+  ``Q`` = prompt tokens waiting at e that it serves before r (r's class and higher; the
+  router's own count plus what e's last sample added); ``R`` = running sequences
   (capped at e's ``max_num_seqs``); ``K`` = KV tokens they read per step.
 - A step takes ``step(p, d, k) = c0 + c_p p + c_d d + c_kv k`` (e's step profile); while
   prompts wait, every step is full: its ``d = R`` decodes and ``P = max(1, B - R)`` prompt
@@ -27,8 +30,9 @@ The prediction, for request r on engine e (design note 0020 derives it):
 - Device time (``cost``): the request's uncached tokens x ``c_p``, plus as many again for
   the named blocks it brings when the router's index says the engine's cache is full (they
   evict others' blocks, which are prefilled again later).
-- Preemption risk: ``over`` = (tokens the in-flight requests will hold at most, the others'
-  KV, r's uncached prompt and ``max_tokens``) / e's KV capacity - ``kv_risk_threshold``;
+- Preemption risk: ``over`` = (tokens the in-flight requests will hold at most, the prefix
+  blocks they share, the others' KV, r's uncached prompt and ``max_tokens``) / e's KV
+  capacity - ``kv_risk_threshold``;
   when positive, the TTFT is priced up by ``risk_weight x over x (TPOT x max_tokens)``:
   a preempted sequence recomputes, and the fuller e's blocks, the likelier.
 - An engine without a step profile (a foreign server) uses what the router learned of it:
@@ -200,7 +204,9 @@ def predict(
             life = max(1.0, mean_out) * tpot
             if life > 0:  # a learned TPOT of 0: sequences free their blocks at once
                 ttft += excess / (held / life)
-        committed = v.own_committed_tokens + v.extra_kv_tokens + u + r.max_tokens
+        committed = (
+            v.own_committed_tokens + v.own_shared_tokens + v.extra_kv_tokens + u + r.max_tokens
+        )
         over = committed / cap - p.kv_risk_threshold
         if over > 0:
             risk = p.risk_weight * over * tpot * out
@@ -357,7 +363,8 @@ def _terms(v: EngineView, prio: int, p: PredictedTtftParams) -> _Terms:
         half, cp, ckv, cpu, decode0, backlog, per2, cp_per2, base, tpot, per_token,
         tokens_per_s, rate, higher, bool(rates), v.rate_at_s, v.rate_tau_s, cap,
         p.kv_admit * cap, n_own, v.own_out_tokens / n_own if n_own else -1.0,
-        v.own_committed_tokens + v.extra_kv_tokens, v.prefix_held, v.prefix_capacity,
+        v.own_committed_tokens + v.own_shared_tokens + v.extra_kv_tokens, v.prefix_held,
+        v.prefix_capacity,
         tuple(promises),
     )  # fmt: skip
 
@@ -484,6 +491,10 @@ def _predict_all(
     "soonest predicted first token that keeps the TPOT target; refuses early",
 )
 class PredictedTtft:
+    #: The router counts an engine's cached prefix as what its free blocks can keep
+    #: (``LlmRouter._surviving``).
+    prefix_room = True
+
     def __init__(self, params: PredictedTtftParams) -> None:
         self.params = params
         self._start = 0

@@ -168,8 +168,43 @@ class LlmRouter:
         blocks: dict[int, int] = {}
         if request.prefix_hashes and getattr(self.policy, "uses_prefix", True):
             blocks = self.prefix.match(request.prefix_hashes)
+            if blocks and getattr(self.policy, "prefix_room", False):
+                blocks = self._surviving(request.prefix_hashes, blocks, engines)
             self._last_match = (request.request_id, blocks)
         return self.policy.choose(request, engines, blocks, now)
+
+    def _surviving(
+        self, hashes: Sequence[int], blocks: dict[int, int], engines: Sequence[EngineView]
+    ) -> dict[int, int]:
+        """Of the leading blocks the index says each engine holds, those likely still there:
+        the ones a request of the router's in flight there shares (held while it runs), and
+        of the rest only as many as the engine's free blocks can keep (the blocks not taken
+        by what is running or waiting there: a cached block nobody uses lives only in them,
+        and goes first when the running sequences grow)."""
+        views = {v.index: v for v in engines}
+        out: dict[int, int] = {}
+        for e, c in blocks.items():
+            v = views.get(e)
+            if v is None:
+                out[e] = c
+                continue
+            refs = self._shared.get(e, {})
+            lo, hi = 0, c  # hashes[:lo] shared by one in flight; refs are prefix-closed
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if hashes[mid - 1] in refs:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            used = (
+                v.own_context_tokens + v.own_shared_tokens + v.extra_kv_tokens
+                + v.own_waiting_tokens + v.extra_waiting_tokens
+            )  # fmt: skip
+            room = v.kv_blocks - -(-max(0, used) // v.block_tokens)
+            kept = lo + min(c - lo, max(0, room))
+            if kept:
+                out[e] = kept
+        return out
 
     def uncached_tokens(self, request: LlmRequestInfo, view: EngineView) -> int:
         """The prompt tokens ``view`` must compute for ``request`` by the prefix index (at
