@@ -185,7 +185,7 @@ class LlmRouter:
         out: dict[int, int] = {}
         for e, c in blocks.items():
             v = views.get(e)
-            if v is None:
+            if v is None or v.kv_blocks <= 0:  # its KV size not known (yet): as the index
                 out[e] = c
                 continue
             refs = self._shared.get(e, {})
