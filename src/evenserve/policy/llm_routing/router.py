@@ -196,10 +196,7 @@ class LlmRouter:
                     lo = mid
                 else:
                     hi = mid - 1
-            used = (
-                v.own_context_tokens + v.own_shared_tokens + v.extra_kv_tokens
-                + v.own_waiting_tokens + v.extra_waiting_tokens
-            )  # fmt: skip
+            used = v.held_tokens + v.own_waiting_tokens + v.extra_waiting_tokens
             room = v.kv_blocks - -(-max(0, used) // v.block_tokens)
             kept = lo + min(c - lo, max(0, room))
             if kept:

@@ -413,7 +413,6 @@ class Engine(Generic[R]):
         budget = self.setup.max_num_batched_tokens
         chunked, chunk = self._chunked, self._chunk
         parts: list[Part[R]] = []
-        scheduled: set[int] = set()
         preempted = False
         for seq in list(self.running):
             if seq.state != RUNNING or budget <= 0:
@@ -426,13 +425,11 @@ class Engine(Generic[R]):
                 # The lowest class, then the newest, of every running sequence; one already
                 # given its part of this step loses it (vLLM's priority policy does the same).
                 victim = max(self.running, key=lambda s: (-s.req.priority, s.order))
-                if victim.seq_id in scheduled:
-                    scheduled.discard(victim.seq_id)
-                    for i, q in enumerate(parts):
-                        if q.seq is victim:
-                            budget += q.tokens
-                            del parts[i]
-                            break
+                for i, q in enumerate(parts):
+                    if q.seq is victim:
+                        budget += q.tokens
+                        del parts[i]
+                        break
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -441,7 +438,6 @@ class Engine(Generic[R]):
                 continue
             decode = need == 1 and seq.output > 0
             parts.append(Part(seq, seq.computed, n, seq.computed + n == seq.total, decode))
-            scheduled.add(seq.seq_id)
             budget -= n
         if preempted:
             return parts
