@@ -177,6 +177,9 @@ async def test_a_burst_scales_up_a_spare_and_a_quiet_spell_drains_and_stops_it()
         assert abs(drv.counters.last_scale_up_s - (clock.now() - t_first)) < 1e-9
         view = await client.get("/admin/placement", headers=AUTH)
         assert view.json()["scale_ups_unix_s"] == [1.7e9]
+        # The decision log, in wall time: the ScaleUp and the demand behind it.
+        up = view.json()["decisions"][-1]
+        assert up[:5] == [1.7e9, "autoscale", "up", "", "f1"] and up[5] > 1.0
         # The launcher started it; its first good probe admits it: device_ready.
         await g.poller.probe_load(g.registry.states["f1"])
         assert g.registry.is_healthy("f1")

@@ -125,3 +125,6 @@ class RunRecords:
     #: Per ScaleUp decided in a burst: seconds from the burst's first request to it (the
     #: burst clock of policy.placement.burst, the gateway's scale-up decision-time gauge).
     scale_up_decisions_s: list[float] = field(default_factory=list)
+    #: The placement controller's decisions (``policy.placement.controller.Decision``:
+    #: time, source, kind, model, device, rate_rps), oldest first (simulator; [] live).
+    placement_decisions: list[tuple[float, str, str, str, str, float]] = field(default_factory=list)

@@ -21,6 +21,16 @@ after one). Simulated: the ScaleUp times (``RunRecords.scale_ups_s``) against th
 scenario's times. Live: the gateway's ScaleUp wall times (``/admin/placement``
 ``scale_ups_unix_s``) less the wall time of the load's t = 0 (``LoadResult.t0_unix_s``),
 against the same scenario times (the load generator schedules the arrivals from that t = 0).
+
+**The decisions side by side** (``compare_decisions``): the placement controller logs every
+decision it takes (``Decision``: time, what asked — a miss, the rebalance, the autoscaler —,
+load / unload / up / down, model, device, the model's demand estimate then). Live, the
+gateway's ``/admin/placement`` gives them with wall times (``scrape_placement_view``), less
+the load's t = 0; simulated, ``RunRecords.placement_decisions``. Walked in order, the two
+logs agree while each side's next decision is the same (what asked, kind, model, device;
+two adjacent decisions taken in the other order count as agreeing, ``reordered``); the first
+pair that differs is where the two runs parted, shown with its time and demand estimates on
+both sides and the decisions around it.
 """
 
 from __future__ import annotations
@@ -144,17 +154,109 @@ def scale_up_after_burst_s(bursts: Sequence[float], scale_ups: Sequence[float]) 
     return worst
 
 
-def scrape_scale_ups_unix_s(
+def scrape_placement_view(
     gateway_url: str, token: str, timeout_s: float = 5.0
-) -> list[float] | None:
-    """The gateway's ScaleUp wall times (``/admin/placement``; None: unreachable)."""
+) -> dict[str, Any] | None:
+    """The gateway's ``/admin/placement`` (None: unreachable or not a JSON object)."""
     try:
         with httpx.Client(timeout=timeout_s, trust_env=False) as client:
             r = client.get(
                 f"{gateway_url}/admin/placement", headers={"authorization": f"Bearer {token}"}
             )
             r.raise_for_status()
-            ups = r.json().get("scale_ups_unix_s")
-    except (httpx.HTTPError, ValueError, AttributeError):
+            view = r.json()
+    except (httpx.HTTPError, ValueError):
         return None
+    return view if isinstance(view, dict) else None
+
+
+def scale_ups_unix_s(view: dict[str, Any] | None) -> list[float] | None:
+    """The gateway's ScaleUp wall times in its placement view (None: not there)."""
+    ups = None if view is None else view.get("scale_ups_unix_s")
     return [float(t) for t in ups] if isinstance(ups, list) else None
+
+
+def live_decisions(view: dict[str, Any] | None, t0_unix_s: float | None) -> list[list[Any]] | None:
+    """The gateway's decisions (its placement view) with times from the load's t = 0 (None:
+    no view or no t = 0). Decisions before t = 0 (the gateway's start) keep negative times."""
+    rows = None if view is None else view.get("decisions")
+    if not isinstance(rows, list) or t0_unix_s is None:
+        return None
+    return [[round(float(r[0]) - t0_unix_s, 6), *r[1:]] for r in rows]
+
+
+def _key(d: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(d[1:5])
+
+
+def _row(d: Sequence[Any] | None) -> dict[str, Any] | None:
+    if d is None:
+        return None
+    return {
+        "t_s": round(float(d[0]), 4),
+        "source": d[1],
+        "kind": d[2],
+        "model": d[3],
+        "device": d[4],
+        "rate_rps": round(float(d[5]), 4),
+    }
+
+
+def compare_decisions(
+    live: Sequence[Sequence[Any]], sim: Sequence[Sequence[Any]], context: int = 4
+) -> dict[str, Any]:
+    """Where a live run's placement decisions and the simulator's part (the module
+    docstring): ``agreed`` (decisions in the same order on both sides), ``reordered`` (of
+    those, adjacent pairs taken in the other order), the time by which live lagged the
+    simulator over the agreed ones (``lag_s``: median and the largest either way), the
+    first differing decision on each side (``live`` / ``sim``; None: that side had no more)
+    with the ``context`` decisions before and after it, and the count of decisions by what
+    asked and kind on each side (``counts``)."""
+    i = j = agreed = reordered = 0
+    lags: list[float] = []
+    while i < len(live) and j < len(sim):
+        if _key(live[i]) == _key(sim[j]):
+            lags.append(float(live[i][0]) - float(sim[j][0]))
+            i, j, agreed = i + 1, j + 1, agreed + 1
+            continue
+        if (
+            i + 1 < len(live)
+            and j + 1 < len(sim)
+            and _key(live[i]) == _key(sim[j + 1])
+            and _key(live[i + 1]) == _key(sim[j])
+        ):
+            lags += [
+                float(live[i][0]) - float(sim[j + 1][0]),
+                float(live[i + 1][0]) - float(sim[j][0]),
+            ]
+            i, j, agreed, reordered = i + 2, j + 2, agreed + 2, reordered + 1
+            continue
+        break
+
+    def counts(log: Sequence[Sequence[Any]]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for d in log:
+            k = f"{d[1]} {d[2]}"
+            out[k] = out.get(k, 0) + 1
+        return dict(sorted(out.items()))
+
+    lags.sort()
+    return {
+        "decisions": {"live": len(live), "sim": len(sim)},
+        "agreed": agreed,
+        "reordered": reordered,
+        "lag_s": None
+        if not lags
+        else {
+            "median": round(lags[len(lags) // 2], 4),
+            "min": round(lags[0], 4),
+            "max": round(lags[-1], 4),
+        },
+        "parted": i < len(live) or j < len(sim),
+        "live": _row(live[i] if i < len(live) else None),
+        "sim": _row(sim[j] if j < len(sim) else None),
+        "before": [_row(d) for d in live[max(0, i - context) : i]],
+        "live_next": [_row(d) for d in live[i + 1 : i + 1 + context]],
+        "sim_next": [_row(d) for d in sim[j + 1 : j + 1 + context]],
+        "counts": {"live": counts(live), "sim": counts(sim)},
+    }

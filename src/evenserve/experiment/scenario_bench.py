@@ -9,6 +9,9 @@ worker (``load``: the simulator's own arrivals, or its closed-loop users), stop 
 and keep the raw samples. The figures come from ``report.summary.summarize`` over RunRecords,
 exactly as the simulator's do. Then the simulator runs the same scenario at the same time
 scale (``scaling``) with the same seeds, and the fidelity table compares the two per arm.
+Placement arms: the gateway's decision log is laid beside the simulator's of the same seed
+(``placement_figures.compare_decisions``): the summary's ``placement_trace`` says where the
+two runs parted, and ``runs/ARM/repN/decisions.json`` keeps both logs.
 A scenario model without a ``max_batch_size`` gets its model.yaml's in ``--repo`` (an
 override the summary's source carries): the workers and the simulator then apply the same
 batch-cap rule (``sched.setup``) with the same cap.
@@ -42,10 +45,13 @@ from evenserve.experiment.load import scenario_load_spec
 from evenserve.experiment.notes import print_errors
 from evenserve.experiment.placement_figures import (
     burst_starts_s,
+    compare_decisions,
+    live_decisions,
     run_placement_figures,
     scale_up_after_burst_s,
+    scale_ups_unix_s,
     scrape_placement,
-    scrape_scale_ups_unix_s,
+    scrape_placement_view,
     sim_scale_up_decision_s,
 )
 from evenserve.experiment.report import finish_report
@@ -125,6 +131,8 @@ class RepeatRun:
     lag_ms: dict[str, Any]
     connections: dict[str, int]
     cpu: dict[str, Any]
+    #: A placement arm's decisions (``placement_figures.live_decisions``; None otherwise).
+    decisions: list[list[Any]] | None = None
 
     @property
     def key(self) -> str:
@@ -233,7 +241,7 @@ def run_repeat(
         wall = time.perf_counter() - wall0
         after = {n: process_cpu_s(p) for n, p in pids.items()}
         pl_after = scrape_placement(spec.target) if placed else None
-        ups_unix = scrape_scale_ups_unix_s(spec.target, la.admin_token) if placed else None
+        view = scrape_placement_view(spec.target, la.admin_token) if placed else None
         load_avg = os.getloadavg()[0]
     use = {
         n: round((a - b) / wall, 4)
@@ -271,10 +279,13 @@ def run_repeat(
     write_run(plan.folder / "runs" / arm / f"rep{rep + 1}", result, labels, extra)
     print_errors(result, err_console)
     s = measured_batch_figures(summarize(result_records(result, labels)))
+    decisions = None
     if placed:
         # The gateway's counts over the load (device-seconds, loads, evictions, scale-ups).
         s.update(run_placement_figures(pl_before, pl_after))
         t0 = result.t0_unix_s
+        ups_unix = scale_ups_unix_s(view)
+        decisions = live_decisions(view, t0)
         s["scale_up_after_burst_s"] = (
             None
             if ups_unix is None or t0 is None
@@ -297,16 +308,24 @@ def run_repeat(
         f"(load avg {load_avg:.2f})",
         highlight=False,
     )
-    return RepeatRun(arm, rep + 1, s, result.lag_ms, result.connections, cpu)
+    return RepeatRun(arm, rep + 1, s, result.lag_ms, result.connections, cpu, decisions)
 
 
-def simulate_arms(
-    plan: BenchPlan,
-) -> tuple[dict[str, dict[str, FigureStats]], dict[str, dict[str, Any]]]:
+@dataclass
+class Simulated:
+    """The simulator's side of a bench: per arm, the repeats' statistics, the headline
+    summary, and each repeat's placement decisions (``RunRecords.placement_decisions``;
+    placement arms only)."""
+
+    stats: dict[str, dict[str, FigureStats]]
+    summaries: dict[str, dict[str, Any]]
+    decisions: dict[str, list[list[list[Any]]]] = field(default_factory=dict)
+
+
+def simulate_arms(plan: BenchPlan) -> Simulated:
     """The simulator on the scaled scenario, every arm (skipped ones too) with each repeat's
-    seed: repeat statistics and headline summary per arm."""
-    stats: dict[str, dict[str, FigureStats]] = {}
-    summaries: dict[str, dict[str, Any]] = {}
+    seed."""
+    out = Simulated({}, {})
     sc = plan.scaled.scenario
     for arm in plan.live_arms + plan.skipped_arms:
         runs = []
@@ -314,23 +333,51 @@ def simulate_arms(
             rec = simulate(plan.scaled, arm, plan.seed + rep)
             s = summarize(rec, timeseries=False)
             if sc.arms[arm].placement is not None:
+                out.decisions.setdefault(arm, []).append([list(d) for d in rec.placement_decisions])
                 s["scale_up_decision_s"] = sim_scale_up_decision_s(rec)
                 s["scale_up_after_burst_s"] = scale_up_after_burst_s(
                     burst_starts_s(sc.workload, sc.duration_s), rec.scale_ups_s
                 )
             runs.append(s)
-        stats[arm] = repeat_stats(runs)
-        summaries[arm] = headline(runs)
-    return stats, summaries
+        out.stats[arm] = repeat_stats(runs)
+        out.summaries[arm] = headline(runs)
+    return out
+
+
+def placement_traces(runs: list[RepeatRun], simulated: Simulated) -> dict[str, Any]:
+    """Per live repeat of a placement arm (``ARM#N``), where its decisions and the
+    simulator's of the same seed part (``compare_decisions``)."""
+    out: dict[str, Any] = {}
+    for r in runs:
+        sims = simulated.decisions.get(r.arm)
+        if r.decisions is not None and sims is not None and r.rep <= len(sims):
+            out[r.key] = compare_decisions(r.decisions, sims[r.rep - 1])
+    return out
+
+
+def write_decisions(plan: BenchPlan, runs: list[RepeatRun], simulated: Simulated | None) -> None:
+    """``runs/ARM/repN/decisions.json``: both sides' decision logs of a placement repeat."""
+    for r in runs:
+        if r.decisions is None:
+            continue
+        sims = None if simulated is None else simulated.decisions.get(r.arm)
+        sim = sims[r.rep - 1] if sims is not None and r.rep <= len(sims) else None
+        folder = plan.folder / "runs" / r.arm / f"rep{r.rep}"
+        folder.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "columns": ["t_s", "source", "kind", "model", "device", "rate_rps"],
+            "live": r.decisions,
+            "sim": sim,
+        }
+        (folder / "decisions.json").write_text(json.dumps(doc) + "\n")
 
 
 def bench_summary(
-    plan: BenchPlan,
-    runs: list[RepeatRun],
-    simulated: tuple[dict[str, dict[str, FigureStats]], dict[str, dict[str, Any]]] | None,
+    plan: BenchPlan, runs: list[RepeatRun], simulated: Simulated | None
 ) -> dict[str, Any]:
     """summary.json: the headline repeat per arm side by side, repeats, lag, connections,
-    CPU, and with a simulation the fidelity table and the simulated figures."""
+    CPU, and with a simulation the fidelity table, the simulated figures and, for placement
+    arms, where the decisions part (``placement_trace``)."""
     live: dict[str, list[dict[str, Any]]] = {}
     for r in runs:
         live.setdefault(r.arm, []).append(r.summary)
@@ -347,10 +394,12 @@ def bench_summary(
     summary["connections"] = {r.key: r.connections for r in runs}
     summary["cpu"] = {r.key: r.cpu for r in runs}
     if simulated is not None:
-        sim_stats, sim_summaries = simulated
         placed = [a for a, v in plan.scaled.scenario.arms.items() if v.placement is not None]
-        summary["fidelity"] = fidelity(repeat_block, sim_stats, placed)
-        summary["simulated"] = {"arms": sim_summaries, "repeats": sim_stats}
+        summary["fidelity"] = fidelity(repeat_block, simulated.stats, placed)
+        summary["simulated"] = {"arms": simulated.summaries, "repeats": simulated.stats}
+        traces = placement_traces(runs, simulated)
+        if traces:
+            summary["placement_trace"] = traces
     return summary
 
 
@@ -371,6 +420,27 @@ def bench_source(plan: BenchPlan, seed: int | None = None) -> dict[str, Any]:
         "run_duration_s": plan.duration_s,
         "run_warmup_s": plan.warmup_s,
     }
+
+
+def trace_line(tr: dict[str, Any]) -> str:
+    """One line of a ``compare_decisions`` result."""
+    n = tr["decisions"]
+    head = (
+        f"placement decisions live {n['live']} / simulated {n['sim']}, the first "
+        f"{tr['agreed']} agree ({tr['reordered']} pairs reordered"
+        + (f", live later by {tr['lag_s']['median']:.3f} s median" if tr["lag_s"] else "")
+        + ")"
+    )
+    if not tr["parted"]:
+        return head + "; they never part"
+
+    def one(d: dict[str, Any] | None) -> str:
+        if d is None:
+            return "nothing more"
+        what = d["model"] + "@" + d["device"] if d["model"] else d["device"]
+        return f"{d['source']} {d['kind']} {what} at {d['t_s']:.2f} s ({d['rate_rps']:.2f} req/s)"
+
+    return head + f"; first parting: live {one(tr['live'])}, simulated {one(tr['sim'])}"
 
 
 def bench_meta(plan: BenchPlan) -> dict[str, Any]:
@@ -438,6 +508,9 @@ def run_scenario_bench(
         with console.status("simulating the same scenario at the same time scale ..."):
             simulated = simulate_arms(plan)
     summary = bench_summary(plan, runs, simulated)
+    write_decisions(plan, runs, simulated)
+    for key, tr in summary.get("placement_trace", {}).items():
+        console.print(f"  {key}: {trace_line(tr)}", highlight=False, soft_wrap=True)
     (plan.folder / BENCH_META).write_text(json.dumps(bench_meta(plan), indent=2) + "\n")
     name = plan.loaded.scenario.name
     finish_report(

@@ -399,5 +399,12 @@ class PlacementDriver:
         now = self.clock.now()
         ctl, ops = self.controller, self.ops
         return placement_view(
-            ctl, self.settings, self.counters, self.scaling, ops, now, self.scale_requests
+            ctl,
+            self.settings,
+            self.counters,
+            self.scaling,
+            ops,
+            now,
+            self.scale_requests,
+            wall_offset_s=self.scaling.wall() - now,
         )

@@ -90,10 +90,13 @@ def placement_view(
     ops: ModelOperations,
     now: float,
     scale_requests: Callable[[], list[dict[str, str]]],
+    wall_offset_s: float = 0.0,
 ) -> dict[str, Any]:
     """``GET /admin/placement``: the settings, each device, the counts, what is pending
-    (loads waiting, operations under way, ``scale_requests()``), the demand and the ScaleUp
-    times."""
+    (loads waiting, operations under way, ``scale_requests()``), the demand, the ScaleUp
+    times, and every decision the controller took (``decisions``: ``[unix time, source,
+    kind, model, device, rate_rps]``, oldest first; ``wall_offset_s`` is the wall clock
+    less the controller's)."""
     c = ctl.counts
     active_s = scaling.active_seconds(now)
     return {
@@ -143,4 +146,15 @@ def placement_view(
         "scale_up_decision_s": counters.last_scale_up_s,
         "scale_up_decisions_s": list(counters.scale_up_log),
         "scale_ups_unix_s": list(counters.scale_up_unix_s),
+        "decisions": [
+            [
+                round(d.t_s + wall_offset_s, 6),
+                d.source,
+                d.kind,
+                d.model,
+                d.device,
+                round(d.rate_rps, 6),
+            ]
+            for d in c.decisions
+        ],
     }

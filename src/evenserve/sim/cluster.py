@@ -648,6 +648,12 @@ class Simulation:
             },
             scale_ups_s=[] if pl is None else list(pl.scale_ups_s),
             scale_up_decisions_s=[] if pl is None else list(pl.scale_up_decisions_s),
+            placement_decisions=[]
+            if pl is None
+            else [
+                (d.t_s, d.source, d.kind, d.model, d.device, d.rate_rps)
+                for d in pl.controller.counts.decisions
+            ],
         )
 
 

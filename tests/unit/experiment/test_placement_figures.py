@@ -9,6 +9,8 @@ import pytest
 from evenserve.core.scenario import OpenLoop, Phase, Stream
 from evenserve.experiment.placement_figures import (
     burst_starts_s,
+    compare_decisions,
+    live_decisions,
     parse_placement_metrics,
     run_placement_figures,
     scale_up_after_burst_s,
@@ -98,6 +100,14 @@ def test_the_simulator_runs_the_same_burst_clock(tmp_path: Path) -> None:
     after = scale_up_after_burst_s(burst_starts_s(loaded.scenario.workload), rec.scale_ups_s)
     assert after == pytest.approx(min(t for t in rec.scale_ups_s if t >= 4.0) - 4.0, abs=1e-4)
     assert after is not None and 0.0 < after <= 2.0
+    # The decision log: each ScaleUp carried out, at its time, with the demand then.
+    ups = [d for d in rec.placement_decisions if d[1:3] == ("autoscale", "up")]
+    assert [d[0] for d in ups] == rec.scale_ups_s
+    assert all(d[4] == "sp" and d[5] > 300 for d in ups)
+    # Laid beside itself, a run never parts.
+    same = compare_decisions(rec.placement_decisions, rec.placement_decisions)
+    assert not same["parted"] and same["agreed"] == len(rec.placement_decisions)
+    assert same["lag_s"] == {"median": 0.0, "min": 0.0, "max": 0.0}
 
 
 def test_burst_starts_are_the_edges_where_the_offered_rate_rises() -> None:
@@ -125,3 +135,57 @@ def test_scale_up_after_burst_takes_the_first_scale_up_of_each_burst_the_worst()
     assert scale_up_after_burst_s([25.0, 60.0], [10.0, 25.75, 27.0, 61.5]) == 1.5
     assert scale_up_after_burst_s([25.0], [10.0]) is None  # none after the burst
     assert scale_up_after_burst_s([], [1.0]) is None
+
+
+def test_decisions_compared_in_order_a_swap_agrees_and_the_first_difference_is_named() -> None:
+    live = [
+        [0.5, "miss", "load", "a", "g0", 3.0],
+        [2.1, "rebalance", "unload", "b", "g1", 0.1],
+        [2.1, "rebalance", "load", "c", "g1", 5.0],
+        [4.0, "autoscale", "up", "", "sp", 40.0],
+        [6.0, "miss", "load", "d", "sp", 1.0],
+    ]
+    sim = [
+        [0.4, "miss", "load", "a", "g0", 3.1],
+        [2.0, "rebalance", "load", "c", "g1", 5.1],  # the same two, the other order
+        [2.0, "rebalance", "unload", "b", "g1", 0.1],
+        [3.0, "rebalance", "unload", "c", "g1", 0.5],  # here they part
+        [3.5, "autoscale", "up", "", "sp", 41.0],
+    ]
+    tr = compare_decisions(live, sim, context=1)
+    assert tr["decisions"] == {"live": 5, "sim": 5}
+    assert (tr["agreed"], tr["reordered"], tr["parted"]) == (3, 1, True)
+    assert tr["lag_s"] == {"median": 0.1, "min": 0.1, "max": 0.1}
+    assert tr["live"] == {
+        "t_s": 4.0,
+        "source": "autoscale",
+        "kind": "up",
+        "model": "",
+        "device": "sp",
+        "rate_rps": 40.0,
+    }
+    assert tr["sim"] is not None and tr["sim"]["kind"] == "unload" and tr["sim"]["t_s"] == 3.0
+    assert [d["model"] for d in tr["before"]] == ["c"]
+    assert [d["device"] for d in tr["live_next"]] == ["sp"]
+    assert [d["kind"] for d in tr["sim_next"]] == ["up"]
+    assert tr["counts"]["live"] == {
+        "autoscale up": 1,
+        "miss load": 2,
+        "rebalance load": 1,
+        "rebalance unload": 1,
+    }
+    # One side runs out first: the other's next decision is where they part.
+    short = compare_decisions(live[:1], live)
+    assert short["parted"] and short["live"] is None and short["sim"]["model"] == "b"
+    assert compare_decisions([], [])["parted"] is False
+
+
+def test_live_decisions_are_timed_from_the_loads_start() -> None:
+    view = {"decisions": [[1000.5, "miss", "load", "a", "g0", 2.0], [999.0, "x", "y", "", "", 0]]}
+    assert live_decisions(view, 1000.0) == [
+        [0.5, "miss", "load", "a", "g0", 2.0],
+        [-1.0, "x", "y", "", "", 0],
+    ]
+    assert live_decisions(view, None) is None
+    assert live_decisions({}, 1000.0) is None
+    assert live_decisions(None, 1000.0) is None

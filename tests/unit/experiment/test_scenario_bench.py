@@ -89,7 +89,8 @@ def test_summary_meta_and_notes(tmp_path: Path) -> None:
         for rep in range(2)
     ]
     simulated = simulate_arms(plan)
-    assert list(simulated[0]) == ["baseline", "classes", "central-queue"]
+    assert list(simulated.stats) == ["baseline", "classes", "central-queue"]
+    assert simulated.decisions == {}  # no placement arm
     s = bench_summary(plan, runs, simulated)
     assert list(s["arms"]) == ["baseline", "classes"]
     assert s["time_scale"] == 4.0 and "level" not in s

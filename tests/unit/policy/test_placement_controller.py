@@ -122,7 +122,7 @@ def test_warm_pool_capacity_zero_keeps_nothing_and_warm_loads_are_faster() -> No
     assert c2.warm == ["c"]
     assert c2.load_seconds(Load("c", "d1")) == 2.0
     # Unloaded (as a policy's rebalance would ask) and asked for again: a warm load.
-    c2._apply([Unload("c", "d1")], 3.0)
+    c2._apply([Unload("c", "d1")], 3.0, "rebalance")
     c2.unload_done("c", "d1", 3.01)
     assert c2.route_miss("c", 4.0) == ("d1", [Load("c", "d1")])
     assert c2.load_seconds(Load("c", "d1")) == 0.5
@@ -267,7 +267,7 @@ def test_a_lost_device_s_loads_are_returned_and_their_load_done_changes_nothing(
     )
     c.sent("b", "d0", 0.5)
     assert c.route_miss("c", 1.0) == ("d1", [Load("c", "d1")])  # started
-    assert c._apply([Unload("a", "d0"), Load("c", "d0")], 1.0) == [Unload("a", "d0")]
+    assert c._apply([Unload("a", "d0"), Load("c", "d0")], 1.0, "rebalance") == [Unload("a", "d0")]
     assert c.devices["d0"].models == {"a": UNLOADING, "b": READY, "c": LOADING}  # c waits
     assert c.device_lost("d1", 1.5) == ["c"]
     assert c.device_lost("d0", 1.5) == ["c"]  # waiting for room: forgotten too
@@ -349,7 +349,7 @@ def test_a_waiting_load_found_ready_is_adopted_and_a_drop_starts_waiting_loads()
     c3 = PlacementController(
         infos(), [DeviceView("d0", 12 * GIB, {"a": READY, "b": READY})], _Script([], [])
     )
-    c3._apply([Unload("a", "d0"), Load("c", "d0")], 1.0)  # c (6) waits for a (4)
+    c3._apply([Unload("a", "d0"), Load("c", "d0")], 1.0, "rebalance")  # c (6) waits for a (4)
     assert c3.reconcile("d0", {"b": "READY", "a": "UNLOADING"}, 1.1) == []
     c3.devices["d0"].models["a"] = READY  # as if the unload had been undone by hand
     assert c3.reconcile("d0", {"b": "READY"}, 1.2) == [Load("c", "d0")]  # a gone: c fits

@@ -152,14 +152,14 @@ def test_an_engine_wakes_from_host_memory_and_loads_cold_from_disk() -> None:
     assert c.load_seconds(Load("llm", "d0")) == 20.0  # from disk
     c.load_done("llm", "d0", 20.0)
     # It goes to sleep (idle, its device wanted): unloaded, warm.
-    c._apply([Unload("llm", "d0")], 100.0)
+    c._apply([Unload("llm", "d0")], 100.0, "rebalance")
     c.unload_done("llm", "d0", 100.01)
     assert c.warm == ["llm"]
     _, acts = c.route_miss("llm", 200.0)
     assert c.load_seconds(Load("llm", "d0")) == 1.5  # a wake
     assert (c.counts.cold_loads, c.counts.warm_loads) == (1, 1)
     # A classic model landing in host memory beyond its capacity pushes the engine out.
-    c._apply([Unload("llm", "d0")], 300.0)
+    c._apply([Unload("llm", "d0")], 300.0, "rebalance")
     c.load_done("llm", "d0", 300.0)
     c.unload_done("llm", "d0", 300.01)
     c.route_miss("a", 301.0)

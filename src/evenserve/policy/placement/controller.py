@@ -58,9 +58,10 @@ never passed on to a driver.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from evenserve.policy.batching.rate import RateEstimator
 from evenserve.policy.placement.base import (
@@ -93,6 +94,27 @@ SCALE_RATE_TAU_S = 0.5
 SCALE_CHECKS_PER_INTERVAL = 4
 #: Slack on tick times (a sum of quarter intervals may fall a hair short of the interval).
 _TICK_EPS_S = 1e-9
+#: The logs in ``PlacementCounts`` keep this many entries, the newest (a gateway runs for
+#: weeks; a simulated run or a bench never comes near it).
+LOG_MAX = 100_000
+
+
+class Decision(NamedTuple):
+    """One decision of the controller, as it was taken (``PlacementCounts.decisions``): a
+    trace to lay a live run's decisions beside the simulator's, decision by decision."""
+
+    t_s: float
+    #: What asked: ``miss`` (``route_miss``: the policy's on_miss), ``rebalance``, or
+    #: ``autoscale``.
+    source: str
+    #: ``load`` / ``unload`` (a model on a device), ``up`` / ``down`` (a device).
+    kind: str
+    #: The model ("" for ``up`` / ``down``).
+    model: str
+    device: str
+    #: The model's demand estimate then (``rate_rps``); for ``up`` / ``down`` the sum over
+    #: every model of the autoscaler's (``burst_rate_rps``).
+    rate_rps: float
 
 
 @dataclass(slots=True)
@@ -109,7 +131,7 @@ class PlacementCounts:
     #: Misses the policy could not place (the request is refused with 503).
     unplaced: int = 0
     #: (time, model, device) of every load started, for tests and traces.
-    load_log: list[tuple[float, str, str]] = field(default_factory=list)
+    load_log: deque[tuple[float, str, str]] = field(default_factory=lambda: deque(maxlen=LOG_MAX))
     #: Devices declared lost (``device_lost``: their worker stopped answering).
     lost: int = 0
     #: Models ``reconcile`` found READY on a device the controller did not count them on
@@ -120,7 +142,12 @@ class PlacementCounts:
     #: (time, model, device, kind) of every change of a model's residency on a device:
     #: ``load`` / ``unload`` decided, ``stopped`` / ``lost`` (it left with its device). The
     #: anti-thrash rule is about these.
-    switch_log: list[tuple[float, str, str, str]] = field(default_factory=list)
+    switch_log: deque[tuple[float, str, str, str]] = field(
+        default_factory=lambda: deque(maxlen=LOG_MAX)
+    )
+    #: Every decision taken (a Load or Unload the policy asked, a scale action carried
+    #: out), with what asked and the demand estimate then.
+    decisions: deque[Decision] = field(default_factory=lambda: deque(maxlen=LOG_MAX))
 
 
 class PlacementController:
@@ -408,7 +435,7 @@ class PlacementController:
         target = [a for a in proposed if isinstance(a, Load) and a.model == model]
         if not target:
             raise PlacementError(f"on_miss({model!r}): no Load of {model!r} in {proposed}")
-        started = self._apply(proposed, now)
+        started = self._apply(proposed, now, "miss")
         return target[-1].device, started
 
     def tick(self, now: float) -> list[Action | ScaleAction]:
@@ -422,7 +449,7 @@ class PlacementController:
             proposed = self.policy.rebalance(view)
             if proposed:
                 self._check(view, proposed, "rebalance")
-                out.extend(self._apply(proposed, now))
+                out.extend(self._apply(proposed, now, "rebalance"))
         if self.autoscaler is not None and now >= self._next_scale_s - _TICK_EPS_S:
             self._next_scale_s = now + self.scale_interval_s
             for s in self.autoscaler.decide(self.scale_view(now)):
@@ -437,12 +464,16 @@ class PlacementController:
         except PlacementError as exc:
             raise PlacementError(f"placement policy {where}: {exc}") from exc
 
-    def _apply(self, actions: Sequence[Action], now: float) -> list[Action]:
+    def _apply(self, actions: Sequence[Action], now: float, source: str) -> list[Action]:
         started: list[Action] = []
         touched: set[str] = set()
         for a in actions:
             d = self.devices[a.device]
-            self._switch(a.model, a.device, now, "unload" if isinstance(a, Unload) else "load")
+            kind = "unload" if isinstance(a, Unload) else "load"
+            self._switch(a.model, a.device, now, kind)
+            self.counts.decisions.append(
+                Decision(now, source, kind, a.model, a.device, self.rate_rps(a.model, now))
+            )
             if isinstance(a, Unload):
                 self.counts.evictions += 1
                 pend = self._pending[a.device]
@@ -517,6 +548,7 @@ class PlacementController:
                 return False  # it is still draining: ask again once it is off
             self._starting.add(s.device)
             self.counts.scale_ups += 1
+            self._log_scale("up", s.device, now)
             return True
         if not d.active or s.device in self._stopping:
             return False
@@ -531,13 +563,21 @@ class PlacementController:
         d.active = False
         self._stopping.add(s.device)
         self.counts.scale_downs += 1
+        self._log_scale("down", s.device, now)
         return True
+
+    def _log_scale(self, kind: str, device: str, now: float | None) -> None:
+        if now is not None:
+            rps = sum(self.burst_rate_rps(m, now) for m in self._rates)
+            self.counts.decisions.append(Decision(now, "autoscale", kind, "", device, rps))
 
 
 __all__ = [
+    "LOG_MAX",
     "PLACEMENT_RATE_TAU_S",
     "SCALE_CHECKS_PER_INTERVAL",
     "SCALE_RATE_TAU_S",
+    "Decision",
     "PlacementController",
     "PlacementCounts",
 ]
