@@ -9,7 +9,13 @@ fields: weights and KV cache on a device, weights in host memory asleep, a wake 
 ``warm_load_ms``, a load from disk of ``cold_load_ms``), with its step profile: the folder's
 ``step_profile`` file, else the first worker device's profile set that has one of its name;
 its ``max_model_len``, ``engine.max_num_seqs`` and ``ttft_ms`` (its SLO) as the worker reads
-them. An LLM folder without one is served awake where it is started and not placed."""
+them. An LLM folder without one is served awake where it is started and not placed.
+
+A classic model's batch time and size are the profile's at the batch size the worker runs it
+at: its model.yaml's ``batching`` (default fixed-window) under its ``max_batch_size`` by the
+batch-cap rule (``sched.setup``), as the worker and the simulator apply it; its SLO is its
+``slo_ms``. (Before, the profile's largest batch stood in: 64 where the model ran at 8, so
+the controller's capacity of a model was not the simulator's.)"""
 
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from evenserve.core.validation import validate_document
 from evenserve.policy.placement import ModelInfo
 from evenserve.policy.placement.engine import EnginePlacement, engine_info
 from evenserve.runtime.device import parse_device
+from evenserve.sched.setup import batching_setup
 
 GIB = 1024.0**3
 #: Memory of a device whose size the cluster file does not give (DeviceOptions' default).
@@ -41,6 +48,7 @@ def model_info(
     max_batch_size: int | None = None,
     load_s: float | None = None,
     warm_load_s: float | None = None,
+    slo_s: float | None = None,
 ) -> ModelInfo:
     """A catalogue entry: weights from the profile (0 without one), cold and warm load times
     with the scenario's defaults (``core.scenario.default_load_times_s``; ``load_s`` and
@@ -53,9 +61,23 @@ def model_info(
     if warm_load_s is not None:
         warm = warm_load_s
     if profile is None:
-        return ModelInfo(name, weights, cold, warm, 0.0, max_batch_size or 1)
+        return ModelInfo(name, weights, cold, warm, 0.0, max_batch_size or 1, slo_s)
     cap = max_batch_size or max(profile.batches, default=1)
-    return ModelInfo.from_profile(name, profile, cap, cold, warm)
+    return ModelInfo.from_profile(name, profile, cap, cold, warm, slo_s)
+
+
+def run_batch_size(raw: Mapping[str, Any]) -> int | None:
+    """The largest batch a model runs at, from its model.yaml (the module docstring); None
+    where the file does not say or its batching does not build (the worker refuses it)."""
+    mbs = raw.get("max_batch_size")
+    cap = mbs if isinstance(mbs, int) and not isinstance(mbs, bool) and mbs >= 1 else None
+    spec = raw.get("batching")
+    try:
+        return batching_setup(
+            spec if spec is not None else {"policy": "fixed-window"}, cap, "batching"
+        ).policy.max_batch_size
+    except (ConfigError, ValueError, TypeError):
+        return cap
 
 
 @dataclass(frozen=True)
@@ -104,12 +126,16 @@ def cluster_setup(
             if engine is not None:
                 infos[m] = engine
             continue
-        em = emulated_section(cluster, m)
+        raw = repo_model(cluster, m)
+        section = raw.get("emulated")
+        em: dict[str, Any] = section if isinstance(section, dict) else {}
         pname = em.get("profile_name")
         key = pname if isinstance(pname, str) else m
         prof = next((ps[key] for ps in profile_sets.values() if key in ps), None)
         load_s, warm_s = (_seconds(em.get(k)) for k in ("load_ms", "warm_load_ms"))
-        infos[m] = model_info(m, prof, load_s=load_s, warm_load_s=warm_s)
+        infos[m] = model_info(
+            m, prof, run_batch_size(raw), load_s, warm_s, _seconds(raw.get("slo_ms"))
+        )
     return infos, devices
 
 
@@ -192,14 +218,13 @@ def _seconds(ms: Any) -> float | None:
     return None if isinstance(ms, bool) or not isinstance(ms, int | float) else ms / 1e3
 
 
-def emulated_section(cluster: LoadedCluster, model: str) -> dict[str, Any]:
-    """The ``emulated:`` section of a repository model's model.yaml ({} if none): its
-    ``profile_name`` (the profile in the device's set, default the model's name) and its
-    ``load_ms`` and ``warm_load_ms`` (what the emulated worker sleeps for a cold and a warm
-    load), so the controller plans with the weights and the load times the worker has."""
+def repo_model(cluster: LoadedCluster, model: str) -> dict[str, Any]:
+    """A repository model's model.yaml ({} if none or unreadable). Its ``emulated:`` section
+    gives the ``profile_name`` (the profile in the device's set, default the model's name)
+    and the ``load_ms`` and ``warm_load_ms`` (what the emulated worker sleeps for a cold and a
+    warm load), so the controller plans with the weights and the load times the worker has;
+    its ``max_batch_size``, ``batching`` and ``slo_ms`` the batch it runs at and its SLO."""
     w = cluster.config.workers
     if w is None:
         return {}
-    raw = _read(cluster.resolve(w.repo) / model / "model.yaml")
-    em = raw.get("emulated")
-    return em if isinstance(em, dict) else {}
+    return _read(cluster.resolve(w.repo) / model / "model.yaml")

@@ -20,6 +20,7 @@ from evenserve.experiment.cluster import (
 )
 from evenserve.experiment.scaling import scale_scenario
 from evenserve.gateway.placement_catalogue import cluster_setup
+from evenserve.sim.cluster import Simulation
 from evenserve.sim.loader import LoadedScenario, load_scenario
 
 from .scenarios import REPO, scenario, write
@@ -150,9 +151,9 @@ def _placement_scenario(tmp_path: Path) -> LoadedScenario:
             {"name": "g1", "memory_gb": 2, "models": ["bert-base"]},
             {"name": "sp", "memory_gb": 4, "active": False, "start_ms": 1500},
         ],
-        "models": {
-            "resnet50": {"slo_ms": 10, "load_ms": 300},
-            "bert-base": {"slo_ms": 15, "profile": "bert-base"},
+        "models": {  # batch caps as the bench gives them (the repository's, or smaller)
+            "resnet50": {"slo_ms": 10, "load_ms": 300, "max_batch_size": 8},
+            "bert-base": {"slo_ms": 15, "profile": "bert-base", "max_batch_size": 16},
         },
         "arms": {
             "cost": {
@@ -223,6 +224,18 @@ def test_a_placement_arm_compiled_into_a_cluster(tmp_path: Path) -> None:
     assert infos["bert-base"].warm_load_s == pytest.approx(sim_warm, abs=1e-6)
     assert infos["resnet50"].cold_load_s == pytest.approx(1.5)
     assert infos["bert-base"].weights_bytes == weights
+    # The controller's entry is the simulator's: the batch each model runs at (the batch-cap
+    # rule over its model.yaml, not the profile's largest batch), that batch's time, its SLO.
+    sim = Simulation(scaled, "cost", 1)
+    assert sim.placement is not None
+    for m, want in sim.placement.controller.models.items():
+        got = infos[m]
+        assert (got.max_batch_size, got.batch_s, got.slo_s) == (
+            want.max_batch_size,
+            pytest.approx(want.batch_s),
+            pytest.approx(want.slo_s),
+        )
+        assert got.max_batch_size < max(scaled.profile_sets["a10"][m].batches)
 
 
 def test_a_plain_arm_keeps_its_devices_and_no_placement(tmp_path: Path) -> None:
