@@ -126,5 +126,8 @@ class RunRecords:
     #: burst clock of policy.placement.burst, the gateway's scale-up decision-time gauge).
     scale_up_decisions_s: list[float] = field(default_factory=list)
     #: The placement controller's decisions (``policy.placement.controller.Decision``:
-    #: time, source, kind, model, device, rate_rps), oldest first (simulator; [] live).
-    placement_decisions: list[tuple[float, str, str, str, str, float]] = field(default_factory=list)
+    #: time, source, kind, model, device, rate_rps, utilization), oldest first (simulator;
+    #: [] live).
+    placement_decisions: list[tuple[float, str, str, str, str, float, float]] = field(
+        default_factory=list
+    )

@@ -24,7 +24,8 @@ against the same scenario times (the load generator schedules the arrivals from 
 
 **The decisions side by side** (``compare_decisions``): the placement controller logs every
 decision it takes (``Decision``: time, what asked — a miss, the rebalance, the autoscaler —,
-load / unload / up / down, model, device, the model's demand estimate then). Live, the
+load / unload / up / down, model, device, the model's demand estimate and the device's
+utilization then). Live, the
 gateway's ``/admin/placement`` gives them with wall times (``scrape_placement_view``), less
 the load's t = 0; simulated, ``RunRecords.placement_decisions``. Walked in order, the two
 logs agree while each side's next decision is the same (what asked, kind, model, device;
@@ -199,6 +200,7 @@ def _row(d: Sequence[Any] | None) -> dict[str, Any] | None:
         "model": d[3],
         "device": d[4],
         "rate_rps": round(float(d[5]), 4),
+        "utilization": round(float(d[6]), 4) if len(d) > 6 else None,
     }
 
 

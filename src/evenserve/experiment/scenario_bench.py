@@ -365,7 +365,7 @@ def write_decisions(plan: BenchPlan, runs: list[RepeatRun], simulated: Simulated
         folder = plan.folder / "runs" / r.arm / f"rep{r.rep}"
         folder.mkdir(parents=True, exist_ok=True)
         doc = {
-            "columns": ["t_s", "source", "kind", "model", "device", "rate_rps"],
+            "columns": ["t_s", "source", "kind", "model", "device", "rate_rps", "utilization"],
             "live": r.decisions,
             "sim": sim,
         }

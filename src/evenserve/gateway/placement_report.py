@@ -94,9 +94,10 @@ def placement_view(
 ) -> dict[str, Any]:
     """``GET /admin/placement``: the settings, each device, the counts, what is pending
     (loads waiting, operations under way, ``scale_requests()``), the demand, the ScaleUp
-    times, and every decision the controller took (``decisions``: ``[unix time, source,
-    kind, model, device, rate_rps]``, oldest first; ``wall_offset_s`` is the wall clock
-    less the controller's)."""
+    times, every decision the controller took (``decisions``: ``[unix time, source, kind,
+    model, device, rate_rps, utilization]``, oldest first) and every change of a model's
+    residency on a device (``switches``: ``[unix time, model, device, kind]``, what the
+    anti-thrash rule counts); ``wall_offset_s`` is the wall clock less the controller's."""
     c = ctl.counts
     active_s = scaling.active_seconds(now)
     return {
@@ -154,7 +155,9 @@ def placement_view(
                 d.model,
                 d.device,
                 round(d.rate_rps, 6),
+                round(d.utilization, 6),
             ]
             for d in c.decisions
         ],
+        "switches": [[round(t + wall_offset_s, 6), m, dev, k] for t, m, dev, k in c.switch_log],
     }

@@ -651,7 +651,7 @@ class Simulation:
             placement_decisions=[]
             if pl is None
             else [
-                (d.t_s, d.source, d.kind, d.model, d.device, d.rate_rps)
+                (d.t_s, d.source, d.kind, d.model, d.device, d.rate_rps, d.utilization)
                 for d in pl.controller.counts.decisions
             ],
         )

@@ -103,7 +103,7 @@ def test_the_simulator_runs_the_same_burst_clock(tmp_path: Path) -> None:
     # The decision log: each ScaleUp carried out, at its time, with the demand then.
     ups = [d for d in rec.placement_decisions if d[1:3] == ("autoscale", "up")]
     assert [d[0] for d in ups] == rec.scale_ups_s
-    assert all(d[4] == "sp" and d[5] > 300 for d in ups)
+    assert all(d[4] == "sp" and d[5] > 300 and d[6] >= 0 for d in ups)
     # Laid beside itself, a run never parts.
     same = compare_decisions(rec.placement_decisions, rec.placement_decisions)
     assert not same["parted"] and same["agreed"] == len(rec.placement_decisions)
@@ -163,6 +163,7 @@ def test_decisions_compared_in_order_a_swap_agrees_and_the_first_difference_is_n
         "model": "",
         "device": "sp",
         "rate_rps": 40.0,
+        "utilization": None,
     }
     assert tr["sim"] is not None and tr["sim"]["kind"] == "unload" and tr["sim"]["t_s"] == 3.0
     assert [d["model"] for d in tr["before"]] == ["c"]

@@ -115,6 +115,9 @@ class Decision(NamedTuple):
     #: The model's demand estimate then (``rate_rps``); for ``up`` / ``down`` the sum over
     #: every model of the autoscaler's (``burst_rate_rps``).
     rate_rps: float
+    #: The device's utilization as the controller last heard it; for ``up`` / ``down`` the
+    #: sum over the active devices (the autoscaler's other demand estimate).
+    utilization: float
 
 
 @dataclass(slots=True)
@@ -472,8 +475,11 @@ class PlacementController:
             kind = "unload" if isinstance(a, Unload) else "load"
             self._switch(a.model, a.device, now, kind)
             self.counts.decisions.append(
-                Decision(now, source, kind, a.model, a.device, self.rate_rps(a.model, now))
-            )
+                Decision(
+                    now, source, kind, a.model, a.device, self.rate_rps(a.model, now),
+                    d.utilization,
+                )
+            )  # fmt: skip
             if isinstance(a, Unload):
                 self.counts.evictions += 1
                 pend = self._pending[a.device]
@@ -569,7 +575,8 @@ class PlacementController:
     def _log_scale(self, kind: str, device: str, now: float | None) -> None:
         if now is not None:
             rps = sum(self.burst_rate_rps(m, now) for m in self._rates)
-            self.counts.decisions.append(Decision(now, "autoscale", kind, "", device, rps))
+            util = sum(d.utilization for d in self.devices.values() if d.active)
+            self.counts.decisions.append(Decision(now, "autoscale", kind, "", device, rps, util))
 
 
 __all__ = [
