@@ -62,6 +62,8 @@ from typing import Any
 
 import aiohttp
 import yaml
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -325,10 +327,15 @@ async def _active_seconds(s: aiohttp.ClientSession, url: str) -> float:
 
 
 async def drive(
-    url: str, sc: LlmPlacementScenario, reqs: list[LlmRequest], arrivals: list[ClassicArrival]
+    url: str,
+    sc: LlmPlacementScenario,
+    reqs: list[LlmRequest],
+    arrivals: list[ClassicArrival],
+    progress: bool = True,
 ) -> LiveRun:
     clock = RealClock()
     run = LiveRun()
+    sent, bad = [0], [0]
     conn = aiohttp.TCPConnector(limit=512, force_close=False)
     timeout = aiohttp.ClientTimeout(total=max(120.0, sc.doc.drain_s))
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
@@ -354,6 +361,7 @@ async def drive(
                 outcome = type(exc).__name__
             done = clock.now() - origin
             lat = done - a.t_s if outcome == "completed" else None
+            bad[0] += outcome != "completed"
             run.classic.append(ClassicRecord(a.t_s, a.stream, outcome, lat, a.slo_s))
 
         async def classic() -> None:
@@ -361,6 +369,7 @@ async def drive(
             for a in arrivals:
                 await until(a.t_s)
                 run.send_late_s.append(clock.now() - origin - a.t_s)
+                sent[0] += 1
                 t = asyncio.create_task(one(a))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
@@ -376,8 +385,31 @@ async def drive(
         async def llm() -> list[GenerationRecord]:
             return await run_open_loop(url, reqs, clock, timeout_s=max(120.0, sc.doc.drain_s))
 
+        async def show(bar: Progress, task: TaskID) -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                at = run.active_at[-1] if run.active_at else None
+                bar.update(
+                    task,
+                    completed=min(clock.now() - origin, sc.doc.duration_s),
+                    info=f"classic sent {sent[0]}, answered {len(run.classic)} ({bad[0]} not 200)"
+                    + ("" if at is None else f"; device-seconds {at[1]:.0f} at {at[0]:g} s"),
+                )
+
         meter_task = asyncio.create_task(meter())
-        run.records, _ = await asyncio.gather(llm(), classic())
+        with Progress(
+            TextColumn("live"),
+            BarColumn(),
+            TextColumn("{task.completed:.0f}/{task.total:.0f} s {task.fields[info]}"),
+            console=Console(stderr=True),
+            disable=not progress,
+        ) as bar:
+            shower = asyncio.create_task(show(bar, bar.add_task("live", total=sc.doc.duration_s,
+                                                                info="")))  # fmt: skip
+            try:
+                run.records, _ = await asyncio.gather(llm(), classic())
+            finally:
+                shower.cancel()
         await meter_task
         async with s.get(
             f"{url}/admin/placement", headers={"authorization": f"Bearer {TOKEN}"}
@@ -386,7 +418,9 @@ async def drive(
     return run
 
 
-def live_run(sc: LlmPlacementScenario, arm: str, seed: int, keep: Path | None) -> LiveRun:
+def live_run(
+    sc: LlmPlacementScenario, arm: str, seed: int, keep: Path | None, progress: bool = True
+) -> LiveRun:
     with tempfile.TemporaryDirectory(prefix="llm-pools-live-") as t:
         tmp = Path(t)
         path = write_cluster(sc, arm, tmp)
@@ -395,7 +429,13 @@ def live_run(sc: LlmPlacementScenario, arm: str, seed: int, keep: Path | None) -
             assert la.gateway is not None
             time.sleep(1.0)  # the gateway's first index and load reads
             return asyncio.run(
-                drive(la.gateway.url, sc, llm_requests(sc, seed), classic_arrivals(sc, seed))
+                drive(
+                    la.gateway.url,
+                    sc,
+                    llm_requests(sc, seed),
+                    classic_arrivals(sc, seed),
+                    progress,
+                )
             )
 
 
@@ -597,6 +637,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--sim-only", action="store_true", help="the simulator's side only")
     ap.add_argument("--logs", type=Path, default=None, help="keep the processes' logs here")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if not args.time_scale > 0:
@@ -612,7 +653,7 @@ def main() -> int:
         out: dict[str, Any] = {"scenario": str(args.scenario), "arm": args.arm, "seed": seed,
                                "time_scale": args.time_scale, "sim": sim}  # fmt: skip
         if not args.sim_only:
-            live = live_run(sc, args.arm, seed, args.logs)
+            live = live_run(sc, args.arm, seed, args.logs, not args.no_progress)
             lv, live_dec = live_side(sc, args.time_scale, args.arm, live)
             out["live"] = lv
             out["decisions"] = compare_decisions(live_dec, sim_dec)
