@@ -181,6 +181,10 @@ async def test_a_burst_scales_up_a_spare_and_a_quiet_spell_drains_and_stops_it()
         up = view.json()["decisions"][-1]
         assert up[:5] == [1.7e9, "autoscale", "up", "", "f1"] and up[5] > 1.0 and len(up) == 7
         assert view.json()["switches"] == []  # no model changed device yet
+        # The controller's clock in wall time: its next autoscaler check is ahead.
+        c = view.json()["clock"]
+        assert c["started_unix_s"] is not None and c["started_unix_s"] <= 1.7e9
+        assert c["next_scale_unix_s"] > 1.7e9 and c["next_rebalance_unix_s"] > 1.7e9
         # The launcher started it; its first good probe admits it: device_ready.
         await g.poller.probe_load(g.registry.states["f1"])
         assert g.registry.is_healthy("f1")

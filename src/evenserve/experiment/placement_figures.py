@@ -45,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from evenserve.core.results import RunRecords
 from evenserve.core.scenario import OpenLoop
+from evenserve.sim.placement import PlacementClock
 from evenserve.workload.open_loop import open_loop_streams
 
 LOADS = "evenserve_gateway_model_loads"
@@ -175,6 +176,33 @@ def scale_ups_unix_s(view: dict[str, Any] | None) -> list[float] | None:
     """The gateway's ScaleUp wall times in its placement view (None: not there)."""
     ups = None if view is None else view.get("scale_ups_unix_s")
     return [float(t) for t in ups] if isinstance(ups, list) else None
+
+
+def live_placement_clock(
+    view: dict[str, Any] | None, t0_unix_s: float | None
+) -> PlacementClock | None:
+    """Where the gateway's controller stood at the load's t = 0, from its placement view
+    read before the load (``clock``: when its estimates started, its next rebalance and
+    autoscaler check, each rolled forward on its fixed schedule to the first at or after
+    t = 0); None when the view, t = 0 or the controller's first tick is missing (the
+    simulator then keeps its own schedule)."""
+    c = None if view is None else view.get("clock")
+    if not isinstance(c, dict) or t0_unix_s is None:
+        return None
+    started, rebalance = c.get("started_unix_s"), c.get("next_rebalance_unix_s")
+    if started is None or rebalance is None:
+        return None
+    scale = c.get("next_scale_unix_s")
+
+    def first(due: float, every: float) -> float:
+        late = t0_unix_s - due
+        if late > 0:
+            due += math.ceil(late / every) * every
+        return round(due - t0_unix_s, 6)
+
+    reb = first(float(rebalance), float(c["interval_s"]))
+    sc = reb if scale is None else first(float(scale), float(c["scale_interval_s"]))
+    return PlacementClock(round(float(started) - t0_unix_s, 6), reb, sc)
 
 
 def live_decisions(view: dict[str, Any] | None, t0_unix_s: float | None) -> list[list[Any]] | None:

@@ -11,7 +11,10 @@ exactly as the simulator's do. Then the simulator runs the same scenario at the 
 scale (``scaling``) with the same seeds, and the fidelity table compares the two per arm.
 Placement arms: the gateway's decision log is laid beside the simulator's of the same seed
 (``placement_figures.compare_decisions``): the summary's ``placement_trace`` says where the
-two runs parted, and ``runs/ARM/repN/decisions.json`` keeps both logs.
+two runs parted, and ``runs/ARM/repN/decisions.json`` keeps both logs. The simulation of a
+placement repeat replays its live controller's clock (``placement_clock`` in the summary:
+when its demand estimates started and its ticks fell, against the load's t = 0), so the two
+sides tick at the same times.
 A scenario model without a ``max_batch_size`` gets its model.yaml's in ``--repo`` (an
 override the summary's source carries): the workers and the simulator then apply the same
 batch-cap rule (``sched.setup``) with the same cap.
@@ -25,7 +28,8 @@ import math
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,7 @@ from evenserve.experiment.placement_figures import (
     burst_starts_s,
     compare_decisions,
     live_decisions,
+    live_placement_clock,
     run_placement_figures,
     scale_up_after_burst_s,
     scale_ups_unix_s,
@@ -73,6 +78,7 @@ from evenserve.report.summary import run_summary, summarize
 from evenserve.report.table import compare_rows
 from evenserve.sim.cluster import simulate
 from evenserve.sim.loader import LoadedScenario, load_scenario, with_level
+from evenserve.sim.placement import PlacementClock
 
 BENCH_META = "bench.json"
 
@@ -133,6 +139,9 @@ class RepeatRun:
     cpu: dict[str, Any]
     #: A placement arm's decisions (``placement_figures.live_decisions``; None otherwise).
     decisions: list[list[Any]] | None = None
+    #: Where its gateway's controller stood at t = 0 (``live_placement_clock``), which the
+    #: simulation of this repeat replays.
+    placement_clock: PlacementClock | None = None
 
     @property
     def key(self) -> str:
@@ -234,6 +243,7 @@ def run_repeat(
             pids["gateway"] = la.gateway.pid
         placed = sc.arms[arm].placement is not None
         pl_before = scrape_placement(spec.target) if placed else None
+        view_before = scrape_placement_view(spec.target, la.admin_token) if placed else None
         before = {n: process_cpu_s(p) for n, p in pids.items()}
         cpu0, wall0 = time.process_time(), time.perf_counter()
         with live_progress(err_console, title, enabled=bench.progress) as show:
@@ -279,13 +289,14 @@ def run_repeat(
     write_run(plan.folder / "runs" / arm / f"rep{rep + 1}", result, labels, extra)
     print_errors(result, err_console)
     s = measured_batch_figures(summarize(result_records(result, labels)))
-    decisions = None
+    decisions = clock = None
     if placed:
         # The gateway's counts over the load (device-seconds, loads, evictions, scale-ups).
         s.update(run_placement_figures(pl_before, pl_after))
         t0 = result.t0_unix_s
         ups_unix = scale_ups_unix_s(view)
         decisions = live_decisions(view, t0)
+        clock = live_placement_clock(view_before, t0)
         s["scale_up_after_burst_s"] = (
             None
             if ups_unix is None or t0 is None
@@ -308,7 +319,7 @@ def run_repeat(
         f"(load avg {load_avg:.2f})",
         highlight=False,
     )
-    return RepeatRun(arm, rep + 1, s, result.lag_ms, result.connections, cpu, decisions)
+    return RepeatRun(arm, rep + 1, s, result.lag_ms, result.connections, cpu, decisions, clock)
 
 
 @dataclass
@@ -320,17 +331,24 @@ class Simulated:
     stats: dict[str, dict[str, FigureStats]]
     summaries: dict[str, dict[str, Any]]
     decisions: dict[str, list[list[list[Any]]]] = field(default_factory=dict)
+    #: The live controller clocks replayed, by repeat (``ARM#N``).
+    clocks: dict[str, PlacementClock] = field(default_factory=dict)
 
 
-def simulate_arms(plan: BenchPlan) -> Simulated:
+def simulate_arms(plan: BenchPlan, live: Sequence[RepeatRun] = ()) -> Simulated:
     """The simulator on the scaled scenario, every arm (skipped ones too) with each repeat's
-    seed."""
+    seed; a placement arm's repeat replays its live run's controller clock where ``live``
+    has one (``RepeatRun.placement_clock``)."""
     out = Simulated({}, {})
     sc = plan.scaled.scenario
+    clocks = {(r.arm, r.rep): r.placement_clock for r in live}
     for arm in plan.live_arms + plan.skipped_arms:
         runs = []
         for rep in range(plan.bench.repeats):
-            rec = simulate(plan.scaled, arm, plan.seed + rep)
+            clock = clocks.get((arm, rep + 1))
+            if clock is not None:
+                out.clocks[f"{arm}#{rep + 1}"] = clock
+            rec = simulate(plan.scaled, arm, plan.seed + rep, clock)
             s = summarize(rec, timeseries=False)
             if sc.arms[arm].placement is not None:
                 out.decisions.setdefault(arm, []).append([list(d) for d in rec.placement_decisions])
@@ -400,6 +418,8 @@ def bench_summary(
         traces = placement_traces(runs, simulated)
         if traces:
             summary["placement_trace"] = traces
+        if simulated.clocks:
+            summary["placement_clock"] = {k: asdict(c) for k, c in simulated.clocks.items()}
     return summary
 
 
@@ -506,7 +526,7 @@ def run_scenario_bench(
     simulated = None
     if bench.fidelity:
         with console.status("simulating the same scenario at the same time scale ..."):
-            simulated = simulate_arms(plan)
+            simulated = simulate_arms(plan, runs)
     summary = bench_summary(plan, runs, simulated)
     write_decisions(plan, runs, simulated)
     for key, tr in summary.get("placement_trace", {}).items():

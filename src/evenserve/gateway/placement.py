@@ -373,12 +373,21 @@ class PlacementDriver:
             self._check_drained(name)
 
     async def run(self) -> None:
+        """Call ``tick`` every ``tick_s`` on a fixed schedule (a late wake-up does not push
+        the next: the ticks stay where the simulator's are, ``tick_s`` apart; a call a whole
+        period late starts the schedule again from then)."""
+        every = self.controller.tick_s
+        due = self.clock.now() + every
         while True:
-            await asyncio.sleep(self.controller.tick_s)
+            await asyncio.sleep(max(0.0, due - self.clock.now()))
             try:
                 self.tick()
             except Exception:  # a bug in a policy must not stop placement for good
                 log.exception("placement tick failed")
+            due += every
+            now = self.clock.now()
+            if due <= now:
+                due = now + every
 
     def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self.run())

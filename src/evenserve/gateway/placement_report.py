@@ -97,7 +97,9 @@ def placement_view(
     times, every decision the controller took (``decisions``: ``[unix time, source, kind,
     model, device, rate_rps, utilization]``, oldest first) and every change of a model's
     residency on a device (``switches``: ``[unix time, model, device, kind]``, what the
-    anti-thrash rule counts); ``wall_offset_s`` is the wall clock less the controller's."""
+    anti-thrash rule counts), and the controller's clock (``clock``: when its estimates
+    started, its next rebalance and autoscaler check); ``wall_offset_s`` is the wall clock
+    less the controller's."""
     c = ctl.counts
     active_s = scaling.active_seconds(now)
     return {
@@ -160,4 +162,21 @@ def placement_view(
             for d in c.decisions
         ],
         "switches": [[round(t + wall_offset_s, 6), m, dev, k] for t, m, dev, k in c.switch_log],
+        # The controller's clock in wall time: when its demand estimates started, when its
+        # next rebalance and autoscaler check are due (None: not yet scheduled).
+        "clock": {
+            "started_unix_s": None
+            if ctl.started_s is None
+            else round(ctl.started_s + wall_offset_s, 6),
+            "next_rebalance_unix_s": _wall(ctl.next_rebalance_s, wall_offset_s),
+            "next_scale_unix_s": _wall(ctl.next_scale_s, wall_offset_s)
+            if ctl.autoscaler is not None
+            else None,
+            "interval_s": ctl.interval_s,
+            "scale_interval_s": ctl.scale_interval_s,
+        },
     }
+
+
+def _wall(due_s: float, offset_s: float) -> float | None:
+    return None if due_s <= 0.0 else round(due_s + offset_s, 6)

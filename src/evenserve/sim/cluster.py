@@ -75,7 +75,7 @@ from evenserve.workload import (
 )
 
 if TYPE_CHECKING:  # imported when an arm has placement (``_build_devices``)
-    from evenserve.sim.placement import SimPlacement
+    from evenserve.sim.placement import PlacementClock, SimPlacement
 
 NAN = math.nan
 _log = math.log
@@ -105,7 +105,13 @@ LOG_CHUNK = 4096
 class Simulation:
     """One arm of one scenario, run once with one seed."""
 
-    def __init__(self, loaded: LoadedScenario, arm: str, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        loaded: LoadedScenario,
+        arm: str,
+        seed: int | None = None,
+        placement_clock: PlacementClock | None = None,
+    ) -> None:
         sc = loaded.scenario
         if arm not in sc.arms:
             raise KeyError(f"unknown arm {arm!r} (arms: {', '.join(sc.arms)})")
@@ -158,6 +164,8 @@ class Simulation:
         self._offers: dict[str, Callable[[SimRequest, float], str | None]] = {}
         self.central: CentralQueue | None = None
         self.placement: SimPlacement | None = None
+        #: A live run's controller clock to replay (``sim.placement.PlacementClock``).
+        self._placement_clock = placement_clock
         if self.arm.routing == CENTRAL_QUEUE:
             self.central = CentralQueue(self)
             self._arrive = self.central.arrive
@@ -275,7 +283,7 @@ class Simulation:
         if placed:
             from evenserve.sim.placement import SimPlacement  # only arms with placement
 
-            pl = self.placement = SimPlacement(self, built)
+            pl = self.placement = SimPlacement(self, built, self._placement_clock)
         self.front = SimFront(
             self.routers,
             retries=arm.retries,
@@ -581,7 +589,7 @@ class Simulation:
             for g, off in enumerate(self.gateway_offsets_s()):
                 self.loop.at(off, self._gateway_sample, g)
         if self.placement is not None:
-            self.loop.at(self.placement.controller.interval_s, self.placement.tick, None)
+            self.loop.at(self.placement.first_tick_s, self.placement.tick, None)
         wl = self.sc.workload
         if isinstance(wl, OpenLoop):
             self._start_open_loop(wl)
@@ -675,5 +683,10 @@ def setup_out_of_collectors_sight() -> Iterator[None]:
         gc.unfreeze()
 
 
-def simulate(loaded: LoadedScenario, arm: str, seed: int | None = None) -> RunRecords:
-    return Simulation(loaded, arm, seed).run()
+def simulate(
+    loaded: LoadedScenario,
+    arm: str,
+    seed: int | None = None,
+    placement_clock: PlacementClock | None = None,
+) -> RunRecords:
+    return Simulation(loaded, arm, seed, placement_clock).run()

@@ -17,7 +17,8 @@ Theory of operation (all on the simulation's event heap):
   it is done. An unload asked while the model is still loading happens once it is loaded.
 - Every ``tick_s`` (the controller's: a quarter of ``placement_interval_ms`` with an
   autoscaler): each device's busy fraction to the controller, then its ``tick`` (rebalance
-  every ``placement_interval_ms``, autoscaling every ``tick_s``). ScaleUp: the device costs
+  every ``placement_interval_ms``, autoscaling every ``tick_s``); the first at one interval,
+  or where a ``PlacementClock`` (a live run's) says. ScaleUp: the device costs
   from then, and takes work after ``start_ms`` (its scheduler, empty, ends its drain).
   ScaleDown: nothing new is sent; it drains (its queued requests run at once, loads and
   unloads under way finish), then it is off and its residents leave it.
@@ -54,6 +55,19 @@ from evenserve.sim.device import SimDevice, SimHost, SimRequest
 from evenserve.sim.front import SimFront
 
 GIB = 1024.0**3
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementClock:
+    """Where a live gateway's controller stood when its load began (seconds from the load's
+    t = 0): its demand estimates started at ``start_s`` (before the load: negative), its
+    next rebalance was due at ``rebalance_s`` and its autoscaler's next check at
+    ``scale_s``. A simulation given one replays that schedule (``SimPlacement.first_tick_s``)
+    instead of its own (estimates from the first arrival, the first tick one interval in)."""
+
+    start_s: float
+    rebalance_s: float
+    scale_s: float
 
 
 class PlacementHost(SimHost, Protocol):
@@ -94,7 +108,12 @@ class _Device:
 
 
 class SimPlacement:
-    def __init__(self, sim: PlacementHost, devices: list[tuple[SimDevice, DeviceSpec]]) -> None:
+    def __init__(
+        self,
+        sim: PlacementHost,
+        devices: list[tuple[SimDevice, DeviceSpec]],
+        clock: PlacementClock | None = None,
+    ) -> None:
         self.sim = sim
         arm, sc = sim.arm, sim.sc
         self.load_wait_s = arm.load_wait_ms / 1000.0
@@ -134,6 +153,17 @@ class SimPlacement:
         )
         for pd in self.devices.values():
             self._note_memory(pd)
+        #: When the first tick runs.
+        self.first_tick_s = self.controller.interval_s
+        if clock is not None:
+            ctl = self.controller
+            ctl.start(clock.start_s)
+            ctl.schedule(clock.rebalance_s, clock.scale_s)
+            self.first_tick_s = (
+                clock.rebalance_s
+                if ctl.autoscaler is None
+                else min(clock.rebalance_s, clock.scale_s)
+            )
 
     # -- requests -------------------------------------------------------------------------
     def arrive(self, r: SimRequest) -> None:

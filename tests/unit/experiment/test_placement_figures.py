@@ -11,6 +11,7 @@ from evenserve.experiment.placement_figures import (
     burst_starts_s,
     compare_decisions,
     live_decisions,
+    live_placement_clock,
     parse_placement_metrics,
     run_placement_figures,
     scale_up_after_burst_s,
@@ -18,6 +19,7 @@ from evenserve.experiment.placement_figures import (
 )
 from evenserve.sim.cluster import simulate
 from evenserve.sim.loader import load_scenario
+from evenserve.sim.placement import PlacementClock
 
 from .scenarios import scenario, write
 
@@ -104,6 +106,16 @@ def test_the_simulator_runs_the_same_burst_clock(tmp_path: Path) -> None:
     ups = [d for d in rec.placement_decisions if d[1:3] == ("autoscale", "up")]
     assert [d[0] for d in ups] == rec.scale_ups_s
     assert all(d[4] == "sp" and d[5] > 300 and d[6] >= 0 for d in ups)
+    # A live gateway's clock replayed: its estimates started 1.5 s before the load, its
+    # rebalances fall at 0.3 s + n x 0.5 s and its autoscaler checks at 0.05 s + n x 0.125 s.
+    clock = PlacementClock(-1.5, 0.3, 0.05)
+    replay = simulate(loaded, "scale", 1, clock)
+    for t, source, *_ in replay.placement_decisions:
+        if source == "rebalance":
+            assert (t - 0.3) / 0.5 == pytest.approx(round((t - 0.3) / 0.5), abs=1e-6)
+        elif source == "autoscale":
+            assert (t - 0.05) / 0.125 == pytest.approx(round((t - 0.05) / 0.125), abs=1e-6)
+    assert replay.scale_ups_s and replay.scale_ups_s != rec.scale_ups_s
     # Laid beside itself, a run never parts.
     same = compare_decisions(rec.placement_decisions, rec.placement_decisions)
     assert not same["parted"] and same["agreed"] == len(rec.placement_decisions)
@@ -190,3 +202,24 @@ def test_live_decisions_are_timed_from_the_loads_start() -> None:
     assert live_decisions(view, None) is None
     assert live_decisions({}, 1000.0) is None
     assert live_decisions(None, 1000.0) is None
+
+
+def test_the_live_clock_is_rolled_forward_to_the_loads_start() -> None:
+    view = {
+        "clock": {
+            "started_unix_s": 998.2,
+            "next_rebalance_unix_s": 998.7,
+            "next_scale_unix_s": 998.45,
+            "interval_s": 1.0,
+            "scale_interval_s": 0.25,
+        }
+    }
+    # Read at 998.3; the load began at 1000.0: rebalances at 998.7 + n, checks every 0.25 s.
+    assert live_placement_clock(view, 1000.0) == PlacementClock(-1.8, 0.7, 0.2)
+    assert live_placement_clock(view, 998.5) == PlacementClock(-0.3, 0.2, 0.2)
+    no_scaler = {"clock": {**view["clock"], "next_scale_unix_s": None}}
+    assert live_placement_clock(no_scaler, 1000.0) == PlacementClock(-1.8, 0.7, 0.7)
+    not_ticked = {"clock": {**view["clock"], "started_unix_s": None}}
+    assert live_placement_clock(not_ticked, 1000.0) is None
+    assert live_placement_clock(view, None) is None
+    assert live_placement_clock({}, 1000.0) is None

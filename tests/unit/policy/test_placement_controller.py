@@ -199,6 +199,28 @@ def test_tick_runs_every_interval_and_scale_actions_are_sequenced() -> None:
     assert math.isfinite(c.interval_s)
 
 
+def test_the_schedule_is_fixed_a_late_tick_does_not_push_the_next() -> None:
+    c = controller(interval_s=1.0)
+    assert c.next_rebalance_s == 0.0 and c.started_s is None
+    c.tick(10.0)  # the first: the schedule starts here
+    assert c.next_rebalance_s == 11.0 and c.started_s == 10.0
+    c.tick(11.003)  # a driver's call 3 ms late
+    assert c.next_rebalance_s == 12.0  # not 12.003: a call at 12.0 still rebalances
+    c.tick(15.5)  # whole periods late: again from then
+    assert c.next_rebalance_s == 16.5
+    # A replay: estimates started before the first event, the next rebalance set.
+    r = controller(interval_s=1.0)
+    r.start(-2.5)
+    r.arrival("a", 0.1)
+    assert r.started_s == -2.5
+    r.schedule(0.4, 0.4)
+    assert (r.next_rebalance_s, r.next_scale_s) == (0.4, 0.4)
+    r.tick(0.3)  # not due yet
+    assert r.next_rebalance_s == 0.4
+    r.tick(0.4)
+    assert r.next_rebalance_s == 1.4
+
+
 class _Script:
     """A policy that answers what it is given: on_miss and rebalance from lists."""
 

@@ -99,6 +99,16 @@ _TICK_EPS_S = 1e-9
 LOG_MAX = 100_000
 
 
+def _advance(due_s: float, every_s: float, now: float) -> float:
+    """The next due time after a check due at ``due_s`` ran at ``now``: ``due_s + every_s``,
+    so a driver's call a little late does not push the schedule (a tick at 2.003 s keeps the
+    next at 3.0 s, not 3.003 s, where a call at 2.999 s would then find it not due and the
+    rebalance would wait a whole tick); the first check, or one a whole period late, starts
+    the schedule again from ``now``."""
+    nxt = due_s + every_s
+    return nxt if nxt > now + _TICK_EPS_S else now + every_s
+
+
 class Decision(NamedTuple):
     """One decision of the controller, as it was taken (``PlacementCounts.decisions``): a
     trace to lay a live run's decisions beside the simulator's, decision by decision."""
@@ -277,6 +287,33 @@ class PlacementController:
         if self._start_s is None:
             self._start_s = now
 
+    def start(self, now: float) -> None:
+        """The demand estimates start at ``now`` (else at the first event): a driver whose
+        controller was running before its first event says so (a simulation replaying a live
+        gateway that started before its load)."""
+        self._started(now)
+
+    @property
+    def started_s(self) -> float | None:
+        """When the demand estimates started (None: no event yet)."""
+        return self._start_s
+
+    @property
+    def next_rebalance_s(self) -> float:
+        """When the next rebalance is due (0.0: at the first ``tick``)."""
+        return self._next_tick_s
+
+    @property
+    def next_scale_s(self) -> float:
+        """When the autoscaler's next check is due (0.0: at the first ``tick``)."""
+        return self._next_scale_s
+
+    def schedule(self, rebalance_s: float, scale_s: float) -> None:
+        """The next rebalance and the autoscaler's next check are due then (a simulation
+        replaying a live gateway's schedule; calls before then do nothing)."""
+        self._next_tick_s = rebalance_s
+        self._next_scale_s = scale_s
+
     def ready_models(self, device: str) -> list[str]:
         """The models READY on ``device`` (what a router may send there)."""
         return sorted(m for m, s in self.devices[device].models.items() if s == READY)
@@ -447,14 +484,14 @@ class PlacementController:
         self._started(now)
         out: list[Action | ScaleAction] = []
         if now >= self._next_tick_s - _TICK_EPS_S:
-            self._next_tick_s = now + self.interval_s
+            self._next_tick_s = _advance(self._next_tick_s, self.interval_s, now)
             view = self.view(now)
             proposed = self.policy.rebalance(view)
             if proposed:
                 self._check(view, proposed, "rebalance")
                 out.extend(self._apply(proposed, now, "rebalance"))
         if self.autoscaler is not None and now >= self._next_scale_s - _TICK_EPS_S:
-            self._next_scale_s = now + self.scale_interval_s
+            self._next_scale_s = _advance(self._next_scale_s, self.scale_interval_s, now)
             for s in self.autoscaler.decide(self.scale_view(now)):
                 if self._scale(s, now):
                     out.append(s)
