@@ -42,7 +42,10 @@ of changes closer than the arm's ``min_switch_s``; the morning (the LLM's traffi
 its idle phase): from its first request to the last one within 60 s (x K) that missed its
 TTFT target, against the wake plus one full-budget step. Then live / simulated per figure
 (within 15 % or not) and where the two runs' placement decisions part
-(``experiment.placement_figures.compare_decisions``).
+(``experiment.placement_figures.compare_decisions``). The live run goes first: the simulator
+then replays its gateway's controller clock (read just before the load: when its demand
+estimates started, when its rebalance and autoscaler ticks fell against t = 0), so that the
+two sides tick at the same times.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ import math
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,7 @@ from evenserve.experiment.llm_live import BYTE_VOCAB, _scale_ms, scale_profile_s
 from evenserve.experiment.placement_figures import (  # noqa: E402
     compare_decisions,
     live_decisions,
+    live_placement_clock,
     parse_placement_metrics,
 )
 from evenserve.loadgen.openai_client import run_open_loop  # noqa: E402
@@ -87,6 +91,7 @@ from evenserve.sim.llm_placement_scenario import (  # noqa: E402
     LlmPlacementScenario,
     load_llm_placement_scenario,
 )
+from evenserve.sim.placement import PlacementClock  # noqa: E402
 from evenserve.workload.llm import LlmRequest, iter_llm_open_loop  # noqa: E402
 from evenserve.workload.poisson import PoissonProcess  # noqa: E402
 from evenserve.workload.seeding import arrivals_rng  # noqa: E402
@@ -316,6 +321,8 @@ class LiveRun:
     #: The gateway's device active seconds (summed) read at each phase edge: (t, seconds).
     active_at: list[tuple[float, float]] = field(default_factory=list)
     view: dict[str, Any] = field(default_factory=dict)
+    #: The gateway's placement view just before the load (its controller's clock).
+    view_before: dict[str, Any] = field(default_factory=dict)
     t0_unix_s: float = 0.0
     send_late_s: list[float] = field(default_factory=list)
 
@@ -338,7 +345,10 @@ async def drive(
     sent, bad = [0], [0]
     conn = aiohttp.TCPConnector(limit=512, force_close=False)
     timeout = aiohttp.ClientTimeout(total=max(120.0, sc.doc.drain_s))
+    auth = {"authorization": f"Bearer {TOKEN}"}
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
+        async with s.get(f"{url}/admin/placement", headers=auth) as r:
+            run.view_before = await r.json()
         origin = clock.now()
         run.t0_unix_s = time.time()
 
@@ -411,9 +421,7 @@ async def drive(
             finally:
                 shower.cancel()
         await meter_task
-        async with s.get(
-            f"{url}/admin/placement", headers={"authorization": f"Bearer {TOKEN}"}
-        ) as r:
+        async with s.get(f"{url}/admin/placement", headers=auth) as r:
             run.view = await r.json()
     return run
 
@@ -556,9 +564,9 @@ def sim_phase_seconds(run: PlacementRun, edges: list[float]) -> list[float]:
 
 
 def sim_side(
-    sc: LlmPlacementScenario, k: float, arm: str, seed: int
+    sc: LlmPlacementScenario, k: float, arm: str, seed: int, clock: PlacementClock | None = None
 ) -> tuple[dict[str, Any], list[Any]]:
-    run = run_placement_arm(sc, arm, seed)
+    run = run_placement_arm(sc, arm, seed, clock)
     classic = [
         ClassicRecord(
             q.arrival_s,
@@ -649,11 +657,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="llm-pools-profiles-") as pt:
         pdir = scale_profile_set(base.profile_dir(), Path(pt) / "profiles", args.time_scale)
         sc = scaled(base, args.time_scale, pdir)
-        sim, sim_dec = sim_side(sc, args.time_scale, args.arm, seed)
         out: dict[str, Any] = {"scenario": str(args.scenario), "arm": args.arm, "seed": seed,
-                               "time_scale": args.time_scale, "sim": sim}  # fmt: skip
+                               "time_scale": args.time_scale}  # fmt: skip
+        live = clock = None
         if not args.sim_only:
             live = live_run(sc, args.arm, seed, args.logs, not args.no_progress)
+            clock = live_placement_clock(live.view_before, live.t0_unix_s)
+            out["placement_clock"] = None if clock is None else asdict(clock)
+        # The simulator replays the live gateway's controller clock (when its estimates
+        # started, when its ticks fell against the load's t = 0).
+        sim, sim_dec = sim_side(sc, args.time_scale, args.arm, seed, clock)
+        out["sim"] = sim
+        if live is not None:
             lv, live_dec = live_side(sc, args.time_scale, args.arm, live)
             out["live"] = lv
             out["decisions"] = compare_decisions(live_dec, sim_dec)

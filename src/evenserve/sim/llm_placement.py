@@ -70,6 +70,7 @@ from evenserve.sched.engine import EngineSetup, GenSpec
 from evenserve.sim.engine import EventLoop
 from evenserve.sim.llm import LlmSimRequest, engine_setup
 from evenserve.sim.llm_placement_scenario import ClassicStream, LlmPlacementScenario
+from evenserve.sim.placement import PlacementClock
 from evenserve.workload.llm import LlmRequest, iter_llm_open_loop
 from evenserve.workload.poisson import PoissonProcess
 from evenserve.workload.seeding import arrivals_rng
@@ -545,15 +546,30 @@ class _Pool:
             self.loop.at(t0, arrive)
 
 
-def run_placement_arm(sc: LlmPlacementScenario, arm: str, seed: int | None = None) -> PlacementRun:
-    """Run one arm of ``sc`` (see the module docstring)."""
+def run_placement_arm(
+    sc: LlmPlacementScenario,
+    arm: str,
+    seed: int | None = None,
+    clock: PlacementClock | None = None,
+) -> PlacementRun:
+    """Run one arm of ``sc`` (see the module docstring). ``clock``: a live gateway's
+    controller clock to replay (``sim.placement.PlacementClock``: its estimates started then,
+    its ticks fall there); else the first tick is at 0."""
     if arm not in sc.doc.arms:
         raise ConfigError(f"{sc.source}: arms: no arm {arm!r} ({', '.join(sc.doc.arms)})")
     seed = sc.doc.seed if seed is None else seed
     pool = _Pool(sc, arm, seed)
     pool.start_arrivals(seed)
     loop = pool.loop
-    loop.at(0.0, pool.tick, None)
+    first = 0.0
+    if clock is not None:
+        ctl = pool.ctl
+        ctl.start(clock.start_s)
+        ctl.schedule(clock.rebalance_s, clock.scale_s)
+        first = (
+            clock.rebalance_s if ctl.autoscaler is None else min(clock.rebalance_s, clock.scale_s)
+        )
+    loop.at(first, pool.tick, None)
     doc = sc.doc
     loop.run(doc.duration_s)
     limit = doc.duration_s + doc.drain_s

@@ -14,6 +14,7 @@ from evenserve.experiment.llm_live import scale_profile_set
 from evenserve.gateway.placement_catalogue import cluster_setup
 from evenserve.sim.llm_placement import _Pool, run_placement_arm
 from evenserve.sim.llm_placement_scenario import load_llm_placement_scenario
+from evenserve.sim.placement import PlacementClock
 from tests.unit.bench.bench_module import load
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -97,6 +98,11 @@ def test_both_sides_offer_the_same_arrivals_and_count_alike(tmp_path: Path) -> N
     assert [d[2] for d in decisions] == ["unload", "load"]
     m = figs["morning"]
     assert m is not None and m["first_at_s"] >= 50.0 and m["recovered_s"] < 3.0
+    # The live gateway's clock replayed: its rebalances fall at 0.37 s + n s.
+    _, replayed = bench.sim_side(sc, 1.0, "cost-aware", 1, PlacementClock(-3.0, 0.37, 0.37))
+    sleep = next(d for d in replayed if d[2] == "unload")
+    assert sleep[1] == "rebalance" and (sleep[0] - 0.37) % 1.0 == pytest.approx(0.0, abs=1e-6)
+    assert sleep[0] != decisions[0][0]
 
 
 def test_classic_arrivals_are_the_simulators(tmp_path: Path) -> None:
