@@ -198,11 +198,17 @@ def live_placement_clock(
         late = t0_unix_s - due
         if late > 0:
             due += math.ceil(late / every) * every
-        return round(due - t0_unix_s, 6)
+        return due - t0_unix_s
 
     reb = first(float(rebalance), float(c["interval_s"]))
-    sc = reb if scale is None else first(float(scale), float(c["scale_interval_s"]))
-    return PlacementClock(round(float(started) - t0_unix_s, 6), reb, sc)
+    if scale is None:
+        return PlacementClock(float(started) - t0_unix_s, reb, reb)
+    every = float(c["scale_interval_s"])
+    sc = first(float(scale), every)
+    # Both fall on the gateway's tick grid: the rebalance is put on the checks' grid exactly
+    # (a microsecond off it, a replay's tick would find it not due and wait a whole tick).
+    reb = sc + max(0, round((reb - sc) / every)) * every
+    return PlacementClock(float(started) - t0_unix_s, reb, sc)
 
 
 def live_decisions(view: dict[str, Any] | None, t0_unix_s: float | None) -> list[list[Any]] | None:
