@@ -321,6 +321,9 @@ class LiveRun:
     #: The gateway's device active seconds (summed) read at each phase edge: (t, seconds).
     active_at: list[tuple[float, float]] = field(default_factory=list)
     view: dict[str, Any] = field(default_factory=dict)
+    #: (t, {device: utilization}): what the controller held for each device on, sampled
+    #: every placement interval.
+    utilization: list[tuple[float, dict[str, float]]] = field(default_factory=list)
     #: The gateway's placement view just before the load (its controller's clock).
     view_before: dict[str, Any] = field(default_factory=dict)
     t0_unix_s: float = 0.0
@@ -336,6 +339,7 @@ async def _active_seconds(s: aiohttp.ClientSession, url: str) -> float:
 async def drive(
     url: str,
     sc: LlmPlacementScenario,
+    arm: str,
     reqs: list[LlmRequest],
     arrivals: list[ClassicArrival],
     progress: bool = True,
@@ -392,6 +396,27 @@ async def drive(
                 with contextlib.suppress(aiohttp.ClientError):
                     run.active_at.append((e, await _active_seconds(s, url)))
 
+        async def sample() -> None:
+            """The utilization the controller holds for each device on, every interval."""
+            every = sc.doc.arms[arm].placement_interval_ms / 1e3
+            t = every
+            while t < sc.doc.duration_s:
+                await until(t)
+                with contextlib.suppress(aiohttp.ClientError, ValueError):
+                    async with s.get(f"{url}/admin/placement", headers=auth) as r:
+                        devs = (await r.json())["devices"]
+                    run.utilization.append(
+                        (
+                            t,
+                            {
+                                n: float(d["utilization"] or 0.0)
+                                for n, d in devs.items()
+                                if d["active"] and not d["starting"]
+                            },
+                        )
+                    )
+                t += every
+
         async def llm() -> list[GenerationRecord]:
             return await run_open_loop(url, reqs, clock, timeout_s=max(120.0, sc.doc.drain_s))
 
@@ -407,6 +432,7 @@ async def drive(
                 )
 
         meter_task = asyncio.create_task(meter())
+        sampler = asyncio.create_task(sample())
         with Progress(
             TextColumn("live"),
             BarColumn(),
@@ -421,6 +447,9 @@ async def drive(
             finally:
                 shower.cancel()
         await meter_task
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
         async with s.get(f"{url}/admin/placement", headers=auth) as r:
             run.view = await r.json()
     return run
@@ -440,6 +469,7 @@ def live_run(
                 drive(
                     la.gateway.url,
                     sc,
+                    arm,
                     llm_requests(sc, seed),
                     classic_arrivals(sc, seed),
                     progress,
@@ -550,6 +580,22 @@ def side_figures(
     return out
 
 
+def utilization_by_phase(
+    samples: list[tuple[float, dict[str, float]]], edges: list[float]
+) -> dict[str, list[float | None]]:
+    """Per device, its mean utilization (as the controller held it) in each phase, over the
+    samples where it was on (None: never on then)."""
+    devices = sorted({d for _, u in samples for d in u})
+    out: dict[str, list[float | None]] = {}
+    for dev in devices:
+        row: list[float | None] = []
+        for lo, hi in itertools.pairwise(edges):
+            xs = [u[dev] for t, u in samples if lo <= t < hi and dev in u]
+            row.append(sum(xs) / len(xs) if xs else None)
+        out[dev] = row
+    return out
+
+
 def sim_phase_seconds(run: PlacementRun, edges: list[float]) -> list[float]:
     out = []
     for lo, hi in itertools.pairwise(edges):
@@ -579,11 +625,19 @@ def sim_side(
     ]
     c = run.counts
     decisions = [list(d) for d in c.decisions]
+    every = sc.doc.arms[arm].placement_interval_ms / 1e3
+    # Sampled as live: every placement interval (the tick there, or the last before it).
+    samples, nxt = [], every
+    for t, u in run.utilization:
+        if t >= nxt - 1e-9:
+            samples.append((t, u))
+            nxt += every
     switches = [list(s) for s in c.switch_log]
     figs = side_figures(
         sc, k, arm, run.records, classic, sim_phase_seconds(run, phase_edges(sc)), decisions,
         switches,
     )  # fmt: skip
+    figs["utilization_by_phase"] = utilization_by_phase(samples, phase_edges(sc))
     return figs, decisions
 
 
@@ -596,6 +650,7 @@ def live_side(
     switches = [[float(s[0]) - t0, *s[1:]] for s in live.view.get("switches", [])]
     decisions = live_decisions(live.view, t0) or []
     figs = side_figures(sc, k, arm, live.records, live.classic, phases, decisions, switches)
+    figs["utilization_by_phase"] = utilization_by_phase(live.utilization, phase_edges(sc))
     late = sorted(live.send_late_s)
     figs["send_late_p99_ms"] = pct(late, 99) * 1e3 if late else None  # type: ignore[operator]
     counts = live.view.get("counts", {})

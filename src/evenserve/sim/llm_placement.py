@@ -131,6 +131,8 @@ class PlacementRun:
     budget_tokens: int = 0
     #: Each LLM request's first step (start, end), by request id.
     first_steps: dict[int, tuple[float, float]] = field(default_factory=dict)
+    #: At each tick, the utilization each device on reported to the controller.
+    utilization: list[tuple[float, dict[str, float]]] = field(default_factory=list)
 
     def device_seconds(self) -> float:
         """Seconds devices were on within ``[0, duration_s)``."""
@@ -485,9 +487,12 @@ class _Pool:
         now = self.loop.now
         ctl = self.ctl
         tpot = self.engine_setup.tpot_s
+        seen: dict[str, float] = {}
         for name, d in self.devs.items():
             if d.on and not d.starting:
-                ctl.utilization(name, d.utilization(now, tpot))
+                seen[name] = d.utilization(now, tpot)
+                ctl.utilization(name, seen[name])
+        self.run.utilization.append((now, seen))
         self.carry_out(ctl.tick(now), now)
         nxt = now + ctl.tick_s
         if nxt < self.doc.duration_s:

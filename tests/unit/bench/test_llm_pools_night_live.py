@@ -96,6 +96,8 @@ def test_both_sides_offer_the_same_arrivals_and_count_alike(tmp_path: Path) -> N
     assert figs["switches"] == 2 and figs["within_window"] == 0
     assert figs["shortest_switch_gap_s"] >= 30.0
     assert [d[2] for d in decisions] == ["unload", "load"]
+    util = figs["utilization_by_phase"]["g0"]  # busy by day, nothing at night (asleep)
+    assert len(util) == 3 and util[0] is not None and 0 < util[0] <= 1 and util[1] < util[0]
     m = figs["morning"]
     assert m is not None and m["first_at_s"] >= 50.0 and m["recovered_s"] < 3.0
     # The live gateway's clock replayed: its rebalances fall at 0.37 s + n s.
@@ -122,3 +124,12 @@ def test_switch_figures_count_changes_closer_than_the_window() -> None:
                 [50.0, "a", "g0", "load"]]  # fmt: skip
     f = bench.switch_figures(switches, 30.0)
     assert f == {"switches": 4, "shortest_switch_gap_s": 15.0, "within_window": 1}
+
+
+def test_utilization_by_phase_averages_the_samples_where_a_device_was_on() -> None:
+    bench = load("llm_pools_night_live")
+    samples = [(1.0, {"g0": 0.2}), (2.0, {"g0": 0.4, "g1": 1.0}), (6.0, {"g1": 0.5})]
+    assert bench.utilization_by_phase(samples, [0.0, 5.0, 10.0]) == {
+        "g0": [pytest.approx(0.3), None],
+        "g1": [1.0, 0.5],
+    }
