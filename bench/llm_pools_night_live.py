@@ -43,9 +43,9 @@ its idle phase): from its first request to the last one within 60 s (x K) that m
 TTFT target, against the wake plus one full-budget step. Then live / simulated per figure
 (within 15 % or not) and where the two runs' placement decisions part
 (``experiment.placement_figures.compare_decisions``). The live run goes first: the simulator
-then replays its gateway's controller clock (read just before the load: when its demand
-estimates started, when its rebalance and autoscaler ticks fell against t = 0), so that the
-two sides tick at the same times.
+then replays its gateway's controller clock (``/admin/placement``: when its demand estimates
+started, when its rebalance and autoscaler ticks fell against t = 0), so that the two sides
+tick at the same times.
 """
 
 from __future__ import annotations
@@ -324,8 +324,6 @@ class LiveRun:
     #: (t, {device: utilization}): what the controller held for each device on, sampled
     #: every placement interval.
     utilization: list[tuple[float, dict[str, float]]] = field(default_factory=list)
-    #: The gateway's placement view just before the load (its controller's clock).
-    view_before: dict[str, Any] = field(default_factory=dict)
     t0_unix_s: float = 0.0
     send_late_s: list[float] = field(default_factory=list)
 
@@ -351,8 +349,6 @@ async def drive(
     timeout = aiohttp.ClientTimeout(total=max(120.0, sc.doc.drain_s))
     auth = {"authorization": f"Bearer {TOKEN}"}
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
-        async with s.get(f"{url}/admin/placement", headers=auth) as r:
-            run.view_before = await r.json()
         origin = clock.now()
         run.t0_unix_s = time.time()
 
@@ -717,7 +713,7 @@ def main() -> int:
         live = clock = None
         if not args.sim_only:
             live = live_run(sc, args.arm, seed, args.logs, not args.no_progress)
-            clock = live_placement_clock(live.view_before, live.t0_unix_s)
+            clock = live_placement_clock(live.view, live.t0_unix_s)
             out["placement_clock"] = None if clock is None else asdict(clock)
         # The simulator replays the live gateway's controller clock (when its estimates
         # started, when its ticks fell against the load's t = 0).

@@ -182,10 +182,11 @@ def live_placement_clock(
     view: dict[str, Any] | None, t0_unix_s: float | None
 ) -> PlacementClock | None:
     """Where the gateway's controller stood at the load's t = 0, from its placement view
-    read before the load (``clock``: when its estimates started, its next rebalance and
-    autoscaler check, each rolled forward on its fixed schedule to the first at or after
-    t = 0); None when the view, t = 0 or the controller's first tick is missing (the
-    simulator then keeps its own schedule)."""
+    (``clock``; read at any time, the end of the run too: its schedule is fixed): when its
+    demand estimates started (None when that was after t = 0: then, as in the simulator, at
+    its first event), and its first rebalance and autoscaler check at or after t = 0 (the
+    schedule's due times moved by whole periods). None when the view or t = 0 is missing or
+    the controller never ticked (the simulator then keeps its own schedule)."""
     c = None if view is None else view.get("clock")
     if not isinstance(c, dict) or t0_unix_s is None:
         return None
@@ -193,22 +194,21 @@ def live_placement_clock(
     if started is None or rebalance is None:
         return None
     scale = c.get("next_scale_unix_s")
+    start_s = float(started) - t0_unix_s
+    start = start_s if start_s < 0 else None
 
     def first(due: float, every: float) -> float:
-        late = t0_unix_s - due
-        if late > 0:
-            due += math.ceil(late / every) * every
-        return due - t0_unix_s
+        return (due - t0_unix_s) % every
 
     reb = first(float(rebalance), float(c["interval_s"]))
     if scale is None:
-        return PlacementClock(float(started) - t0_unix_s, reb, reb)
+        return PlacementClock(start, reb, reb)
     every = float(c["scale_interval_s"])
     sc = first(float(scale), every)
     # Both fall on the gateway's tick grid: the rebalance is put on the checks' grid exactly
     # (a microsecond off it, a replay's tick would find it not due and wait a whole tick).
     reb = sc + max(0, round((reb - sc) / every)) * every
-    return PlacementClock(float(started) - t0_unix_s, reb, sc)
+    return PlacementClock(start, reb, sc)
 
 
 def live_decisions(view: dict[str, Any] | None, t0_unix_s: float | None) -> list[list[Any]] | None:

@@ -243,7 +243,6 @@ def run_repeat(
             pids["gateway"] = la.gateway.pid
         placed = sc.arms[arm].placement is not None
         pl_before = scrape_placement(spec.target) if placed else None
-        view_before = scrape_placement_view(spec.target, la.admin_token) if placed else None
         before = {n: process_cpu_s(p) for n, p in pids.items()}
         cpu0, wall0 = time.process_time(), time.perf_counter()
         with live_progress(err_console, title, enabled=bench.progress) as show:
@@ -296,7 +295,7 @@ def run_repeat(
         t0 = result.t0_unix_s
         ups_unix = scale_ups_unix_s(view)
         decisions = live_decisions(view, t0)
-        clock = live_placement_clock(view_before, t0)
+        clock = live_placement_clock(view, t0)
         s["scale_up_after_burst_s"] = (
             None
             if ups_unix is None or t0 is None

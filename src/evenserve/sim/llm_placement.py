@@ -569,7 +569,8 @@ def run_placement_arm(
     first = 0.0
     if clock is not None:
         ctl = pool.ctl
-        ctl.start(clock.start_s)
+        if clock.start_s is not None:
+            ctl.start(clock.start_s)
         ctl.schedule(clock.rebalance_s, clock.scale_s)
         first = (
             clock.rebalance_s if ctl.autoscaler is None else min(clock.rebalance_s, clock.scale_s)

@@ -60,12 +60,13 @@ GIB = 1024.0**3
 @dataclass(frozen=True, slots=True)
 class PlacementClock:
     """Where a live gateway's controller stood when its load began (seconds from the load's
-    t = 0): its demand estimates started at ``start_s`` (before the load: negative), its
-    next rebalance was due at ``rebalance_s`` and its autoscaler's next check at
-    ``scale_s``. A simulation given one replays that schedule (``SimPlacement.first_tick_s``)
-    instead of its own (estimates from the first arrival, the first tick one interval in)."""
+    t = 0): its demand estimates started at ``start_s`` (before the load: negative; None:
+    at its first event, as the simulator's do), its next rebalance was due at
+    ``rebalance_s`` and its autoscaler's next check at ``scale_s``. A simulation given one
+    replays that schedule (``SimPlacement.first_tick_s``) instead of its own (estimates
+    from the first event, the first tick one interval in)."""
 
-    start_s: float
+    start_s: float | None
     rebalance_s: float
     scale_s: float
 
@@ -157,7 +158,8 @@ class SimPlacement:
         self.first_tick_s = self.controller.interval_s
         if clock is not None:
             ctl = self.controller
-            ctl.start(clock.start_s)
+            if clock.start_s is not None:
+                ctl.start(clock.start_s)
             ctl.schedule(clock.rebalance_s, clock.scale_s)
             self.first_tick_s = (
                 clock.rebalance_s

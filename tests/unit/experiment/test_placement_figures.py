@@ -226,6 +226,14 @@ def test_the_live_clock_is_rolled_forward_to_the_loads_start() -> None:
     assert c is not None and c.rebalance_s == c.scale_s + 2 * 0.25
     no_scaler = {"clock": {**view["clock"], "next_scale_unix_s": None}}
     assert near(live_placement_clock(no_scaler, 1000.0), (-1.8, 0.7, 0.7))
+    # Read at the end of the run: the fixed schedule moved back by whole periods.
+    end = {"clock": {**view["clock"], "next_rebalance_unix_s": 1360.7,
+                     "next_scale_unix_s": 1360.45}}  # fmt: skip
+    assert near(live_placement_clock(end, 1000.0), (-1.8, 0.7, 0.2))
+    # Estimates that started after t = 0 (at the first arrival): left to the simulator.
+    late = {"clock": {**view["clock"], "started_unix_s": 1000.08}}
+    c = live_placement_clock(late, 1000.0)
+    assert c is not None and c.start_s is None and c.scale_s == pytest.approx(0.2)
     not_ticked = {"clock": {**view["clock"], "started_unix_s": None}}
     assert live_placement_clock(not_ticked, 1000.0) is None
     assert live_placement_clock(view, None) is None
