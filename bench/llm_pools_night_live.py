@@ -76,7 +76,12 @@ from evenserve.core.llm import GenerationRecord, load_step_profiles  # noqa: E40
 from evenserve.core.profile import load_profile_set  # noqa: E402
 from evenserve.core.scenario import default_load_times_s  # noqa: E402
 from evenserve.experiment.cluster import arm_cluster, free_port  # noqa: E402
-from evenserve.experiment.llm_live import BYTE_VOCAB, _scale_ms, scale_profile_set  # noqa: E402
+from evenserve.experiment.llm_live import (  # noqa: E402
+    BYTE_VOCAB,
+    _scale_ms,
+    engine_section,
+    scale_profile_set,
+)
 from evenserve.experiment.placement_figures import (  # noqa: E402
     compare_decisions,
     live_decisions,
@@ -223,14 +228,7 @@ def write_cluster(sc: LlmPlacementScenario, arm: str, tmp: Path) -> Path:
             "priority": llm.priority,
             "ttft_ms": min(ttfts) if ttfts else None,
             "tpot_ms": min(tpots) if tpots else None,
-            "engine": {
-                "mode": setup.mode,
-                "max_num_seqs": setup.max_num_seqs,
-                "max_num_batched_tokens": setup.max_num_batched_tokens,
-                "chunk_tokens": setup.chunk_tokens,
-                "prefix_caching": setup.prefix_caching,
-                "max_waiting": setup.max_waiting,
-            },
+            "engine": engine_section(setup, None),
             "placement": llm.placement.model_dump(),
         }
     }

@@ -102,6 +102,7 @@ from evenserve.core.clock import RealClock
 from evenserve.core.llm import GenerationRecord, load_step_profiles
 from evenserve.core.wire import PRIORITY_CLASSES
 from evenserve.loadgen.openai_client import run_closed_loop, run_open_loop
+from evenserve.sched.engine import EngineSetup
 from evenserve.sim.llm import (
     ArmFigures,
     ArmRun,
@@ -232,15 +233,7 @@ def write_repo(sc: LlmScenario, arm: str, folder: Path) -> Path:
             "priority": request_class(sc),
             "ttft_ms": min(ttfts) if ttfts else None,
             "tpot_ms": min(tpots) if tpots else None,
-            "engine": {
-                "mode": setup.mode,
-                "max_num_seqs": setup.max_num_seqs,
-                "max_num_batched_tokens": setup.max_num_batched_tokens,
-                "chunk_tokens": setup.chunk_tokens,
-                "prefix_caching": setup.prefix_caching,
-                "max_waiting": setup.max_waiting,
-                "num_blocks": spec.num_blocks,
-            },
+            "engine": engine_section(setup, spec.num_blocks),
         }
         _write_model(repo / llm.model, cfg)
     if a.classic:
@@ -260,6 +253,21 @@ def write_repo(sc: LlmScenario, arm: str, folder: Path) -> Path:
                 },
             )
     return repo
+
+
+def engine_section(setup: EngineSetup, num_blocks: int | None) -> dict[str, Any]:
+    """A ``kind: llm`` folder's ``engine:`` section for an emulated worker, as the simulator
+    sets its engine up (``sim.llm.engine_setup``'s figures; ``num_blocks``: None, from the
+    step profile)."""
+    return {
+        "mode": setup.mode,
+        "max_num_seqs": setup.max_num_seqs,
+        "max_num_batched_tokens": setup.max_num_batched_tokens,
+        "chunk_tokens": setup.chunk_tokens,
+        "prefix_caching": setup.prefix_caching,
+        "max_waiting": setup.max_waiting,
+        "num_blocks": num_blocks,
+    }
 
 
 def _write_model(folder: Path, cfg: dict[str, Any]) -> None:

@@ -110,6 +110,7 @@ from evenserve.experiment.llm_live import (
     CLI,
     _scale_ms,
     cpu_seconds,
+    engine_section,
     free_port,
     host_timing,
     scale_profile_set,
@@ -235,15 +236,7 @@ def write_device_repo(sc: LlmPoolScenario, device: str, folder: Path) -> Path:
             "tokenizer": "byte",
             "priority": llm.priority,
             "tpot_ms": min(tpots) if tpots else None,
-            "engine": {
-                "mode": setup.mode,
-                "max_num_seqs": setup.max_num_seqs,
-                "max_num_batched_tokens": setup.max_num_batched_tokens,
-                "chunk_tokens": setup.chunk_tokens,
-                "prefix_caching": setup.prefix_caching,
-                "max_waiting": setup.max_waiting,
-                "num_blocks": spec.num_blocks,
-            },
+            "engine": engine_section(setup, spec.num_blocks),
         },
     )
     by_model = {c.model: c for c in doc.classic}
