@@ -742,9 +742,20 @@ def main() -> int:
             lvp = out["live"]["device_seconds_by_phase"]
             b = lvp[i] if i < len(lvp) else None
             print(f"| {lo / k:g}-{hi / k:g} s | {fmt(a)} | {fmt(b)} |")
-        print(
-            "morning: sim", json.dumps(sim["morning"]), "live", json.dumps(out["live"]["morning"])
-        )
+        print("\nutilization the controller held, mean per phase (sim / live):")
+        su, lu = sim["utilization_by_phase"], out["live"]["utilization_by_phase"]
+        phases = [f"{lo / k:g}-{hi / k:g} s" for lo, hi in itertools.pairwise(edges)]
+        print("| device | " + " | ".join(phases) + " |")
+        print("|---|" + "---|" * len(phases))
+        for dev in sorted(set(su) | set(lu)):
+            a, b = su.get(dev, []), lu.get(dev, [])
+            cells = [
+                f"{fmt(a[i] if i < len(a) else None)} / {fmt(b[i] if i < len(b) else None)}"
+                for i in range(len(phases))
+            ]
+            print(f"| {dev} | " + " | ".join(cells) + " |")
+        print("morning: sim", json.dumps(sim["morning"]))
+        print("morning: live", json.dumps(out["live"]["morning"]))
         d = out["decisions"]
         print(f"decisions: live {d['decisions']['live']} / sim {d['decisions']['sim']}, the first "
               f"{d['agreed']} agree; first parting: live {d['live']} / sim {d['sim']}")  # fmt: skip
