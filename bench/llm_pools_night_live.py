@@ -91,7 +91,7 @@ from evenserve.experiment.placement_figures import (  # noqa: E402
 from evenserve.loadgen.openai_client import run_open_loop  # noqa: E402
 from evenserve.policy.placement import AUTOSCALING, PLACEMENT  # noqa: E402
 from evenserve.sim.llm import engine_setup  # noqa: E402
-from evenserve.sim.llm_placement import PlacementRun, run_placement_arm  # noqa: E402
+from evenserve.sim.llm_placement import run_placement_arm, switch_gaps  # noqa: E402
 from evenserve.sim.llm_placement_scenario import (  # noqa: E402
     LlmPlacementScenario,
     load_llm_placement_scenario,
@@ -480,18 +480,9 @@ def pct(xs: list[float], q: float) -> float | None:
 
 
 def switch_figures(switches: list[list[Any]], window_s: float) -> dict[str, Any]:
-    """The shortest time between two changes of one (model, device) and the pairs closer
-    than ``window_s``."""
-    last: dict[tuple[str, str], float] = {}
-    shortest: float | None = None
-    within = 0
-    for t, m, d, _ in switches:
-        prev = last.get((m, d))
-        if prev is not None:
-            gap = float(t) - prev
-            shortest = gap if shortest is None else min(shortest, gap)
-            within += gap < window_s - 1e-9
-        last[(m, d)] = float(t)
+    """The switches, the shortest time between two changes of one (model, device) and the
+    pairs closer than ``window_s`` (``sim.llm_placement.switch_gaps``)."""
+    shortest, within = switch_gaps(switches, window_s - 1e-9)
     return {"switches": len(switches), "shortest_switch_gap_s": shortest, "within_window": within}
 
 
@@ -590,19 +581,6 @@ def utilization_by_phase(
     return out
 
 
-def sim_phase_seconds(run: PlacementRun, edges: list[float]) -> list[float]:
-    out = []
-    for lo, hi in itertools.pairwise(edges):
-        total = 0.0
-        for spans in run.on.values():
-            for start, end in spans:
-                assert start is not None
-                stop = hi if end is None else min(end, hi)
-                total += max(0.0, stop - max(start, lo))
-        out.append(total)
-    return out
-
-
 def sim_side(
     sc: LlmPlacementScenario, k: float, arm: str, seed: int, clock: PlacementClock | None = None
 ) -> tuple[dict[str, Any], list[Any]]:
@@ -620,18 +598,17 @@ def sim_side(
     c = run.counts
     decisions = [list(d) for d in c.decisions]
     every = sc.doc.arms[arm].placement_interval_ms / 1e3
-    # Sampled as live: every placement interval (the tick there, or the last before it).
+    # Sampled as live: every placement interval (the first tick at or after it).
     samples, nxt = [], every
     for t, u in run.utilization:
         if t >= nxt - 1e-9:
             samples.append((t, u))
             nxt += every
     switches = [list(s) for s in c.switch_log]
-    figs = side_figures(
-        sc, k, arm, run.records, classic, sim_phase_seconds(run, phase_edges(sc)), decisions,
-        switches,
-    )  # fmt: skip
-    figs["utilization_by_phase"] = utilization_by_phase(samples, phase_edges(sc))
+    edges = phase_edges(sc)
+    phases = [run.device_seconds(lo, hi) for lo, hi in itertools.pairwise(edges)]
+    figs = side_figures(sc, k, arm, run.records, classic, phases, decisions, switches)
+    figs["utilization_by_phase"] = utilization_by_phase(samples, edges)
     return figs, decisions
 
 
@@ -641,7 +618,7 @@ def live_side(
     at = live.active_at
     phases = [b[1] - a[1] for a, b in itertools.pairwise(at)]
     t0 = live.t0_unix_s
-    switches = [[float(s[0]) - t0, *s[1:]] for s in live.view.get("switches", [])]
+    switches = live_decisions(live.view, t0, "switches") or []
     decisions = live_decisions(live.view, t0) or []
     figs = side_figures(sc, k, arm, live.records, live.classic, phases, decisions, switches)
     figs["utilization_by_phase"] = utilization_by_phase(live.utilization, phase_edges(sc))

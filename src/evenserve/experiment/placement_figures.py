@@ -211,10 +211,13 @@ def live_placement_clock(
     return PlacementClock(start, reb, sc)
 
 
-def live_decisions(view: dict[str, Any] | None, t0_unix_s: float | None) -> list[list[Any]] | None:
-    """The gateway's decisions (its placement view) with times from the load's t = 0 (None:
-    no view or no t = 0). Decisions before t = 0 (the gateway's start) keep negative times."""
-    rows = None if view is None else view.get("decisions")
+def live_decisions(
+    view: dict[str, Any] | None, t0_unix_s: float | None, log: str = "decisions"
+) -> list[list[Any]] | None:
+    """A log of the gateway's placement view (``decisions``, or ``switches``) with times
+    from the load's t = 0 (None: no view, no such log or no t = 0). Rows before t = 0 (the
+    gateway's start) keep negative times."""
+    rows = None if view is None else view.get(log)
     if not isinstance(rows, list) or t0_unix_s is None:
         return None
     return [[round(float(r[0]) - t0_unix_s, 6), *r[1:]] for r in rows]

@@ -361,14 +361,20 @@ def simulate_arms(plan: BenchPlan, live: Sequence[RepeatRun] = ()) -> Simulated:
     return out
 
 
+def _sim_decisions(simulated: Simulated | None, r: RepeatRun) -> list[list[Any]] | None:
+    """The simulator's decisions of live repeat ``r``'s arm and seed (None: none)."""
+    sims = None if simulated is None else simulated.decisions.get(r.arm)
+    return sims[r.rep - 1] if sims is not None and r.rep <= len(sims) else None
+
+
 def placement_traces(runs: list[RepeatRun], simulated: Simulated) -> dict[str, Any]:
     """Per live repeat of a placement arm (``ARM#N``), where its decisions and the
     simulator's of the same seed part (``compare_decisions``)."""
     out: dict[str, Any] = {}
     for r in runs:
-        sims = simulated.decisions.get(r.arm)
-        if r.decisions is not None and sims is not None and r.rep <= len(sims):
-            out[r.key] = compare_decisions(r.decisions, sims[r.rep - 1])
+        sim = _sim_decisions(simulated, r)
+        if r.decisions is not None and sim is not None:
+            out[r.key] = compare_decisions(r.decisions, sim)
     return out
 
 
@@ -377,8 +383,7 @@ def write_decisions(plan: BenchPlan, runs: list[RepeatRun], simulated: Simulated
     for r in runs:
         if r.decisions is None:
             continue
-        sims = None if simulated is None else simulated.decisions.get(r.arm)
-        sim = sims[r.rep - 1] if sims is not None and r.rep <= len(sims) else None
+        sim = _sim_decisions(simulated, r)
         folder = plan.folder / "runs" / r.arm / f"rep{r.rep}"
         folder.mkdir(parents=True, exist_ok=True)
         doc = {

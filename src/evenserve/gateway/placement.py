@@ -83,7 +83,7 @@ from evenserve.policy.placement import (
     ScaleUp,
     Unload,
 )
-from evenserve.policy.placement.controller import PlacementController
+from evenserve.policy.placement.controller import PlacementController, next_due
 
 log = logging.getLogger("evenserve.gateway.placement")
 
@@ -384,10 +384,7 @@ class PlacementDriver:
                 self.tick()
             except Exception:  # a bug in a policy must not stop placement for good
                 log.exception("placement tick failed")
-            due += every
-            now = self.clock.now()
-            if due <= now:
-                due = now + every
+            due = next_due(due, every, self.clock.now())
 
     def start(self) -> None:
         self._loop_task = asyncio.get_running_loop().create_task(self.run())

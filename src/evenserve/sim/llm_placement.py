@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,14 +134,15 @@ class PlacementRun:
     #: At each tick, the utilization each device on reported to the controller.
     utilization: list[tuple[float, dict[str, float]]] = field(default_factory=list)
 
-    def device_seconds(self) -> float:
-        """Seconds devices were on within ``[0, duration_s)``."""
+    def device_seconds(self, lo: float = 0.0, hi: float | None = None) -> float:
+        """Seconds devices were on within ``[lo, hi)`` (default ``[0, duration_s)``)."""
+        hi = self.duration_s if hi is None else hi
         total = 0.0
         for spans in self.on.values():
             for start, end in spans:
                 assert start is not None
-                stop = self.duration_s if end is None else min(end, self.duration_s)
-                total += max(0.0, stop - start)
+                stop = hi if end is None else min(end, hi)
+                total += max(0.0, stop - max(start, lo))
         return total
 
 
@@ -566,16 +567,7 @@ def run_placement_arm(
     pool = _Pool(sc, arm, seed)
     pool.start_arrivals(seed)
     loop = pool.loop
-    first = 0.0
-    if clock is not None:
-        ctl = pool.ctl
-        if clock.start_s is not None:
-            ctl.start(clock.start_s)
-        ctl.schedule(clock.rebalance_s, clock.scale_s)
-        first = (
-            clock.rebalance_s if ctl.autoscaler is None else min(clock.rebalance_s, clock.scale_s)
-        )
-    loop.at(first, pool.tick, None)
+    loop.at(0.0 if clock is None else clock.apply(pool.ctl), pool.tick, None)
     doc = sc.doc
     loop.run(doc.duration_s)
     limit = doc.duration_s + doc.drain_s
@@ -594,19 +586,20 @@ def _pct(xs: list[float], q: float) -> float | None:
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
-def switch_gaps(counts: PlacementCounts) -> tuple[float | None, int]:
-    """The shortest time between two changes of one (model, device) (None: no pair changed
-    twice), and how many such pairs of changes came within 30 s."""
+def switch_gaps(log: Iterable[Sequence[Any]], window_s: float = 30.0) -> tuple[float | None, int]:
+    """Over a switch log (``PlacementCounts.switch_log``'s rows: time, model, device, kind),
+    the shortest time between two changes of one (model, device) (None: no pair changed
+    twice), and how many such pairs of changes came within ``window_s``."""
     last: dict[tuple[str, str], float] = {}
     shortest: float | None = None
     within = 0
-    for t, m, d, _ in counts.switch_log:
+    for t, m, d, _ in log:
         prev = last.get((m, d))
         if prev is not None:
-            gap = t - prev
+            gap = float(t) - prev
             shortest = gap if shortest is None else min(shortest, gap)
-            within += gap < 30.0
-        last[(m, d)] = t
+            within += gap < window_s
+        last[(m, d)] = float(t)
     return shortest, within
 
 
@@ -722,7 +715,7 @@ def summarize_placement(sc: LlmPlacementScenario, run: PlacementRun) -> dict[str
         }
     classic_n = sum(s["requests"] for s in streams.values())
     classic_met = sum(s["met"] for s in streams.values())
-    shortest, within = switch_gaps(run.counts)
+    shortest, within = switch_gaps(run.counts.switch_log)
     ttfts = [w.ttft_ms for w in sc.workloads if w.ttft_ms is not None]
     return {
         "arm": run.arm,

@@ -70,6 +70,14 @@ class PlacementClock:
     rebalance_s: float
     scale_s: float
 
+    def apply(self, ctl: PlacementController) -> float:
+        """Set ``ctl``'s estimates' start and schedule to this clock's; returns when its
+        first tick is due (the next rebalance, or the autoscaler's next check if sooner)."""
+        if self.start_s is not None:
+            ctl.start(self.start_s)
+        ctl.schedule(self.rebalance_s, self.scale_s)
+        return self.rebalance_s if ctl.autoscaler is None else min(self.rebalance_s, self.scale_s)
+
 
 class PlacementHost(SimHost, Protocol):
     """What the placement driver needs of the simulation that holds it."""
@@ -155,17 +163,9 @@ class SimPlacement:
         for pd in self.devices.values():
             self._note_memory(pd)
         #: When the first tick runs.
-        self.first_tick_s = self.controller.interval_s
-        if clock is not None:
-            ctl = self.controller
-            if clock.start_s is not None:
-                ctl.start(clock.start_s)
-            ctl.schedule(clock.rebalance_s, clock.scale_s)
-            self.first_tick_s = (
-                clock.rebalance_s
-                if ctl.autoscaler is None
-                else min(clock.rebalance_s, clock.scale_s)
-            )
+        self.first_tick_s = (
+            self.controller.interval_s if clock is None else clock.apply(self.controller)
+        )
 
     # -- requests -------------------------------------------------------------------------
     def arrive(self, r: SimRequest) -> None:

@@ -99,7 +99,7 @@ _TICK_EPS_S = 1e-9
 LOG_MAX = 100_000
 
 
-def _advance(due_s: float, every_s: float, now: float) -> float:
+def next_due(due_s: float, every_s: float, now: float) -> float:
     """The next due time after a check due at ``due_s`` ran at ``now``: ``due_s + every_s``,
     so a driver's call a little late does not push the schedule (a tick at 2.003 s keeps the
     next at 3.0 s, not 3.003 s, where a call at 2.999 s would then find it not due and the
@@ -484,14 +484,14 @@ class PlacementController:
         self._started(now)
         out: list[Action | ScaleAction] = []
         if now >= self._next_tick_s - _TICK_EPS_S:
-            self._next_tick_s = _advance(self._next_tick_s, self.interval_s, now)
+            self._next_tick_s = next_due(self._next_tick_s, self.interval_s, now)
             view = self.view(now)
             proposed = self.policy.rebalance(view)
             if proposed:
                 self._check(view, proposed, "rebalance")
                 out.extend(self._apply(proposed, now, "rebalance"))
         if self.autoscaler is not None and now >= self._next_scale_s - _TICK_EPS_S:
-            self._next_scale_s = _advance(self._next_scale_s, self.scale_interval_s, now)
+            self._next_scale_s = next_due(self._next_scale_s, self.scale_interval_s, now)
             for s in self.autoscaler.decide(self.scale_view(now)):
                 if self._scale(s, now):
                     out.append(s)
@@ -624,4 +624,5 @@ __all__ = [
     "Decision",
     "PlacementController",
     "PlacementCounts",
+    "next_due",
 ]
