@@ -400,3 +400,33 @@ def test_an_inactive_or_lost_device_is_not_reconciled() -> None:
     c._scale(ScaleDown("d0"))  # stopping
     assert c.reconcile("d0", {}, 1.2) == []
     assert c.devices["d0"].models == {"a": READY, "b": READY}
+
+
+def test_cost_aware_keeps_the_configured_replicas_until_its_estimates_have_observed() -> None:
+    # A gateway started before its traffic: the layout holds "a" on both devices. Its first
+    # rebalances read every rate as 0 over a second or two of observation: no evidence, so
+    # no replica is removed (before the rule, the first tick took "a" off d0).
+    c = PlacementController(
+        infos(),
+        [DeviceView("d0", 12 * GIB, {"a": READY}), DeviceView("d1", 12 * GIB, {"a": READY})],
+        PLACEMENT.build("cost-aware", {"hold_s": 10.0}),
+    )
+    assert c.tick(100.0) == []
+    assert c.view(100.0).observed_s == 0.0
+    assert c.tick(101.0) == []
+    assert c.tick(109.0) == []
+    assert c.view(109.5).observed_s == 9.5
+    # After hold_s of observation with no request, the second replica has no demand.
+    assert c.tick(110.0) == [Unload("a", "d0")]
+    assert [(d.source, d.kind, d.model) for d in c.counts.decisions] == [
+        ("rebalance", "unload", "a")
+    ]
+
+
+def test_a_view_built_by_hand_counts_as_observed_long_enough() -> None:
+    v = ClusterView(0.0, infos(), [DeviceView("d0", 12 * GIB, {})])
+    assert v.observed_s == math.inf
+    c = controller()
+    assert c.view(5.0).observed_s == 0.0  # nothing seen, no tick: not started
+    c.arrival("a", 5.0)
+    assert c.view(7.5).observed_s == 2.5

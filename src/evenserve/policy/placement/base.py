@@ -41,6 +41,7 @@ and the property tests apply it), and never both load and unload one model on on
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -200,6 +201,10 @@ class ClusterView:
     burst_rps: Mapping[str, float] | None = None
     #: The anti-thrash window (module docstring; 0: off).
     min_switch_s: float = 0.0
+    #: How long the demand estimates have been observing (the controller's: since its
+    #: first tick or event). A rate of 0 read over a shorter time is not evidence that a
+    #: model has no demand; infinite: as long as it takes (a view built by hand).
+    observed_s: float = math.inf
 
     def device(self, name: str) -> DeviceView:
         for d in self.devices:

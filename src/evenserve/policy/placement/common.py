@@ -115,7 +115,7 @@ def apply_actions(view: ClusterView, actions: Iterable[Action]) -> ClusterView:
     ]
     return ClusterView(
         view.now_s, view.models, devices, view.rate_rps, view.warm,
-        min_switch_s=view.min_switch_s,
+        min_switch_s=view.min_switch_s, observed_s=view.observed_s,
     )  # fmt: skip
 
 

@@ -237,6 +237,7 @@ class PlacementController:
             rate_rps={m: self.rate_rps(m, now) for m in self._rates},
             warm=frozenset(self._warm),
             min_switch_s=self.min_switch_s,
+            observed_s=0.0 if self._start_s is None else max(0.0, now - self._start_s),
         )
 
     def pinned(self, device: str, now: float) -> frozenset[str]:

@@ -44,7 +44,12 @@ a model changed within ``hold_s``, such models are considered too (a request is 
 - down first: ``R >= 2`` and ``r < low_utilization * (R - 1) * c``: unload one READY replica
   without outstanding requests (the least recently used one, ties: busiest device, name).
   ``R - 1 >= 1`` keeps one replica while ``r > 0`` (a cache keeps even an idle model until
-  its memory is wanted).
+  its memory is wanted). Not before the demand estimates have observed for ``hold_s``
+  (``ClusterView.observed_s``): a rate of 0 read over the first second of a gateway that
+  was started before its traffic is no evidence, and without this rule the first rebalance
+  took every replica of the configured layout off a device (the one the tie-break picks)
+  before the first request came (design note 0022). The idle unload below counts from the
+  first view that saw the model resident, so it waits ``idle_unload_s`` from the start too.
 - then up, hottest first: ``R >= 1``, none LOADING, and ``r > target_utilization * R * c``:
   one more replica where a miss would go, in free memory or in the room of models without
   demand only (cost 0): never a model with demand, which would miss and whose reload would
@@ -246,7 +251,8 @@ class CostAwarePlacement:
         p, now = self.params, view.now_s
         actions: list[Action] = []
         work = view
-        for model in sorted(view.models):  # down first: it frees memory for the ups
+        evidence = view.observed_s >= p.hold_s
+        for model in sorted(view.models) if evidence else []:  # down first: frees memory
             rate, cap = view.rate_rps.get(model, 0.0), view.models[model].capacity_rps
             hosts = work.hosts(model)
             if len(hosts) < 2 or not rate < p.low_utilization * (len(hosts) - 1) * cap:
