@@ -16,6 +16,7 @@ import pytest
 
 from evenserve.core.options import DeviceOptions
 from evenserve.runtime.device import parse_device
+from evenserve.runtime.host_pool import HostPool
 from evenserve.worker.app import Worker
 from evenserve.worker.options import WorkerOptions
 from evenserve.worker.repository import load_llm_repository
@@ -61,7 +62,11 @@ def placed_repo(
 
 
 def start_worker(
-    pset: Path, repo: Path, awake: set[str], memory_gb: float | None = None
+    pset: Path,
+    repo: Path,
+    awake: set[str],
+    memory_gb: float | None = None,
+    pool: Path | None = None,
 ) -> BackgroundWorker:
     device = f"emulated:{pset}"
     options = WorkerOptions(
@@ -69,6 +74,8 @@ def start_worker(
         model_control="explicit",
         repository=repo,
         repository_poll_s=3600.0,
+        host_pool=pool,
+        host_pool_bytes=0.0 if pool is None else 4 * 2**30,
         **({} if memory_gb is None else {"run": DeviceOptions(memory_gb=memory_gb)}),
     )
     service = Worker([], options, llm_entries=load_llm_repository(repo), llm_awake=awake)
@@ -201,3 +208,44 @@ def test_the_placement_section_is_validated_naming_the_field(tmp_path: Path) -> 
 
     with pytest.raises(ConfigError, match=r"placement\.kv_tokens"):
         build_llm(entry, pset, emulated=True)
+
+
+def test_a_wake_on_another_worker_of_the_host_is_warm_from_its_pool(tmp_path: Path) -> None:
+    # The controller plans one warm pool per host: an LLM put to sleep on one device wakes
+    # warm on another. Without the pool the second worker loaded it cold (its own state
+    # knew only its own LLMs).
+    pset, repo = placed_repo(tmp_path, {"llm": 0.5})
+    pool = tmp_path / "pool"
+    with start_worker(pset, repo, set(), pool=pool) as a:
+        asked_a = slept(a)
+        with httpx.Client(base_url=a.url, timeout=30) as c:
+            r = c.post("/v2/repository/models/llm/load")
+            assert r.status_code == 200 and r.json()["load_source"] == "disk"
+            assert c.post("/v2/repository/models/llm/unload").status_code == 200
+        assert asked_a == [0.4]
+        entries = HostPool(pool, 4 * 2**30).entries()
+        # Counted at its weights' bytes; the file takes no host memory (the emulation holds
+        # no weights).
+        assert [(e.model, e.size_bytes) for e in entries] == [("llm", 2**29)]
+        assert all(p.stat().st_size == 0 for p in pool.glob("*.entry"))
+    with start_worker(pset, repo, set(), pool=pool) as b:
+        asked_b = slept(b)
+        with httpx.Client(base_url=b.url, timeout=30) as c:
+            r = c.post("/v2/repository/models/llm/load")
+            assert r.status_code == 200 and r.json()["load_source"] == "host"
+            assert complete(c).status_code == 200
+        assert asked_b == [0.15]  # warm_load_ms
+    # A worker without the pool loads it cold, as before.
+    with start_worker(pset, repo, set()) as c3:
+        asked = slept(c3)
+        with httpx.Client(base_url=c3.url, timeout=30) as c:
+            assert c.post("/v2/repository/models/llm/load").json()["load_source"] == "disk"
+        assert asked == [0.4]
+
+
+def test_a_stopped_worker_keeps_its_awake_llms_in_the_pool(tmp_path: Path) -> None:
+    pset, repo = placed_repo(tmp_path, {"llm": 0.5})
+    pool = tmp_path / "pool"
+    with start_worker(pset, repo, {"llm"}, pool=pool):
+        assert HostPool(pool, 4 * 2**30).entries() == []  # awake from the start: no load
+    assert [e.model for e in HostPool(pool, 4 * 2**30).entries()] == ["llm"]

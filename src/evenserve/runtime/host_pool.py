@@ -262,12 +262,23 @@ class HostPool:
             e["used"] = self._bump(index)
             return self.path(key)
 
-    def put(self, model: str, config_digest: str, size_bytes: float, write: WriteEntry) -> bool:
+    def put(
+        self,
+        model: str,
+        config_digest: str,
+        size_bytes: float,
+        write: WriteEntry,
+        *,
+        reserves: bool = True,
+    ) -> bool:
         """Keep ``model`` in the pool: an entry present is refreshed (most recently used),
         else ``write(path)`` makes it (``size_bytes`` of it) after the least recently used
         entries made room. False when it is not kept: larger than the capacity (then, as
         the controller's pool, nothing older is kept either), the host's memory too short,
-        or the write failed."""
+        or the write failed. ``reserves=False``: the entry is counted at ``size_bytes`` in
+        the pool (room, LRU) but its file takes no host memory (an emulated LLM's, whose
+        weights the emulation never holds: design 0022), so the host's memory is not
+        checked for it."""
         key = entry_key(model, config_digest)
         size = int(max(0.0, size_bytes))
         with self._locked() as index:
@@ -287,7 +298,7 @@ class HostPool:
             # Under the lock: the room and the host's memory are checked against what the
             # other writers have reserved and not written yet, and this write reserves its
             # bytes (several workers writing at once cannot go over either).
-            if not self._memory_allows(size + reserved(index), model):
+            if reserves and not self._memory_allows(size + reserved(index), model):
                 return False
             index["pending"][key] = {"bytes": size, "pid": os.getpid()}
         tmp = self.directory / f"{key}.{os.getpid()}.tmp"

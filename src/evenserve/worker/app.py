@@ -108,6 +108,7 @@ class Worker:
             self.control.loads,
             self._generation_driver,
             options.drain_timeout_s,
+            pool=host_pool,
         )
         if self.llms:
             self.control.llm = self.residency
@@ -240,6 +241,7 @@ class Worker:
             self._poller = None
         if self.device.driver is not None:
             await self.device.driver.drain(self.options.drain_timeout_s)
+        await self.residency.keep_awake()
         if self.device.executor is not None:
             await asyncio.to_thread(self.device.executor.shutdown)
         for m in list(self.models.values()):

@@ -125,6 +125,22 @@ def test_the_host_memory_bound_refuses_an_entry_instead_of_filling_the_host(
     assert pool.refused == 1 and pool.entries() == []
 
 
+def test_an_entry_that_reserves_nothing_is_counted_but_not_checked_against_the_host(
+    tmp_path: Path,
+) -> None:
+    # An emulated LLM's entry (its weights are never held): counted in the pool's room and
+    # LRU order, but its file is empty, so the host's memory does not bound it.
+    pool = _pool(tmp_path, capacity=1e12, free=0.15e12)
+    empty = lambda p: p.write_bytes(b"")  # noqa: E731
+    assert pool.put("llm", digest("a"), int(0.1e12), empty, reserves=False)
+    assert pool.refused == 0 and pool.used_bytes() == int(0.1e12)
+    assert not _put(pool, "m", int(0.1e12))  # an entry that reserves is checked: refused
+    assert pool.refused == 1
+    small = _pool(tmp_path, capacity=0.15e12)  # the same directory, a smaller capacity
+    assert small.put("llm2", digest("a"), int(0.1e12), empty, reserves=False)
+    assert [e.model for e in small.entries()] == ["llm2"]  # the LRU one made room
+
+
 def test_a_lost_file_is_no_entry(tmp_path: Path) -> None:
     pool = _pool(tmp_path)
     assert _put(pool, "m", MB)

@@ -18,6 +18,27 @@ sleep and wake the gateway's placement asks for through the repository extension
 
 Sleep and wake are emulated (a ``runtime: emulated`` folder with a ``placement:`` section);
 an LLM without one is served awake for the worker's life and refuses both (400).
+
+**The host's warm pool** (the worker's ``--host-pool``, shared by the workers of a host;
+``runtime.host_pool``). The placement controller plans with one warm pool per cluster: a
+model that slept or was loaded anywhere wakes warm on any device while the pool holds it
+(the weights in host memory: vLLM's sleep mode keeps them in the engine's process, and a
+fresh engine reads a file the page cache holds at memory speed). Without a pool the worker
+knew only its own LLMs: one on disk here loaded cold although another worker had put it to
+sleep a minute before, so a device the autoscaler turned on for a burst took the cold load
+(20 s) where the controller had planned the wake (1.5 s). With a pool:
+
+- a wake of an LLM on disk here is warm when the pool holds its entry (``take``: keyed by
+  its model.yaml and its profile's weights), else cold;
+- every wake and every sleep keeps the entry (``put``: written if missing, else the most
+  recently used), as the controller's pool makes a model warm at each load and unload;
+- an LLM asleep here wakes warm as before (its own process holds it);
+- at the worker's stop every LLM awake here is kept (``keep_awake``): the controller makes
+  a stopped device's residents warm.
+
+The entry is counted at the weights' bytes in the pool (its room and LRU order follow the
+controller's) but takes no host memory (``reserves=False``): the emulation holds no weights
+in host memory while asleep, and an 8B model's 15 GiB would not fit a small host.
 """
 
 from __future__ import annotations
@@ -26,9 +47,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from evenserve.core.llm import GIB
+from evenserve.runtime.host_pool import HostPool, digest
 from evenserve.worker.llm.generation import GenerationDriver
 from evenserve.worker.llm.hosting import LlmModel
 from evenserve.worker.models.loadwait import LoadWaits, LoadWatch
@@ -51,6 +74,11 @@ ASLEEP_REASON = "asleep (weights in host memory)"
 ON_DISK_REASON = "not loaded (on disk)"
 
 
+def _empty_entry(path: Path) -> None:
+    """An emulated LLM's pool entry: an empty file (the pool counts its bytes)."""
+    path.write_bytes(b"")
+
+
 class LlmResidencyError(Exception):
     """A sleep or wake that cannot be done; ``status`` its HTTP status."""
 
@@ -71,6 +99,7 @@ class LlmResidency:
         driver: Callable[[], GenerationDriver],
         drain_timeout_s: float | None,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        pool: HostPool | None = None,
     ) -> None:
         self.llms = dict(llms)
         self.where: dict[str, str] = {n: AWAKE if n in awake else ON_DISK for n in llms}
@@ -79,6 +108,7 @@ class LlmResidency:
         self._driver = driver
         self.drain_timeout_s = drain_timeout_s
         self._sleep = sleep
+        self.pool = pool
 
     def placeable(self, name: str) -> bool:
         """Whether ``name`` is an LLM that may be put to sleep and woken here."""
@@ -116,6 +146,42 @@ class LlmResidency:
             )
         return self.llms[name]
 
+    # -- the host's warm pool ---------------------------------------------------------------
+    def _pool_key(self, llm: LlmModel) -> str:
+        p = llm.profile
+        return digest(llm.entry.config.model_dump_json(), f"{p.model}|{p.weights_bytes:.0f}")
+
+    async def _in_pool(self, llm: LlmModel) -> bool:
+        """Whether the host's pool holds ``llm`` (then the most recently used)."""
+        pool = self.pool
+        if pool is None:
+            return False
+        try:
+            return await asyncio.to_thread(pool.take, llm.name, self._pool_key(llm)) is not None
+        except OSError as exc:  # the pool is an optimisation: a wake never fails for it
+            log.warning("host pool: %s", exc)
+            return False
+
+    async def _keep(self, llm: LlmModel) -> None:
+        """Keep ``llm`` in the host's pool (module docstring); a failure is logged."""
+        pool = self.pool
+        if pool is None:
+            return
+        try:
+            await asyncio.to_thread(
+                pool.put, llm.name, self._pool_key(llm), llm.profile.weights_bytes,
+                _empty_entry, reserves=False,
+            )  # fmt: skip
+        except OSError as exc:
+            log.warning("host pool: keeping model %s failed: %s", llm.name, exc)
+
+    async def keep_awake(self) -> None:
+        """At the worker's stop: every placeable LLM awake here into the host's pool (the
+        controller makes a stopped device's residents warm)."""
+        for name, where in self.where.items():
+            if where == AWAKE and self.placeable(name):
+                await self._keep(self.llms[name])
+
     # -- wake --------------------------------------------------------------------------------
     async def wake(self, name: str) -> dict[str, Any]:
         """Load ``name`` (module docstring): from host memory (asleep) or disk; nothing
@@ -126,6 +192,9 @@ class LlmResidency:
             return {"load_source": "device", "load_seconds": 0.0}
         spec = llm.entry.config.placement
         assert spec is not None
+        # (Asked first: the memory check and the LOADING state below then follow at once.)
+        warm = where == ASLEEP or await self._in_pool(llm)
+        source = ASLEEP if warm else ON_DISK
         driver = self._driver()
         need = llm.profile.weights_bytes + (llm.num_blocks or 0) * llm.profile.block_bytes
         memory = driver.sched.memory
@@ -138,7 +207,7 @@ class LlmResidency:
                 f"GiB (of {(memory.total_bytes or 0.0) / GIB:.2f} GiB)",
                 400,
             )
-        seconds = (spec.warm_load_ms if where == ASLEEP else spec.cold_load_ms) / 1e3
+        seconds = (spec.warm_load_ms if warm else spec.cold_load_ms) / 1e3
         version = llm.entry.config.version
         self.states[name] = ModelState(LOADING, version=version)
         watch = LoadWatch(seconds)
@@ -163,8 +232,9 @@ class LlmResidency:
             self.states[name] = ModelState(READY, version=version)
             failure = None
             took = time.perf_counter() - t0
-            log.info("model %s woken from %s in %.3f s", name, where, took)
-            return {"load_source": where, "load_seconds": round(took, 6)}
+            log.info("model %s woken from %s in %.3f s", name, source, took)
+            await self._keep(llm)  # a load passes through host memory
+            return {"load_source": source, "load_seconds": round(took, 6)}
         finally:
             if reserved:
                 with driver.lock:
@@ -201,3 +271,4 @@ class LlmResidency:
         self.where[name] = ASLEEP
         self.states[name] = ModelState(UNAVAILABLE, ASLEEP_REASON, version)
         log.info("model %s asleep (weights in host memory)", name)
+        await self._keep(llm)
