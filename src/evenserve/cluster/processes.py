@@ -50,6 +50,23 @@ def die_with_parent(sig: int) -> Callable[[], None] | None:
     return partial(_set_parent_death_signal, sig) if sys.platform.startswith("linux") else None
 
 
+def without_startup_loads(argv: Sequence[str]) -> list[str]:
+    """A worker's arguments without its ``--load-model M`` pairs: the worker starts with no
+    model resident. The scale channel starts a device that way (the placement controller
+    counts a device turned on as empty, ``device_ready``, and the simulator starts it so:
+    placement then loads what it wants there, paying each load)."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--load-model":
+            skip = True
+        else:
+            out.append(a)
+    return out
+
+
 @dataclass
 class Proc:
     """A child process of the launcher (the gateway, a local worker), its output appended to
@@ -64,10 +81,11 @@ class Proc:
     restarts: int = 0
     log_file: IO[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, *, bare: bool = False) -> None:
+        """Start the child; ``bare``: without its startup loads (``without_startup_loads``)."""
         self.log_file = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
         self.popen = subprocess.Popen(
-            self.cmd,
+            without_startup_loads(self.cmd) if bare else self.cmd,
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=self.log_file,
@@ -120,7 +138,7 @@ class WorkerProc(Protocol):
     @property
     def pid(self) -> int | None: ...
 
-    def start(self) -> None: ...
+    def start(self, *, bare: bool = False) -> None: ...
 
     def alive(self) -> bool: ...
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import IO, Any
 
-from evenserve.cluster.processes import cli_cmd, die_with_parent
+from evenserve.cluster.processes import cli_cmd, die_with_parent, without_startup_loads
 
 
 class WorkerHost:
@@ -48,8 +48,9 @@ class WorkerHost:
         self.starts = 0
         self.ensure_running()
 
-    def ensure_running(self) -> int:
-        """Start the worker unless it runs; its pid."""
+    def ensure_running(self, bare: bool = False) -> int:
+        """Start the worker unless it runs; its pid. ``bare``: without its startup loads
+        (``processes.without_startup_loads``: the scale channel's start)."""
         if self.popen is not None and self.popen.poll() is None:
             return self.popen.pid
         if self.log is not None:
@@ -57,7 +58,7 @@ class WorkerHost:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the child
         self.popen = subprocess.Popen(
-            cli_cmd(sys.executable, *self.argv),
+            cli_cmd(sys.executable, *(without_startup_loads(self.argv) if bare else self.argv)),
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=self.log,

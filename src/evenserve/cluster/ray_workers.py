@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evenserve.cluster.processes import WorkerProc, cli_cmd
+from evenserve.cluster.processes import WorkerProc, cli_cmd, without_startup_loads
 from evenserve.cluster.ray_worker_host import WorkerHost
 from evenserve.cluster.workers_section import DeviceEntry
 from evenserve.core.errors import ConfigError
@@ -182,13 +182,13 @@ class ActorWorker:
     #: Seconds to wait for an actor's answer.
     CALL_TIMEOUT_S = 5.0
 
-    def start(self) -> None:
+    def start(self, *, bare: bool = False) -> None:
         """A new actor (its worker starts in its constructor), or, when the actor lives and
-        its worker exited, that worker again."""
+        its worker exited, that worker again. ``bare``: without its startup loads."""
         ray = import_ray()
         if self.handle is not None:
             try:
-                ray.get(self.handle.ensure_running.remote(), timeout=self.CALL_TIMEOUT_S)
+                ray.get(self.handle.ensure_running.remote(bare), timeout=self.CALL_TIMEOUT_S)
                 self._fresh()
                 return
             except ray.exceptions.ActorDiedError:
@@ -197,8 +197,9 @@ class ActorWorker:
                 return  # Ray is restarting it; its constructor starts the worker
         cls = ray.remote(WorkerHost)
         launcher_node = ray.get_runtime_context().get_node_id()
+        argv = without_startup_loads(self.argv) if bare else self.argv
         self.handle = cls.options(**self.options).remote(
-            self.argv, self.env, str(self.log_path), self.bind_host, launcher_node
+            argv, self.env, str(self.log_path), self.bind_host, launcher_node
         )
         self._fresh()
 

@@ -1,5 +1,10 @@
 """The scale channel of ``evenserve up`` (``gateway.autoscaling``): the gateway's autoscaler
-decides which devices are on, the launcher starts and stops their workers.
+decides which devices are on, the launcher starts and stops their workers. A worker the
+channel starts starts with no model resident (its ``--load-model`` flags left out): the
+placement controller counts a device turned on as empty (``device_ready``), the simulator
+starts it so, and placement loads there what it wants, each load paying its time. (Before,
+a device turned off and on again came back with its configured models, its LLM awake at
+once: a wake the controller never decided, and no load time paid for it.)
 
 Every supervision round the launcher GETs the gateway's ``/admin/scale`` with the admin token
 it holds (``{"requests": [{device, action: start | stop}]}``). ``start``: start that worker
@@ -46,7 +51,7 @@ def carry_out(
             on.add(p.name)
             stopping.pop(p.name, None)
             p.close_log()
-            p.start()
+            p.start(bare=True)  # empty, as the controller and the simulator count it
             say(f"scale up: started worker {p.name} (pid {p.pid})")
         elif action == "stop" and p.name in on and p.name not in stopping:
             on.discard(p.name)

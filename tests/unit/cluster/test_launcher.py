@@ -324,3 +324,43 @@ def test_the_scale_channel_starts_a_spare_and_stops_it_after_the_gateway_drained
     assert la.scale_step([]) == []  # reported once
     assert any("scale up: started worker g1" in s for s in said)
     assert any("scale down: worker g1 stopped" in s for s in said)
+
+
+def test_the_scale_channel_starts_a_device_without_its_startup_loads(tmp_path: Path) -> None:
+    # The controller counts a device turned on as empty (device_ready), as the simulator
+    # starts it: a device turned off and on again must not come back with its configured
+    # models (an LLM awake at once, a load nobody decided and no load time paid).
+    import sys
+    import time
+
+    raw = _placement_cluster(tmp_path)
+    la = Launcher(parse_cluster(raw, tmp_path), tmp_path / "c.yaml", tmp_path, say=lambda s: None)
+    la.plan()
+    g0 = la.workers[0]
+    assert "--load-model" in g0.cmd  # its configured models, at ``up``
+    seen = tmp_path / "argv"
+    stand_in = (
+        f"import sys, time; open({str(seen)!r}, 'w').write(' '.join(sys.argv)); time.sleep(120)"
+    )
+    g0.cmd = [sys.executable, "-c", stand_in, "--load-model", "a", "--port", "1"]
+    if "g0" in la.on:  # on at ``up`` (not started here): turned off first
+        assert la.scale_step([{"device": "g0", "action": "stop"}]) == [
+            {"device": "g0", "event": "stopped"}
+        ]
+    la.scale_step([{"device": "g0", "action": "start"}])
+    deadline = time.monotonic() + 60
+    while not seen.exists() or not seen.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert seen.read_text().split() == ["-c", "--port", "1"]
+    g0.signal(15)
+    g0.wait(30)
+    g0.close_log()
+
+
+def test_without_startup_loads_drops_each_load_model_pair() -> None:
+    from evenserve.cluster.processes import without_startup_loads
+
+    argv = ["worker", "--load-model", "a", "--repo", "r", "--load-model", "b", "--x"]
+    assert without_startup_loads(argv) == ["worker", "--repo", "r", "--x"]
+    assert without_startup_loads(["worker"]) == ["worker"]
