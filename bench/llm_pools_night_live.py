@@ -24,8 +24,10 @@ scenario; live runs it on 127.0.0.1:
 - The gateway runs the arm's placement (interval, host memory, anti-thrash window) and
   autoscaling; classic requests are routed by ``least-connections`` (the simulator sends each
   to the host with the fewest of that model's requests outstanding), the LLM's by
-  ``round-robin`` (the simulator's least-outstanding rule has no LLM-router twin: with the
-  engines of one speed the two spread alike; said, not hidden).
+  ``least-outstanding``, the LLM router's policy of the simulator's rule (the engine with
+  the fewest of the router's requests in flight, ties by name). (Round robin, used before
+  it existed, loaded a device holding the LLM and both classic models as much as one with
+  the LLM alone in the spike: design 0022.)
 - The load: the very arrivals the simulator offers, sent through the gateway at their times
   from one t = 0. The LLM's (``iter_llm_open_loop``, its seed) by the streaming client
   (``/v1/completions``, prompt as ids, ``ignore_eos``), TTFT from each request's scheduled
@@ -271,7 +273,7 @@ def write_cluster(sc: LlmPlacementScenario, arm: str, tmp: Path) -> Path:
         "host": "127.0.0.1",
         "port": free_port(ports),
         "routing": "least-connections",
-        "llm_routing": "round-robin",
+        "llm_routing": "least-outstanding",
         "seed": doc.seed,
         "admin": {"token": TOKEN},
         "overload": {"enabled": False},

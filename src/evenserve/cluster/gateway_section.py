@@ -176,7 +176,7 @@ class GatewaySection(Strict):
         default="predicted-ttft",
         description="the LLM router's policy for /v1/completions and /v1/chat/completions of "
         "LLM models: a name in LLM_ROUTING (round-robin, kv-load, prefix-approx, "
-        "predicted-ttft) or {policy: name, ...params}",
+        "least-outstanding, predicted-ttft) or {policy: name, ...params}",
     )
     llm: LlmGatewayConfig = Field(default_factory=LlmGatewayConfig)
     seed: int = 0

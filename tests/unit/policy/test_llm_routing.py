@@ -238,6 +238,29 @@ def test_round_robin_takes_each_engine_in_turn() -> None:
     assert [p.name for p in picks if p] == ["e0", "e1", "e2", "e0", "e1", "e2"]
 
 
+def test_least_outstanding_takes_the_engine_with_the_fewest_in_flight_ties_by_name() -> None:
+    # The LLM-placement simulator's pool rule (fewest outstanding, ties by name), so the
+    # night's live run routes as the simulator does.
+    r = router("least-outstanding", H100, A100, H100)
+    e0, e1, e2 = (r.engines[n] for n in ("e0", "e1", "e2"))
+    picks = []
+    for i in range(4):
+        d = r.route(req(i), 0.0).engine
+        assert d is not None
+        r.sent(req(i), d, 0.0)
+        picks.append(d.name)
+    assert picks == ["e0", "e1", "e2", "e0"]  # all at 0, then ties by name
+    r.first_token(0, 0.1)  # running counts as in flight as much as waiting
+    assert r.route(req(9), 0.1).engine is e1
+    r.done(0, 0.5)
+    r.done(3, 0.5)  # e0 empty again
+    assert r.route(req(10), 0.5).engine is e0
+    r.sent(req(11), e0, 0.5)
+    r.sent(req(12), e0, 0.5)
+    assert (e0.own_waiting, e1.own_waiting, e2.own_waiting) == (2, 1, 1)
+    assert r.route(req(13), 0.5).engine is e1
+
+
 def test_kv_load_scores_queue_and_kv_use_of_fresh_unsaturated_engines() -> None:
     r = router({"policy": "kv-load", "staleness_s": 1.0}, H100, H100, H100)
     r.observe("e0", EngineSample(0.0, 4, 1, kv_usage=0.5), 0.0)

@@ -1,6 +1,11 @@
 """The baselines, as llm-d's endpoint picker defines them (gateway-api-inference-extension):
 
 - ``round-robin``: each model's engines in turn; reads nothing.
+- ``least-outstanding``: the engine with the fewest of the router's own requests in flight
+  (sent and not finished: ``own_waiting + own_running``), ties by name; reads no sample.
+  The rule of the LLM-placement simulator's pool (``sim.llm_placement``: the device with
+  the fewest of the model's requests outstanding, ties by name), so a live run of its
+  scenario routes as it does (design 0022).
 - ``kv-load``: the saturation filter, then the queue scorer and the KV-cache-utilization
   scorer, weighted, and the engine with the highest score (ties at random):
   - saturation filter: keep the engines whose sample is fresh (``staleness_s``) with a
@@ -59,6 +64,31 @@ class LlmRoundRobin:
         k = self._cursor.get(request.model, 0)
         self._cursor[request.model] = k + 1
         return LlmDecision(engines[k % len(engines)])
+
+
+class LeastOutstandingParams(PolicyParams):
+    pass
+
+
+@LLM_ROUTING.register(
+    "least-outstanding",
+    LeastOutstandingParams,
+    "the engine with the fewest of the router's requests in flight",
+)
+class LlmLeastOutstanding:
+    uses_prefix = False
+
+    def __init__(self, params: LeastOutstandingParams) -> None:
+        self.params = params
+
+    def choose(
+        self,
+        request: LlmRequestInfo,
+        engines: Sequence[EngineView],
+        prefix_blocks: Mapping[int, int],
+        now_s: float,
+    ) -> LlmDecision:
+        return LlmDecision(min(engines, key=lambda e: (e.own_waiting + e.own_running, e.name)))
 
 
 class KvLoadParams(PolicyParams):
